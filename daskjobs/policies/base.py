@@ -1,0 +1,217 @@
+"""The policy interface shared by the simulator, the scheduler plugin and replay.
+
+A policy is written once and runs in three places. It never imports
+``distributed`` and never sees true durations: it reads narrow *views* and
+answers with *decisions*.
+
+Views (structural protocols, so any object with these attributes will do):
+
+* :class:`TaskView` - ``tid``, ``estimate`` (seconds), ``cores``, ``team``,
+  ``submit`` (seconds), ``deps`` (ids of the tasks it reads).
+* :class:`NodeView` - ``index``, ``cores`` (slots), ``free`` (slots free now).
+* :class:`AttemptView` - ``task`` (a TaskView), ``node`` (index), ``start``,
+  ``end`` and ``outcome`` once ended, ``backup`` (is it a speculative copy).
+
+The life of a task, as a policy sees it::
+
+    add_graph([tasks])         once per submitted batch, before any push
+    push(task)                 the task is runnable (submitted, inputs ready)
+    pop(node, now) -> task     a slot is free on ``node``: which task runs there?
+    started(attempt, now)      an attempt began (a first run, a retry or a backup)
+    ended(attempt, now)        it ended: done, failed or killed
+
+``pop`` is the one decision every policy makes. It must return a task whose
+``cores`` fit in ``node.free``, or ``None`` to leave the slot idle for now (the
+driver offers it again when something changes). The driver never scans the
+queue for the policy: each policy keeps its own incremental structures (heaps,
+per-team queues, per-core deques) so a decision costs O(log n) in the number of
+queued tasks, never O(n).
+
+Two optional questions support speculation (backup copies of late attempts):
+``speed(node)`` is the policy's belief of how much slower than nominal a node
+runs (1.0 = nominal; only policies that learn speeds answer anything else), and
+``urgent(attempt, now)`` asks whether an attempt should get a backup *now*,
+before the lateness deadline of :class:`~daskjobs.policies.speculation.Speculation`.
+
+Determinism: policies hold no randomness of their own; ties are broken by a
+push counter (earlier push sorts first), documented on each policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "AttemptView",
+    "HeapPolicy",
+    "NodeView",
+    "Policy",
+    "TaskView",
+]
+
+
+@runtime_checkable
+class TaskView(Protocol):
+    """What a policy may know about a task: never its true duration."""
+
+    @property
+    def tid(self) -> Hashable: ...
+    @property
+    def estimate(self) -> float: ...
+    @property
+    def cores(self) -> int: ...
+    @property
+    def team(self) -> str: ...
+    @property
+    def submit(self) -> float: ...
+    @property
+    def deps(self) -> Sequence[Hashable]: ...
+
+
+class NodeView(Protocol):
+    """A node (in dask: a worker) as a policy sees it when offering slots."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def cores(self) -> int: ...
+    @property
+    def free(self) -> int: ...
+
+
+class AttemptView(Protocol):
+    """One execution of a task on one node."""
+
+    @property
+    def task(self) -> TaskView: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def outcome(self) -> str | None: ...
+    @property
+    def backup(self) -> bool: ...
+
+
+class Policy:
+    """Base class of every policy: no-op hooks and the interface's contract.
+
+    Subclasses implement :meth:`push`, :meth:`pop` and :meth:`__len__`; the
+    other hooks are optional.
+    """
+
+    #: The name the CLI, reports and the plugin's configuration use.
+    name: str = "policy"
+
+    def add_node(self, index: int, cores: int) -> None:
+        """A node joined (in the simulator: all nodes, before the first task)."""
+
+    def remove_node(self, index: int) -> None:
+        """A node left."""
+
+    def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        """A batch of tasks was submitted (topologically ordered); before any push."""
+
+    def push(self, task: TaskView) -> None:
+        """``task`` is runnable now."""
+        raise NotImplementedError
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        """Choose a queued task that fits in ``node.free`` slots, or ``None``."""
+        raise NotImplementedError
+
+    def started(self, attempt: AttemptView, now: float) -> None:
+        """An attempt started running."""
+
+    def ended(self, attempt: AttemptView, now: float) -> bool:
+        """An attempt ended. Return True if the policy's belief of the speed of
+        ``attempt.node`` changed enough that deadlines on it should be re-judged."""
+        return False
+
+    def speed(self, node: int) -> float:
+        """Believed slow-down factor of ``node`` (1.0 = nominal)."""
+        return 1.0
+
+    def urgent(self, attempt: AttemptView, now: float) -> bool:
+        """Should ``attempt`` get a backup copy now, whatever its deadline says?"""
+        return False
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description, for reports and audit events."""
+        return {"policy": self.name}
+
+
+class HeapPolicy(Policy):
+    """A static-priority queue: ``key(task)`` lower runs first.
+
+    Tasks are bucketed by their core request so that ``pop`` on a node with
+    ``f`` free slots looks only at the head of each bucket that fits: the cost
+    is O(b log n) with b the number of distinct core requests (usually 1).
+    Ties on ``key`` are broken by push order (earlier first).
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, list[tuple[Any, int, TaskView]]] = {}
+        self._sizes: list[int] = []  # distinct core requests, ascending
+        self._counter = itertools.count()
+        self._n = 0
+
+    def key(self, task: TaskView) -> Any:
+        """Sort key of ``task``; lower runs first."""
+        raise NotImplementedError
+
+    def push(self, task: TaskView) -> None:
+        c = task.cores
+        bucket = self._buckets.get(c)
+        if bucket is None:
+            bucket = self._buckets[c] = []
+            self._sizes.append(c)
+            self._sizes.sort()
+        heapq.heappush(bucket, (self.key(task), next(self._counter), task))
+        self._n += 1
+
+    def _best_bucket(self, free: int) -> list[tuple[Any, int, TaskView]] | None:
+        best: list[tuple[Any, int, TaskView]] | None = None
+        for c in self._sizes:
+            if c > free:
+                break
+            b = self._buckets[c]
+            if b and (best is None or b[0][:2] < best[0][:2]):
+                best = b
+        return best
+
+    def peek(self, free: int) -> TaskView | None:
+        """The task ``pop`` would return on a node with ``free`` slots."""
+        b = self._best_bucket(free)
+        return b[0][2] if b else None
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        if not self._n:
+            return None
+        if len(self._sizes) == 1:  # fast path: one core size
+            b = self._buckets[self._sizes[0]]
+            if self._sizes[0] > node.free:
+                return None
+        else:
+            found = self._best_bucket(node.free)
+            if found is None:
+                return None
+            b = found
+        self._n -= 1
+        return heapq.heappop(b)[2]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def extend(self, tasks: Iterable[TaskView]) -> None:
+        for t in tasks:
+            self.push(t)

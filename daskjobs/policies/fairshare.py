@@ -1,0 +1,214 @@
+"""Fair share between teams.
+
+Each team has a target share (any positive weights; they are normalised). The
+next free slot goes to a queued task of the team whose *usage per unit of
+share* is lowest. Within a team, tasks keep an inner order (FIFO by default,
+or longest-first).
+
+Usage comes in two flavours:
+
+* ``half_life=None`` (the default, and the SPEC's rule): usage is the number of
+  cores a team holds *right now*. Two teams with equal targets converge to half
+  the cluster each as soon as slots free; a team that arrives late is served
+  first until it holds its share. This is max-min fairness on running slots.
+* ``half_life=h`` seconds: usage is core-seconds consumed, decayed with
+  half-life ``h`` (Slurm's ``PriorityDecayHalfLife``). A team that used the
+  cluster heavily in the last hours waits behind one that did not, even after
+  its jobs finished. Usage is integrated exactly between events: with ``R``
+  cores running and decay rate ``l = ln 2 / h``, ``dU/dt = R - l U``, so
+  ``U(t) = R/l + (U0 - R/l) exp(-l (t - t0))``.
+
+Quotas (``quotas={team: max_cores}``) cap the cores a team may hold at once;
+they hold even while the rest of the cluster idles, as a quota should.
+
+Starvation: every target is positive and usage of an idle team only decays, so
+a team with queued work is served once every busier team's usage per share
+rises above its own, which happens within one task length of each running
+team.
+
+Cost per ``pop``: O(T + log n) for T teams (the team scan is over teams, never
+over tasks). Ties between teams: the order of ``targets``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from daskjobs.policies.base import AttemptView, HeapPolicy, NodeView, Policy, TaskView
+from daskjobs.policies.order import FIFO, LPT
+
+__all__ = ["FairShare"]
+
+_INNER: dict[str, type[HeapPolicy]] = {"fifo": FIFO, "lpt": LPT}
+
+
+class FairShare(Policy):
+    """Serve the team furthest below its target share.
+
+    Parameters
+    ----------
+    targets:
+        team -> target share (positive; normalised to sum to 1).
+    within:
+        Order inside a team: ``"fifo"`` (default) or ``"lpt"``.
+    half_life:
+        ``None`` to share running cores; else seconds of usage decay.
+    quotas:
+        team -> maximum cores held at once.
+    strict:
+        If True (default), a task of a team without a target is an error;
+        otherwise such a team gets ``default_share``.
+    """
+
+    name = "fair-share"
+
+    def __init__(
+        self,
+        targets: Mapping[str, float],
+        *,
+        within: str = "fifo",
+        half_life: float | None = None,
+        quotas: Mapping[str, int] | None = None,
+        strict: bool = True,
+        default_share: float = 1.0,
+    ) -> None:
+        if not targets:
+            raise ValueError("FairShare needs at least one team in targets")
+        for team, share in targets.items():
+            if not (isinstance(share, int | float) and math.isfinite(share) and share > 0):
+                raise ValueError(f"fair-share target of team {team!r} must be > 0, got {share!r}")
+        if within not in _INNER:
+            raise ValueError(f"unknown order within teams {within!r}; choose one of {list(_INNER)}")
+        if half_life is not None and not (half_life > 0 and math.isfinite(half_life)):
+            raise ValueError(f"half_life must be a positive number of seconds, got {half_life!r}")
+        for team, q in (quotas or {}).items():
+            if team not in targets and strict:
+                raise ValueError(f"quota for team {team!r}, which has no fair-share target")
+            if not (isinstance(q, int) and q >= 1):
+                raise ValueError(f"quota of team {team!r} must be an integer >= 1, got {q!r}")
+        self.within = within
+        self.half_life = half_life
+        self.strict = strict
+        self.default_share = float(default_share)
+        self.quotas = dict(quotas or {})
+        self._raw_targets = dict(targets)
+        self._teams: list[str] = []
+        self._share: dict[str, float] = {}
+        self._queues: dict[str, HeapPolicy] = {}
+        self._running: dict[str, int] = {}
+        self._usage: dict[str, float] = {}
+        self._stamp: dict[str, float] = {}
+        self._lambda = math.log(2) / half_life if half_life else 0.0
+        self._n = 0
+        for team in targets:
+            self._add_team(team, targets[team])
+
+    # -- teams ------------------------------------------------------------------
+    def _add_team(self, team: str, share: float) -> None:
+        self._teams.append(team)
+        self._raw_targets[team] = share
+        total = sum(self._raw_targets.values())
+        self._share = {t: s / total for t, s in self._raw_targets.items()}
+        self._queues[team] = _INNER[self.within]()
+        self._running[team] = 0
+        self._usage[team] = 0.0
+        self._stamp[team] = 0.0
+
+    def _team_of(self, task: TaskView) -> str:
+        team = task.team
+        if team not in self._queues:
+            if self.strict:
+                known = ", ".join(map(repr, self._teams))
+                raise ValueError(
+                    f"task {task.tid!r} belongs to team {team!r}, which has no fair-share "
+                    f"target (known teams: {known})"
+                )
+            self._add_team(team, self.default_share)
+        return team
+
+    def _advance(self, team: str, now: float) -> None:
+        """Integrate decayed usage of ``team`` up to ``now``."""
+        dt = now - self._stamp[team]
+        if dt > 0:
+            r = self._running[team]
+            lam = self._lambda
+            u0 = self._usage[team]
+            decay = math.exp(-lam * dt)
+            self._usage[team] = r / lam + (u0 - r / lam) * decay
+        self._stamp[team] = now
+
+    def usage(self, team: str, now: float | None = None) -> float:
+        """Current usage of ``team``: running cores, or decayed core-seconds."""
+        if self.half_life is None:
+            return float(self._running[team])
+        if now is not None:
+            self._advance(team, now)
+        return self._usage[team]
+
+    def share(self, team: str) -> float:
+        return self._share[team]
+
+    def running(self, team: str) -> int:
+        return self._running[team]
+
+    def queued(self, team: str) -> int:
+        return len(self._queues[team])
+
+    # -- the policy interface ---------------------------------------------------
+    def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        for t in tasks:  # fail early, before anything runs
+            self._team_of(t)
+
+    def push(self, task: TaskView) -> None:
+        self._queues[self._team_of(task)].push(task)
+        self._n += 1
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        if not self._n:
+            return None
+        best_team = None
+        best_score = math.inf
+        for team in self._teams:
+            q = self._queues[team]
+            if not q:
+                continue
+            quota = self.quotas.get(team)
+            head = q.peek(node.free)
+            if head is None:
+                continue
+            if quota is not None and self._running[team] + head.cores > quota:
+                continue
+            score = self.usage(team, now) / self._share[team]
+            if score < best_score:
+                best_team, best_score = team, score
+        if best_team is None:
+            return None
+        self._n -= 1
+        return self._queues[best_team].pop(node, now)
+
+    def started(self, attempt: AttemptView, now: float) -> None:
+        team = attempt.task.team
+        if self.half_life is not None:
+            self._advance(team, now)
+        self._running[team] += attempt.task.cores
+
+    def ended(self, attempt: AttemptView, now: float) -> bool:
+        team = attempt.task.team
+        if self.half_life is not None:
+            self._advance(team, now)
+        self._running[team] -= attempt.task.cores
+        return False
+
+    def __len__(self) -> int:
+        return self._n
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "policy": self.name,
+            "targets": dict(self._share),
+            "within": self.within,
+            "half_life": self.half_life,
+            "quotas": dict(self.quotas),
+        }

@@ -1,0 +1,267 @@
+"""Longest first, aware of slow nodes: learn node speed online and plan around it.
+
+Longest-first (LPT) is near optimal on identical cores, but one slow node
+breaks it twice over: LPT hands the slow node some of the longest tasks at time
+zero, and a lateness rule that compares run time with the *estimate* cannot tell
+a slow node from a long task (a 7.5 h task with a 12 h estimate on a 4x node
+runs 30 h and never passes 2.5 x 12 h in time). This policy fixes both with
+what it can observe, never with an oracle.
+
+Learning speed. Every finished attempt gives a ratio ``actual / estimate``;
+its log is the node's log slow-down plus estimate noise. A node's believed
+slow-down is ``exp(sum of log ratios / (count + prior))``: the prior pulls it
+to 1 (nominal) until a few attempts have finished there. A node has *been
+measured* once ``min_samples`` attempts finished on it.
+
+Placement.
+
+* A measured nominal node takes the longest queued task (LPT).
+* A measured slow node (believed slow-down >= ``slow_threshold``) takes the
+  *shortest* queued task, and only if it would finish there before the
+  projected end of the whole run (the *horizon*, below); otherwise it idles.
+  Long tasks stay on nodes that are not measured slow.
+* An unmeasured node takes tasks from the short end (at most ``probe``, by
+  default none, from the long end): short tasks measure it within minutes, and
+  no long task is gambled on a node nobody has seen run. The longest tasks wait
+  only until the first nodes are measured.
+
+The horizon is ``now + (queued work + expected remaining work of running
+attempts) / effective cores``, with effective cores ``sum(cores / slow-down)``:
+the earliest the run could end given what the policy believes. It is kept
+incrementally (sums updated on push, pop, start and end) and costs O(1) to
+read.
+
+Lateness and backups (with a :class:`~daskjobs.policies.speculation.Speculation`
+spec). Deadlines scale with the believed slow-down of the attempt's node
+(:meth:`speed`), so a task on a 4x node is late at ``2.5 x 4 x estimate``, not
+at ``2.5 x estimate``. And :meth:`urgent` asks for a backup at once when an
+attempt's expected end on its slow node is past the horizon and a fresh copy
+on a nominal node would finish well before it: the long task that landed on
+the slow node at time zero is copied as soon as that node is measured slow, not
+30 hours later.
+
+Cost per decision: O(b log n) for b distinct core requests (double-ended
+priority queue with lazy deletion); O(1) to read speeds and the horizon;
+O(nodes) only when a node's believed speed moves by more than 20%.
+Ties: push order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import Any
+
+from daskjobs.policies.base import AttemptView, NodeView, Policy, TaskView
+
+__all__ = ["NodeAware"]
+
+
+class _DEPQ:
+    """Double-ended priority queue of tasks by estimate (lazy deletion)."""
+
+    __slots__ = ("hi", "lo", "n", "taken")
+
+    def __init__(self) -> None:
+        self.hi: list[tuple[float, int, TaskView]] = []  # longest first
+        self.lo: list[tuple[float, int, TaskView]] = []  # shortest first
+        self.taken: set[int] = set()
+        self.n = 0
+
+    def push(self, est: float, seq: int, task: TaskView) -> None:
+        heapq.heappush(self.hi, (-est, seq, task))
+        heapq.heappush(self.lo, (est, seq, task))
+        self.n += 1
+
+    def _clean(self, heap: list[tuple[float, int, TaskView]]) -> None:
+        taken = self.taken
+        while heap and heap[0][1] in taken:
+            taken.discard(heapq.heappop(heap)[1])
+
+    def head(self) -> tuple[float, int, TaskView] | None:
+        self._clean(self.hi)
+        return self.hi[0] if self.hi else None
+
+    def tail(self) -> tuple[float, int, TaskView] | None:
+        self._clean(self.lo)
+        return self.lo[0] if self.lo else None
+
+    def take(self, heap: list[tuple[float, int, TaskView]]) -> TaskView:
+        _, seq, task = heapq.heappop(heap)
+        self.taken.add(seq)
+        self.n -= 1
+        return task
+
+
+class NodeAware(Policy):
+    """LPT that learns node speeds online, keeps long tasks off slow nodes and
+    judges lateness against the speed of the node an attempt runs on."""
+
+    name = "node-aware"
+
+    def __init__(
+        self,
+        *,
+        slow_threshold: float = 1.5,
+        min_samples: int = 3,
+        probe: int = 0,
+        prior: float = 2.0,
+        margin: float = 1.25,
+    ) -> None:
+        if not slow_threshold > 1:
+            raise ValueError(f"slow_threshold must be > 1, got {slow_threshold!r}")
+        if min_samples < 1 or probe < 0 or prior < 0 or margin < 1:
+            raise ValueError("need min_samples >= 1, probe >= 0, prior >= 0, margin >= 1")
+        self.slow_threshold = slow_threshold
+        self.min_samples = min_samples
+        self.probe = probe
+        self.prior = prior
+        self.margin = margin
+        self._queues: dict[int, _DEPQ] = {}
+        self._sizes: list[int] = []
+        self._counter = itertools.count()
+        self._n = 0
+        # node state
+        self._cores: dict[int, int] = {}
+        self._logsum: dict[int, float] = {}
+        self._count: dict[int, int] = {}
+        self._speed: dict[int, float] = {}
+        self._announced: dict[int, float] = {}
+        self._heads: dict[int, int] = {}
+        self._capacity = 0.0  # sum of cores / believed slow-down
+        self._best = 1.0  # smallest believed slow-down, refreshed when a belief moves
+        # horizon sums
+        self._queued_work = 0.0
+        self._run_cores = 0
+        self._run_end_sum = 0.0  # sum of cores * expected end
+        self._run: dict[int, tuple[int, float]] = {}  # id(attempt) -> (cores, end)
+
+    # -- nodes and speeds -------------------------------------------------------
+    def add_node(self, index: int, cores: int) -> None:
+        self._cores[index] = cores
+        self._logsum[index] = 0.0
+        self._count[index] = 0
+        self._speed[index] = 1.0
+        self._announced[index] = 1.0
+        self._heads[index] = 0
+        self._capacity += cores
+
+    def remove_node(self, index: int) -> None:
+        cores = self._cores.pop(index, 0)
+        self._capacity -= cores / self._speed.pop(index, 1.0)
+
+    def speed(self, node: int) -> float:
+        return self._speed.get(node, 1.0)
+
+    def measured(self, node: int) -> bool:
+        return self._count.get(node, 0) >= self.min_samples
+
+    def _learn(self, node: int, ratio: float) -> bool:
+        if node not in self._cores or not (ratio > 0 and math.isfinite(ratio)):
+            return False
+        self._logsum[node] += math.log(ratio)
+        self._count[node] += 1
+        old = self._speed[node]
+        new = math.exp(self._logsum[node] / (self._count[node] + self.prior))
+        self._speed[node] = new
+        self._capacity += self._cores[node] * (1.0 / new - 1.0 / old)
+        if abs(math.log(new / self._announced[node])) > math.log(1.2):
+            self._announced[node] = new
+            self._best = min(self._speed.values())
+            return True
+        return False
+
+    def horizon(self, now: float) -> float:
+        """Projected end of the run from what the policy knows now."""
+        remaining = self._run_end_sum - now * self._run_cores
+        work = self._queued_work + (remaining if remaining > 0 else 0.0)
+        return now + work / self._capacity if self._capacity > 0 else math.inf
+
+    # -- the queue --------------------------------------------------------------
+    def push(self, task: TaskView) -> None:
+        c = task.cores
+        q = self._queues.get(c)
+        if q is None:
+            q = self._queues[c] = _DEPQ()
+            self._sizes.append(c)
+            self._sizes.sort()
+        q.push(task.estimate, next(self._counter), task)
+        self._queued_work += task.estimate * c
+        self._n += 1
+
+    def _pick(self, free: int, longest: bool) -> tuple[_DEPQ, tuple[float, int, TaskView]] | None:
+        best: tuple[_DEPQ, tuple[float, int, TaskView]] | None = None
+        for c in self._sizes:
+            if c > free:
+                break
+            q = self._queues[c]
+            e = q.head() if longest else q.tail()
+            if e is None:
+                continue
+            if best is None or e[:2] < best[1][:2]:
+                best = (q, e)
+        return best
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        if not self._n:
+            return None
+        k = node.index
+        s = self._speed.get(k, 1.0)
+        if not self.measured(k):
+            longest = self._heads.get(k, 0) < self.probe
+        else:
+            longest = s < self.slow_threshold
+        found = self._pick(node.free, longest)
+        if found is None:
+            return None
+        q, entry = found
+        task = entry[2]
+        # a measured slow node takes only what ends before the run would anyway
+        late = now + task.estimate * s > self.horizon(now)
+        if not longest and self.measured(k) and self._run_cores and late:
+            return None
+        q.take(q.hi if longest else q.lo)
+        if longest and not self.measured(k):
+            self._heads[k] = self._heads.get(k, 0) + 1
+        self._queued_work -= task.estimate * task.cores
+        self._n -= 1
+        return task
+
+    def __len__(self) -> int:
+        return self._n
+
+    # -- attempts ---------------------------------------------------------------
+    def started(self, attempt: AttemptView, now: float) -> None:
+        t = attempt.task
+        end = attempt.start + t.estimate * self.speed(attempt.node)
+        self._run[id(attempt)] = (t.cores, end)
+        self._run_cores += t.cores
+        self._run_end_sum += t.cores * end
+
+    def ended(self, attempt: AttemptView, now: float) -> bool:
+        got = self._run.pop(id(attempt), None)
+        if got is not None:
+            self._run_cores -= got[0]
+            self._run_end_sum -= got[0] * got[1]
+        if attempt.outcome == "done" and attempt.task.estimate > 0:
+            return self._learn(attempt.node, (now - attempt.start) / attempt.task.estimate)
+        return False
+
+    def urgent(self, attempt: AttemptView, now: float) -> bool:
+        s = self.speed(attempt.node)
+        if s < self.slow_threshold:
+            return False
+        est = attempt.task.estimate
+        expected_end = attempt.start + est * s
+        fresh_end = now + est * min(self._best, 1.0) * self.margin
+        return expected_end > fresh_end and expected_end > self.horizon(now)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "policy": self.name,
+            "slow_threshold": self.slow_threshold,
+            "min_samples": self.min_samples,
+            "probe": self.probe,
+            "speeds": {k: round(v, 3) for k, v in self._speed.items() if abs(v - 1) > 0.05},
+        }

@@ -1,0 +1,88 @@
+"""Static orders: first in first out, longest first, critical path first.
+
+List scheduling
+===============
+
+All three are *list schedulers*: whenever a slot frees, the runnable task that
+sorts first in a fixed order takes it. Graham (1966) showed that any list order
+finishes within ``2 - 1/m`` of the optimal makespan on ``m`` identical cores,
+even with precedence constraints; the order decides where in that band a
+schedule lands.
+
+* :class:`FIFO` runs tasks in submission order. A parameter grid submits its
+  largest parameters last, so its longest tasks start last and the sweep's tail
+  is one long task running alone on an otherwise idle cluster. This is what
+  plain dask does for a flat sweep.
+* :class:`LPT` (longest processing time first) runs the longest *estimated*
+  task first. For independent tasks Graham (1969) bounds it by
+  ``4/3 - 1/(3m)`` of optimal: the long tasks start at time zero and the many
+  short ones fill in the gaps at the end. The classic tight case: tasks
+  3, 3, 2, 2, 2 on two cores, where LPT gives 7 and the optimum is 6.
+* :class:`CriticalPath` generalises LPT to graphs: a task's rank is its
+  *b-level*, the longest estimated path from its start to the end of the graph
+  (its own estimate plus the largest b-level among its dependents; HLFET / the
+  upward rank of HEFT without communication costs). A 20-minute feature stage
+  that feeds 7-hour backtests ranks above any independent 1-hour task, so it is
+  not left for last. On a graph without edges it is exactly LPT.
+
+Costs: ``push`` and ``pop`` are O(log n). ``CriticalPath.add_graph`` is
+O(V + E) per submitted batch.
+
+Ties: equal keys run in push order (earlier first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from daskjobs.policies.base import HeapPolicy, TaskView
+
+__all__ = ["FIFO", "LPT", "CriticalPath"]
+
+
+class FIFO(HeapPolicy):
+    """First in, first out: earliest submission first, then push order."""
+
+    name = "fifo"
+
+    def key(self, task: TaskView) -> Any:
+        return task.submit
+
+
+class LPT(HeapPolicy):
+    """Longest estimated task first (Graham's LPT)."""
+
+    name = "lpt"
+
+    def key(self, task: TaskView) -> Any:
+        return -task.estimate
+
+
+class CriticalPath(HeapPolicy):
+    """Longest estimated remaining path (b-level) first; LPT on flat graphs."""
+
+    name = "critical-path"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blevel: dict[Hashable, float] = {}
+
+    def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        """Rank a batch. ``tasks`` must be topologically ordered (deps first);
+        dependencies outside the batch are already ranked and keep their rank."""
+        dependents: dict[Hashable, list[Hashable]] = {}
+        for t in tasks:
+            for d in t.deps:
+                dependents.setdefault(d, []).append(t.tid)
+        blevel = self.blevel
+        for t in reversed(tasks):
+            below = dependents.get(t.tid)
+            tail = max(blevel[k] for k in below) if below else 0.0
+            blevel[t.tid] = t.estimate + tail
+
+    def key(self, task: TaskView) -> Any:
+        b = self.blevel.get(task.tid)
+        if b is None:  # pushed without add_graph: rank by its own estimate
+            b = task.estimate
+        return -b

@@ -1,0 +1,113 @@
+"""Work stealing.
+
+Tasks are dealt round robin to per-core deques as they become runnable (in
+push order). An idle core runs the head of its own deque; when that is empty
+it steals the *tail* of the fullest deque (Blumofe and Leiserson's randomized
+stealing, made deterministic: the fullest victim, lowest core index on ties).
+Dealing ignores durations, so a core can end up with several long tasks while
+others drain: stealing evens the counts, not the work, which is why it lands
+between FIFO and longest-first on a skewed sweep.
+
+The per-core deques live on the policy, so the driver must say which core a
+slot is: the node view passed to :meth:`WorkStealing.pop` carries ``core``, a
+global core index (the simulator's views do). Without it the node index is used,
+which makes the deques per node (as dask's own stealing is per worker).
+
+Cost: O(1) to push and to pop the own head, O(log C) to find the fullest of C
+deques (a lazy max-heap of lengths, compacted when it grows past 4 C entries).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any
+
+from daskjobs.policies.base import NodeView, Policy, TaskView
+
+__all__ = ["WorkStealing"]
+
+
+class WorkStealing(Policy):
+    """Round-robin deal to per-core deques; idle cores steal from the fullest."""
+
+    name = "work-stealing"
+
+    def __init__(self) -> None:
+        self._deques: dict[int, deque[TaskView]] = {}
+        self._order: list[int] = []  # core ids in dealing order
+        self._next = 0
+        self._lengths: list[tuple[int, int]] = []  # lazy max-heap of (-len, core)
+        self._n = 0
+        self._cores_per_node: dict[int, int] = {}
+        self._base: dict[int, int] = {}
+        self.steals = 0
+
+    def add_node(self, index: int, cores: int) -> None:
+        base = sum(self._cores_per_node.values())
+        self._cores_per_node[index] = cores
+        self._base[index] = base
+        for c in range(base, base + cores):
+            self._deques[c] = deque()
+            self._order.append(c)
+
+    def _slot(self, node: NodeView) -> int:
+        core = getattr(node, "core", None)
+        if core is not None:
+            return int(core)
+        if node.index not in self._base:  # no add_node: one deque per node
+            self.add_node(node.index, 1)
+        return self._base[node.index]
+
+    def _note(self, core: int) -> None:
+        heapq.heappush(self._lengths, (-len(self._deques[core]), core))
+        if len(self._lengths) > 4 * len(self._deques) + 64:
+            self._lengths = [(-len(d), c) for c, d in self._deques.items() if d]
+            heapq.heapify(self._lengths)
+
+    def push(self, task: TaskView) -> None:
+        if not self._order:
+            self.add_node(0, 1)
+        core = self._order[self._next % len(self._order)]
+        self._next += 1
+        self._deques[core].append(task)
+        self._n += 1
+        self._note(core)
+
+    def _fullest(self) -> int | None:
+        heap = self._lengths
+        while heap:
+            neg, core = heap[0]
+            d = self._deques[core]
+            if d and -neg == len(d):
+                return core
+            heapq.heappop(heap)
+        return None
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        if not self._n:
+            return None
+        slot = self._slot(node)
+        own = self._deques.get(slot)
+        if own and own[0].cores <= node.free:
+            self._n -= 1
+            task = own.popleft()
+            self._note(slot)
+            return task
+        victim = self._fullest()
+        if victim is None:
+            return None
+        d = self._deques[victim]
+        if d[-1].cores > node.free:
+            return None
+        self._n -= 1
+        self.steals += 1
+        task = d.pop()
+        self._note(victim)
+        return task
+
+    def __len__(self) -> int:
+        return self._n
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.name, "steals": self.steals}

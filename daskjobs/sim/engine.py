@@ -1,0 +1,504 @@
+"""The discrete-event core of the cluster simulator.
+
+Model
+=====
+
+A cluster of ``nodes x cores_per_node`` cores runs tasks. A task becomes
+*runnable* once it is submitted and every task it depends on has finished; it
+is then pushed to the policy. Whenever cores are free the driver offers them to
+the policy node by node, lowest node index first (first fit, the classic list
+scheduling convention), and the policy picks a task that fits (or none). The
+attempt then runs for ``duration x slow-down of its node`` seconds, where the
+duration is the task's true duration, which the policy never sees.
+
+With ``failure_rate = p`` each attempt fails with probability ``p`` at a
+uniformly drawn point of its run; the task is pushed again and restarts from
+the beginning (the lost core-time is *waste*). The fates of the first attempts
+of every task are drawn up front, so two policies run on the same seed face the
+same failures (common random numbers): a comparison measures the policies, not
+the luck of the draw.
+
+With a :class:`~daskjobs.policies.speculation.Speculation` spec, a primary
+attempt that is still running at its deadline (``late_factor x estimate x
+believed slow-down of its node``), or that the policy calls urgent, gets one
+backup copy. Backups are served before queued tasks, on a node other than the
+primary's that the policy does not believe slower, within a cap on concurrent
+backups. The first copy to finish wins; the other is killed and its core-time
+counted as waste. If one copy fails while the other runs, the other carries on.
+
+Tasks in ``cache`` are hits: they finish at their submission, take no time and
+no core, and do not wait for their inputs. A task that is not cached and that
+only cached tasks (transitively) read is *pruned*: nobody needs its output.
+
+Everything random (failures) comes from ``numpy.random.default_rng(seed)``;
+the event order is total (time, kind,
+sequence number), so a run is reproducible bit for bit.
+
+Cost
+====
+
+Each task costs a handful of heap operations: O(log n) for the policy's queue,
+O(log e) for the event heap, O(log N) to find the lowest free node among N.
+Nothing scans all tasks or all running attempts per decision. The loop below is
+long on purpose: hot names are bound to locals and the per-attempt bookkeeping
+is inlined, which roughly doubles its speed on CPython.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Collection, Hashable, Iterable, Sequence
+
+import numpy as np
+
+from daskjobs.policies.base import Policy
+from daskjobs.policies.speculation import Speculation
+from daskjobs.sim.model import Attempt, Cluster, Task
+from daskjobs.sim.schedule import Schedule
+
+__all__ = ["CycleError", "simulate", "topological_order"]
+
+_DONE, _FAIL, _CHECK = 0, 1, 2
+_FATES = 3  # attempts per task whose failure fate is drawn up front
+_SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node's attempts
+
+
+class CycleError(ValueError):
+    """The task graph has a dependency cycle."""
+
+
+def _find_cycle(tasks: Sequence[Task], left: set[Hashable]) -> list[Hashable]:
+    by_id = {t.tid: t for t in tasks}
+    start = next(iter(left))
+    path: list[Hashable] = []
+    seen: dict[Hashable, int] = {}
+    node = start
+    while node not in seen:
+        seen[node] = len(path)
+        path.append(node)
+        node = next(d for d in by_id[node].deps if d in left)
+    return [*path[seen[node] :], node]
+
+
+def topological_order(tasks: Sequence[Task]) -> list[Task]:
+    """``tasks`` ordered so that each comes after its dependencies.
+
+    Ties keep input order. Raises :class:`CycleError` naming a cycle, or
+    ``ValueError`` naming an unknown dependency.
+    """
+    ids = {t.tid for t in tasks}
+    indeg: dict[Hashable, int] = {}
+    dependents: dict[Hashable, list[Task]] = {}
+    for t in tasks:
+        for d in t.deps:
+            if d not in ids:
+                raise ValueError(f"task {t.tid!r} depends on unknown task {d!r}")
+            dependents.setdefault(d, []).append(t)
+        indeg[t.tid] = len(set(t.deps))
+    order = [t for t in tasks if not indeg[t.tid]]
+    i = 0
+    while i < len(order):
+        for child in dependents.get(order[i].tid, ()):
+            indeg[child.tid] -= 1
+            if not indeg[child.tid]:
+                order.append(child)
+        i += 1
+    if len(order) != len(tasks):
+        done = {t.tid for t in order}
+        cycle = _find_cycle(tasks, {t.tid for t in tasks if t.tid not in done})
+        raise CycleError("dependency cycle: " + " -> ".join(map(repr, cycle)))
+    return order
+
+
+class _Node:
+    """A node as the policy sees it when the driver offers its free cores."""
+
+    __slots__ = ("base", "core", "cores", "free", "freeheap", "index", "running")
+
+    def __init__(self, index: int, cores: int) -> None:
+        self.index = index
+        self.cores = cores
+        self.free = cores
+        self.base = index * cores
+        self.freeheap = list(range(cores))
+        self.core = self.base  # global id of the lowest free core (for per-core policies)
+        self.running: set[Attempt] = set()
+
+    def __repr__(self) -> str:
+        return f"<node {self.index} free={self.free}/{self.cores}>"
+
+
+def _validate(tasks: Sequence[Task], cluster: Cluster) -> None:
+    seen: set[Hashable] = set()
+    cpn = cluster.cores_per_node
+    for t in tasks:
+        if not isinstance(t, Task):
+            raise TypeError(f"expected daskjobs.sim.Task objects, got {type(t).__name__}: {t!r}")
+        if t.tid in seen:
+            raise ValueError(f"duplicate task id {t.tid!r}")
+        seen.add(t.tid)
+        if t.cores > cpn:
+            raise ValueError(
+                f"task {t.tid!r} needs {t.cores} cores but a node has only {cpn}: it can never run"
+            )
+
+
+def _prune(order: Sequence[Task], cached: set[Hashable]) -> set[Hashable]:
+    """Tasks not cached whose every reader is cached or pruned (and that have readers)."""
+    readers: dict[Hashable, list[Hashable]] = {}
+    for t in order:
+        for d in t.deps:
+            readers.setdefault(d, []).append(t.tid)
+    pruned: set[Hashable] = set()
+    for t in reversed(order):
+        r = readers.get(t.tid)
+        if t.tid in cached or not r:
+            continue
+        if all(x in cached or x in pruned for x in r):
+            pruned.add(t.tid)
+    return pruned
+
+
+def simulate(
+    tasks: Iterable[Task],
+    cluster: Cluster,
+    policy: Policy,
+    spec: Speculation | None = None,
+    cache: Collection[Hashable] | None = None,
+    seed: int = 0,
+) -> Schedule:
+    """Simulate ``tasks`` on ``cluster`` under ``policy``; see the module docs.
+
+    ``spec`` turns on backup copies of late attempts; ``cache`` holds the ids
+    of tasks whose results are stored (hits take no time); ``seed`` seeds the
+    failure draws. A policy object keeps state: pass a fresh one per run.
+    """
+    tasks = list(tasks)
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be a daskjobs.sim.Cluster, got {type(cluster).__name__}")
+    if not isinstance(policy, Policy):
+        raise TypeError(
+            f"policy must be a daskjobs policy object (e.g. LPT()), got {type(policy).__name__}"
+        )
+    if spec is not None and not isinstance(spec, Speculation):
+        raise TypeError(f"spec must be a Speculation or None, got {type(spec).__name__}")
+    _validate(tasks, cluster)
+    has_deps = any(t.deps for t in tasks)
+    order = topological_order(tasks) if has_deps else tasks
+    cached_ids: set[Hashable] = set(cache) if cache else set()
+    pruned = _prune(order, cached_ids) if (cached_ids and has_deps) else set()
+    if pruned:
+        tasks = [t for t in tasks if t.tid not in pruned]
+        order = [t for t in order if t.tid not in pruned]
+
+    n = len(tasks)
+    index = {t.tid: i for i, t in enumerate(tasks)}
+    dur = [t.duration for t in tasks]
+    est = [t.estimate for t in tasks]
+    is_cached = [t.tid in cached_ids for t in tasks]
+    waiting = [0] * n
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    if has_deps:
+        for i, t in enumerate(tasks):
+            if not is_cached[i]:
+                deps = set(t.deps)
+                waiting[i] = len(deps)
+                for d in deps:
+                    dependents[index[d]].append(i)
+    submitted = [False] * n
+    done = [False] * n
+    running: list[list[Attempt]] = [[] for _ in range(n)]
+    backup_asked = [False] * n
+    t_start = np.full(n, math.nan)
+    t_end = np.full(n, math.nan)
+    win_node = np.full(n, -1, dtype=np.int64)
+    n_att = np.zeros(n, dtype=np.int64)
+
+    # submissions, in topological order within each submit time
+    subs = sorted(range(n), key=lambda i: tasks[i].submit)
+    if has_deps:
+        pos = {t.tid: k for k, t in enumerate(order)}
+        subs.sort(key=lambda i: (tasks[i].submit, pos[tasks[i].tid]))
+    sub_ptr = 0
+
+    nodes = [_Node(k, cluster.cores_per_node) for k in range(cluster.nodes)]
+    speeds = cluster.speeds
+    for nd in nodes:
+        policy.add_node(nd.index, nd.cores)
+    free_heap = list(range(cluster.nodes))  # nodes with free cores (lazy)
+    in_heap = [True] * cluster.nodes
+
+    rate = cluster.failure_rate
+    rng = np.random.default_rng(seed)
+    draws: list[float] = []
+    draw_ptr = 0
+    if rate:
+        # Whether attempt k of task i fails, and where, is drawn up front and
+        # indexed by (task, attempt), not by the order attempts start, so every
+        # policy faces the same failures (common random numbers). Attempts past
+        # the first few (rare) draw from the stream in start order.
+        fate_u = rng.random((n, _FATES))
+        fate_f = rng.random((n, _FATES))
+
+    events: list[tuple[float, int, int, Attempt]] = []
+    seq = 0
+    attempts: list[Attempt] = []
+    pending: list[Attempt] = []  # primaries waiting for a backup slot
+    cap = spec.cap(cluster.total_cores) if spec else 0
+    backups_running = 0
+    backups_launched = 0
+    backups_won = 0
+    suspects: set[int] = set()
+    n_events = 0
+
+    push = policy.push
+    pop = policy.pop
+    started = policy.started
+    ended = policy.ended
+    p_speed = policy.speed
+    p_urgent = policy.urgent
+    heappush = heapq.heappush
+    heappop = heapq.heappop
+
+    def ready(i: int, now: float) -> None:
+        """Task ``i`` can run: push it, or complete it at once if cached."""
+        if is_cached[i]:
+            t_start[i] = now
+            t_end[i] = now
+            done[i] = True
+            for j in dependents[i]:
+                waiting[j] -= 1
+                if not waiting[j] and submitted[j]:
+                    ready(j, now)
+        else:
+            push(tasks[i])
+
+    def free_cores(a: Attempt) -> None:
+        nd = nodes[a.node]
+        base = nd.base
+        for c in a.cores:
+            heappush(nd.freeheap, c - base)
+        nd.free += len(a.cores)
+        nd.core = base + nd.freeheap[0]
+        nd.running.discard(a)
+        if not in_heap[nd.index]:
+            in_heap[nd.index] = True
+            heappush(free_heap, nd.index)
+
+    def ask_backup(a: Attempt) -> None:
+        i = index[a.task.tid]
+        if backup_asked[i] or done[i] or not a.task.speculate:
+            return
+        backup_asked[i] = True
+        pending.append(a)
+
+    def rejudge(node: int, now: float) -> None:
+        """The policy's belief of ``node``'s speed changed: re-judge its attempts."""
+        nonlocal seq
+        s = p_speed(node)
+        if s >= _SUSPECT:
+            suspects.add(node)
+        else:
+            suspects.discard(node)
+        if spec is None:
+            return
+        for b in sorted(nodes[node].running, key=lambda x: x.aid):
+            if b.backup or not b.task.speculate:
+                continue
+            d = spec.deadline(b.start, b.task.estimate, s)
+            if d < b.check_at:
+                b.check_at = max(d, now)
+                seq += 1
+                heappush(events, (b.check_at, _CHECK, seq, b))
+            if p_urgent(b, now):
+                ask_backup(b)
+
+    def finish(a: Attempt, now: float, outcome: str) -> None:
+        nonlocal backups_running
+        a.end = now
+        a.outcome = outcome
+        free_cores(a)
+        if a.backup:
+            backups_running -= 1
+        if ended(a, now):
+            rejudge(a.node, now)
+
+    def take_backup(nd: _Node) -> Attempt | None:
+        """A pending backup request that may run on ``nd``."""
+        if backups_running >= cap:
+            return None
+        s = p_speed(nd.index)
+        k = 0
+        while k < len(pending):
+            p = pending[k]
+            i = index[p.task.tid]
+            if p.outcome is not None or done[i]:
+                pending.pop(k)
+                if not done[i]:
+                    backup_asked[i] = False  # primary failed: it is retried, not backed up
+                continue
+            if p.node != nd.index and p.task.cores <= nd.free and s <= p_speed(p.node):
+                pending.pop(k)
+                return p
+            k += 1
+        return None
+
+    def start(i: int, nd: _Node, now: float, backup: bool) -> None:
+        nonlocal seq, draw_ptr, draws, backups_running, backups_launched
+        task = tasks[i]
+        c = task.cores
+        fh = nd.freeheap
+        if c == 1:
+            cores: tuple[int, ...] = (nd.base + heappop(fh),)
+        else:
+            cores = tuple(nd.base + heappop(fh) for _ in range(c))
+        nd.free -= c
+        nd.core = nd.base + fh[0] if fh else -1
+        a = Attempt(len(attempts), task, nd.index, cores, now, backup)
+        attempts.append(a)
+        nd.running.add(a)
+        running[i].append(a)
+        if not n_att[i]:
+            t_start[i] = now
+        n_att[i] += 1
+        actual = dur[i] * speeds[nd.index]
+        kind = _DONE
+        when = now + actual
+        if rate:
+            k = n_att[i] - 1
+            if k < _FATES:  # common random numbers: the fate of attempt k of task i
+                u = fate_u[i, k]
+                frac = fate_f[i, k]
+            else:
+                if draw_ptr + 2 > len(draws):
+                    draws = rng.random(4096).tolist()
+                    draw_ptr = 0
+                u, frac = draws[draw_ptr], draws[draw_ptr + 1]
+                draw_ptr += 2
+            if u < rate:
+                kind = _FAIL
+                when = now + actual * frac
+        seq += 1
+        heappush(events, (when, kind, seq, a))
+        if backup:
+            backups_running += 1
+            backups_launched += 1
+        started(a, now)
+        if spec is not None and not backup and task.speculate:
+            a.check_at = spec.deadline(now, est[i], p_speed(nd.index))
+            seq += 1
+            heappush(events, (a.check_at, _CHECK, seq, a))
+            if p_urgent(a, now):
+                ask_backup(a)
+
+    def dispatch(now: float) -> None:
+        declined: list[int] = []
+        while free_heap:
+            if not len(policy) and (not pending or backups_running >= cap):
+                break
+            k = free_heap[0]
+            nd = nodes[k]
+            if not nd.free:
+                heappop(free_heap)
+                in_heap[k] = False
+                continue
+            if pending:
+                p = take_backup(nd)
+                if p is not None:
+                    start(index[p.task.tid], nd, now, True)
+                    continue
+            tv = pop(nd, now) if len(policy) else None
+            if tv is None:
+                heappop(free_heap)
+                declined.append(k)
+                continue
+            start(index[tv.tid], nd, now, False)
+        for k in declined:
+            heappush(free_heap, k)  # still free: offer again after the next event
+
+    inf = math.inf
+    while True:
+        t_ev = events[0][0] if events else inf
+        t_sub = tasks[subs[sub_ptr]].submit if sub_ptr < n else inf
+        now = t_ev if t_ev < t_sub else t_sub
+        if now == inf:
+            break
+        if t_sub == now:
+            batch = []
+            while sub_ptr < n and tasks[subs[sub_ptr]].submit == now:
+                batch.append(subs[sub_ptr])
+                sub_ptr += 1
+            policy.add_graph([tasks[i] for i in batch if not is_cached[i]])
+            for i in batch:
+                submitted[i] = True
+                if not waiting[i]:
+                    ready(i, now)
+        while events and events[0][0] == now:
+            _, kind, _, a = heappop(events)
+            n_events += 1
+            if a.outcome is not None:
+                continue  # killed earlier, or a stale check
+            i = index[a.task.tid]
+            if kind == _DONE:
+                finish(a, now, "done")
+                done[i] = True
+                t_end[i] = now
+                win_node[i] = a.node
+                if a.backup:
+                    backups_won += 1
+                for b in running[i]:
+                    if b is not a and b.outcome is None:
+                        finish(b, now, "killed")
+                running[i] = []
+                for j in dependents[i]:
+                    waiting[j] -= 1
+                    if not waiting[j] and submitted[j]:
+                        ready(j, now)
+            elif kind == _FAIL:
+                finish(a, now, "failed")
+                running[i].remove(a)
+                if not running[i]:
+                    backup_asked[i] = False
+                    push(a.task)  # retry from the start
+            else:  # _CHECK
+                if a.check_at != now or done[i] or backup_asked[i]:
+                    continue
+                d = spec.deadline(a.start, est[i], p_speed(a.node)) if spec else inf
+                if d > now:
+                    a.check_at = d
+                    seq += 1
+                    heappush(events, (d, _CHECK, seq, a))
+                else:
+                    ask_backup(a)
+        dispatch(now)
+        if spec is not None and suspects and not len(policy) and free_heap:
+            for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
+                for b in sorted(nodes[k].running, key=lambda x: x.aid):
+                    if not b.backup and b.task.speculate and p_urgent(b, now):
+                        ask_backup(b)
+            if pending:
+                dispatch(now)
+
+    if not all(done):
+        stuck = [tasks[i].tid for i in range(n) if not done[i]][:5]
+        raise RuntimeError(
+            f"simulation ended with {n - sum(done)} tasks never run (e.g. {stuck}); "
+            f"policy {policy.name!r} left runnable work unscheduled"
+        )
+    return Schedule(
+        tasks=tasks,
+        cluster=cluster,
+        policy=policy.name,
+        attempts=attempts,
+        start=t_start,
+        end=t_end,
+        node=win_node,
+        n_attempts=n_att,
+        cached=np.array(is_cached, dtype=bool),
+        pruned=[t for t in pruned],
+        backups_launched=backups_launched,
+        backups_won=backups_won,
+        events=n_events,
+        seed=seed,
+    )

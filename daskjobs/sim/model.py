@@ -1,0 +1,137 @@
+"""What the simulator simulates: tasks, a cluster, attempts.
+
+Ground truth is kept apart from what a scheduler may know: a :class:`Task`
+carries its true ``duration`` (seen only by the simulator) and an
+``estimate`` (seen by policies). Times are seconds everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["Attempt", "Cluster", "Task"]
+
+
+def _check_time(tid: Hashable, what: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"task {tid!r}: {what} must be a finite number >= 0 seconds, got {value!r}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One node of a task graph.
+
+    ``duration`` is the true run time on a nominal core (hidden from
+    policies); ``estimate`` what the scheduler believes (defaults to the
+    duration); ``cores`` slots held while running, all on one node; ``deps``
+    ids of tasks whose output it reads; ``submit`` when it is submitted.
+    ``speculate=False`` forbids backup copies (a task with side effects).
+    """
+
+    tid: Hashable
+    duration: float
+    estimate: float = None  # type: ignore[assignment]  # None -> duration
+    cores: int = 1
+    deps: tuple[Hashable, ...] = ()
+    team: str = "default"
+    submit: float = 0.0
+    speculate: bool = True
+
+    def __post_init__(self) -> None:
+        _check_time(self.tid, "duration", self.duration)
+        if self.estimate is None:
+            object.__setattr__(self, "estimate", self.duration)
+        else:
+            _check_time(self.tid, "estimate", self.estimate)
+        _check_time(self.tid, "submit", self.submit)
+        if not (isinstance(self.cores, int) and self.cores >= 1):
+            raise ValueError(
+                f"task {self.tid!r}: cores must be an integer >= 1, got {self.cores!r}"
+            )
+        if not isinstance(self.deps, tuple):
+            object.__setattr__(self, "deps", tuple(self.deps))
+        if self.tid in self.deps:
+            raise ValueError(f"task {self.tid!r} depends on itself")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``cores_per_node`` cores.
+
+    ``slow`` maps a node index to its slow-down factor (4.0: every attempt on
+    it takes 4x its duration). ``failure_rate`` is the probability that an
+    attempt fails; a failing attempt dies at a uniformly drawn point of its run
+    and the task restarts from the beginning.
+    """
+
+    nodes: int
+    cores_per_node: int
+    slow: Mapping[int, float] | None = None
+    failure_rate: float = 0.0
+    speeds: tuple[float, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.nodes, int) and self.nodes >= 1):
+            raise ValueError(f"nodes must be an integer >= 1, got {self.nodes!r}")
+        if not (isinstance(self.cores_per_node, int) and self.cores_per_node >= 1):
+            raise ValueError(f"cores_per_node must be an integer >= 1, got {self.cores_per_node!r}")
+        if not (0.0 <= self.failure_rate < 1.0):
+            raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
+        speeds = [1.0] * self.nodes
+        for node, factor in (self.slow or {}).items():
+            if not (isinstance(node, int) and 0 <= node < self.nodes):
+                raise ValueError(f"slow node {node!r} is not a node index in [0, {self.nodes})")
+            if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+                raise ValueError(f"slow-down factor of node {node} must be > 0, got {factor!r}")
+            speeds[node] = float(factor)
+        object.__setattr__(self, "speeds", tuple(speeds))
+
+    @property
+    def total_cores(self) -> int:
+        return self.nodes * self.cores_per_node
+
+    @property
+    def effective_cores(self) -> float:
+        """Core-equivalents delivered: a 4x slow node of 16 cores counts 4."""
+        return sum(self.cores_per_node / s for s in self.speeds)
+
+    def without_slow(self) -> Cluster:
+        return Cluster(self.nodes, self.cores_per_node, None, self.failure_rate)
+
+
+class Attempt:
+    """One execution of a task on one node (read-only once the run is over).
+
+    ``outcome`` is ``"done"``, ``"failed"`` or ``"killed"`` (the losing copy
+    of a speculated task), ``None`` while running. ``cores`` are global core
+    ids (``node * cores_per_node + local``).
+    """
+
+    __slots__ = ("aid", "backup", "check_at", "cores", "end", "node", "outcome", "start", "task")
+
+    def __init__(
+        self, aid: int, task: Task, node: int, cores: tuple[int, ...], start: float, backup: bool
+    ) -> None:
+        self.aid = aid
+        self.task = task
+        self.node = node
+        self.cores = cores
+        self.start = start
+        self.end = math.nan
+        self.outcome: str | None = None
+        self.backup = backup
+        self.check_at = math.nan
+
+    @property
+    def core(self) -> int:
+        return self.cores[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"Attempt({self.aid}, task={self.task.tid!r}, node={self.node}, start={self.start:g}, "
+            f"end={self.end:g}, outcome={self.outcome!r}, backup={self.backup})"
+        )
