@@ -48,6 +48,7 @@ Ties: push order.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -58,36 +59,89 @@ from daskjobs.policies.base import AttemptView, NodeView, Policy, TaskView
 __all__ = ["NodeAware"]
 
 
-class _DEPQ:
-    """Double-ended priority queue of tasks by estimate (lazy deletion)."""
+_Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
+_RATIO = math.log(1.2)
 
-    __slots__ = ("hi", "lo", "n", "taken")
+
+class _Ladder:
+    """Tasks by estimate: the longest exactly, the rest by rungs of 1.2x.
+
+    ``hi`` is a max-heap over all tasks (the longest, for nominal nodes).
+    ``rungs`` buckets the same entries by ``floor(log1.2(estimate))``, each
+    rung a max-heap, so "a short task" (the lowest rung) and "the longest task
+    of at most X" (walk down from X's rung) cost O(log n) plus the rungs
+    walked; there are about 13 rungs per decade of estimates. Entries taken
+    through one view are dropped lazily from the other (``taken``).
+    """
+
+    __slots__ = ("hi", "n", "nonempty", "rungs", "taken")
 
     def __init__(self) -> None:
-        self.hi: list[tuple[float, int, TaskView]] = []  # longest first
-        self.lo: list[tuple[float, int, TaskView]] = []  # shortest first
+        self.hi: list[_Entry] = []
+        self.rungs: dict[int, list[_Entry]] = {}
+        self.nonempty: list[int] = []  # sorted rung indices that may hold entries
         self.taken: set[int] = set()
         self.n = 0
 
+    @staticmethod
+    def rung(est: float) -> int:
+        return math.floor(math.log(est) / _RATIO) if est > 1e-3 else -38
+
     def push(self, est: float, seq: int, task: TaskView) -> None:
-        heapq.heappush(self.hi, (-est, seq, task))
-        heapq.heappush(self.lo, (est, seq, task))
+        entry = (-est, seq, task)
+        heapq.heappush(self.hi, entry)
+        r = self.rung(est)
+        heap = self.rungs.get(r)
+        if heap is None:
+            heap = self.rungs[r] = []
+        if not heap:
+            i = bisect.bisect_left(self.nonempty, r)
+            if i == len(self.nonempty) or self.nonempty[i] != r:
+                self.nonempty.insert(i, r)
+        heapq.heappush(heap, entry)
         self.n += 1
 
-    def _clean(self, heap: list[tuple[float, int, TaskView]]) -> None:
+    def _clean(self, heap: list[_Entry]) -> None:
         taken = self.taken
         while heap and heap[0][1] in taken:
             taken.discard(heapq.heappop(heap)[1])
 
-    def head(self) -> tuple[float, int, TaskView] | None:
+    def head(self) -> tuple[list[_Entry], _Entry] | None:
         self._clean(self.hi)
-        return self.hi[0] if self.hi else None
+        return (self.hi, self.hi[0]) if self.hi else None
 
-    def tail(self) -> tuple[float, int, TaskView] | None:
-        self._clean(self.lo)
-        return self.lo[0] if self.lo else None
+    def _walk(self, i: int, limit: float) -> tuple[list[_Entry], _Entry] | None:
+        """From rung position ``i`` downwards: the first head of at most ``limit``."""
+        nonempty = self.nonempty
+        while i >= 0:
+            heap = self.rungs[nonempty[i]]
+            self._clean(heap)
+            if not heap:
+                del nonempty[i]
+            elif -heap[0][0] <= limit:
+                return heap, heap[0]
+            i -= 1
+        return None
 
-    def take(self, heap: list[tuple[float, int, TaskView]]) -> TaskView:
+    def low(self) -> tuple[list[_Entry], _Entry] | None:
+        """A task from the lowest rung (within 1.2x of the shortest)."""
+        nonempty = self.nonempty
+        while nonempty:
+            heap = self.rungs[nonempty[0]]
+            self._clean(heap)
+            if heap:
+                return heap, heap[0]
+            del nonempty[0]
+        return None
+
+    def fit(self, limit: float) -> tuple[list[_Entry], _Entry] | None:
+        """The longest task of at most ``limit`` (to within a rung), if any."""
+        if limit <= 0:
+            return None
+        i = bisect.bisect_right(self.nonempty, self.rung(limit)) - 1
+        return self._walk(i, limit)
+
+    def take(self, heap: list[_Entry]) -> TaskView:
         _, seq, task = heapq.heappop(heap)
         self.taken.add(seq)
         self.n -= 1
@@ -108,6 +162,8 @@ class NodeAware(Policy):
         probe: int = 0,
         prior: float = 2.0,
         margin: float = 1.25,
+        fill: float = 0.3,
+        unmeasured_slowdown: float = 4.0,
     ) -> None:
         if not slow_threshold > 1:
             raise ValueError(f"slow_threshold must be > 1, got {slow_threshold!r}")
@@ -118,7 +174,9 @@ class NodeAware(Policy):
         self.probe = probe
         self.prior = prior
         self.margin = margin
-        self._queues: dict[int, _DEPQ] = {}
+        self.fill = fill
+        self.unmeasured_slowdown = unmeasured_slowdown
+        self._queues: dict[int, _Ladder] = {}
         self._sizes: list[int] = []
         self._counter = itertools.count()
         self._n = 0
@@ -129,6 +187,7 @@ class NodeAware(Policy):
         self._speed: dict[int, float] = {}
         self._announced: dict[int, float] = {}
         self._heads: dict[int, int] = {}
+        self._lows: dict[int, int] = {}
         self._capacity = 0.0  # sum of cores / believed slow-down
         self._best = 1.0  # smallest believed slow-down, refreshed when a belief moves
         # horizon sums
@@ -145,6 +204,7 @@ class NodeAware(Policy):
         self._speed[index] = 1.0
         self._announced[index] = 1.0
         self._heads[index] = 0
+        self._lows[index] = 0
         self._capacity += cores
 
     def remove_node(self, index: int) -> None:
@@ -183,24 +243,31 @@ class NodeAware(Policy):
         c = task.cores
         q = self._queues.get(c)
         if q is None:
-            q = self._queues[c] = _DEPQ()
+            q = self._queues[c] = _Ladder()
             self._sizes.append(c)
             self._sizes.sort()
         q.push(task.estimate, next(self._counter), task)
         self._queued_work += task.estimate * c
         self._n += 1
 
-    def _pick(self, free: int, longest: bool) -> tuple[_DEPQ, tuple[float, int, TaskView]] | None:
-        best: tuple[_DEPQ, tuple[float, int, TaskView]] | None = None
+    def _pick(self, free: int, how: str, limit: float = 0.0) -> tuple[list[_Entry], _Entry] | None:
+        """Across core-size queues that fit ``free``: the longest (``head``),
+        a shortest (``low``) or the longest of at most ``limit`` (``fit``)."""
+        best: tuple[list[_Entry], _Entry] | None = None
         for c in self._sizes:
             if c > free:
                 break
             q = self._queues[c]
-            e = q.head() if longest else q.tail()
-            if e is None:
+            got = q.head() if how == "head" else q.low() if how == "low" else q.fit(limit)
+            if got is None:
                 continue
-            if best is None or e[:2] < best[1][:2]:
-                best = (q, e)
+            if best is None:
+                best = got
+            elif how == "low":
+                if (-got[1][0], got[1][1]) < (-best[1][0], best[1][1]):
+                    best = got
+            elif got[1][:2] < best[1][:2]:
+                best = got
         return best
 
     def pop(self, node: NodeView, now: float) -> TaskView | None:
@@ -209,21 +276,35 @@ class NodeAware(Policy):
         k = node.index
         s = self._speed.get(k, 1.0)
         if not self.measured(k):
-            longest = self._heads.get(k, 0) < self.probe
+            if self._heads[k] < self.probe:
+                found = self._pick(node.free, "head")
+            elif self._lows[k] < self.min_samples:
+                found = self._pick(node.free, "low")  # short tasks measure it soon
+            else:  # what would end in time even if the node were `unmeasured_slowdown`x slow
+                horizon = self.horizon(now)
+                limit = (horizon - now) * self.fill / self.unmeasured_slowdown
+                found = self._pick(node.free, "fit", limit) or self._pick(node.free, "low")
+        elif s < self.slow_threshold:
+            found = self._pick(node.free, "head")
         else:
-            longest = s < self.slow_threshold
-        found = self._pick(node.free, longest)
+            # A measured slow node: the longest task that ends well before the
+            # projected end of the run (leaving the short ones to fill the end
+            # on nominal nodes), else a short one if even that ends in time.
+            horizon = self.horizon(now)
+            found = self._pick(node.free, "fit", (horizon - now) * self.fill / s)
+            if found is None:
+                found = self._pick(node.free, "low")
+                if found and self._run_cores and now - found[1][0] * s > horizon:
+                    return None
         if found is None:
             return None
-        q, entry = found
-        task = entry[2]
-        # a measured slow node takes only what ends before the run would anyway
-        late = now + task.estimate * s > self.horizon(now)
-        if not longest and self.measured(k) and self._run_cores and late:
-            return None
-        q.take(q.hi if longest else q.lo)
-        if longest and not self.measured(k):
-            self._heads[k] = self._heads.get(k, 0) + 1
+        heap, entry = found
+        task = self._queues[entry[2].cores].take(heap)
+        if not self.measured(k):
+            if heap is self._queues[task.cores].hi:
+                self._heads[k] += 1
+            else:
+                self._lows[k] += 1
         self._queued_work -= task.estimate * task.cores
         self._n -= 1
         return task
@@ -253,7 +334,11 @@ class NodeAware(Policy):
         if s < self.slow_threshold:
             return False
         est = attempt.task.estimate
-        expected_end = attempt.start + est * s
+        # What is left: the estimate scaled to the node, less what has run, but
+        # never below half of it: an attempt past its expected end is not
+        # about to finish, it is evidence the node (or estimate) is worse.
+        left = max(attempt.start + est * s - now, 0.5 * est * s)
+        expected_end = now + left
         fresh_end = now + est * min(self._best, 1.0) * self.margin
         return expected_end > fresh_end and expected_end > self.horizon(now)
 

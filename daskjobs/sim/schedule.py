@@ -116,6 +116,19 @@ class Schedule:
         return float(sum((a.end - a.start) * len(a.cores) for a in self.attempts))
 
     @cached_property
+    def retry_bound(self) -> float:
+        """A bound this run's failures impose: a task whose attempt failed at
+        time ``f`` cannot end before ``f + duration`` on the fastest node (it
+        restarts from the beginning). 0.0 when nothing failed. Together with
+        :func:`speed_bound` it shows how much of a makespan no policy could
+        have avoided once the failures happened as they did."""
+        fastest = min(self.cluster.speeds)
+        return max(
+            (a.end + a.task.duration * fastest for a in self.attempts if a.outcome == "failed"),
+            default=0.0,
+        )
+
+    @cached_property
     def failures(self) -> int:
         return sum(1 for a in self.attempts if a.outcome == "failed")
 
