@@ -1,0 +1,412 @@
+"""``daskjobs simulate``: run the SPEC's reference experiments from the shell.
+
+Subcommands ``chapter``, ``fairshare`` and ``graph`` each run one experiment of
+:mod:`daskjobs.sim.report` and print an aligned table with the published
+figures beside the measured ones (``--json``: exactly one JSON object on
+stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
+extra). Progress goes to stderr, so stdout stays clean for pipes.
+
+Follows dask's CLI conventions: click, ``-h/--help`` on every command, errors
+as click usage errors naming the bad option.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The chapter sweep's share of long tasks (40 of 10,000), kept when --tasks changes n.
+_LONG_SHARE = 40 / 10_000
+_N_FEATURES = 100
+
+
+def _common_options(f: F) -> F:
+    """--seed, --json, --plot and the workload overrides shared by every subcommand."""
+    options = [
+        click.option(
+            "--seed",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="Seed of the workload and of the failure draws (an integer >= 0).",
+        ),
+        click.option(
+            "--json",
+            "as_json",
+            is_flag=True,
+            help="Print exactly one JSON object on stdout instead of the table.",
+        ),
+        click.option(
+            "--plot",
+            "plot_dir",
+            type=click.Path(file_okay=False, dir_okay=True, writable=True, path_type=Path),
+            default=None,
+            metavar="DIR",
+            help='Also write PNG figures into DIR (needs: pip install "daskjobs[plot]").',
+        ),
+        click.option(
+            "--slow-node",
+            type=click.IntRange(min=0),
+            default=None,
+            metavar="INDEX",
+            help="Index of the 4x slow node (default: the last node; 0 = offered work first).",
+        ),
+        click.option(
+            "--failure-rate",
+            type=click.FloatRange(min=0.0, max=1.0, max_open=True),
+            default=None,
+            metavar="P",
+            help="Probability that an attempt fails, in [0, 1) (default 0.01).",
+        ),
+        click.option(
+            "--tasks",
+            "n_tasks",
+            type=click.IntRange(min=1),
+            default=None,
+            metavar="N",
+            help="Number of backtests (default 10,000); the long ones stay 0.4% of them.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _workload_kwargs(
+    slow_node: int | None, failure_rate: float | None, n_tasks: int | None
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if slow_node is not None:
+        kwargs["slow_node"] = slow_node
+    if failure_rate is not None:
+        kwargs["failure_rate"] = failure_rate
+    if n_tasks is not None:
+        kwargs["n"] = n_tasks
+        kwargs["n_long"] = round(n_tasks * _LONG_SHARE)
+    return kwargs
+
+
+def _check_plotting(plot_dir: Path | None) -> None:
+    """Fail before any run if --plot was asked for and matplotlib is missing."""
+    if plot_dir is None:
+        return
+    from daskjobs.sim.plot import PlotError, require_matplotlib
+
+    try:
+        require_matplotlib()
+    except PlotError as exc:
+        raise click.UsageError(f"--plot: {exc}") from None
+
+
+@contextmanager
+def _progress(label: str, runs: int) -> Iterator[Callable[[str], None]]:
+    """A progress bar over ``runs`` simulations on stderr; yields the per-run callback."""
+    bar: Any = click.progressbar(
+        length=runs,
+        label=label,
+        file=sys.stderr,
+        show_pos=True,
+        show_eta=False,
+        item_show_func=lambda done: f"done: {done}" if done else None,
+    )
+    with bar:
+
+        def advance(done: str) -> None:
+            bar.update(1, current_item=done)
+
+        yield advance
+
+
+def _run(
+    runner: Callable[..., Any], label: str, runs: int, seed: int, kwargs: dict[str, Any]
+) -> Any:
+    """Call a ``run_*`` function under a progress bar; bad workload input is a usage error."""
+    with _progress(label, runs) as advance:
+        try:
+            return runner(seed, progress=advance, **kwargs)
+        except ValueError as exc:
+            raise click.UsageError(f"invalid workload: {exc}") from None
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    """Rows aligned under headers: first column left, the others right."""
+    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if k == 0 else c.rjust(w)
+            for k, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
+
+
+def _num(x: float | None, fmt: str = ".2f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _emit(report: dict[str, Any], as_json: bool, text: str, figures: list[Path]) -> None:
+    if as_json:
+        if figures:
+            report = {**report, "figures": [str(p) for p in figures]}
+        click.echo(json.dumps(report, indent=2, allow_nan=False))
+        return
+    click.echo(text)
+    for p in figures:
+        click.echo(f"wrote {p}")
+
+
+def _workload_line(report: dict[str, Any]) -> str:
+    slow = ", ".join(f"node {k} {v:g}x slower" for k, v in report["slow_nodes"].items()) or "none"
+    return (
+        f"{report['tasks']:,} tasks on {report['nodes']} nodes / {report['cores']} cores; "
+        f"slow: {slow}; failure rate {report['failure_rate']:g}; seed {report['seed']}"
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def simulate() -> None:
+    """Run the SPEC's reference experiments in the offline simulator.
+
+    Every policy of an experiment runs on the same generated tasks and faces
+    the same failures (common random numbers), so differences are the
+    policies'. Published figures (one random draw) are shown beside ours.
+    """
+
+
+@simulate.command()
+@_common_options
+def chapter(
+    seed: int,
+    as_json: bool,
+    plot_dir: Path | None,
+    slow_node: int | None,
+    failure_rate: float | None,
+    n_tasks: int | None,
+) -> None:
+    """The chapter sweep: 10,000 backtests on 384 cores, one node 4x slow.
+
+    Runs fifo, lpt, work-stealing and node-aware, each without and with
+    backup copies of late attempts, and lpt on the cluster without its slow
+    node; prints makespan, node-hours, backups launched, wasted core-hours and
+    the ratio to the lower bound, beside the published makespan.
+    """
+    from daskjobs.sim.report import CHAPTER_RUNS, run_chapter
+
+    _check_plotting(plot_dir)
+    kwargs = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    report, schedules = _run(run_chapter, "chapter sweep", len(CHAPTER_RUNS), seed, kwargs)
+
+    figures: list[Path] = []
+    if plot_dir is not None:
+        from daskjobs.sim import plot
+
+        candidates = [r for r in report["rows"] if r["policy"] != "lpt-no-slow-node"]
+        best = min(candidates, key=lambda r: r["makespan_h"])
+        best_label = best["policy"] + (" +backups" if best["backups"] else "")
+        lines = {"fifo": schedules[("fifo", False)]}
+        if (best["policy"], best["backups"]) != ("fifo", False):
+            lines[best_label] = schedules[(best["policy"], best["backups"])]
+        figures.append(plot.chapter_utilisation(lines, plot_dir / "chapter-utilisation.png"))
+        figures.append(plot.chapter_makespans(report, plot_dir / "chapter-makespan.png"))
+
+    headers = [
+        "policy",
+        "backups",
+        "makespan h",
+        "published",
+        "node-h",
+        "launched",
+        "waste core-h",
+        "failures",
+        "vs LB",
+        "vs SB",
+    ]
+    rows = [
+        [
+            r["policy"],
+            "yes" if r["backups"] else "no",
+            _num(r["makespan_h"]),
+            _num(r["published_makespan_h"]),
+            _num(r["node_hours"], ".1f"),
+            str(r["backups_launched"]),
+            _num(r["waste_core_h"], ".1f"),
+            str(r["failures"]),
+            _num(r["vs_lower_bound"], ".3f"),
+            _num(r["vs_speed_bound"], ".3f"),
+        ]
+        for r in report["rows"]
+    ]
+    pub = report["published"]
+    text = "\n".join(
+        [
+            _workload_line(report),
+            "",
+            _table(headers, rows),
+            "",
+            f"work {report['work_core_h']:,.0f} core-h (published {pub['work_core_h']:,.0f})",
+            f"lower bound (LB) {report['lower_bound_h']:.2f} h "
+            f"(published {pub['lower_bound_h']:.2f})",
+            f"speed bound (SB) {report['speed_bound_h']:.2f} h "
+            f"(published {pub['speed_bound_h']:.2f}); lpt-no-slow-node is measured against "
+            "its own cluster's bound",
+        ]
+    )
+    _emit(report, as_json, text, figures)
+
+
+@simulate.command()
+@_common_options
+def fairshare(
+    seed: int,
+    as_json: bool,
+    plot_dir: Path | None,
+    slow_node: int | None,
+    failure_rate: float | None,
+    n_tasks: int | None,
+) -> None:
+    """Two teams: b submits 500 backtests an hour into a's chapter sweep.
+
+    Compares FIFO with fair share at equal targets (no backups): team b's
+    median and maximum wait from submission, and when team a's sweep ends.
+    --tasks sets the size of team a's sweep.
+    """
+    from daskjobs.sim.report import FAIRSHARE_RUNS, run_fairshare
+
+    _check_plotting(plot_dir)
+    kwargs = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    report, _ = _run(run_fairshare, "fair share", len(FAIRSHARE_RUNS), seed, kwargs)
+
+    figures: list[Path] = []
+    if plot_dir is not None:
+        from daskjobs.sim import plot
+
+        figures.append(plot.fairshare_waits(report, plot_dir / "fairshare-waits.png"))
+
+    headers = [
+        "policy",
+        "team",
+        "tasks",
+        "median wait h",
+        "published",
+        "max wait h",
+        "published",
+        "end h",
+        "published",
+    ]
+    rows: list[list[str]] = []
+    for r in report["rows"]:
+        pub = r["published"] or {}
+        for team, st in r["teams"].items():
+            is_b = team == "b"
+            rows.append(
+                [
+                    r["policy"],
+                    team,
+                    str(st["tasks"]),
+                    _num(st["median_wait_h"]),
+                    _num(pub.get("b_median_wait_h") if is_b else None),
+                    _num(st["max_wait_h"]),
+                    _num(pub.get("b_max_wait_h") if is_b else None),
+                    _num(st["end_h"]),
+                    _num(pub.get("a_end_h") if team == "a" else None),
+                ]
+            )
+    text = "\n".join(
+        [
+            f"team a: {report['teams']['a']:,} tasks at 0 h; "
+            f"team b: {report['teams']['b']:,} tasks at {report['b_submit_h']:g} h; "
+            f"equal targets; seed {report['seed']}",
+            "",
+            _table(headers, rows),
+            "",
+            "waits are hours from each task's submission to its end; end is the team's last end",
+        ]
+    )
+    _emit(report, as_json, text, figures)
+
+
+@simulate.command()
+@_common_options
+def graph(
+    seed: int,
+    as_json: bool,
+    plot_dir: Path | None,
+    slow_node: int | None,
+    failure_rate: float | None,
+    n_tasks: int | None,
+) -> None:
+    """Shared feature stages: recomputed per backtest, as a graph, and cached.
+
+    A hundred 20-minute feature stages, each read by a hundred backtests, under
+    lpt, critical-path and node-aware with backups. Core-hours count every
+    attempt (useful work and waste). --tasks must be a multiple of 100.
+    """
+    from daskjobs.sim.report import GRAPH_RUNS, run_graph
+
+    _check_plotting(plot_dir)
+    kwargs = _workload_kwargs(slow_node, failure_rate, None)
+    if n_tasks is not None:
+        if n_tasks % _N_FEATURES:
+            raise click.BadParameter(
+                f"{n_tasks} backtests cannot be split evenly over {_N_FEATURES} features; "
+                f"use a multiple of {_N_FEATURES}",
+                param_hint="--tasks",
+            )
+        kwargs["readers"] = n_tasks // _N_FEATURES
+        kwargs["n_long"] = round(n_tasks * _LONG_SHARE)
+    report, _ = _run(run_graph, "feature graph", len(GRAPH_RUNS), seed, kwargs)
+
+    figures: list[Path] = []
+    if plot_dir is not None:
+        from daskjobs.sim import plot
+
+        figures.append(plot.graph_costs(report, plot_dir / "graph-costs.png"))
+
+    headers = [
+        "mode",
+        "policy",
+        "tasks",
+        "core-h",
+        "published",
+        "makespan h",
+        "published",
+        "LB h",
+        "waste core-h",
+        "launched",
+    ]
+    rows = [
+        [
+            r["mode"],
+            r["policy"],
+            f"{r['tasks']:,}",
+            f"{r['core_h']:,.0f}",
+            f"{r['published_core_h']:,.0f}",
+            _num(r["makespan_h"]),
+            _num(r["published_makespan_h"]),
+            _num(r["lower_bound_h"]),
+            _num(r["waste_core_h"], ".1f"),
+            str(r["backups_launched"]),
+        ]
+        for r in report["rows"]
+    ]
+    text = "\n".join(
+        [
+            f"feature graph, seed {report['seed']}, every run with backups",
+            "",
+            _table(headers, rows),
+            "",
+            "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
+        ]
+    )
+    _emit(report, as_json, text, figures)

@@ -1,0 +1,339 @@
+"""The reference experiments of SPEC section 4, as plain dicts.
+
+Each ``*_report`` function generates a reference workload from a seed, runs it
+under the policies the SPEC compares, and returns a JSON-able dict of hours,
+counts and ratios, with the published figure beside each measured one (``None``
+where the SPEC publishes none). Nothing here prints or draws: the CLI
+(:mod:`daskjobs.sim.cli`) formats these dicts and :mod:`daskjobs.sim.plot`
+draws them.
+
+Every run uses a fresh policy object (policies keep state) and the same seed,
+so all policies of one report face the same tasks and the same failures
+(common random numbers, see :mod:`daskjobs.sim.engine`).
+
+The ``run_*`` variants also return the :class:`~daskjobs.sim.schedule.Schedule`
+of every run (for figures) and take a ``progress`` callback, called once after
+each run with the run's label; ``*_RUNS`` give the number of runs up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from daskjobs import workloads
+from daskjobs.policies import FairShare, make_policy
+from daskjobs.sim.engine import simulate
+from daskjobs.sim.schedule import Schedule, lower_bound, speed_bound
+
+__all__ = [
+    "CHAPTER_RUNS",
+    "FAIRSHARE_RUNS",
+    "GRAPH_RUNS",
+    "PUBLISHED_CHAPTER",
+    "PUBLISHED_FAIRSHARE",
+    "PUBLISHED_GRAPH",
+    "chapter_report",
+    "fairshare_report",
+    "graph_report",
+    "run_chapter",
+    "run_fairshare",
+    "run_graph",
+]
+
+Progress = Callable[[str], None]
+_H = 3600.0
+
+#: The chapter runs, in report order: (row name, policy name, backups, drop the slow node).
+CHAPTER_RUNS: tuple[tuple[str, str, bool, bool], ...] = (
+    ("fifo", "fifo", False, False),
+    ("fifo", "fifo", True, False),
+    ("lpt", "lpt", False, False),
+    ("lpt", "lpt", True, False),
+    ("work-stealing", "work-stealing", False, False),
+    ("work-stealing", "work-stealing", True, False),
+    ("lpt-no-slow-node", "lpt", False, True),
+    ("node-aware", "node-aware", False, False),
+    ("node-aware", "node-aware", True, False),
+)
+
+#: Fair-share runs: FIFO, then equal-target fair share (no backups, as published).
+FAIRSHARE_RUNS: tuple[str, ...] = ("fifo", "fair-share")
+
+#: Graph runs: (mode, policy), every one with backups.
+GRAPH_RUNS: tuple[tuple[str, str], ...] = tuple(
+    (mode, policy)
+    for mode in ("recompute", "graph", "cached")
+    for policy in ("lpt", "critical-path", "node-aware")
+)
+
+#: SPEC section 4, the chapter table (hours; node-hours; backups launched).
+PUBLISHED_CHAPTER: dict[str, Any] = {
+    "source": "SPEC section 4 (one random draw)",
+    "work_core_h": 3649.0,
+    "lower_bound_h": 9.50,
+    "speed_bound_h": 9.81,
+    "waste_core_h": [91.0, 130.0],
+    "rows": [
+        {
+            "policy": "fifo",
+            "backups": False,
+            "makespan_h": 19.79,
+            "node_hours": 475.0,
+            "backups_launched": None,
+        },
+        {
+            "policy": "fifo",
+            "backups": True,
+            "makespan_h": 20.32,
+            "node_hours": 487.6,
+            "backups_launched": 152,
+        },
+        {
+            "policy": "lpt",
+            "backups": False,
+            "makespan_h": 11.80,
+            "node_hours": 283.3,
+            "backups_launched": None,
+        },
+        {
+            "policy": "lpt",
+            "backups": True,
+            "makespan_h": 10.02,
+            "node_hours": 240.4,
+            "backups_launched": 105,
+        },
+        {
+            "policy": "work-stealing",
+            "backups": False,
+            "makespan_h": 16.33,
+            "node_hours": 391.9,
+            "backups_launched": None,
+        },
+        {
+            "policy": "work-stealing",
+            "backups": True,
+            "makespan_h": 16.40,
+            "node_hours": 393.5,
+            "backups_launched": 145,
+        },
+        {
+            "policy": "lpt-no-slow-node",
+            "backups": False,
+            "makespan_h": 10.32,
+            "node_hours": 247.6,
+            "backups_launched": None,
+        },
+    ],
+}
+
+#: SPEC section 4, fair share: hours from submission; team a's last end.
+PUBLISHED_FAIRSHARE: dict[str, Any] = {
+    "source": "SPEC section 4 (one random draw)",
+    "fifo": {"b_median_wait_h": 8.28, "b_max_wait_h": 11.4, "a_end_h": 19.79},
+    "fair-share": {"b_median_wait_h": 0.59, "b_max_wait_h": 2.64, "a_end_h": 16.68},
+}
+
+#: SPEC section 4, task graph and cache (per mode; the SPEC names no policy).
+PUBLISHED_GRAPH: dict[str, Any] = {
+    "source": "SPEC section 4 (one random draw)",
+    "recompute": {"core_h": 6922.0, "makespan_h": 19.3},
+    "graph": {"core_h": 3514.0, "makespan_h": 11.4},
+    "cached": {"core_h": 3475.0, "makespan_h": 10.3},
+}
+
+
+def _published_makespan(policy: str, backups: bool) -> float | None:
+    for row in PUBLISHED_CHAPTER["rows"]:
+        if row["policy"] == policy and row["backups"] == backups:
+            return float(row["makespan_h"])
+    return None
+
+
+def _label(policy: str, backups: bool) -> str:
+    return f"{policy}{' +backups' if backups else ''}"
+
+
+def run_chapter(
+    seed: int = 0, progress: Progress | None = None, **workload_kwargs: Any
+) -> tuple[dict[str, Any], dict[tuple[str, bool], Schedule]]:
+    """:func:`chapter_report` plus the schedule of each run, keyed by (row name, backups)."""
+    w = workloads.chapter(seed, **workload_kwargs)
+    nominal = lower_bound(w.tasks, w.cluster.total_cores)
+    weighted = speed_bound(w.tasks, w.cluster)
+    rows: list[dict[str, Any]] = []
+    schedules: dict[tuple[str, bool], Schedule] = {}
+    for row_name, policy, backups, no_slow in CHAPTER_RUNS:
+        cluster = w.cluster.without_slow() if no_slow else w.cluster
+        s = simulate(
+            w.tasks,
+            cluster,
+            make_policy(policy),
+            spec=w.spec if backups else None,
+            seed=seed,
+        )
+        schedules[(row_name, backups)] = s
+        own_bound = speed_bound(w.tasks, cluster) if no_slow else weighted
+        rows.append(
+            {
+                "policy": row_name,
+                "backups": backups,
+                "makespan_h": s.makespan_h,
+                "node_hours": s.node_hours,
+                "backups_launched": s.backups_launched,
+                "waste_core_h": s.waste_core_h,
+                "failures": s.failures,
+                "vs_lower_bound": s.makespan / nominal if nominal else None,
+                "vs_speed_bound": s.makespan / own_bound if own_bound else None,
+                "published_makespan_h": _published_makespan(row_name, backups),
+            }
+        )
+        if progress is not None:
+            progress(_label(row_name, backups))
+    report = {
+        "experiment": "chapter",
+        "seed": seed,
+        "tasks": len(w.tasks),
+        "nodes": w.cluster.nodes,
+        "cores": w.cluster.total_cores,
+        "slow_nodes": {str(k): s for k, s in enumerate(w.cluster.speeds) if s != 1.0},
+        "failure_rate": w.cluster.failure_rate,
+        "work_core_h": w.work / _H,
+        "lower_bound_h": nominal / _H,
+        "speed_bound_h": weighted / _H,
+        "rows": rows,
+        "published": PUBLISHED_CHAPTER,
+    }
+    return report, schedules
+
+
+def chapter_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
+    """The chapter sweep under every policy of the SPEC's table, with and without backups.
+
+    ``workload_kwargs`` go to :func:`daskjobs.workloads.chapter` (e.g.
+    ``slow_node=0``, ``failure_rate=0.02``, ``n=20_000``). Rows, in order: fifo,
+    lpt, work-stealing (backups off, on), ``lpt-no-slow-node`` (LPT on the
+    cluster without its slow node, backups off), node-aware (off, on).
+    ``vs_lower_bound`` and ``vs_speed_bound`` are makespan / bound ratios; the
+    speed bound is that of the run's own cluster (so for ``lpt-no-slow-node``
+    it equals the nominal lower bound).
+    """
+    return run_chapter(seed, **workload_kwargs)[0]
+
+
+def run_fairshare(
+    seed: int = 0, progress: Progress | None = None, **workload_kwargs: Any
+) -> tuple[dict[str, Any], dict[str, Schedule]]:
+    """:func:`fairshare_report` plus the schedule of each run, keyed by policy name."""
+    w = workloads.fairshare(seed, **workload_kwargs)
+    rows: list[dict[str, Any]] = []
+    schedules: dict[str, Schedule] = {}
+    for name in FAIRSHARE_RUNS:
+        policy = FairShare({"a": 1, "b": 1}) if name == "fair-share" else make_policy(name)
+        s = simulate(w.tasks, w.cluster, policy, seed=seed)
+        schedules[name] = s
+        teams = s.teams()
+        rows.append(
+            {
+                "policy": name,
+                "makespan_h": s.makespan_h,
+                "a_end_h": teams["a"].last_end / _H,
+                "teams": {
+                    team: {
+                        "tasks": st.tasks,
+                        "median_wait_h": st.median_wait / _H,
+                        "max_wait_h": st.max_wait / _H,
+                        "end_h": st.last_end / _H,
+                    }
+                    for team, st in sorted(teams.items())
+                },
+                "published": PUBLISHED_FAIRSHARE.get(name),
+            }
+        )
+        if progress is not None:
+            progress(name)
+    b_submit = min(t.submit for t in w.tasks if t.team == "b")
+    report = {
+        "experiment": "fairshare",
+        "seed": seed,
+        "tasks": len(w.tasks),
+        "teams": {
+            "a": sum(t.team == "a" for t in w.tasks),
+            "b": sum(t.team == "b" for t in w.tasks),
+        },
+        "b_submit_h": b_submit / _H,
+        "targets": {"a": 1, "b": 1},
+        "rows": rows,
+        "published": PUBLISHED_FAIRSHARE,
+    }
+    return report, schedules
+
+
+def fairshare_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
+    """Team ``b``'s 500 backtests an hour into team ``a``'s sweep: FIFO vs equal fair share.
+
+    Per policy and team: median and maximum wait (hours from each task's
+    submission to its end) and the team's last end; ``a_end_h`` is when team
+    ``a``'s sweep ended. No backups (the published figures have none).
+    ``workload_kwargs`` go to :func:`daskjobs.workloads.fairshare`.
+    """
+    return run_fairshare(seed, **workload_kwargs)[0]
+
+
+def _graph_bound(w: workloads.Workload) -> float:
+    """Nominal lower bound, counting cache hits as taking no time."""
+    tasks = [replace(t, duration=0.0) if t.tid in w.cache else t for t in w.tasks]
+    return lower_bound(tasks, w.cluster.total_cores)
+
+
+def run_graph(
+    seed: int = 0, progress: Progress | None = None, **workload_kwargs: Any
+) -> tuple[dict[str, Any], dict[tuple[str, str], Schedule]]:
+    """:func:`graph_report` plus the schedule of each run, keyed by (mode, policy)."""
+    rows: list[dict[str, Any]] = []
+    schedules: dict[tuple[str, str], Schedule] = {}
+    built: dict[str, workloads.Workload] = {}
+    for mode, policy in GRAPH_RUNS:
+        w = built.get(mode)
+        if w is None:
+            w = built[mode] = workloads.feature_graph(seed, mode=mode, **workload_kwargs)
+        s = simulate(w.tasks, w.cluster, make_policy(policy), spec=w.spec, cache=w.cache, seed=seed)
+        schedules[(mode, policy)] = s
+        pub = PUBLISHED_GRAPH[mode]
+        rows.append(
+            {
+                "mode": mode,
+                "policy": policy,
+                "backups": True,
+                "tasks": len(w.tasks),
+                "core_h": s.busy / _H,
+                "makespan_h": s.makespan_h,
+                "waste_core_h": s.waste_core_h,
+                "backups_launched": s.backups_launched,
+                "cache_hits": s.cache_hits,
+                "pruned": len(s.pruned),
+                "lower_bound_h": _graph_bound(w) / _H,
+                "published_core_h": pub["core_h"],
+                "published_makespan_h": pub["makespan_h"],
+            }
+        )
+        if progress is not None:
+            progress(f"{mode} / {policy}")
+    return {
+        "experiment": "graph",
+        "seed": seed,
+        "rows": rows,
+        "published": PUBLISHED_GRAPH,
+    }, schedules
+
+
+def graph_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
+    """Shared feature stages: recomputed in every backtest, as a graph, and cached.
+
+    Each mode runs under lpt, critical-path and node-aware, all with backups.
+    ``core_h`` counts every attempt's core-time (useful work plus waste, the
+    SPEC's "core-hours"). ``workload_kwargs`` go to
+    :func:`daskjobs.workloads.feature_graph`.
+    """
+    return run_graph(seed, **workload_kwargs)[0]

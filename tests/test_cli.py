@@ -1,0 +1,133 @@
+"""The ``daskjobs simulate`` command: JSON shape, ordering sanity, figures, bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from daskjobs.cli import main
+
+CHAPTER_POLICIES = {"fifo", "lpt", "work-stealing", "node-aware"}
+ROW_KEYS = {
+    "policy",
+    "backups",
+    "makespan_h",
+    "node_hours",
+    "backups_launched",
+    "waste_core_h",
+    "failures",
+    "vs_lower_bound",
+    "vs_speed_bound",
+    "published_makespan_h",
+}
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, ["simulate", *args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def chapter_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """One chapter run (seed 0) with --json and --plot, shared by the tests below."""
+    out = tmp_path_factory.mktemp("plots")
+    result = invoke("chapter", "--json", "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), out
+
+
+def test_chapter_json_shape(chapter_run: tuple[dict[str, Any], Path]) -> None:
+    report, _ = chapter_run
+    for key in ("seed", "tasks", "work_core_h", "lower_bound_h", "speed_bound_h", "rows"):
+        assert key in report
+    assert report["seed"] == 0 and report["tasks"] == 10_000
+    assert report["speed_bound_h"] > report["lower_bound_h"] > 9
+    seen = {(r["policy"], r["backups"]) for r in report["rows"]}
+    for policy in CHAPTER_POLICIES:
+        assert (policy, False) in seen and (policy, True) in seen, policy
+    assert ("lpt-no-slow-node", False) in seen
+    for row in report["rows"]:
+        assert set(row) >= ROW_KEYS
+        assert row["makespan_h"] >= report["lower_bound_h"] * 0.999
+        assert row["backups"] or row["backups_launched"] == 0
+    published = {(r["policy"], r["backups"]): r["published_makespan_h"] for r in report["rows"]}
+    assert published[("fifo", False)] == 19.79
+    assert published[("node-aware", True)] is None
+
+
+def test_chapter_ordering_seed0(chapter_run: tuple[dict[str, Any], Path]) -> None:
+    report, _ = chapter_run
+    m = {(r["policy"], r["backups"]): r["makespan_h"] for r in report["rows"]}
+    assert m[("fifo", False)] > m[("lpt", True)]
+    assert m[("node-aware", True)] < m[("lpt", True)]
+
+
+def test_chapter_plot_writes_pngs(chapter_run: tuple[dict[str, Any], Path]) -> None:
+    report, out = chapter_run
+    for name in ("chapter-utilisation.png", "chapter-makespan.png"):
+        png = out / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert str(png) in report["figures"]
+
+
+def test_chapter_human_table() -> None:
+    result = invoke("chapter", "--tasks", "2000", "--failure-rate", "0.02")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "2,000 tasks" in out and "failure rate 0.02" in out
+    assert "lower bound (LB)" in out and "speed bound (SB)" in out
+    for policy in (*CHAPTER_POLICIES, "lpt-no-slow-node"):
+        assert policy in out
+    assert "chapter sweep" not in out  # progress goes to stderr
+    assert "chapter sweep" in result.stderr
+
+
+def test_fairshare_json(tmp_path: Path) -> None:
+    result = invoke("fairshare", "--json", "--plot", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    rows = {r["policy"]: r for r in report["rows"]}
+    assert set(rows) == {"fifo", "fair-share"}
+    fifo_b = rows["fifo"]["teams"]["b"]["median_wait_h"]
+    fair_b = rows["fair-share"]["teams"]["b"]["median_wait_h"]
+    assert fair_b < fifo_b
+    assert (tmp_path / "fairshare-waits.png").exists()
+
+
+def test_graph_json() -> None:
+    result = invoke("graph", "--json", "--tasks", "2000")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    modes = {r["mode"] for r in report["rows"]}
+    assert modes == {"recompute", "graph", "cached"}
+    core_h = {(r["mode"], r["policy"]): r["core_h"] for r in report["rows"]}
+    assert core_h[("graph", "lpt")] < core_h[("recompute", "lpt")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["chapter", "--seed", "-1"], "--seed"),
+        (["chapter", "--failure-rate", "-0.1"], "--failure-rate"),
+        (["chapter", "--failure-rate", "1"], "--failure-rate"),
+        (["chapter", "--tasks", "0"], "--tasks"),
+        (["chapter", "--slow-node", "24"], "slow node 24 is not a node index"),
+        (["graph", "--tasks", "150"], "multiple of 100"),
+    ],
+)
+def test_bad_input(args: list[str], message: str) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    result = invoke("fairshare", "--plot", str(tmp_path))
+    assert result.exit_code == 2
+    assert 'pip install "daskjobs[plot]"' in result.output
+    assert not list(tmp_path.iterdir())
