@@ -121,10 +121,22 @@ class Schedule:
         time ``f`` cannot end before ``f + duration`` on the fastest node (it
         restarts from the beginning). 0.0 when nothing failed. Together with
         :func:`speed_bound` it shows how much of a makespan no policy could
-        have avoided once the failures happened as they did."""
+        have avoided once the failures happened as they did. A failure while
+        another copy of the task ran on (a backup) restarts nothing: skipped."""
         fastest = min(self.cluster.speeds)
+        by_task: dict[Hashable, list[Attempt]] = {}
+        for a in self.attempts:
+            by_task.setdefault(a.task.tid, []).append(a)
+
+        def restarted(a: Attempt) -> bool:
+            return not any(b is not a and b.start < a.end <= b.end for b in by_task[a.task.tid])
+
         return max(
-            (a.end + a.task.duration * fastest for a in self.attempts if a.outcome == "failed"),
+            (
+                a.end + a.task.duration * fastest
+                for a in self.attempts
+                if a.outcome == "failed" and restarted(a)
+            ),
             default=0.0,
         )
 
