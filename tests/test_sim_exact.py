@@ -532,3 +532,35 @@ def test_node_aware_avoids_adversarial_slow_node():
     assert all(na.record(t).node != 0 for t in long_ids)
     assert policy.speed(0) > 2.0
     assert policy.speed(1) < 1.5
+
+
+def test_retry_bound_equals_end_of_a_task_restarted_after_failure():
+    s = next(
+        s
+        for seed in range(100)
+        if (s := simulate([Task("t", 10.0)], Cluster(1, 1, failure_rate=0.5), FIFO(), seed=seed))
+        .record("t")
+        .attempts
+        == 2
+    )
+    failed, done = s.attempts
+    assert failed.outcome == "failed"
+    assert done.start == failed.end
+    assert s.retry_bound == done.end == failed.end + 10.0
+
+
+def test_retry_bound_ignores_failure_while_a_backup_runs_on():
+    # primary on the 10x node fails after its backup (20-30) started: the backup
+    # carries on and wins at 30, nothing restarts, so the failure bounds nothing
+    cluster = Cluster(2, 1, slow={0: 10.0}, failure_rate=0.5)
+    spec = Speculation(late_factor=2.0)
+    for seed in range(200):
+        s = simulate([Task("t", 10.0)], cluster, FIFO(), spec=spec, seed=seed)
+        outcomes = [(a.outcome, a.backup) for a in s.attempts]
+        if outcomes == [("failed", False), ("done", True)]:
+            break
+    else:
+        raise AssertionError("no seed fails the primary while its backup runs")
+    assert 20.0 < s.attempts[0].end < 30.0
+    assert s.record("t").end == 30.0
+    assert s.retry_bound <= s.record("t").end
