@@ -70,7 +70,7 @@ class CycleError(ValueError):
 
 def _find_cycle(tasks: Sequence[Task], left: set[Hashable]) -> list[Hashable]:
     by_id = {t.tid: t for t in tasks}
-    start = next(iter(left))
+    start = next(t.tid for t in tasks if t.tid in left)  # input order, not set order
     path: list[Hashable] = []
     seen: dict[Hashable, int] = {}
     node = start
