@@ -28,6 +28,7 @@ from daskjobs.sim import (
     lower_bound,
     simulate,
     speed_bound,
+    utilisation,
 )
 
 
@@ -564,3 +565,42 @@ def test_retry_bound_ignores_failure_while_a_backup_runs_on():
     assert 20.0 < s.attempts[0].end < 30.0
     assert s.record("t").end == 30.0
     assert s.retry_bound <= s.record("t").end
+
+
+# -- measurements ----------------------------------------------------------------------------
+
+
+def test_utilisation_counts_busy_cores_over_time():
+    s = simulate(flat([1, 1, 1, 1, 1, 1, 6]), Cluster(1, 2), FIFO())
+    times, busy = utilisation(s, step=1.0)
+    assert times.tolist() == [float(t) for t in range(10)]
+    # two cores busy for the short tasks (0-3), then the 6 alone (3-9)
+    assert busy.tolist() == [2, 2, 2, 1, 1, 1, 1, 1, 1, 0]
+
+
+def test_utilisation_counts_every_core_of_a_multicore_attempt():
+    s = simulate([Task("w", 2.0, cores=3)], Cluster(1, 4), FIFO())
+    _, busy = utilisation(s, step=1.0)
+    assert busy.tolist() == [3, 3, 0]
+
+
+def test_team_stats_measure_from_submission():
+    tasks = [Task("a1", 4.0, team="a"), Task("b1", 1.0, team="b", submit=1.0)]
+    tasks += [Task("b2", 3.0, team="b", submit=1.0)]
+    s = simulate(tasks, Cluster(1, 1), FIFO())
+    teams = s.teams()
+    # a1 0-4; b1 4-5 (wait 4); b2 5-8 (wait 7)
+    assert teams["a"].median_wait == 4.0
+    assert (teams["b"].tasks, teams["b"].median_wait, teams["b"].max_wait) == (2, 5.5, 7.0)
+    assert teams["b"].last_end == 8.0
+
+
+def test_summary_reports_headline_numbers_in_hours():
+    s = simulate([Task("t", 7200.0)], Cluster(2, 1, slow={0: 10.0}), FIFO(), spec=Speculation())
+    # late at 2.5 x 2 h = 5 h; the backup runs 5-7 h and wins; the primary is killed at 7 h
+    summary = s.summary()
+    assert summary["makespan_h"] == s.makespan / 3600 == 5.0 + 2.0
+    assert summary["node_hours"] == 2 * 7.0
+    assert summary["backups_launched"] == summary["backups_won"] == 1
+    assert summary["waste_core_h"] == 7.0
+    assert summary["attempts"] == 2

@@ -8,6 +8,7 @@ be reproducible from its seed.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -31,10 +32,12 @@ from daskjobs.sim import (
     lower_bound,
     simulate,
     speed_bound,
+    utilisation,
 )
 
+# DASKJOBS_HYPOTHESIS_EXAMPLES=5000 for a deep run; 150 keeps the file under ~15 s
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=int(os.environ.get("DASKJOBS_HYPOTHESIS_EXAMPLES", "150")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -370,3 +373,39 @@ def test_tiny_estimates_are_accepted_by_node_aware():
 def test_retry_bound_is_a_bound(sc: Scenario):
     s = sc.run()
     assert max(r.end for r in s.tasks) >= s.retry_bound - EPS
+
+
+@st.composite
+def slow_cluster_scenarios(draw: st.DrawFn) -> Scenario:
+    """Bigger graphs on clusters with a slow node: where learning policies may idle."""
+    nodes = draw(st.integers(2, 4))
+    cpn = draw(st.integers(1, 4))
+    slow = {draw(st.integers(0, nodes - 1)): draw(st.sampled_from([2.0, 4.0, 10.0]))}
+    cluster = Cluster(nodes, cpn, slow=slow, failure_rate=draw(st.sampled_from([0.0, 0.1])))
+    tasks = draw(task_lists(cpn, max_tasks=40))
+    return Scenario(
+        tasks=tasks,
+        cluster=cluster,
+        policy=draw(st.sampled_from(POLICIES_ALL)),
+        spec=draw(specs),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@SETTINGS
+@given(slow_cluster_scenarios())
+def test_bigger_graphs_on_slow_clusters_finish_within_bounds(sc: Scenario):
+    s = sc.run()
+    assert len(s.tasks) == len(sc.tasks)
+    assert max(r.end for r in s.tasks) >= speed_bound(sc.tasks, sc.cluster) - EPS
+    by = attempts_by_task(s)
+    assert all([a.outcome for a in by[t.tid]].count("done") == 1 for t in sc.tasks)
+
+
+@SETTINGS
+@given(scenarios())
+def test_utilisation_never_exceeds_the_cluster(sc: Scenario):
+    s = sc.run()
+    _, busy = utilisation(s, step=0.5)
+    assert busy.min() >= 0
+    assert busy.max() <= sc.cluster.total_cores
