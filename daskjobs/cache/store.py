@@ -1,0 +1,617 @@
+"""The result store: stage results kept under their content keys, on any fsspec filesystem.
+
+A store is a directory: local by default (nothing to start), or any fsspec URL for storage
+shared between machines (``s3://bucket/prefix`` through s3fs, ``gcs://``, ``memory://`` in
+tests). Its layout::
+
+    <root>/daskjobs-store-v1/
+        entries/<key>.json          the manifest: the commit point of an entry
+        data/<key>/<nonce>.bin      payloads, one unique file per writer
+        tmp/                        manifests being written (local filesystems)
+
+Writing an entry
+----------------
+1. The value is serialized (cloudpickle, protocol 5, with numpy buffers written out-of-band:
+   they go to the file as they are, not through the pickle stream) into a payload file whose
+   name is unique to this writer, so two writers never touch the same file.
+2. A manifest holding the payload's BLAKE2b checksum, its size and the metadata (key, stage,
+   parameters, code hash, compute seconds, created, writer) is committed under
+   ``entries/<key>.json``. On a local filesystem it is written to ``tmp/`` and hard-linked into
+   place, which fails if the entry exists: the first writer wins, later writers delete their
+   payload and report that they lost. On other filesystems it is written to a temporary name
+   and copied into place (a copy is atomic on object stores and in memory); two writers racing
+   there both leave complete entries and the later copy is the visible one.
+
+Until the manifest exists the entry does not exist, so a writer that dies between payload and
+commit leaves only an orphan payload, which :meth:`ResultStore.gc` removes later.
+
+Reading an entry
+----------------
+The manifest names the payload; the payload's checksum is recomputed on every read. A missing,
+truncated or altered payload, or an unreadable manifest, is logged as a warning, removed, and
+reported as a miss (:class:`CorruptEntryError`, a ``KeyError``), so the caller recomputes. A
+corrupt entry is never returned.
+
+Trust
+-----
+Loading an entry unpickles it, and unpickling runs code. Anyone who can write to a store can run
+code in every process that reads from it: make a shared store writable only by people you trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import logging
+import os
+import pickle
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+__all__ = [
+    "CorruptEntryError",
+    "EntryInfo",
+    "GCReport",
+    "ResultStore",
+    "VerifyReport",
+    "default_store_url",
+]
+
+logger = logging.getLogger("daskjobs.cache")
+
+DEFAULT_STORE_DIR = ".daskjobs-cache"
+_LAYOUT = "daskjobs-store-v1"
+_MAGIC = b"DJS1"
+_ALIGN = 64
+_HEADER = struct.Struct("<4sIQ")  # magic, number of buffers, pickle length
+_ORPHAN_GRACE = 3600.0  # seconds before gc treats an uncommitted payload as abandoned
+
+
+class CorruptEntryError(KeyError):
+    """A stored entry failed its checksum or could not be read; it has been removed."""
+
+
+def default_store_url() -> str:
+    """The store used when none is given.
+
+    In order: the ``DASKJOBS_STORE`` environment variable, the dask config key
+    ``daskjobs.store``, then ``./.daskjobs-cache`` in the current working directory.
+    """
+    env = os.environ.get("DASKJOBS_STORE")
+    if env:
+        return env
+    import dask.config
+
+    configured = dask.config.get("daskjobs.store", None)
+    if configured:
+        return str(configured)
+    return os.path.abspath(DEFAULT_STORE_DIR)
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """The metadata of one committed entry (its manifest)."""
+
+    key: str
+    stage: str
+    params: Mapping[str, Any]
+    code_hash: str
+    compute_seconds: float
+    nbytes: int
+    created: float
+    writer: str
+    checksum: str
+    payload: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "key": self.key,
+            "stage": self.stage,
+            "params": dict(self.params),
+            "code_hash": self.code_hash,
+            "compute_seconds": self.compute_seconds,
+            "nbytes": self.nbytes,
+            "created": self.created,
+            "writer": self.writer,
+            "checksum": self.checksum,
+            "payload": self.payload,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EntryInfo:
+        return cls(
+            key=str(data["key"]),
+            stage=str(data["stage"]),
+            params=dict(data["params"]),
+            code_hash=str(data["code_hash"]),
+            compute_seconds=float(data["compute_seconds"]),
+            nbytes=int(data["nbytes"]),
+            created=float(data["created"]),
+            writer=str(data["writer"]),
+            checksum=str(data["checksum"]),
+            payload=str(data["payload"]),
+        )
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :meth:`ResultStore.verify` found: keys that passed and keys that failed."""
+
+    ok: tuple[str, ...]
+    corrupt: tuple[str, ...]
+    removed: bool
+
+
+@dataclass(frozen=True)
+class GCReport:
+    """What :meth:`ResultStore.gc` removed (or would remove, with ``dry_run``)."""
+
+    removed: tuple[str, ...]
+    freed_bytes: int
+    kept: int
+    kept_bytes: int
+    orphans: int = 0
+    dry_run: bool = False
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+
+def _checksum(data: bytes | bytearray | memoryview) -> str:
+    return "blake2b:" + hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def _pad(n: int) -> int:
+    return (-n) % _ALIGN
+
+
+def serialize(value: object) -> list[bytes | memoryview]:
+    """Frame ``value`` as payload chunks: header, lengths, pickle, then aligned raw buffers."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    head = _HEADER.pack(_MAGIC, len(raws), len(body))
+    lengths = struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
+    chunks: list[bytes | memoryview] = [head, lengths, body]
+    offset = len(head) + len(lengths) + len(body)
+    for raw in raws:
+        chunks.append(b"\0" * _pad(offset))
+        offset += _pad(offset)
+        chunks.append(raw)
+        offset += raw.nbytes
+    return chunks
+
+
+def deserialize(data: bytearray | bytes) -> object:
+    """Inverse of :func:`serialize`; numpy arrays come back as views into ``data``."""
+    view = memoryview(data)
+    magic, nbuf, body_len = _HEADER.unpack_from(view, 0)
+    if magic != _MAGIC:
+        raise ValueError("not a daskjobs payload (bad magic number)")
+    offset = _HEADER.size
+    lengths = struct.unpack_from(f"<{nbuf}Q", view, offset)
+    offset += 8 * nbuf
+    body = view[offset : offset + body_len]
+    offset += body_len
+    buffers = []
+    for n in lengths:
+        offset += _pad(offset)
+        buffers.append(view[offset : offset + n])
+        offset += n
+    if offset != len(view):
+        raise ValueError(f"payload is {len(view)} bytes, its frame says {offset}")
+    return pickle.loads(body, buffers=buffers)
+
+
+def _writer() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in some containers
+        user = "unknown"
+    who = f"{user}@{socket.gethostname()}:{os.getpid()}"
+    try:
+        from distributed import get_worker
+
+        who += f" worker={get_worker().address}"
+    except (ImportError, ValueError):
+        pass
+    return who
+
+
+def _jsonable(value: object) -> Any:
+    """Parameters as JSON for the manifest (metadata only: the key holds the real identity)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        return _jsonable(item())
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class ResultStore:
+    """Results under content keys, in a local directory or at any fsspec URL.
+
+    ``ResultStore()`` opens the default store (:func:`default_store_url`);
+    ``ResultStore("s3://bucket/sweeps", anon=False)`` passes keyword arguments to fsspec.
+    A store pickles as its URL and options, so tasks can carry it to workers and write there.
+    """
+
+    def __init__(self, url: str | os.PathLike[str] | None = None, **storage_options: Any) -> None:
+        self.url = os.fspath(url) if url is not None else default_store_url()
+        self.storage_options = dict(storage_options)
+        self._fs: Any = None
+        self._root = ""
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], **state["storage_options"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"ResultStore({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ResultStore)
+            and other.url == self.url
+            and other.storage_options == self.storage_options
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __dask_tokenize__(self) -> object:
+        return ("ResultStore", self.url, sorted(self.storage_options.items()))
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            from fsspec.core import url_to_fs
+
+            fs, root = url_to_fs(self.url, **self.storage_options)
+            self._root = f"{root.rstrip('/')}/{_LAYOUT}"
+            self._fs = fs
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        self.fs  # noqa: B018 - resolves the root
+        return self._root
+
+    @property
+    def _local(self) -> bool:
+        from fsspec.implementations.local import LocalFileSystem
+
+        return isinstance(self.fs, LocalFileSystem)
+
+    def _manifest_path(self, key: str) -> str:
+        if not key or "/" in key or key.startswith("."):
+            raise ValueError(f"{key!r} is not a valid store key")
+        return f"{self.root}/entries/{key}.json"
+
+    # -- the API ----------------------------------------------------------------------------
+
+    def contains(self, key: str) -> bool:
+        """Whether an entry is committed under ``key`` (its payload is checked only on read)."""
+        return bool(self.fs.exists(self._manifest_path(key)))
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.contains(key)
+
+    def contains_many(self, keys: Iterable[str]) -> set[str]:
+        """The subset of ``keys`` that are stored: one listing for many keys, else lookups."""
+        wanted = list(dict.fromkeys(keys))
+        if len(wanted) <= 32:
+            return {k for k in wanted if self.contains(k)}
+        return set(wanted) & set(self.keys())
+
+    def keys(self) -> list[str]:
+        """Keys of all committed entries."""
+        try:
+            names = self.fs.ls(f"{self.root}/entries", detail=False)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            base = str(name).rstrip("/").rsplit("/", 1)[-1]
+            if base.endswith(".json"):
+                out.append(base[: -len(".json")])
+        return sorted(out)
+
+    def info(self, key: str) -> EntryInfo:
+        """The manifest of ``key``; ``KeyError`` if absent, ``CorruptEntryError`` if unreadable."""
+        path = self._manifest_path(key)
+        try:
+            raw = self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise KeyError(key) from None
+        try:
+            info = EntryInfo.from_json(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as err:
+            self._discard_corrupt(key, f"unreadable manifest ({err})")
+            raise CorruptEntryError(key) from err
+        if info.key != key:
+            self._discard_corrupt(key, f"manifest names key {info.key!r}")
+            raise CorruptEntryError(key)
+        return info
+
+    def get(self, key: str) -> Any:
+        """The value stored under ``key``.
+
+        Raises ``KeyError`` if there is none, and :class:`CorruptEntryError` (a ``KeyError``)
+        if the entry fails its checksum; the corrupt entry is logged and removed first.
+        """
+        info = self.info(key)
+        try:
+            data, problem = self._read(f"{self.root}/{info.payload}", info.nbytes)
+        except FileNotFoundError:
+            problem = "payload missing"
+        if problem is None and _checksum(data) != info.checksum:
+            problem = "checksum mismatch"
+        if problem is not None:
+            self._discard_corrupt(key, problem)
+            raise CorruptEntryError(key)
+        try:
+            return deserialize(data)
+        except Exception as err:
+            # The bytes are the ones that were written, so this is not corruption (e.g. a
+            # module the value needs is missing here): report it as it is.
+            raise RuntimeError(
+                f"stored entry {key!r} passed its checksum but could not be unpickled: {err}"
+            ) from err
+
+    def put(
+        self,
+        key: str,
+        value: object,
+        *,
+        stage: str = "",
+        params: Mapping[str, Any] | None = None,
+        code_hash: str = "",
+        compute_seconds: float = 0.0,
+    ) -> bool:
+        """Store ``value`` under ``key``; True if this call committed the visible entry.
+
+        False means an entry already existed (another writer won); this writer's payload is
+        removed and the existing entry is left untouched.
+        """
+        manifest = self._manifest_path(key)
+        if self.fs.exists(manifest):
+            return False
+        chunks = serialize(value)
+        hasher = hashlib.blake2b(digest_size=32)
+        nbytes = 0
+        for chunk in chunks:
+            hasher.update(chunk)
+            nbytes += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+        nonce = uuid.uuid4().hex
+        payload_rel = f"data/{key}/{nonce}.bin"
+        payload = f"{self.root}/{payload_rel}"
+        self.fs.makedirs(f"{self.root}/data/{key}", exist_ok=True)
+        with self.fs.open(payload, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+        info = EntryInfo(
+            key=key,
+            stage=stage,
+            params={str(k): _jsonable(v) for k, v in (params or {}).items()},
+            code_hash=code_hash,
+            compute_seconds=float(compute_seconds),
+            nbytes=nbytes,
+            created=time.time(),
+            writer=_writer(),
+            checksum="blake2b:" + hasher.hexdigest(),
+            payload=payload_rel,
+        )
+        body = json.dumps(info.to_json(), indent=1, sort_keys=True).encode()
+        won = self._commit(manifest, body, nonce)
+        if not won:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(payload)
+        return won
+
+    def delete(self, key: str) -> bool:
+        """Remove an entry (manifest first, so it stops being visible at once)."""
+        manifest = self._manifest_path(key)
+        try:
+            self.fs.rm_file(manifest)
+            existed = True
+        except FileNotFoundError:
+            existed = False
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(f"{self.root}/data/{key}", recursive=True)
+        return existed
+
+    def ls(self) -> list[EntryInfo]:
+        """Manifests of all readable entries, oldest first."""
+        out = []
+        for key in self.keys():
+            with contextlib.suppress(KeyError):
+                out.append(self.info(key))
+        return sorted(out, key=lambda e: (e.created, e.key))
+
+    def verify(self, keys: Iterable[str] | None = None, *, remove: bool = True) -> VerifyReport:
+        """Re-read every entry (or ``keys``) and recompute its checksum.
+
+        Corrupt entries are removed unless ``remove=False``. Values are not unpickled.
+        """
+        ok, bad = [], []
+        for key in self.keys() if keys is None else keys:
+            problem = self._check(key)
+            if problem is None:
+                ok.append(key)
+                continue
+            bad.append(key)
+            if remove:
+                self._discard_corrupt(key, problem)
+            else:
+                logger.warning("daskjobs store %s: entry %s is corrupt: %s", self.url, key, problem)
+        return VerifyReport(ok=tuple(ok), corrupt=tuple(bad), removed=remove)
+
+    def gc(
+        self,
+        *,
+        older_than: float | None = None,
+        max_bytes: int | None = None,
+        dry_run: bool = False,
+        now: float | None = None,
+    ) -> GCReport:
+        """Remove entries created more than ``older_than`` seconds ago, then the oldest ones
+        until the store holds at most ``max_bytes``; also removes abandoned uncommitted payloads
+        (older than an hour) and stale temporary files.
+        """
+        now = time.time() if now is None else now
+        entries = self.ls()
+        reasons: dict[str, str] = {}
+        if older_than is not None:
+            for e in entries:
+                if now - e.created > older_than:
+                    reasons[e.key] = f"older than {older_than:g}s"
+        if max_bytes is not None:
+            total = sum(e.nbytes for e in entries if e.key not in reasons)
+            for e in entries:  # oldest first
+                if total <= max_bytes:
+                    break
+                if e.key not in reasons:
+                    reasons[e.key] = f"store above {max_bytes} bytes"
+                    total -= e.nbytes
+        removed = [e for e in entries if e.key in reasons]
+        kept = [e for e in entries if e.key not in reasons]
+        orphans = self._orphans(now, {e.key: e.payload for e in kept})
+        if not dry_run:
+            for e in removed:
+                self.delete(e.key)
+            for path in orphans:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(path, recursive=True)
+        return GCReport(
+            removed=tuple(e.key for e in removed),
+            freed_bytes=sum(e.nbytes for e in removed),
+            kept=len(kept),
+            kept_bytes=sum(e.nbytes for e in kept),
+            orphans=len(orphans),
+            dry_run=dry_run,
+            reasons=reasons,
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _read(self, path: str, expected: int) -> tuple[bytearray, str | None]:
+        """Read a payload into a writable buffer (numpy arrays become views of it).
+
+        Returns the buffer and a problem (``None`` if the size matches the manifest).
+        """
+        buf = bytearray(max(expected, 0))
+        with self.fs.open(path, "rb") as f:
+            n = f.readinto(buf) or 0
+            longer = bool(f.read(1))
+        if n < expected:
+            return buf, f"payload truncated: {n} of {expected} bytes"
+        if longer:
+            return buf, f"payload longer than the {expected} bytes its manifest records"
+        return buf, None
+
+    def _check(self, key: str) -> str | None:
+        """Why the entry under ``key`` is corrupt, or ``None`` if it is sound. Removes nothing."""
+        try:
+            info = EntryInfo.from_json(json.loads(self.fs.cat_file(self._manifest_path(key))))
+        except FileNotFoundError:
+            return "manifest missing"
+        except (ValueError, KeyError, TypeError) as err:
+            return f"unreadable manifest ({err})"
+        if info.key != key:
+            return f"manifest names key {info.key!r}"
+        try:
+            data, problem = self._read(f"{self.root}/{info.payload}", info.nbytes)
+        except FileNotFoundError:
+            return "payload missing"
+        if problem is None and _checksum(data) != info.checksum:
+            problem = "checksum mismatch"
+        return problem
+
+    def _commit(self, manifest: str, body: bytes, nonce: str) -> bool:
+        if self._local:
+            tmp_dir = f"{self.root}/tmp"
+            os.makedirs(tmp_dir, exist_ok=True)
+            os.makedirs(os.path.dirname(manifest), exist_ok=True)
+            tmp = f"{tmp_dir}/{nonce}.json"
+            with open(tmp, "wb") as f:
+                f.write(body)
+            try:
+                os.link(tmp, manifest)  # atomic, and fails if the entry exists
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        tmp = f"{self.root}/tmp/{nonce}.json"
+        self.fs.makedirs(f"{self.root}/tmp", exist_ok=True)
+        self.fs.makedirs(f"{self.root}/entries", exist_ok=True)
+        self.fs.pipe_file(tmp, body)
+        try:
+            if self.fs.exists(manifest):
+                return False
+            self.fs.copy(tmp, manifest)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(tmp)
+
+    def _discard_corrupt(self, key: str, reason: str) -> None:
+        logger.warning("daskjobs store %s: removing corrupt entry %s: %s", self.url, key, reason)
+        self.delete(key)
+
+    def _orphans(self, now: float, live: Mapping[str, str]) -> list[str]:
+        """Payload directories and files with no committed manifest, older than the grace."""
+        out = []
+        try:
+            dirs = self.fs.ls(f"{self.root}/data", detail=False)
+        except FileNotFoundError:
+            dirs = []
+        for d in dirs:
+            key = str(d).rstrip("/").rsplit("/", 1)[-1]
+            keep = live.get(key)
+            for path in self._files(str(d)):
+                if keep is not None and path.endswith(keep):
+                    continue
+                if now - self._mtime(path) > _ORPHAN_GRACE:
+                    out.append(path)
+        for path in self._files(f"{self.root}/tmp"):
+            if now - self._mtime(path) > _ORPHAN_GRACE:
+                out.append(path)
+        return out
+
+    def _files(self, path: str) -> Iterator[str]:
+        try:
+            yield from (str(p) for p in self.fs.find(path))
+        except FileNotFoundError:
+            return
+
+    def _mtime(self, path: str) -> float:
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return time.time()
+        for field_name in ("mtime", "created", "LastModified", "last_modified"):
+            value = info.get(field_name)
+            if isinstance(value, (int, float)):
+                return float(value)
+            if hasattr(value, "timestamp"):
+                return float(value.timestamp())
+        return 0.0

@@ -1,0 +1,975 @@
+"""Sweeps: stages over parameter grids, built as content-keyed Dask graphs.
+
+A sweep is described once, in the order one thinks about it::
+
+    from daskjobs import Sweep, grid
+
+    sweep = Sweep("backtests", team="quant")
+    prices = sweep.stage(make_prices, over=grid(slice=range(8)), params={"days": 750})
+    features = sweep.stage(rolling_features, inputs={"prices": prices}, estimate=2.0)
+    backtests = sweep.stage(
+        crossover_backtest,
+        inputs={"features": features},
+        over=grid(fast=[5, 10, 20], slow=[50, 100]),
+        estimate=lambda p: 0.01 * p["slow"],
+    )
+    result = sweep.run(client)        # or daskjobs.run(sweep, client)
+    result.table()                    # columns: slice, fast, slow, value
+
+How stages fan out
+------------------
+Each stage is expanded into *nodes* (one function call each) as soon as it is declared:
+
+* ``over=`` is the stage's own grid: :func:`grid` for a cartesian product, :func:`cases` for an
+  explicit list of points, ``grid(...) * cases(...)`` and ``+`` to combine them.
+  ``params=`` are fixed keyword arguments shared by every node.
+* ``inputs=`` maps the function's argument names to upstream stages. The upstream nodes are
+  combined by a natural join on their *labels* (the swept parameters they carry): a backtest
+  reading ``features`` (one per ``slice``) and ``prices`` (one per ``slice``) gets the pair with
+  the same ``slice``; inputs with no label in common are crossed. Then the result is crossed with
+  the stage's own grid.
+* A node's labels are its upstream labels plus its own swept parameters; they label the results.
+  A swept parameter may not reuse an upstream label's name (that would be ambiguous).
+
+Every node's Dask key is its content key (:mod:`daskjobs.cache.keys`), so a feature read by a
+hundred backtests is one node, computed once.
+
+What reaches the scheduler
+--------------------------
+:meth:`Sweep.to_dask` returns :class:`SweepGraph`, an ordinary Dask collection
+(``dask.compute``, ``client.compute``, and ``client.get(graph.__dask_graph__(), graph.keys)``
+all accept it). Its graph is a ``HighLevelGraph`` with one layer per stage and kind, whose layer
+annotations reach ``TaskState.annotations`` on the scheduler: ``stage`` (the stage name),
+``estimate`` (seconds, if given), ``team``, ``resources``, ``retries``, ``speculate`` and
+``cache``; loads from the store also carry ``load: True``.
+
+Caching
+-------
+Before the graph is built the store is consulted once (one listing). A cacheable node whose key
+is stored becomes a *load* task with no dependencies, and every upstream node needed only by
+loads is left out of the graph. Computed nodes commit their result to the store from the worker
+that computed them. If a load finds its entry corrupt or gone, it is removed and the load task
+recomputes the value itself (loading or recomputing its inputs the same way), so a bad entry
+costs time, never a wrong or missing result.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from daskjobs.cache.keys import (
+    code_hash,
+    stage_key,
+    tokenize_param,
+    validate_stage_name,
+)
+from daskjobs.cache.store import ResultStore
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = [
+    "Grid",
+    "Node",
+    "Stage",
+    "StageError",
+    "StageFailure",
+    "Sweep",
+    "SweepGraph",
+    "SweepResult",
+    "cases",
+    "grid",
+    "run",
+]
+
+logger = logging.getLogger("daskjobs.sweep")
+
+EVENT_TOPIC = "daskjobs.cache"
+
+
+# -- grids ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A list of parameter points (dicts). ``a * b`` is the product, ``a + b`` the union."""
+
+    points: tuple[Mapping[str, Any], ...]
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return iter(self.points)
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __mul__(self, other: Grid) -> Grid:
+        if not isinstance(other, Grid):
+            return NotImplemented
+        points = []
+        for a, b in itertools.product(self.points, other.points):
+            clash = set(a) & set(b)
+            if clash:
+                raise ValueError(f"cannot multiply grids that share parameters {sorted(clash)}")
+            points.append({**a, **b})
+        return Grid(tuple(points))
+
+    def __add__(self, other: Grid) -> Grid:
+        if not isinstance(other, Grid):
+            return NotImplemented
+        return Grid(self.points + other.points)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Parameter names, in order of first appearance."""
+        return tuple(dict.fromkeys(name for p in self.points for name in p))
+
+
+def grid(**axes: Iterable[Any]) -> Grid:
+    """The cartesian product of the given axes: ``grid(fast=[5, 10], slow=[50, 100])``."""
+    names = list(axes)
+    values = []
+    for name in names:
+        axis = axes[name]
+        if isinstance(axis, (str, bytes)) or not isinstance(axis, Iterable):
+            raise TypeError(
+                f"grid axis {name!r} must be a list of values, got {type(axis).__name__}; "
+                f"for a fixed value use params={{{name!r}: ...}} or grid({name}=[value])"
+            )
+        values.append(list(axis))
+    return Grid(tuple(dict(zip(names, combo, strict=True)) for combo in itertools.product(*values)))
+
+
+def cases(*points: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Grid:
+    """An explicit list of points: ``cases({"fast": 5, "slow": 50}, {"fast": 10, "slow": 200})``
+    (or one list of dicts)."""
+    if len(points) == 1 and not isinstance(points[0], Mapping):
+        points = tuple(points[0])
+    out = []
+    for p in points:
+        if not isinstance(p, Mapping):
+            raise TypeError(f"cases() takes dicts of parameters, got {type(p).__name__}")
+        out.append(dict(p))
+    return Grid(tuple(out))
+
+
+def _as_grid(over: Grid | Mapping[str, Iterable[Any]] | Iterable[Mapping[str, Any]] | None) -> Grid:
+    if over is None:
+        return Grid(({},))
+    if isinstance(over, Grid):
+        return over
+    if isinstance(over, Mapping):
+        return grid(**over)
+    return cases(list(over))
+
+
+# -- the graph's nodes --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    """One call of a stage's function: its content key, labels, parameters and inputs."""
+
+    key: str
+    stage: str
+    labels: Mapping[str, Any]
+    params: Mapping[str, Any]
+    inputs: Mapping[str, str]  # argument name -> upstream key
+    label_tokens: Mapping[str, str] = field(repr=False)
+    estimate: float | None = None
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """Per-stage scheduling and caching options (the annotations the scheduler sees)."""
+
+    estimate: float | Callable[[Mapping[str, Any]], float] | None = None
+    team: str | None = None
+    resources: Mapping[str, float] | None = None
+    retries: int | None = None
+    cache: bool = True
+    speculate: bool = False
+    version: str | None = None
+
+
+class Stage:
+    """A declared stage: one function, its options, and its expanded nodes.
+
+    Returned by :meth:`Sweep.stage`; pass it in ``inputs=`` of later stages.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        code: str,
+        options: StageOptions,
+        inputs: Mapping[str, Stage],
+        nodes: Sequence[Node],
+    ) -> None:
+        self.name = name
+        self.func = func
+        self.code = code
+        self.options = options
+        self.inputs = dict(inputs)
+        self.nodes = tuple(nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    @property
+    def keys(self) -> list[str]:
+        return [n.key for n in self.nodes]
+
+    def __repr__(self) -> str:
+        return f"<Stage {self.name!r}: {len(self.nodes)} nodes>"
+
+
+# -- running one stage on a worker --------------------------------------------------------------
+
+
+class StageError(Exception):
+    """A stage's function raised; carries the stage, its key, labels and the traceback text."""
+
+    def __init__(
+        self, stage: str, key: str, labels: Mapping[str, Any], error: str, tb: str
+    ) -> None:
+        super().__init__(stage, key, dict(labels), error, tb)
+        self.stage = stage
+        self.key = key
+        self.labels = dict(labels)
+        self.error = error
+        self.traceback = tb
+
+    def __str__(self) -> str:
+        labels = ", ".join(f"{k}={v!r}" for k, v in self.labels.items())
+        return f"stage {self.stage!r} ({labels}) failed: {self.error}"
+
+    def __repr__(self) -> str:  # short: distributed logs it for every failed attempt
+        return f"StageError({str(self)!r})"
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What a worker needs to run one node (pickled into the task)."""
+
+    key: str
+    stage: str
+    func: Callable[..., Any]
+    params: Mapping[str, Any]
+    labels: Mapping[str, Any]
+    input_names: tuple[str, ...]
+    code: str
+    cache: bool
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """A node and, recursively, its inputs: how a load task recomputes a bad entry."""
+
+    call: _Call
+    inputs: tuple[_Recipe, ...]
+
+
+@dataclass(frozen=True)
+class _Context:
+    store: ResultStore | None
+    run_id: str
+
+
+def _event(ctx: _Context, kind: str, key: str, detail: str = "") -> None:
+    msg = {"run": ctx.run_id, "kind": kind, "key": key, "detail": detail}
+    try:
+        from distributed import get_worker
+
+        get_worker().log_event(EVENT_TOPIC, msg)
+    except (ImportError, ValueError):
+        pass  # not on a distributed worker (e.g. dask's threaded scheduler)
+
+
+def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
+    kwargs = dict(call.params)
+    kwargs.update(zip(call.input_names, values, strict=True))
+    start = time.perf_counter()
+    try:
+        value = call.func(**kwargs)
+    except Exception as err:
+        raise StageError(
+            call.stage,
+            call.key,
+            call.labels,
+            f"{type(err).__name__}: {err}",
+            traceback.format_exc(),
+        ) from err
+    seconds = time.perf_counter() - start
+    if ctx.store is not None and call.cache:
+        try:
+            ctx.store.put(
+                call.key,
+                value,
+                stage=call.stage,
+                params={**call.labels, **call.params},
+                code_hash=call.code,
+                compute_seconds=seconds,
+            )
+        except Exception as err:  # a full disk must not lose the computed value
+            logger.warning("could not store %s in %s: %r", call.key, ctx.store.url, err)
+            _event(ctx, "store-error", call.key, repr(err))
+    return value
+
+
+def _compute_stage(call: _Call, ctx: _Context, *values: Any) -> Any:
+    """The task of a computed node: call the function, commit the result, return it."""
+    return _call(call, ctx, values)
+
+
+def _load_stage(recipe: _Recipe, ctx: _Context) -> Any:
+    """The task of a cache hit: load the entry, or recompute it if it is corrupt or gone."""
+    assert ctx.store is not None
+    return _resolve(recipe, ctx, {}, top=True)
+
+
+def _resolve(recipe: _Recipe, ctx: _Context, memo: dict[str, Any], top: bool = False) -> Any:
+    key = recipe.call.key
+    if key in memo:
+        return memo[key]
+    if ctx.store is not None and recipe.call.cache:
+        try:
+            value = ctx.store.get(key)
+        except KeyError as err:
+            # Corrupt entries were reported and removed by the store; recompute below.
+            reason = type(err).__name__
+            logger.warning("store entry %s unusable (%s); recomputing it", key, reason)
+            _event(ctx, "recomputed" if top else "recomputed-input", key, reason)
+        else:
+            memo[key] = value
+            return value
+    values = [_resolve(sub, ctx, memo) for sub in recipe.inputs]
+    memo[key] = value = _call(recipe.call, ctx, values)
+    return value
+
+
+# -- the sweep --------------------------------------------------------------------------------
+
+
+class Sweep:
+    """A set of stages over parameter grids; see the module docstring for a walk-through.
+
+    ``team`` is the default ``team`` annotation of every stage.
+    """
+
+    def __init__(self, name: str = "sweep", *, team: str | None = None) -> None:
+        self.name = name
+        self.team = team
+        self.stages: dict[str, Stage] = {}
+        self.nodes: dict[str, Node] = {}
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{s.name}×{len(s)}" for s in self.stages.values())
+        return f"<Sweep {self.name!r}: {parts or 'empty'}>"
+
+    def stage(
+        self,
+        func: Callable[..., Any],
+        over: Grid | Mapping[str, Iterable[Any]] | Iterable[Mapping[str, Any]] | None = None,
+        *,
+        inputs: Mapping[str, Stage] | Stage | None = None,
+        params: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        estimate: float | Callable[[Mapping[str, Any]], float] | None = None,
+        team: str | None = None,
+        resources: Mapping[str, float] | None = None,
+        retries: int | None = None,
+        cache: bool = True,
+        speculate: bool = False,
+        version: str | None = None,
+        track: Iterable[Callable[..., Any]] = (),
+    ) -> Stage:
+        """Declare a stage: ``func`` called once per point of ``over`` and combination of inputs.
+
+        ``func`` receives the point's parameters, ``params`` and one keyword argument per entry
+        of ``inputs`` (a single :class:`Stage` is passed under its own name). ``estimate`` is in
+        seconds, a number or a callable of the node's labels and parameters (a dict).
+        ``version`` replaces hashing the code with an explicit version; ``track`` adds helpers
+        from other modules to the code hash. ``cache=False`` never loads or stores this stage.
+        """
+        stage_name = validate_stage_name(name or str(getattr(func, "__name__", "")))
+        if stage_name in self.stages:
+            raise ValueError(
+                f"sweep {self.name!r} already has a stage named {stage_name!r}; "
+                "pass name=... to tell them apart"
+            )
+        if not callable(func):
+            raise TypeError(f"stage {stage_name!r}: {func!r} is not callable")
+        if isinstance(inputs, Stage):
+            inputs = {inputs.name: inputs}
+        inputs = dict(inputs or {})
+        for arg, upstream in inputs.items():
+            if not isinstance(upstream, Stage) or self.stages.get(upstream.name) is not upstream:
+                raise ValueError(
+                    f"input {arg!r} of stage {stage_name!r} is not a stage of sweep {self.name!r}"
+                )
+        points = _as_grid(over)
+        fixed = dict(params or {})
+        swept = set(points.names)
+        twice = (swept & set(fixed)) | (swept & set(inputs)) | (set(fixed) & set(inputs))
+        if twice:
+            raise ValueError(
+                f"stage {stage_name!r}: {sorted(twice)[0]!r} is given twice "
+                "(among over=, params= and inputs=)"
+            )
+        if retries is not None and (not isinstance(retries, int) or retries < 0):
+            raise ValueError(f"stage {stage_name!r}: retries must be a whole number >= 0")
+        options = StageOptions(
+            estimate=estimate,
+            team=team if team is not None else self.team,
+            resources=dict(resources) if resources else None,
+            retries=retries,
+            cache=cache,
+            speculate=speculate,
+            version=version,
+        )
+        code = code_hash(func, version=version, track=track)
+        fixed_tokens = {k: tokenize_param(stage_name, k, v) for k, v in fixed.items()}
+
+        nodes: dict[str, Node] = {}
+        for combo in _join_inputs(stage_name, inputs):
+            up_labels: dict[str, Any] = {}
+            up_tokens: dict[str, str] = {}
+            for node in combo.values():
+                up_labels.update(node.labels)
+                up_tokens.update(node.label_tokens)
+            for point in points:
+                clash = set(point) & set(up_labels)
+                if clash:
+                    name_ = sorted(clash)[0]
+                    raise ValueError(
+                        f"parameter {name_!r} of stage {stage_name!r} has the same name as a "
+                        "label of an upstream stage; rename one of them"
+                    )
+                point_tokens = {k: tokenize_param(stage_name, k, v) for k, v in point.items()}
+                key = stage_key(
+                    stage_name,
+                    code,
+                    {**fixed_tokens, **point_tokens},
+                    {arg: n.key for arg, n in combo.items()},
+                )
+                if key in nodes:
+                    continue
+                labels = {**up_labels, **point}
+                all_params = {**fixed, **point}
+                nodes[key] = Node(
+                    key=key,
+                    stage=stage_name,
+                    labels=labels,
+                    params=all_params,
+                    inputs={arg: n.key for arg, n in combo.items()},
+                    label_tokens={**up_tokens, **point_tokens},
+                    estimate=_estimate(stage_name, estimate, {**labels, **all_params}),
+                )
+        stage = Stage(stage_name, func, code, options, inputs, list(nodes.values()))
+        self.stages[stage_name] = stage
+        self.nodes.update(nodes)
+        return stage
+
+    @property
+    def outputs(self) -> list[Stage]:
+        """Stages that no other stage reads: what :meth:`run` returns by default."""
+        read = {up.name for s in self.stages.values() for up in s.inputs.values()}
+        return [s for name, s in self.stages.items() if name not in read]
+
+    def to_dask(
+        self,
+        store: ResultStore | str | os.PathLike[str] | bool | None = None,
+        outputs: Iterable[Stage] | None = None,
+        *,
+        run_id: str | None = None,
+    ) -> SweepGraph:
+        """The sweep as a Dask collection, with stored results replaced by loads.
+
+        ``store``: a :class:`ResultStore` or URL; ``None`` or ``True`` for the default store;
+        ``False`` to neither load nor store anything.
+        """
+        if store is False:
+            result_store = None
+        elif store is None or store is True:
+            result_store = ResultStore()
+        elif isinstance(store, ResultStore):
+            result_store = store
+        else:
+            result_store = ResultStore(store)
+        out_stages = list(outputs) if outputs is not None else self.outputs
+        for s in out_stages:
+            if self.stages.get(s.name) is not s:
+                raise ValueError(f"{s!r} is not a stage of sweep {self.name!r}")
+        out_nodes = [n for s in out_stages for n in s.nodes]
+        ctx = _Context(result_store, run_id or uuid.uuid4().hex)
+        return _plan(self, out_nodes, ctx)
+
+    def run(
+        self,
+        client: Client | None = None,
+        *,
+        store: ResultStore | str | os.PathLike[str] | bool | None = None,
+        outputs: Iterable[Stage] | None = None,
+        progress: bool = True,
+        cluster_kwargs: Mapping[str, Any] | None = None,
+    ) -> SweepResult:
+        """Compute the sweep; see :func:`run`."""
+        return run(
+            self,
+            client,
+            store=store,
+            outputs=outputs,
+            progress=progress,
+            cluster_kwargs=cluster_kwargs,
+        )
+
+
+def _estimate(
+    stage: str, estimate: float | Callable[[Mapping[str, Any]], float] | None, params: dict
+) -> float | None:
+    if estimate is None:
+        return None
+    value = estimate(params) if callable(estimate) else estimate
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(
+            f"estimate of stage {stage!r} must be a number of seconds >= 0, got {value!r}"
+        )
+    return float(value)
+
+
+def _join_inputs(stage: str, inputs: Mapping[str, Stage]) -> list[dict[str, Node]]:
+    """Combine upstream nodes by a natural join on shared labels (a cross product otherwise)."""
+    combos: list[tuple[dict[str, Node], dict[str, str]]] = [({}, {})]
+    for arg, upstream in inputs.items():
+        if not upstream.nodes:
+            raise ValueError(f"input {arg!r} of stage {stage!r} has no nodes")
+        index: dict[tuple[str, ...], dict[tuple[str, ...], list[Node]]] = {}
+        new: list[tuple[dict[str, Node], dict[str, str]]] = []
+        for chosen, tokens in combos:
+            for node in _matching(upstream, tokens, index):
+                merged = dict(tokens)
+                merged.update(node.label_tokens)
+                new.append(({**chosen, arg: node}, merged))
+        if not new:
+            raise ValueError(
+                f"stage {stage!r}: no node of input {arg!r} agrees with the other inputs on "
+                "their shared labels, so the stage would have no nodes"
+            )
+        combos = new
+    return [chosen for chosen, _ in combos]
+
+
+def _matching(
+    upstream: Stage,
+    tokens: Mapping[str, str],
+    index: dict[tuple[str, ...], dict[tuple[str, ...], list[Node]]],
+) -> list[Node]:
+    names = {n for node in upstream.nodes for n in node.label_tokens}
+    shared = tuple(sorted(names & set(tokens)))
+    if not shared:
+        return list(upstream.nodes)
+    if shared not in index:
+        table: dict[tuple[str, ...], list[Node]] = {}
+        for node in upstream.nodes:
+            if all(n in node.label_tokens for n in shared):
+                table.setdefault(tuple(node.label_tokens[n] for n in shared), []).append(node)
+        index[shared] = table
+    return index[shared].get(tuple(tokens[n] for n in shared), [])
+
+
+# -- planning: cache hits become loads; the graph --------------------------------------------
+
+
+def _annotations(stage: Stage, nodes: Sequence[Node], load: bool) -> dict[str, Any]:
+    opts = stage.options
+    ann: dict[str, Any] = {"stage": stage.name, "cache": opts.cache, "speculate": opts.speculate}
+    if opts.team is not None:
+        ann["team"] = opts.team
+    if opts.resources:
+        ann["resources"] = dict(opts.resources)
+    if opts.retries is not None:
+        ann["retries"] = opts.retries
+    if load:
+        ann["load"] = True
+    else:
+        estimates = {n.key: n.estimate for n in nodes if n.estimate is not None}
+        values = set(estimates.values())
+        if len(values) == 1 and len(estimates) == len(nodes):
+            ann["estimate"] = values.pop()
+        elif estimates:
+            ann["estimate"] = _PerKey(estimates)
+    return ann
+
+
+@dataclass(frozen=True)
+class _PerKey:
+    """A per-key annotation value; dask calls it with each key of the layer."""
+
+    values: Mapping[str, float]
+
+    def __call__(self, key: str) -> float | None:
+        return self.values.get(key)
+
+
+def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
+    from dask._task_spec import Task, TaskRef
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    nodes = sweep.nodes
+    store = ctx.store
+    reachable: dict[str, None] = {}
+    stack = [n.key for n in out_nodes]
+    while stack:
+        key = stack.pop()
+        if key not in reachable:
+            reachable[key] = None
+            stack.extend(nodes[key].inputs.values())
+    cacheable = [k for k in reachable if sweep.stages[nodes[k].stage].options.cache]
+    stored = store.contains_many(cacheable) if store is not None and cacheable else set()
+
+    calls: dict[str, _Call] = {}
+
+    def call_of(node: Node) -> _Call:
+        if node.key not in calls:
+            stage = sweep.stages[node.stage]
+            calls[node.key] = _Call(
+                key=node.key,
+                stage=node.stage,
+                func=stage.func,
+                params=dict(node.params),
+                labels=dict(node.labels),
+                input_names=tuple(node.inputs),
+                code=stage.code,
+                cache=stage.options.cache,
+            )
+        return calls[node.key]
+
+    recipes: dict[str, _Recipe] = {}
+
+    def recipe_of(key: str) -> _Recipe:
+        if key not in recipes:
+            node = nodes[key]
+            subs = tuple(recipe_of(k) for k in node.inputs.values())
+            recipes[key] = _Recipe(call_of(node), subs)
+        return recipes[key]
+
+    computed: dict[str, None] = {}
+    loaded: dict[str, None] = {}
+    stack = [n.key for n in out_nodes]
+    while stack:
+        key = stack.pop()
+        if key in computed or key in loaded:
+            continue
+        if key in stored:
+            loaded[key] = None
+        else:
+            computed[key] = None
+            stack.extend(nodes[key].inputs.values())
+
+    layers: dict[str, Any] = {}
+    deps: dict[str, set[str]] = {}
+    layer_of: dict[str, str] = {}
+    for stage in sweep.stages.values():  # declaration order is a topological order
+        for kind, chosen in (("compute", computed), ("load", loaded)):
+            stage_nodes = [n for n in stage.nodes if n.key in chosen]
+            if not stage_nodes:
+                continue
+            name = f"{stage.name}-{kind}"
+            tasks = {}
+            for n in stage_nodes:
+                if kind == "load":
+                    tasks[n.key] = Task(n.key, _load_stage, recipe_of(n.key), ctx)
+                else:
+                    refs = [TaskRef(k) for k in n.inputs.values()]
+                    tasks[n.key] = Task(n.key, _compute_stage, call_of(n), ctx, *refs)
+                layer_of[n.key] = name
+            load = kind == "load"
+            layers[name] = MaterializedLayer(
+                tasks, annotations=_annotations(stage, stage_nodes, load)
+            )
+            deps[name] = {layer_of[k] for n in stage_nodes if not load for k in n.inputs.values()}
+    graph = HighLevelGraph(layers, deps)
+    by_stage: dict[str, dict[str, int]] = {}
+    for kind, chosen in (("computed", computed), ("hits", loaded)):
+        for key in chosen:
+            entry = by_stage.setdefault(nodes[key].stage, {"computed": 0, "hits": 0})
+            entry[kind] += 1
+    return SweepGraph(
+        graph=graph,
+        output_nodes=tuple(out_nodes),
+        computed=tuple(computed),
+        loaded=tuple(loaded),
+        pruned=len(reachable) - len(computed) - len(loaded),
+        by_stage=by_stage,
+        store=store,
+        run_id=ctx.run_id,
+    )
+
+
+class SweepGraph:
+    """A planned sweep as a Dask collection; computing it gives the outputs' values in order.
+
+    ``keys`` are the output keys; ``computed`` and ``loaded`` the keys that will run and the
+    ones loaded from the store; ``pruned`` counts nodes left out because only loads needed them.
+    """
+
+    def __init__(
+        self,
+        *,
+        graph: Any,
+        output_nodes: tuple[Node, ...],
+        computed: tuple[str, ...],
+        loaded: tuple[str, ...],
+        pruned: int,
+        by_stage: Mapping[str, Mapping[str, int]],
+        store: ResultStore | None,
+        run_id: str,
+    ) -> None:
+        self.graph = graph
+        self.output_nodes = output_nodes
+        self.keys = [n.key for n in output_nodes]
+        self.computed = computed
+        self.loaded = loaded
+        self.pruned = pruned
+        self.by_stage = {k: dict(v) for k, v in by_stage.items()}
+        self.store = store
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return (
+            f"<SweepGraph: {len(self.keys)} outputs, {len(self.computed)} to compute, "
+            f"{len(self.loaded)} to load, {self.pruned} pruned>"
+        )
+
+    def __len__(self) -> int:
+        return len(self.computed) + len(self.loaded)
+
+    # The dask collection protocol.
+    def __dask_graph__(self) -> Any:
+        return self.graph
+
+    def __dask_keys__(self) -> list[str]:
+        return list(self.keys)
+
+    def __dask_layers__(self) -> tuple[str, ...]:
+        return tuple(self.graph.layers)
+
+    def __dask_tokenize__(self) -> object:
+        return ("SweepGraph", tuple(self.keys), tuple(sorted(self.loaded)))
+
+    def __dask_postcompute__(self) -> tuple[Callable[..., Any], tuple[()]]:
+        return list, ()
+
+    def __dask_postpersist__(self) -> Any:
+        raise NotImplementedError("persist a sweep with client.get(graph, graph.keys) instead")
+
+    @staticmethod
+    def __dask_optimize__(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        return dsk  # already minimal: every node in it is needed
+
+    @staticmethod
+    def __dask_scheduler__(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        import dask.threaded
+
+        return dask.threaded.get(dsk, keys, **kwargs)
+
+
+# -- running ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageFailure:
+    """A stage that raised: its name, key, labels, the error and the traceback text."""
+
+    stage: str
+    key: str
+    labels: Mapping[str, Any]
+    error: str
+    traceback: str
+
+    def __str__(self) -> str:
+        labels = ", ".join(f"{k}={v!r}" for k, v in self.labels.items())
+        return f"{self.stage}({labels}): {self.error}"
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """The outcome of :func:`run`.
+
+    ``records`` holds one dict per output node: its labels, ``stage``, ``value`` (``None`` if it
+    failed) and ``error`` (``None`` if it succeeded). ``computed``/``hits`` count stage nodes
+    run and loaded from the store (``recomputed`` of the hits were found unusable and recomputed
+    in their load task); ``seconds`` is the wall time of the run.
+    """
+
+    records: tuple[dict[str, Any], ...]
+    failures: tuple[StageFailure, ...]
+    computed: int
+    hits: int
+    pruned: int
+    recomputed: int
+    seconds: float
+    by_stage: Mapping[str, Mapping[str, int]]
+    store: str | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def values(self) -> list[Any]:
+        return [r["value"] for r in self.records]
+
+    def table(self, expand: bool = True) -> dict[str, list[Any]]:
+        """Columns of the records; with ``expand``, dict values become one column per field."""
+        rows = []
+        for r in self.records:
+            row = {k: v for k, v in r.items() if k != "value"}
+            value = r["value"]
+            if expand and isinstance(value, Mapping):
+                row.update(value)
+            elif r["error"] is None:
+                row["value"] = value
+            rows.append(row)
+        names = list(dict.fromkeys(k for row in rows for k in row))
+        return {n: [row.get(n) for row in rows] for n in names}
+
+    def to_pandas(self, expand: bool = True) -> Any:
+        """The table as a pandas DataFrame (pandas is optional; this needs it installed)."""
+        import importlib
+
+        try:
+            pd = importlib.import_module("pandas")
+        except ImportError as err:
+            raise ImportError("SweepResult.to_pandas needs pandas: pip install pandas") from err
+        return pd.DataFrame(self.table(expand=expand))
+
+    def summary(self) -> str:
+        lines = [
+            f"{len(self.records)} results, {len(self.failures)} failed stages; "
+            f"computed {self.computed} stages, loaded {self.hits} from the store "
+            f"({self.pruned} upstream stages skipped); {self.seconds:.2f} s"
+        ]
+        for name, counts in self.by_stage.items():
+            lines.append(f"  {name}: computed {counts['computed']}, loaded {counts['hits']}")
+        lines.extend(f"  FAILED {f}" for f in self.failures)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def run(
+    sweep: Sweep | SweepGraph,
+    client: Client | None = None,
+    *,
+    store: ResultStore | str | os.PathLike[str] | bool | None = None,
+    outputs: Iterable[Stage] | None = None,
+    progress: bool = True,
+    cluster_kwargs: Mapping[str, Any] | None = None,
+) -> SweepResult:
+    """Compute a sweep and return its results labelled by their parameters.
+
+    ``client``: a ``distributed.Client``; without one a LocalCluster is started (one
+    single-threaded worker process per core, at most four, no dashboard; threads in one process
+    for a ``memory://`` store) and closed at the end. ``cluster_kwargs`` override its settings.
+    ``progress`` shows dask's progress bar (a widget in notebooks, text in terminals).
+
+    A failing stage does not stop the others: every result that was computed is committed to
+    the store and returned, and :attr:`SweepResult.failures` names each failed stage with its
+    labels and traceback.
+    """
+    start = time.perf_counter()
+    if isinstance(sweep, SweepGraph):
+        graph = sweep
+    else:
+        graph = sweep.to_dask(store=store, outputs=outputs)
+    if client is not None:
+        return _run_with(graph, client, progress, start)
+
+    from distributed import Client, LocalCluster
+
+    local_memory = graph.store is not None and graph.store.url.startswith("memory://")
+    n = max(1, min(4, os.cpu_count() or 1))
+    kwargs: dict[str, Any] = {
+        "n_workers": 1 if local_memory else n,
+        "threads_per_worker": n if local_memory else 1,
+        "processes": not local_memory,
+        "dashboard_address": None,
+    }
+    kwargs.update(cluster_kwargs or {})
+    with LocalCluster(**kwargs) as cluster, Client(cluster) as own_client:
+        return _run_with(graph, own_client, progress, start)
+
+
+def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -> SweepResult:
+    from distributed import wait
+
+    futures = client.get(graph.graph, graph.keys, sync=False)
+    if progress and futures:
+        from distributed import progress as show_progress
+
+        show_progress(futures)
+    wait(futures)
+    failures: dict[str, StageFailure] = {}
+    records: list[dict[str, Any]] = []
+    done = [f for f in futures if f.status == "finished"]
+    gathered = client.gather(done, errors="skip")
+    values = dict(zip([f.key for f in done], gathered, strict=True))
+    for node, fut in zip(graph.output_nodes, futures, strict=True):
+        record: dict[str, Any] = {**node.labels, "stage": node.stage}
+        if fut.status == "finished" and fut.key in values:
+            record["value"] = values[fut.key]
+            record["error"] = None
+        else:
+            failure = _failure_of(node, fut)
+            failures.setdefault(failure.key, failure)
+            record["value"] = None
+            record["error"] = str(failure)
+        records.append(record)
+    del futures, done
+    recomputed = _recomputed(client, graph.run_id)
+    for failure in failures.values():
+        logger.error("stage failed: %s\n%s", failure, failure.traceback)
+    return SweepResult(
+        records=tuple(records),
+        failures=tuple(failures.values()),
+        computed=len(graph.computed),
+        hits=len(graph.loaded),
+        pruned=graph.pruned,
+        recomputed=recomputed,
+        seconds=time.perf_counter() - start,
+        by_stage=graph.by_stage,
+        store=graph.store.url if graph.store is not None else None,
+    )
+
+
+def _failure_of(node: Node, fut: Any) -> StageFailure:
+    try:
+        exc = fut.exception()
+    except Exception as err:  # cancelled, or lost with its worker
+        exc = err
+    if isinstance(exc, StageError):
+        return StageFailure(exc.stage, exc.key, exc.labels, exc.error, exc.traceback)
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return StageFailure(node.stage, node.key, dict(node.labels), f"{type(exc).__name__}: {exc}", tb)
+
+
+def _recomputed(client: Client, run_id: str) -> int:
+    try:
+        events = client.get_events(EVENT_TOPIC)
+    except Exception:  # events are informational
+        return 0
+    return sum(1 for _, msg in events if msg.get("run") == run_id and msg["kind"] == "recomputed")
