@@ -55,7 +55,6 @@ tokenize's default, a random token, would silently make every lookup a miss.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.metadata
 import re
 import sys
@@ -138,7 +137,7 @@ def code_hash(
     module, qualname = _identity(func)
     if version is not None:
         return tokenize("version", module, qualname, str(version), ensure_deterministic=True)
-    hasher = _CodeHasher()
+    hasher = _CodeHasher(home=module)
     parts: list[object] = [sys.version_info[:2], hasher.callable(func)]
     parts.extend(hasher.function_code(t) for t in track)
     return tokenize("code", module, qualname, parts, ensure_deterministic=True)
@@ -181,7 +180,8 @@ def _is_plain(value: object, depth: int = 0) -> bool:
 class _CodeHasher:
     """Turns a callable into a nested tuple of deterministic parts; cycles are cut by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, home: str) -> None:
+        self.home = home  # functions of this module are hashed by code, others by name
         self._in_progress: set[int] = set()
 
     def callable(self, func: object) -> object:
@@ -264,11 +264,7 @@ class _CodeHasher:
         for name in names:
             if name not in func.__globals__:
                 continue  # a builtin, or an attribute name
-            value = func.__globals__[name]
-            if isinstance(value, types.FunctionType) and value.__module__ == func.__module__:
-                out.append((name, self.function_code(value)))
-            else:
-                out.append((name, self.value(value)))
+            out.append((name, self.value(func.__globals__[name])))
         return tuple(out)
 
     def value(self, value: object) -> object:
@@ -280,9 +276,11 @@ class _CodeHasher:
                 pass
         if isinstance(value, types.ModuleType):
             return ("module", value.__name__, _package_version(value.__name__))
-        if isinstance(value, types.FunctionType):
+        if isinstance(value, types.FunctionType) and value.__module__ == self.home:
             return self.function_code(value)
-        if isinstance(value, (type, types.BuiltinFunctionType, functools.partial)):
+        if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            return ("callable", *_identity(value), _package_version(value.__module__))
+        if isinstance(value, functools.partial):
             return self.callable(value)
         module = type(value).__module__
         return ("opaque", module, type(value).__qualname__, _package_version(module))
@@ -296,8 +294,3 @@ class _CodeHasher:
                 f"{what} {type(obj).__qualname__!r} has no deterministic token, so the stage "
                 f"cannot be content-keyed; set version= on the stage. Detail: {err}"
             ) from err
-
-
-def short_hash(data: bytes) -> str:
-    """A 16-hex-digit BLAKE2b digest (used for nonces and file names, not for keys)."""
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
