@@ -192,7 +192,8 @@ mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
 from daskjobs.sweep import Sweep, grid
 sweep = Sweep()
 feats = sweep.stage(mod.helper, over=grid(x=[1, 2.5, "a", (1, 2)]), name="feat")
-bts = sweep.stage(mod.stage, inputs={"prices": feats}, over=grid(fast=[3, 5]), params={"slow": {"b": 1, "a": [1, 2]}})
+slow = {"slow": {"b": 1, "a": [1, 2]}}
+sweep.stage(mod.stage, inputs={"prices": feats}, over=grid(fast=[3, 5]), params=slow)
 print(json.dumps(sorted(sweep.nodes)))
 """
 

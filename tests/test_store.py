@@ -177,9 +177,11 @@ def test_corrupt_payload_is_detected_reported_and_removed(
         store.fs.rm_file(path)
     else:
         store.fs.pipe_file(path, bytes(data))
-    with caplog.at_level(logging.WARNING, logger="daskjobs.cache"):
-        with pytest.raises(CorruptEntryError):
-            store.get("bad-1")
+    with (
+        caplog.at_level(logging.WARNING, logger="daskjobs.cache"),
+        pytest.raises(CorruptEntryError),
+    ):
+        store.get("bad-1")
     assert "corrupt entry bad-1" in caplog.text
     assert not store.contains("bad-1")
     assert store.put("bad-1", np.arange(1000)) is True  # and it can be written again
