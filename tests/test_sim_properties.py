@@ -9,6 +9,7 @@ be reproducible from its seed.
 from __future__ import annotations
 
 import os
+import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -409,3 +410,100 @@ def test_utilisation_never_exceeds_the_cluster(sc: Scenario):
     _, busy = utilisation(s, step=0.5)
     assert busy.min() >= 0
     assert busy.max() <= sc.cluster.total_cores
+
+
+# -- batch pushes: the sorted-run fast path pops exactly as single pushes ---------------------
+
+
+HEAP_POLICIES = {"fifo": FIFO, "lpt": LPT, "critical-path": CriticalPath}
+
+
+@st.composite
+def batch_ops(draw: st.DrawFn) -> tuple[list[Task], list[tuple[str, object]]]:
+    """A batch big enough for the run path (>= 256), then pops and pushes interleaved.
+
+    Drawn from a seeded ``random.Random`` (cheap for hundreds of tasks; hypothesis
+    still varies and replays the seed and the sizes)."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    ties = [1.0, 2.0, 3.0]  # estimates: many ties
+    n = draw(st.integers(256, 320))
+    tasks = [
+        Task(
+            f"t{i}",
+            1.0,
+            rng.choice(ties),
+            cores=rng.choice([1, 1, 1, 2, 3]),
+            submit=rng.choice([0.0, 0.0, 1.0]),
+        )
+        for i in range(n)
+    ]
+    ops: list[tuple[str, object]] = []
+    for k in range(draw(st.integers(0, 400))):
+        r = rng.random()
+        if r < 0.2:
+            ops.append(("push", Task(f"late{k}", 1.0, rng.choice(ties), cores=rng.randint(1, 3))))
+        elif r < 0.22:
+            ops.append(("batch", [Task(f"b{k}-{j}", 1.0, rng.choice(ties)) for j in range(260)]))
+        else:
+            ops.append(("pop", rng.randint(1, 3)))
+    return tasks, ops
+
+
+@dataclass
+class _Free:
+    free: int
+    index: int = 0
+
+
+@SETTINGS
+@given(batch_ops(), st.sampled_from(sorted(HEAP_POLICIES)))
+def test_push_many_pops_in_the_same_order_as_single_pushes(case, name: str):
+    tasks, ops = case
+    fast, slow = HEAP_POLICIES[name](), HEAP_POLICIES[name]()
+    for p in (fast, slow):
+        p.add_graph(tasks)
+    fast.push_many(tasks)
+    for t in tasks:
+        slow.push(t)
+
+    def pops(free: int) -> tuple:
+        a = fast.pop(_Free(free), 0.0)
+        b = slow.pop(_Free(free), 0.0)
+        return (a.tid if a else None), (b.tid if b else None)
+
+    for op, arg in ops:
+        if op == "pop":
+            got_fast, got_slow = pops(arg)  # type: ignore[arg-type]
+            assert got_fast == got_slow
+        elif op == "push":
+            fast.push(arg)  # type: ignore[arg-type]
+            slow.push(arg)  # type: ignore[arg-type]
+        else:
+            fast.add_graph(arg)  # type: ignore[arg-type]
+            slow.add_graph(arg)  # type: ignore[arg-type]
+            fast.push_many(arg)  # type: ignore[arg-type]
+            for t in arg:  # type: ignore[attr-defined]
+                slow.push(t)
+        assert len(fast) == len(slow)
+    while len(slow):
+        got_fast, got_slow = pops(3)
+        assert got_fast == got_slow
+    assert len(fast) == 0
+
+
+class _OneByOne(LPT):
+    """LPT without the batch fast path."""
+
+    def push_many(self, tasks):  # type: ignore[no-untyped-def]
+        for t in tasks:
+            self.push(t)
+
+
+def test_batch_fast_path_gives_identical_simulation():
+    from daskjobs import workloads
+
+    wl = workloads.chapter(4, n=700, n_long=6, nodes=3, cores_per_node=4, failure_rate=0.05)
+    a = simulate(wl.tasks, wl.cluster, LPT(), spec=wl.spec, seed=wl.seed)
+    b = simulate(wl.tasks, wl.cluster, _OneByOne(), spec=wl.spec, seed=wl.seed)
+    assert a.failures > 0
+    assert fingerprint(a) == fingerprint(b)
