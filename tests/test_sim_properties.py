@@ -507,3 +507,39 @@ def test_batch_fast_path_gives_identical_simulation():
     b = simulate(wl.tasks, wl.cluster, _OneByOne(), spec=wl.spec, seed=wl.seed)
     assert a.failures > 0
     assert fingerprint(a) == fingerprint(b)
+
+
+# -- speculation rules ------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(scenarios(policies=POLICIES_ALL))
+def test_concurrent_backups_stay_within_the_cap(sc: Scenario):
+    s = sc.run()
+    if sc.spec is None:
+        return
+    cap = sc.spec.cap(sc.cluster.total_cores)
+    backups = [a for a in s.attempts if a.backup]
+    for b in backups:
+        # backups running at the moment b starts (b included)
+        assert sum(1 for x in backups if x.start <= b.start < x.end or x is b) <= cap
+
+
+@SETTINGS
+@given(scenarios(policies=POLICIES))
+def test_backup_starts_no_earlier_than_the_lateness_deadline(sc: Scenario):
+    # these policies never learn speeds nor call attempts urgent: the deadline is
+    # start + max(min_runtime, late_factor x estimate)
+    s = sc.run()
+    if sc.spec is None:
+        return
+    by = attempts_by_task(s)
+    for mine in by.values():
+        for b in mine:
+            if not b.backup:
+                continue
+            primaries = [a for a in mine if not a.backup and a.start <= b.start < a.end]
+            assert len(primaries) == 1, (b, mine)
+            p = primaries[0]
+            deadline = sc.spec.deadline(p.start, p.task.estimate)
+            assert b.start >= deadline - EPS
