@@ -283,3 +283,29 @@ def test_utilisation_needs_positive_step(step):
     s = simulate([Task("a", 1.0)], Cluster(1, 1), FIFO())
     with pytest.raises(ValueError, match=r"step must be a positive number of seconds"):
         utilisation(s, step=step)
+
+
+# -- booleans and strings are not numbers --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: Task("a", True), r"task 'a': duration must be a finite number"),
+        (lambda: Task("a", 1.0, estimate=False), r"task 'a': estimate must be a finite number"),
+        (lambda: Task("a", 1.0, cores=True), r"task 'a': cores must be an integer >= 1"),
+        (lambda: Cluster(True, 2), r"nodes must be an integer >= 1"),
+        (lambda: Cluster(2, True), r"cores_per_node must be an integer >= 1"),
+        (lambda: Cluster(2, 2, failure_rate="0.1"), r"failure_rate must be in \[0, 1\)"),
+        (lambda: Cluster(2, 2, slow={0: True}), r"slow-down factor of node 0 must be > 0"),
+    ],
+)
+def test_booleans_and_strings_are_rejected_as_numbers(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("field", ["late_factor", "min_runtime", "max_fraction"])
+def test_speculation_rejects_non_numbers_naming_the_field(field):
+    with pytest.raises(TypeError, match=rf"{field} must be a number, got str"):
+        Speculation(**{field: "2"})

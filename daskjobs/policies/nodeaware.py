@@ -61,6 +61,7 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
+_MAX_LOG = math.log(1000.0)
 
 
 class _Ladder:
@@ -85,7 +86,11 @@ class _Ladder:
 
     @staticmethod
     def rung(est: float) -> int:
-        return math.floor(math.log(est) / _RATIO) if est > 1e-3 else -38
+        if not est > 1e-3:
+            return -38  # everything under a millisecond shares the lowest rung
+        if est > 1e300:
+            return 3800  # and everything astronomically long the highest
+        return math.floor(math.log(est) / _RATIO)
 
     def push(self, est: float, seq: int, task: TaskView) -> None:
         entry = (-est, seq, task)
@@ -220,7 +225,9 @@ class NodeAware(Policy):
     def _learn(self, node: int, ratio: float) -> bool:
         if node not in self._cores or not (ratio > 0 and math.isfinite(ratio)):
             return False
-        self._logsum[node] += math.log(ratio)
+        # one sample moves the belief by at most 1000x either way: a near-zero
+        # estimate must not make a node look infinitely slow
+        self._logsum[node] += min(max(math.log(ratio), -_MAX_LOG), _MAX_LOG)
         self._count[node] += 1
         old = self._speed[node]
         new = math.exp(self._logsum[node] / (self._count[node] + self.prior))

@@ -39,6 +39,10 @@ class Speculation:
     max_fraction: float = 0.1
 
     def __post_init__(self) -> None:
+        for name in ("late_factor", "min_runtime", "max_fraction"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
         if not (math.isfinite(self.late_factor) and self.late_factor > 1.0):
             raise ValueError(f"late_factor must be a finite number > 1, got {self.late_factor!r}")
         if not (math.isfinite(self.min_runtime) and self.min_runtime >= 0):

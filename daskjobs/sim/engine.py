@@ -279,8 +279,9 @@ def _simulate(
     heappush = heapq.heappush
     heappop = heapq.heappop
 
-    def ready(i: int, now: float) -> None:
-        """Task ``i`` can run: push it, or complete it at once if cached."""
+    def ready(i: int, now: float, batch: list[Task] | None = None) -> None:
+        """Task ``i`` can run: push it (or add it to ``batch``), or complete it
+        at once if cached."""
         if is_cached[i]:
             t_start[i] = now
             t_end[i] = now
@@ -288,7 +289,9 @@ def _simulate(
             for j in dependents[i]:
                 waiting[j] -= 1
                 if not waiting[j] and submitted[j]:
-                    ready(j, now)
+                    ready(j, now, batch)
+        elif batch is not None:
+            batch.append(tasks[i])
         else:
             push(tasks[i])
 
@@ -386,8 +389,8 @@ def _simulate(
         if rate:
             k = n_att[i] - 1
             if k < _FATES:  # common random numbers: the fate of attempt k of task i
-                u = fate_u[i, k]
-                frac = fate_f[i, k]
+                u = float(fate_u[i, k])
+                frac = float(fate_f[i, k])
             else:
                 if draw_ptr + 2 > len(draws):
                     draws = rng.random(4096).tolist()
@@ -449,14 +452,11 @@ def _simulate(
                 batch.append(subs[sub_ptr])
                 sub_ptr += 1
             policy.add_graph([tasks[i] for i in batch if not is_cached[i]])
-            runnable = []
+            runnable: list[Task] = []
             for i in batch:
                 submitted[i] = True
                 if not waiting[i]:
-                    if is_cached[i]:
-                        ready(i, now)
-                    else:
-                        runnable.append(tasks[i])
+                    ready(i, now, runnable)
             policy.push_many(runnable)
         while events and events[0][0] == now:
             _, kind, _, a = heappop(events)

@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 __all__ = ["Attempt", "Cluster", "Task"]
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_time(tid: Hashable, what: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+    if not (_is_number(value) and math.isfinite(value) and value >= 0):
         raise ValueError(
             f"task {tid!r}: {what} must be a finite number >= 0 seconds, got {value!r}"
         )
@@ -48,7 +56,7 @@ class Task:
         else:
             _check_time(self.tid, "estimate", self.estimate)
         _check_time(self.tid, "submit", self.submit)
-        if not (isinstance(self.cores, int) and self.cores >= 1):
+        if not (_is_count(self.cores) and self.cores >= 1):
             raise ValueError(
                 f"task {self.tid!r}: cores must be an integer >= 1, got {self.cores!r}"
             )
@@ -75,17 +83,17 @@ class Cluster:
     speeds: tuple[float, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.nodes, int) and self.nodes >= 1):
+        if not (_is_count(self.nodes) and self.nodes >= 1):
             raise ValueError(f"nodes must be an integer >= 1, got {self.nodes!r}")
-        if not (isinstance(self.cores_per_node, int) and self.cores_per_node >= 1):
+        if not (_is_count(self.cores_per_node) and self.cores_per_node >= 1):
             raise ValueError(f"cores_per_node must be an integer >= 1, got {self.cores_per_node!r}")
-        if not (0.0 <= self.failure_rate < 1.0):
+        if not (_is_number(self.failure_rate) and 0.0 <= self.failure_rate < 1.0):
             raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
         speeds = [1.0] * self.nodes
         for node, factor in (self.slow or {}).items():
             if not (isinstance(node, int) and 0 <= node < self.nodes):
                 raise ValueError(f"slow node {node!r} is not a node index in [0, {self.nodes})")
-            if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+            if not (_is_number(factor) and math.isfinite(factor) and factor > 0):
                 raise ValueError(f"slow-down factor of node {node} must be > 0, got {factor!r}")
             speeds[node] = float(factor)
         object.__setattr__(self, "speeds", tuple(speeds))
