@@ -20,6 +20,10 @@ _LAZY = {
     "cases": "daskjobs.sweep",
     "run": "daskjobs.sweep",
     "ResultStore": "daskjobs.cache.store",
+    "JobsPlugin": "daskjobs.plugin",
+    "explain": "daskjobs.plugin.client",
+    "status": "daskjobs.plugin.client",
+    "local_cluster": "daskjobs.plugin.client",
 }
 
 __all__ = ["__version__", *_LAZY]

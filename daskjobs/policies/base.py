@@ -139,6 +139,9 @@ class Policy:
         ``attempt.node`` changed enough that deadlines on it should be re-judged."""
         return False
 
+    def forget(self, tid: Hashable) -> None:
+        """``tid`` is gone for good (the live scheduler forgot it): drop its state."""
+
     def speed(self, node: int) -> float:
         """Believed slow-down factor of ``node`` (1.0 = nominal)."""
         return 1.0

@@ -81,6 +81,9 @@ class CriticalPath(HeapPolicy):
             tail = max(blevel[k] for k in below) if below else 0.0
             blevel[t.tid] = t.estimate + tail
 
+    def forget(self, tid: Hashable) -> None:
+        self.blevel.pop(tid, None)
+
     def key(self, task: TaskView) -> Any:
         b = self.blevel.get(task.tid)
         if b is None:  # pushed without add_graph: rank by its own estimate

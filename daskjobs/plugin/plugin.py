@@ -1,0 +1,355 @@
+"""The daskjobs scheduler plugin: dask's scheduler, steered by the shared policy core.
+
+How it orders work
+==================
+
+dask runs the runnable task with the lowest ``TaskState.priority`` first: in the
+scheduler's queue of root-ish tasks, and in each worker's ready heap. Its own
+priority is ``(-user_priority, generation, dask.order position)``. The plugin
+inserts the policy's sort key after the user's priority::
+
+    (-user_priority, policy.key(task), generation, dask.order position)
+
+so a user's ``priority=`` still dominates, the policy decides everything else,
+and dask's order breaks ties. The key comes from the *same policy object* the
+simulator runs (:class:`~daskjobs.policies.LPT`,
+:class:`~daskjobs.policies.CriticalPath`, :class:`~daskjobs.policies.FIFO`);
+the plugin only adapts each ``TaskState`` to a task view (key, estimate, team,
+dependencies) and writes the answer back.
+
+Timing matters: dask sorts a new graph's first recommendations by priority
+before the public ``update_graph`` hook runs, so rewriting priorities there
+misorders the first ``~1.1 x threads`` tasks. The plugin therefore wraps the
+scheduler's private ``_set_priorities`` (see :mod:`daskjobs.plugin._internals`)
+and ranks each new graph right after dask prioritised it, before anything is
+dispatched.
+
+Estimates come from :class:`~daskjobs.plugin.estimates.Estimator`: the task's
+``estimate`` annotation, else the measured median of its stage, else a default.
+
+Safety
+======
+
+The plugin runs inside a shared scheduler. Every hook is guarded: an exception
+is logged at WARNING with the key, counted in ``plugin.errors`` and swallowed;
+dask carries on with its own order. Hooks cost O(1) per transition; ranking a
+graph costs O(n log n) once per graph. The only errors that reach a client are
+about its own input (a non-numeric or NaN ``estimate``, an unknown team when
+teams are strict): they fail that client's graph submission, with a message
+naming the task and the problem, before any of its tasks run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from daskjobs.config import Settings, settings
+from daskjobs.plugin._internals import check_scheduler
+from daskjobs.plugin.estimates import BadEstimate, Estimator
+from daskjobs.policies import FIFO, LPT, CriticalPath, HeapPolicy
+
+__all__ = ["JobsPlugin", "UnknownTeam"]
+
+logger = logging.getLogger("daskjobs.plugin")
+
+EVENT_TOPIC = "daskjobs"
+
+
+class UnknownTeam(ValueError):
+    """A task's team has no target while teams are strict."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveTask:
+    """A ``TaskState`` as the policies see it (a :class:`~daskjobs.policies.TaskView`)."""
+
+    tid: Hashable
+    estimate: float
+    cores: int
+    team: str
+    submit: float
+    deps: tuple[Hashable, ...]
+    source: str  # where the estimate came from
+    stage: str
+
+
+def _stage(ts: Any) -> str:
+    ann = ts.annotations
+    if ann and "stage" in ann:
+        return str(ann["stage"])
+    return str(ts.prefix.name)
+
+
+def _compute_seconds(startstops: Iterable[Any]) -> float | None:
+    total = 0.0
+    seen = False
+    for ss in startstops or ():
+        if ss.get("action") == "compute":
+            total += ss["stop"] - ss["start"]
+            seen = True
+    return total if seen else None
+
+
+class JobsPlugin(SchedulerPlugin):
+    """Estimate-based priorities for dask's scheduler, from the shared policy core.
+
+    Configure through the ``daskjobs`` section of dask's config (see
+    ``daskjobs/daskjobs.yaml``); keyword arguments override it, e.g.
+    ``JobsPlugin(policy="lpt", default_estimate="10s")``.
+
+    Load it one of three ways: ``client.register_plugin(JobsPlugin())``;
+    ``LocalCluster(scheduler_kwargs={"plugins": [JobsPlugin()]})`` (or
+    :func:`daskjobs.local_cluster`); or ``dask scheduler --preload
+    plugins/daskjobs_scheduler.py`` on a shared cluster.
+    """
+
+    name = "daskjobs"
+    idempotent = False
+    _POLICIES: ClassVar[dict[str, Callable[[], HeapPolicy]]] = {
+        "fifo": FIFO,
+        "lpt": LPT,
+        "critical-path": CriticalPath,
+    }
+
+    def __init__(self, **overrides: Any) -> None:
+        self.overrides = dict(overrides)
+        self.settings: Settings = settings(**overrides)  # checked here, on the client
+        if self.settings.policy not in self._POLICIES:
+            raise ValueError(
+                f"daskjobs.policy {self.settings.policy!r} is not available in the live plugin "
+                f"yet; choose one of {sorted(self._POLICIES)}"
+            )
+        self.scheduler: Any = None
+        self.policy: HeapPolicy | None = None
+        self.estimator: Estimator | None = None
+        self.errors: dict[str, int] = {}
+        self.events: deque[dict[str, Any]] = deque(maxlen=self.settings.audit_events)
+        self.tasks: dict[Hashable, LiveTask] = {}
+        self.ranked_graphs = 0
+
+    # -- pickling: only the configuration travels -------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {"overrides": self.overrides}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state["overrides"])  # type: ignore[misc]
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def start(self, scheduler: Any) -> None:
+        check_scheduler(scheduler)
+        if getattr(scheduler, "_daskjobs_wrapped", None) is not None:
+            # a replaced registration: unwrap the previous plugin's hook first
+            scheduler._set_priorities = scheduler._daskjobs_wrapped
+        self.scheduler = scheduler
+        s = self.settings
+        self.policy = self._POLICIES[s.policy]()
+        self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
+        original = scheduler._set_priorities
+        scheduler._daskjobs_wrapped = original
+
+        def _set_priorities(**kwargs: Any) -> None:
+            original(**kwargs)
+            self._rank(kwargs["tasks"])
+
+        scheduler._set_priorities = _set_priorities
+        scheduler.handlers["daskjobs_explain"] = self._rpc_explain
+        scheduler.handlers["daskjobs_status"] = self._rpc_status
+        if s.history_path:
+            from tornado.ioloop import PeriodicCallback
+
+            pc = PeriodicCallback(self._guard("save-history", self._save_history), 30_000)
+            scheduler.periodic_callbacks["daskjobs-history"] = pc
+            pc.start()
+        self._event("started", policy=s.policy, default_estimate=s.default_estimate)
+
+    async def close(self) -> None:
+        self._guard("save-history", self._save_history)()
+        sched = self.scheduler
+        if sched is not None and getattr(sched, "_daskjobs_wrapped", None) is not None:
+            sched._set_priorities = sched._daskjobs_wrapped
+            sched._daskjobs_wrapped = None
+            pc = sched.periodic_callbacks.pop("daskjobs-history", None)
+            if pc is not None:
+                pc.stop()
+
+    def _save_history(self) -> None:
+        if self.estimator is not None and self.estimator.dirty:
+            self.estimator.save()
+
+    # -- safety -----------------------------------------------------------------------
+    def _failed(self, where: str, key: object = None) -> None:
+        self.errors[where] = self.errors.get(where, 0) + 1
+        logger.warning(
+            "daskjobs: %s failed%s", where, f" for {key!r}" if key else "", exc_info=True
+        )
+
+    def _guard(self, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                self._failed(where)
+                return None
+
+        return guarded
+
+    def _event(self, action: str, **msg: Any) -> None:
+        msg = {"action": action, **msg}
+        self.events.append({"time": time.time(), **msg})
+        try:
+            self.scheduler.log_event(EVENT_TOPIC, msg)
+        except Exception:
+            self._failed("log_event")
+
+    # -- ranking a new graph ----------------------------------------------------------
+    def _view(self, ts: Any, now: float) -> LiveTask:
+        assert self.estimator is not None
+        stage = _stage(ts)
+        est, source = self.estimator.estimate(ts.key, ts.annotations, stage)
+        teams = self.settings.teams
+        team = str((ts.annotations or {}).get("team", teams.default))
+        if teams.strict and team not in teams.targets:
+            raise UnknownTeam(
+                f"task {ts.key!r} belongs to team {team!r}, which is not configured "
+                f"(daskjobs.teams.targets has: {', '.join(sorted(teams.targets)) or 'no teams'})"
+            )
+        deps = tuple(d.key for d in ts.dependencies)
+        return LiveTask(ts.key, est, 1, team, now, deps, source, stage)
+
+    def _rank(self, tasks: Iterable[Any]) -> None:
+        new = [ts for ts in tasks if ts.priority is not None and len(ts.priority) == 3]
+        if not new:
+            return
+        try:
+            self._rank_new(new)
+        except (BadEstimate, UnknownTeam) as e:
+            # the client's own input: fail its submission, naming the problem
+            for ts in new:
+                self.tasks.pop(ts.key, None)
+            self._event("rejected-graph", error=str(e), tasks=len(new))
+            keys = [ts.key for ts in new]
+            asyncio.get_running_loop().call_soon(
+                self._guard("cleanup", self._forget_rejected), keys
+            )
+            raise
+        except Exception:
+            self._failed("rank", new[0].key)
+
+    def _rank_new(self, new: list[Any]) -> None:
+        policy = self.policy
+        assert policy is not None
+        now = time.time()
+        new.sort(key=lambda ts: ts.priority[2])  # dask.order: dependencies first
+        views = [self._view(ts, now) for ts in new]
+        policy.add_graph(views)
+        key = policy.key
+        sources = {"annotation": 0, "history": 0, "default": 0}
+        for ts, v in zip(new, views, strict=True):
+            p = ts.priority
+            ts.priority = (p[0], float(key(v)), p[1], p[2])
+            self.tasks[ts.key] = v
+            sources[v.source] += 1
+        self.ranked_graphs += 1
+        self._event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
+
+    def _forget_rejected(self, keys: list[Hashable]) -> None:
+        """dask leaves the task states of a failed submission behind, released and
+        wanted by nobody: forget them so a rejected graph leaves no trace."""
+        sched = self.scheduler
+        keyset = set(keys)
+        recs: dict[Hashable, str] = {}
+        for k in keys:
+            ts = sched.tasks.get(k)
+            if (
+                ts is not None
+                and ts.state == "released"
+                and not ts.who_wants
+                and all(d.key in keyset for d in ts.dependents)
+            ):
+                recs[k] = "forgotten"
+        if recs:
+            sched.transitions(recs, stimulus_id=f"daskjobs-rejected-{time.time()}")
+
+    # -- per-transition hook: O(1) ------------------------------------------------------
+    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            if finish == "memory" and start == "processing":
+                v = self.tasks.get(key)
+                seconds = _compute_seconds(kwargs.get("startstops", ()))
+                if v is not None and seconds is not None and self.estimator is not None:
+                    self.estimator.observe(v.stage, seconds)
+            elif finish == "forgotten":
+                self.tasks.pop(key, None)
+                if self.policy is not None:
+                    self.policy.forget(key)
+        except Exception:
+            self._failed("transition", key)
+
+    # -- explain and status -----------------------------------------------------------
+    def explain(self, key: Hashable) -> dict[str, Any]:
+        """Why ``key`` waits, or where it ran: estimate, priority, team, place in queue."""
+        sched = self.scheduler
+        ts = sched.tasks.get(key)
+        if ts is None:
+            return {"key": key, "state": "unknown", "why": "the scheduler does not know this key"}
+        v = self.tasks.get(key)
+        out: dict[str, Any] = {
+            "key": key,
+            "state": ts.state,
+            "priority": list(ts.priority) if ts.priority else None,
+            "policy": self.settings.policy,
+            "estimate": v.estimate if v else None,
+            "estimate_source": v.source if v else None,
+            "stage": v.stage if v else None,
+            "team": v.team if v else None,
+            "user_priority": -ts.priority[0] if ts.priority else None,
+        }
+        if ts.state == "queued":
+            ahead = sum(1 for other in sched.queued if other.priority < ts.priority)
+            out["queue_position"] = ahead
+            out["why"] = f"queued behind {ahead} task(s) of higher priority; no free slot yet"
+        elif ts.state == "processing":
+            out["worker"] = ts.processing_on.address if ts.processing_on else None
+            out["why"] = "assigned to a worker"
+        elif ts.state == "memory":
+            out["workers"] = sorted(ws.address for ws in ts.who_has)
+            out["why"] = "done"
+        elif ts.state == "waiting":
+            pending = sorted(str(d.key) for d in ts.waiting_on)[:10]
+            out["waiting_on"] = pending
+            out["why"] = f"waiting for {len(ts.waiting_on)} input(s)"
+        else:
+            out["why"] = f"in state {ts.state!r}"
+        return out
+
+    def status(self) -> dict[str, Any]:
+        est = self.estimator
+        return {
+            "policy": self.settings.policy,
+            "ranked_graphs": self.ranked_graphs,
+            "tasks": len(self.tasks),
+            "errors": dict(self.errors),
+            "stages": est.stages() if est else {},
+            "settings": self.overrides,
+        }
+
+    def _rpc_explain(self, key: Any = None) -> dict[str, Any]:
+        if isinstance(key, list):  # tuple keys arrive as lists over msgpack
+            key = tuple(key)
+        return self.explain(key)
+
+    def _rpc_status(self) -> dict[str, Any]:
+        return self.status()
+
+
+def ranked(tasks: Sequence[LiveTask]) -> list[Hashable]:
+    """Keys of ``tasks`` in the order the plugin would run them (for tests and docs)."""
+    return [t.tid for t in tasks]

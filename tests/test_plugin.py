@@ -1,0 +1,395 @@
+"""The scheduler plugin on real dask clusters: loading, ordering, estimates, safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import dask.array as da
+import pytest
+from distributed import Client, LocalCluster
+
+import daskjobs
+from daskjobs.plugin import JobsPlugin
+from daskjobs.plugin._internals import DaskInternalsError, check_scheduler
+from daskjobs.plugin.client import explain, local_cluster, status
+
+ROOT = Path(__file__).resolve().parent.parent
+VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
+
+
+def stamp(i):
+    """Record when the task really started (on the worker), then take a moment."""
+    t = time.time()
+    time.sleep(0.01)
+    return (t, i)
+
+
+def start_order(results):
+    return [i for _, i in sorted(results)]
+
+
+def cluster(plugin=None, **kwargs):
+    kwargs.setdefault("n_workers", 1)
+    kwargs.setdefault("threads_per_worker", 1)
+    kwargs.setdefault("processes", False)
+    kwargs.setdefault("dashboard_address", ":0")
+    plugins = [plugin] if plugin is not None else []
+    return LocalCluster(scheduler_kwargs={"plugins": plugins}, **kwargs)
+
+
+def plugin_of(client):
+    return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["daskjobs"])
+
+
+def annotated(n, estimate, name="t", fn=stamp):
+    parts = []
+    for i in range(n):
+        with dask.annotate(estimate=estimate(i)):
+            parts.append(dask.delayed(fn)(i, dask_key_name=f"{name}-{i}"))
+    return parts
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def test_register_plugin_on_a_running_cluster():
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        c.register_plugin(JobsPlugin(policy="lpt"))
+        assert "daskjobs" in c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+        res = c.compute(annotated(8, lambda i: float(i)), sync=True)
+        assert start_order(res) == list(range(7, -1, -1))
+        st = status(c)
+        assert st["policy"] == "lpt" and st["ranked_graphs"] == 1 and st["errors"] == {}
+
+
+def test_local_cluster_convenience_and_scheduler_kwargs():
+    with dask.config.set(VALIDATE):
+        with (
+            local_cluster(
+                JobsPlugin(policy="lpt"),
+                n_workers=1,
+                threads_per_worker=1,
+                processes=False,
+                dashboard_address=":0",
+            ) as cl,
+            Client(cl) as c,
+        ):
+            assert isinstance(cl.scheduler.plugins["daskjobs"], JobsPlugin)
+            res = c.compute(annotated(6, lambda i: float(i)), sync=True)
+            assert start_order(res) == [5, 4, 3, 2, 1, 0]
+        # and the lazy top-level names
+        assert daskjobs.JobsPlugin is JobsPlugin
+        assert daskjobs.local_cluster is local_cluster
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
+    port = _free_port()
+    # the scheduler and worker import this test module to unpickle its functions
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    history = tmp_path / "history.json"
+    sched = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dashboard-address",
+            ":0",
+            "--no-show",
+            "--preload",
+            str(ROOT / "plugins" / "daskjobs_scheduler.py"),
+            "--daskjobs-policy",
+            "lpt",
+            "--daskjobs-history",
+            str(history),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    worker = None
+    try:
+        addr = f"tcp://127.0.0.1:{port}"
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_worker",
+                addr,
+                "--nthreads",
+                "1",
+                "--nworkers",
+                "1",
+                "--no-nanny",
+                "--dashboard-address",
+                ":0",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        with Client(addr, timeout="30s") as c:
+            c.wait_for_workers(1, timeout=30)
+            names = c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+            assert "daskjobs" in names
+            res = c.compute(annotated(6, lambda i: float(i), fn=stamp), sync=True)
+            assert start_order(res) == [5, 4, 3, 2, 1, 0]
+            st = status(c)
+            assert st["policy"] == "lpt"
+            assert st["stages"]["t"]["samples"] == 6  # measured per stage (key prefix "t")
+            c.shutdown()
+        sched.wait(timeout=30)
+        assert len(json.loads(history.read_text())["stages"]["t"]) == 6  # saved on close
+    finally:
+        for p in (worker, sched):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+# -- ordering ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("saturation", [1.1, 1.0, float("inf")])
+def test_twenty_independent_tasks_start_longest_first(saturation):
+    config = {**VALIDATE, "distributed.scheduler.worker-saturation": saturation}
+    with dask.config.set(config), cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+        estimates = [(i * 7) % 20 + 1.0 for i in range(20)]  # distinct, shuffled
+        res = c.compute(annotated(20, lambda i: estimates[i]), sync=True)
+        expected = sorted(range(20), key=lambda i: -estimates[i])
+        assert start_order(res) == expected
+
+
+def test_without_the_plugin_dask_runs_submission_order():
+    """The control: the same graph without the plugin does not run longest first."""
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        res = c.compute(annotated(20, lambda i: float(i)), sync=True)
+        assert start_order(res) != list(range(19, -1, -1))
+
+
+def dag():
+    """``feed`` (short) feeds ``long``; four medium tasks stand alone."""
+
+    def step(x, *deps):
+        t = time.time()
+        time.sleep(0.01)
+        return (t, x)
+
+    with dask.annotate(estimate=1.0):
+        feed = dask.delayed(step)("feed", dask_key_name="feed")
+    with dask.annotate(estimate=10.0):
+        long = dask.delayed(step)("long", feed, dask_key_name="long")
+    mids = []
+    for i in range(4):
+        with dask.annotate(estimate=5.0):
+            mids.append(dask.delayed(step)(f"mid{i}", dask_key_name=f"mid-{i}"))
+    return [long, *mids, feed]
+
+
+def test_critical_path_runs_the_feeder_of_a_long_task_first():
+    plugin = JobsPlugin(policy="critical-path")
+    with dask.config.set(VALIDATE), cluster(plugin) as cl, Client(cl) as c:
+        order = [x for _, x in sorted(c.compute(dag(), sync=True))]
+        # the feeder runs first; its dependent follows as soon as the scheduler
+        # hears it is runnable (the one thread picks up a ready task meanwhile)
+        assert order[0] == "feed" and order.index("long") <= 2
+    with dask.config.set(VALIDATE), cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+        order = [x for _, x in sorted(c.compute(dag(), sync=True))]
+        assert order.index("feed") > 0  # LPT ranks the 1 s feeder below the 5 s tasks
+
+
+def test_user_priority_still_dominates():
+    with dask.config.set(VALIDATE), cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+        parts = annotated(6, lambda i: float(i))
+        with dask.annotate(priority=10, estimate=0.5):
+            parts.append(dask.delayed(stamp)(99, dask_key_name="urgent"))
+        res = c.compute(parts, sync=True)
+        assert start_order(res)[0] == 99
+
+
+# -- estimates ----------------------------------------------------------------------------------
+
+
+def sleepy(i, seconds):
+    t = time.time()
+    time.sleep(seconds)
+    return (t, i)
+
+
+def test_measured_history_ranks_unannotated_tasks_and_survives_a_restart(tmp_path):
+    history = tmp_path / "h.json"
+    plugin_kwargs = {"policy": "lpt", "history": {"path": str(history)}}
+    with dask.config.set(VALIDATE), cluster(JobsPlugin(**plugin_kwargs)) as cl, Client(cl) as c:
+        # teach it: stage "slow" takes ~0.1 s, stage "quick" ~0 s
+        warm = [dask.delayed(sleepy)(i, 0.1, dask_key_name=f"slow-w{i}") for i in range(2)]
+        warm += [dask.delayed(sleepy)(i, 0.0, dask_key_name=f"quick-w{i}") for i in range(2)]
+        c.compute(warm, sync=True)
+    assert json.loads(history.read_text())["stages"]["slow"]
+    # a new scheduler reads the history: unannotated slow tasks now go first
+    with dask.config.set(VALIDATE), cluster(JobsPlugin(**plugin_kwargs)) as cl, Client(cl) as c:
+        parts = [dask.delayed(sleepy)(f"q{i}", 0.0, dask_key_name=f"quick-{i}") for i in range(3)]
+        parts += [dask.delayed(sleepy)(f"s{i}", 0.01, dask_key_name=f"slow-{i}") for i in range(3)]
+        order = [x for _, x in sorted(c.compute(parts, sync=True))]
+        assert order[:3] == ["s0", "s1", "s2"] or sorted(order[:3]) == ["s0", "s1", "s2"]
+        info = explain(c, "slow-0")
+        assert info["estimate_source"] == "history" and info["stage"] == "slow"
+
+
+def test_a_corrupt_history_file_is_set_aside_not_fatal(tmp_path):
+    history = tmp_path / "h.json"
+    history.write_text("{not json")
+    with cluster(JobsPlugin(history={"path": str(history)})) as cl, Client(cl) as c:
+        assert c.compute(dask.delayed(sum)([1, 2]), sync=True) == 3
+    assert (tmp_path / "h.json.corrupt").exists()
+
+
+# -- bad input and safety -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, "soon"])
+def test_a_bad_estimate_fails_the_submission_with_a_clear_error(bad):
+    with dask.config.set(VALIDATE), cluster(JobsPlugin()) as cl, Client(cl) as c:
+        with dask.annotate(estimate=bad):
+            x = dask.delayed(stamp)(1, dask_key_name="bad-est")
+        with pytest.raises(Exception, match=r"task 'bad-est': estimate must be"):
+            c.compute(x, sync=True)
+        # nothing is left behind and the scheduler goes on working
+        assert c.compute(dask.delayed(sum)([1, 2]), sync=True) == 3
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            keys = c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+            if "bad-est" not in keys:
+                break
+            time.sleep(0.05)
+        assert "bad-est" not in keys
+
+
+def test_unknown_team_with_strict_teams_is_an_error_for_that_client():
+    plugin = JobsPlugin(teams={"strict": True, "targets": {"quant": 1, "ml": 1}})
+    with dask.config.set(VALIDATE), cluster(plugin) as cl, Client(cl) as c:
+        with dask.annotate(team="qaunt"):
+            x = dask.delayed(stamp)(1, dask_key_name="typo")
+        with pytest.raises(Exception, match=r"team 'qaunt', which is not configured.*ml, quant"):
+            c.compute(x, sync=True)
+        with dask.annotate(team="quant"):
+            y = dask.delayed(stamp)(2, dask_key_name="fine")
+        assert c.compute(y, sync=True)[1] == 2
+
+
+def test_an_exception_in_the_policy_leaves_the_scheduler_running():
+    with dask.config.set(VALIDATE), cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+
+        def break_policy(dask_scheduler):
+            def boom(task):
+                raise RuntimeError("injected")
+
+            dask_scheduler.plugins["daskjobs"].policy.key = boom
+
+        c.run_on_scheduler(break_policy)
+        res = c.compute(annotated(5, lambda i: float(i)), sync=True)
+        assert sorted(i for _, i in res) == [0, 1, 2, 3, 4]
+        assert status(c)["errors"] == {"rank": 1}
+
+
+def test_results_are_identical_with_and_without_the_plugin():
+    x = da.random.default_rng(0).random((300, 300), chunks=(100, 100))
+    arr = (x @ x.T).sum(axis=0)
+
+    @dask.delayed
+    def inc(v):
+        return v + 1
+
+    tree = dask.delayed(sum)([inc(i) for i in range(50)])
+    results = []
+    for plugin in (None, JobsPlugin(policy="critical-path")):
+        with cluster(plugin, threads_per_worker=2) as cl, Client(cl) as c:
+            results.append(c.compute([arr, tree], sync=True))
+    (a0, t0), (a1, t1) = results
+    assert t0 == t1 == sum(range(1, 51))
+    assert (a0 == a1).all()
+
+
+def test_explain_says_why_a_task_waits_and_where_it_ran():
+    with cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+        parts = annotated(4, lambda i: float(i), fn=sleepy_short)
+        futs = c.compute(parts)
+        info = explain(c, "t-0")
+        while info["state"] == "unknown":  # the graph is still on its way
+            time.sleep(0.01)
+            info = explain(c, "t-0")
+        assert info["estimate"] == 0.0 and info["estimate_source"] == "annotation"
+        assert info["policy"] == "lpt" and info["team"] == "default"
+        c.gather(futs)
+        done = explain(c, "t-3")
+        assert done["state"] == "memory" and done["workers"]
+        assert explain(c, "no-such-key")["state"] == "unknown"
+
+
+def sleepy_short(i):
+    time.sleep(0.05)
+    return (time.time(), i)
+
+
+def test_explain_without_the_plugin_says_how_to_load_it():
+    with cluster() as cl, Client(cl) as c, pytest.raises(RuntimeError, match="not loaded"):
+        explain(c, "x")
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def test_keyword_arguments_override_dask_config():
+    with dask.config.set({"daskjobs.policy": "fifo", "daskjobs.default-estimate": "2m"}):
+        p = JobsPlugin(policy="lpt")
+        assert p.settings.policy == "lpt" and p.settings.default_estimate == 120.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"polcy": "lpt"}, r"unknown key\(s\) in daskjobs: polcy"),
+        ({"policy": "random"}, r"daskjobs.policy: unknown policy 'random'"),
+        ({"default_estimate": "soon"}, r"daskjobs.default-estimate: expected a duration"),
+        ({"teams": {"quotas": {"a": 0}}}, r"daskjobs.teams.quotas.a: expected an integer >= 1"),
+        ({"history": {"samples": 0}}, r"daskjobs.history.samples"),
+    ],
+)
+def test_bad_configuration_is_rejected_naming_the_key(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        JobsPlugin(**kwargs)
+
+
+def test_a_changed_dask_is_named_at_start():
+    class Old:
+        def __init__(self):
+            self.tasks, self.workers, self.handlers, self.periodic_callbacks = {}, {}, {}, {}
+
+        def log_event(self, *a):
+            pass
+
+    with pytest.raises(DaskInternalsError, match=r"Scheduler._set_priorities"):
+        check_scheduler(Old())
+
+
+def test_the_plugin_pickles_as_its_configuration():
+    import pickle
+
+    p = JobsPlugin(policy="lpt", default_estimate=3)
+    q = pickle.loads(pickle.dumps(p))
+    assert q.settings == p.settings and q.scheduler is None
