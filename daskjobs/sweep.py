@@ -61,6 +61,7 @@ import os
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -883,8 +884,9 @@ def run(
     """Compute a sweep and return its results labelled by their parameters.
 
     ``client``: a ``distributed.Client``; without one a LocalCluster is started (one
-    single-threaded worker process per core, at most four, no dashboard; threads in one process
-    for a ``memory://`` store) and closed at the end. ``cluster_kwargs`` override its settings.
+    single-threaded worker process per core, at most four, dashboard on a free port; threads
+    in one process for a ``memory://`` store) and closed at the end. ``cluster_kwargs``
+    override its settings.
     ``progress`` shows dask's progress bar (a widget in notebooks, text in terminals).
 
     A failing stage does not stop the others: every result that was computed is committed to
@@ -907,7 +909,7 @@ def run(
         "n_workers": 1 if local_memory else n,
         "threads_per_worker": n if local_memory else 1,
         "processes": not local_memory,
-        "dashboard_address": None,
+        "dashboard_address": ":0",  # any free port: never clashes with another cluster
     }
     kwargs.update(cluster_kwargs or {})
     with LocalCluster(**kwargs) as cluster, Client(cluster) as own_client:
@@ -917,6 +919,7 @@ def run(
 def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -> SweepResult:
     from distributed import wait
 
+    _warn_missing_resources(graph, client)
     futures = client.get(graph.graph, graph.keys, sync=False)
     if progress and futures:
         from distributed import progress as show_progress
@@ -954,6 +957,27 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
         by_stage=graph.by_stage,
         store=graph.store.url if graph.store is not None else None,
     )
+
+
+def _warn_missing_resources(graph: SweepGraph, client: Client) -> None:
+    """Warn when a stage asks for resources no current worker has: its tasks would wait."""
+    wanted = {}
+    for layer in graph.graph.layers.values():
+        resources = (layer.annotations or {}).get("resources")
+        if resources:
+            wanted[layer.annotations["stage"]] = resources
+    if not wanted:
+        return
+    workers = client.scheduler_info(n_workers=-1).get("workers", {}).values()
+    offered = [w.get("resources") or {} for w in workers]
+    for stage, resources in wanted.items():
+        if not any(all(o.get(r, 0) >= n for r, n in resources.items()) for o in offered):
+            warnings.warn(
+                f"stage {stage!r} needs resources {resources} that no worker of this cluster "
+                "offers; its tasks will wait until such a worker joins",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def _failure_of(node: Node, fut: Any) -> StageFailure:

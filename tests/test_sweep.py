@@ -1,0 +1,447 @@
+"""Sweeps as Dask graphs: shape, annotations, caching across runs, failures, the example."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from daskjobs import Sweep, cases, grid, run
+from daskjobs.cache.store import ResultStore
+from daskjobs.sweep import SweepGraph
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Calls:
+    """Counts stage calls (an object, so the stage's code hash does not depend on its state)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+
+    def hit(self, name: str) -> None:
+        with self.lock:
+            self.counts[name] += 1
+
+    def snapshot(self) -> Counter[str]:
+        with self.lock:
+            return Counter(self.counts)
+
+
+CALLS = Calls()
+
+
+def make_prices(slice: int, days: int = 300) -> np.ndarray:
+    CALLS.hit("make_prices")
+    rng = np.random.default_rng(slice)
+    return 100 * np.exp(np.cumsum(rng.normal(0, 0.01, size=days)))
+
+
+def moving_averages(prices: np.ndarray, windows: tuple[int, ...] = (5, 10, 20, 50, 100)) -> dict:
+    CALLS.hit("moving_averages")
+    kernel = {w: np.convolve(prices, np.ones(w) / w, mode="same") for w in windows}
+    return kernel
+
+
+def crossover(moving_averages: dict, prices: np.ndarray, fast: int, slow: int) -> float:
+    CALLS.hit("crossover")
+    if fast >= slow:
+        raise ValueError(f"fast window {fast} must be shorter than slow window {slow}")
+    signal = np.sign(moving_averages[fast] - moving_averages[slow])[:-1]
+    returns = np.diff(np.log(prices))
+    pnl = signal * returns
+    return float(pnl.mean() / (pnl.std() + 1e-12) * np.sqrt(252))
+
+
+def build(slow: list[int], slices: int = 3, fail_fast: bool = False) -> Sweep:
+    sweep = Sweep("test", team="quant")
+    prices = sweep.stage(make_prices, over=grid(slice=range(slices)), estimate=0.1)
+    feats = sweep.stage(
+        moving_averages, inputs={"prices": prices}, estimate=lambda p: 0.5 + p["slice"]
+    )
+    fast = [5, 10, 50] if fail_fast else [5, 10]
+    sweep.stage(
+        crossover,
+        inputs={"moving_averages": feats, "prices": prices},
+        over=grid(fast=fast, slow=slow),
+        retries=0,
+        resources={"GPU": 1},
+        speculate=True,
+    )
+    return sweep
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Client]:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=":0",
+            resources={"GPU": 1},
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def _idle_scheduler(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests share a cluster and content keys; a key still in cluster memory would be reused
+    (that is dask's rule for equal keys), so each test waits for the previous one's to go."""
+    yield
+    if "client" in request.fixturenames:
+        c = request.getfixturevalue("client")
+        deadline = time.monotonic() + 10
+        while c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
+            assert time.monotonic() < deadline, "the scheduler kept tasks after the test"
+            time.sleep(0.02)
+
+
+def _wait_forgotten(client: Client, keys: list[str]) -> None:
+    """Wait until the scheduler has released ``keys`` (releases are asynchronous)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        held = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+        if not set(keys) & set(held):
+            return
+        time.sleep(0.02)
+    raise AssertionError("the scheduler still holds the keys of the previous graph")
+
+
+def scheduler_annotations(dask_scheduler: Any) -> dict[str, dict]:
+    return {str(k): dict(ts.annotations) for k, ts in dask_scheduler.tasks.items()}
+
+
+# -- building --------------------------------------------------------------------------------
+
+
+def test_grid_and_cases() -> None:
+    g = grid(a=[1, 2], b=["x", "y", "z"])
+    assert len(g) == 6 and g.points[0] == {"a": 1, "b": "x"} and g.names == ("a", "b")
+    c = cases({"a": 9, "b": "q"}, {"a": 8, "b": "r"})
+    assert (g + c).points[-1] == {"a": 8, "b": "r"} and len(g + c) == 8
+    assert len(grid(a=[1, 2]) * cases([{"b": 1}, {"b": 2}, {"b": 3}])) == 6
+    with pytest.raises(TypeError, match="grid axis 'a' must be a list"):
+        grid(a="abc")
+    with pytest.raises(ValueError, match="share parameters"):
+        grid(a=[1]) * grid(a=[2])
+
+
+def test_shared_stage_is_one_node_however_many_read_it() -> None:
+    sweep = build(slow=[20, 50])
+    graph = sweep.to_dask(store=False)
+    dsk = dict(graph.__dask_graph__())
+    stages = Counter(k.split("-")[0] for k in dsk)
+    assert stages == {"make_prices": 3, "moving_averages": 3, "crossover": 12}
+    readers = Counter(dep for task in dsk.values() for dep in task.dependencies)
+    for key in sweep.stages["moving_averages"].keys:
+        assert readers[key] == 4  # 2 fast x 2 slow backtests read each feature node
+    for key in sweep.stages["make_prices"].keys:
+        assert readers[key] == 5  # its feature stage and its 4 backtests
+
+
+def test_inputs_are_joined_on_shared_labels_and_crossed_otherwise() -> None:
+    sweep = build(slow=[20])
+    prices = sweep.stages["make_prices"]
+    feats = sweep.stages["moving_averages"]
+    by_slice = {n.labels["slice"]: n.key for n in prices}
+    feat_by_slice = {n.labels["slice"]: n.key for n in feats}
+    for node in sweep.stages["crossover"]:
+        s = node.labels["slice"]
+        assert node.inputs == {"moving_averages": feat_by_slice[s], "prices": by_slice[s]}
+        assert set(node.labels) == {"slice", "fast", "slow"}
+
+    crossed = Sweep()
+    a = crossed.stage(_ident, over=grid(x=[1, 2]), name="a")
+    b = crossed.stage(_ident, over=grid(y=[1, 2, 3]), name="b")
+    both = crossed.stage(_pair, inputs={"left": a, "right": b})
+    assert len(both) == 6
+    assert {(n.labels["x"], n.labels["y"]) for n in both} == {
+        (x, y) for x in (1, 2) for y in (1, 2, 3)
+    }
+
+
+def _ident(**kwargs: Any) -> dict:
+    return kwargs
+
+
+def _pair(left: Any, right: Any) -> tuple:
+    return left, right
+
+
+def test_building_errors_name_the_problem() -> None:
+    sweep = Sweep()
+    a = sweep.stage(_ident, over=grid(x=[1, 2]), name="a")
+    with pytest.raises(ValueError, match="same name as a label of an upstream stage"):
+        sweep.stage(_ident, inputs={"up": a}, over=grid(x=[3]), name="b")
+    with pytest.raises(ValueError, match="already has a stage named 'a'"):
+        sweep.stage(_ident, name="a")
+    with pytest.raises(ValueError, match="'x' is given twice"):
+        sweep.stage(_ident, over=grid(x=[1]), params={"x": 2}, name="c")
+    with pytest.raises(ValueError, match="estimate of stage 'd'"):
+        sweep.stage(_ident, estimate=lambda p: "soon", name="d")
+    other = Sweep()
+    with pytest.raises(ValueError, match="is not a stage of sweep"):
+        other.stage(_ident, inputs={"up": a}, name="e")
+
+
+# -- the graph reaches dask ----------------------------------------------------------------
+
+
+def test_annotations_reach_the_scheduler(client: Client, tmp_path: Path) -> None:
+    sweep = build(slow=[20])
+    graph = sweep.to_dask(store=tmp_path / "store")
+    futures = client.get(graph.__dask_graph__(), graph.keys, sync=False)
+    client.gather(futures)
+    ann = client.run_on_scheduler(scheduler_annotations)
+    for node in sweep.stages["moving_averages"]:
+        assert ann[node.key] == {
+            "stage": "moving_averages",
+            "estimate": 0.5 + node.labels["slice"],
+            "team": "quant",
+            "cache": True,
+            "speculate": False,
+        }
+    for key in sweep.stages["crossover"].keys:
+        assert ann[key] == {
+            "stage": "crossover",
+            "team": "quant",
+            "cache": True,
+            "speculate": True,
+            "resources": {"GPU": 1},
+            "retries": 0,
+        }
+    del futures
+    _wait_forgotten(client, graph.keys)
+    # A second graph loads the outputs: loads are annotated as such.
+    again = sweep.to_dask(store=tmp_path / "store")
+    assert set(again.loaded) == set(graph.keys) and again.computed == ()
+    futures = client.get(again.__dask_graph__(), again.keys, sync=False)
+    client.gather(futures)
+    ann = client.run_on_scheduler(scheduler_annotations)
+    assert ann[again.keys[0]]["load"] is True and ann[again.keys[0]]["stage"] == "crossover"
+    del futures
+
+
+def test_collection_protocol(client: Client, tmp_path: Path) -> None:
+    sweep = build(slow=[20, 50])
+    graph = sweep.to_dask(store=False)
+    assert isinstance(graph, SweepGraph)
+    (local,) = dask.compute(graph, scheduler="threads")
+    (distributed,) = dask.compute(graph)  # the default client
+    from_client = client.compute(graph).result()
+    from_get = client.get(graph.__dask_graph__(), graph.keys)
+    assert len(local) == 12
+    assert local == distributed == from_client == list(from_get)
+
+
+# -- caching across runs ---------------------------------------------------------------------
+
+
+def test_second_run_computes_only_changed_backtests(client: Client, tmp_path: Path) -> None:
+    store = ResultStore(tmp_path / "store")
+    before = CALLS.snapshot()
+    first = build(slow=[20, 50]).run(client, store=store, progress=False)
+    calls = CALLS.snapshot() - before
+    assert first.ok and first.computed == 3 + 3 + 12 and first.hits == 0
+    assert calls == {"make_prices": 3, "moving_averages": 3, "crossover": 12}
+    assert len(store.keys()) == 18
+
+    before = CALLS.snapshot()
+    second = build(slow=[20, 50, 100]).run(client, store=store, progress=False)
+    calls = CALLS.snapshot() - before
+    assert calls == {"crossover": 6}  # only the new slow=100 backtests
+    assert second.by_stage == {
+        "make_prices": {"computed": 0, "hits": 3},  # the backtests read prices too
+        "moving_averages": {"computed": 0, "hits": 3},
+        "crossover": {"computed": 6, "hits": 12},
+    }
+    assert second.computed == 6 and second.hits == 18 and second.pruned == 0
+    old = {(r["slice"], r["fast"], r["slow"]): r["value"] for r in first.records}
+    new = {(r["slice"], r["fast"], r["slow"]): r["value"] for r in second.records}
+    assert {k: new[k] for k in old} == old
+    assert len(new) == 18
+
+    before = CALLS.snapshot()
+    third = build(slow=[20, 50, 100]).run(client, store=store, progress=False)
+    assert CALLS.snapshot() - before == Counter()
+    assert third.computed == 0 and third.hits == 18 and third.pruned == 6
+
+
+def test_corrupt_entry_is_recomputed_never_returned(client: Client, tmp_path: Path) -> None:
+    store = ResultStore(tmp_path / "store")
+    sweep = build(slow=[20])
+    first = sweep.run(client, store=store, progress=False)
+    victim = first.records[1]
+    key = sweep.stages["crossover"].nodes[1].key
+    path = Path(store.root) / store.info(key).payload
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    before = CALLS.snapshot()
+    second = build(slow=[20]).run(client, store=store, progress=False)
+    assert CALLS.snapshot() - before == {"crossover": 1}  # its features were loaded
+    assert second.records[1]["value"] == victim["value"]
+    assert second.values == first.values
+    assert second.recomputed == 1
+    assert store.verify().corrupt == () and store.contains(key)
+
+
+def test_cache_false_stage_is_never_stored(client: Client, tmp_path: Path) -> None:
+    store = ResultStore(tmp_path / "store")
+    sweep = Sweep()
+    a = sweep.stage(make_prices, over=grid(slice=[1, 2]), cache=False)
+    sweep.stage(moving_averages, inputs={"prices": a})
+    sweep.run(client, store=store, progress=False)
+    assert {k.split("-")[0] for k in store.keys()}  # noqa: SIM118 - a list == {"moving_averages"}
+    again = sweep.to_dask(store=store)
+    assert again.computed == () and len(again.loaded) == 2
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+def test_failing_stage_reports_params_and_commits_the_rest(client: Client, tmp_path: Path) -> None:
+    store = ResultStore(tmp_path / "store")
+    sweep = build(slow=[20], fail_fast=True)  # fast=50 >= slow=20 raises
+    result = sweep.run(client, store=store, progress=False)
+    assert not result.ok and len(result.failures) == 3
+    for failure in result.failures:
+        assert failure.stage == "crossover" and failure.labels["fast"] == 50
+        assert "ValueError: fast window 50 must be shorter" in failure.error
+        assert "raise ValueError" in failure.traceback
+    good = [r for r in result.records if r["error"] is None]
+    bad = [r for r in result.records if r["error"] is not None]
+    assert len(good) == 6 and len(bad) == 3
+    assert all(isinstance(r["value"], float) for r in good)
+    assert all(r["value"] is None and "fast=50" in r["error"] for r in bad)
+    failed_keys = {f.key for f in result.failures}
+    assert set(store.keys()) == set(sweep.nodes) - failed_keys  # everything else committed
+
+
+def broken_features(prices: np.ndarray, slice_to_break: int = 1) -> dict:
+    if int(prices[0] * 1000) % 7 == slice_to_break:  # deterministic, data-dependent
+        raise RuntimeError("bad data")
+    return moving_averages(prices)
+
+
+def test_upstream_failure_names_the_failed_stage(client: Client, tmp_path: Path) -> None:
+    sweep = Sweep()
+    prices = sweep.stage(make_prices, over=grid(slice=range(6)))
+    values = {n.labels["slice"]: int(make_prices(n.labels["slice"])[0] * 1000) % 7 for n in prices}
+    feats = sweep.stage(broken_features, inputs={"prices": prices}, name="features")
+    sweep.stage(
+        crossover,
+        inputs={"moving_averages": feats, "prices": prices},
+        over=grid(fast=[5], slow=[20, 50]),
+    )
+    result = sweep.run(client, store=tmp_path / "store", progress=False)
+    broken = sorted(s for s, v in values.items() if v == 1)
+    assert broken and len(broken) < 6  # some slices fail, not all
+    assert [f.labels["slice"] for f in result.failures] == broken
+    assert all(
+        f.stage == "features" and "RuntimeError: bad data" in f.error for f in result.failures
+    )
+    for r in result.records:
+        assert (r["error"] is not None) == (r["slice"] in broken)
+
+
+def flaky(marker: str) -> str:
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("failed once")
+        raise OSError("transient")
+    return "ok"
+
+
+def test_retries_annotation_is_honoured(client: Client, tmp_path: Path) -> None:
+    sweep = Sweep()
+    sweep.stage(flaky, params={"marker": str(tmp_path / "marker")}, retries=1)
+    result = sweep.run(client, store=False, progress=False)
+    assert result.ok and result.values == ["ok"]
+
+    once = Sweep()
+    once.stage(flaky, params={"marker": str(tmp_path / "other")})
+    result = once.run(client, store=False, progress=False)
+    assert not result.ok and "OSError: transient" in result.failures[0].error
+
+
+def test_missing_resources_are_warned_about(client: Client) -> None:
+    from daskjobs.sweep import _warn_missing_resources
+
+    sweep = Sweep()
+    sweep.stage(_ident, resources={"TPU": 1}, name="needs_tpu")
+    graph = sweep.to_dask(store=False)
+    with pytest.warns(RuntimeWarning, match=r"stage 'needs_tpu' needs resources \{'TPU': 1\}"):
+        _warn_missing_resources(graph, client)
+
+
+# -- running without a client ------------------------------------------------------------
+
+
+def test_run_without_client_starts_and_closes_a_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import distributed
+
+    started: list[LocalCluster] = []
+
+    class Recording(LocalCluster):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(distributed, "LocalCluster", Recording)
+    url = f"memory://{tmp_path.name}"
+    sweep = Sweep()
+    prices = sweep.stage(make_prices, over=grid(slice=[7]))
+    sweep.stage(moving_averages, inputs={"prices": prices}, over=grid(windows=[(5,), (5, 10)]))
+    result = run(sweep, store=url, progress=True)
+    assert result.ok and result.computed == 3
+    assert len(started) == 1 and started[0].status.name == "closed"
+    assert started[0].scheduler is not None
+    assert len(ResultStore(url).keys()) == 3
+
+
+# -- the example ---------------------------------------------------------------------------
+
+
+def test_example_second_run_loads_every_feature(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    cmd = [sys.executable, str(ROOT / "examples" / "backtest_sweep.py"), "--store", str(store)]
+    small = ["--slices", "4", "--bars", "20000", "--workers", "2", "--json"]
+    outs = []
+    for costs in ("0,5", "0,5,10", "0,5,10"):
+        proc = subprocess.run(
+            [*cmd, *small, "--cost-bps", costs],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            check=True,
+        )
+        outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second, third = outs
+    per_cost = 4 * 4 * 4  # slices x fast x slow
+    assert first["computed"] == 4 + 4 + 2 * per_cost and first["hits"] == 0
+    assert second["feature_hits"] == second["features"] == 4  # every feature loaded
+    assert second["feature_computed"] == 0
+    assert second["computed"] == per_cost  # only the new cost level ran
+    assert third["computed"] == 0 and third["hits"] == 3 * per_cost
+    assert first["best"] == second["best"] == third["best"]
+    assert {"computed", "hits", "seconds"} <= set(first)
