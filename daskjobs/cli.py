@@ -18,9 +18,11 @@ def main() -> None:
 
 
 def _register() -> None:
+    from daskjobs.cache.cli import cache
     from daskjobs.sim.cli import simulate
 
     main.add_command(simulate)
+    main.add_command(cache)
 
 
 _register()

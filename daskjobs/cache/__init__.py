@@ -7,28 +7,34 @@
   ``verify``).
 
 See ``docs/cache.md`` for the rules, the limits and the trust model of a shared store.
+Names are imported on first use, so ``daskjobs cache --help`` does not import dask.
 """
 
 from __future__ import annotations
 
-from daskjobs.cache.keys import NondeterministicParameterError, code_hash, stage_key
-from daskjobs.cache.store import (
-    CorruptEntryError,
-    EntryInfo,
-    GCReport,
-    ResultStore,
-    VerifyReport,
-    default_store_url,
-)
+from typing import Any
 
-__all__ = [
-    "CorruptEntryError",
-    "EntryInfo",
-    "GCReport",
-    "NondeterministicParameterError",
-    "ResultStore",
-    "VerifyReport",
-    "code_hash",
-    "default_store_url",
-    "stage_key",
-]
+_LAZY = {
+    "NondeterministicParameterError": "daskjobs.cache.keys",
+    "code_hash": "daskjobs.cache.keys",
+    "stage_key": "daskjobs.cache.keys",
+    "CorruptEntryError": "daskjobs.cache.store",
+    "EntryInfo": "daskjobs.cache.store",
+    "GCReport": "daskjobs.cache.store",
+    "ResultStore": "daskjobs.cache.store",
+    "VerifyReport": "daskjobs.cache.store",
+    "default_store_url": "daskjobs.cache.store",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'daskjobs.cache' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

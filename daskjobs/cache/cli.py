@@ -1,0 +1,160 @@
+"""``daskjobs cache``: look into a result store and keep it tidy.
+
+``ls`` lists entries, ``info KEY`` prints one manifest, ``gc`` removes entries by age and by
+total size (and abandoned uncommitted payloads), ``verify`` re-reads every payload and checks
+its checksum, removing the corrupt ones. Every subcommand takes ``--store URL`` (default:
+``$DASKJOBS_STORE``, the dask config key ``daskjobs.store``, then ``./.daskjobs-cache``) and
+``--json`` for one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+
+def _store(url: str | None) -> Any:
+    from daskjobs.cache.store import ResultStore
+
+    return ResultStore(url)
+
+
+store_option = click.option(
+    "--store",
+    "url",
+    metavar="URL",
+    default=None,
+    help="Store directory or fsspec URL [default: $DASKJOBS_STORE or ./.daskjobs-cache].",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _age(seconds: float) -> str:
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds / span:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cache() -> None:
+    """Inspect and tidy the result store (content-keyed stage results)."""
+
+
+@cache.command("ls")
+@store_option
+@click.option("--stage", default=None, metavar="NAME", help="Only entries of this stage.")
+@json_option
+def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
+    """List the entries of a store, oldest first."""
+    store = _store(url)
+    entries = [e for e in store.ls() if stage is None or e.stage == stage]
+    total = sum(e.nbytes for e in entries)
+    if as_json:
+        out = {"store": store.url, "entries": [asdict(e) for e in entries], "bytes": total}
+        click.echo(json.dumps(out, default=str))
+        return
+    now = time.time()
+    click.echo(f"{'key':<48} {'stage':<20} {'size':>9} {'age':>7} {'compute':>9}  writer")
+    for e in entries:
+        click.echo(
+            f"{e.key:<48} {e.stage:<20} {_size(e.nbytes):>9} {_age(now - e.created):>7} "
+            f"{e.compute_seconds:>8.2f}s  {e.writer}"
+        )
+    click.echo(f"{len(entries)} entries, {_size(total)} in {store.url}")
+
+
+@cache.command("info")
+@click.argument("key")
+@store_option
+def info_command(key: str, url: str | None) -> None:
+    """Print the manifest (metadata) of the entry stored under KEY, as JSON."""
+    store = _store(url)
+    try:
+        info = store.info(key)
+    except KeyError:
+        raise click.ClickException(f"no entry {key!r} in store {store.url}") from None
+    click.echo(json.dumps(info.to_json(), indent=2, sort_keys=True, default=str))
+
+
+@cache.command("gc")
+@store_option
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    default=None,
+    help='Remove entries created longer ago than this ("12h", "30d", seconds if bare).',
+)
+@click.option(
+    "--max-size",
+    metavar="BYTES",
+    default=None,
+    help='Then remove the oldest entries until the store holds at most this ("10GB").',
+)
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
+@json_option
+def gc_command(
+    url: str | None, older_than: str | None, max_size: str | None, dry_run: bool, as_json: bool
+) -> None:
+    """Remove old entries, then the oldest ones above a total size, and abandoned writes."""
+    from dask.utils import parse_bytes, parse_timedelta
+
+    try:
+        age = None if older_than is None else parse_timedelta(older_than, default="seconds")
+    except (ValueError, KeyError, TypeError):
+        raise click.BadParameter(
+            f"{older_than!r} is not a duration (e.g. 30d, 12h, 3600)", param_hint="--older-than"
+        ) from None
+    try:
+        size = None if max_size is None else parse_bytes(max_size)
+    except (ValueError, KeyError, TypeError):
+        raise click.BadParameter(
+            f"{max_size!r} is not a size (e.g. 10GB, 500MB)", param_hint="--max-size"
+        ) from None
+    store = _store(url)
+    report = store.gc(older_than=age, max_bytes=size, dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps({"store": store.url, **asdict(report)}))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for key in report.removed:
+        click.echo(f"{verb} {key}: {report.reasons[key]}")
+    click.echo(
+        f"{verb} {len(report.removed)} entries ({_size(report.freed_bytes)}) and "
+        f"{report.orphans} abandoned files; kept {report.kept} entries "
+        f"({_size(report.kept_bytes)}) in {store.url}"
+    )
+
+
+@cache.command("verify")
+@store_option
+@click.option("--keep", is_flag=True, help="Report corrupt entries without removing them.")
+@json_option
+def verify_command(url: str | None, keep: bool, as_json: bool) -> None:
+    """Recompute every entry's checksum; remove (or with --keep, list) the corrupt ones.
+
+    Exits with status 1 if any entry was corrupt.
+    """
+    store = _store(url)
+    report = store.verify(remove=not keep)
+    if as_json:
+        click.echo(json.dumps({"store": store.url, **asdict(report)}))
+    else:
+        action = "kept" if keep else "removed"
+        for key in report.corrupt:
+            click.echo(f"corrupt: {key} ({action})")
+        click.echo(f"{len(report.ok)} entries ok, {len(report.corrupt)} corrupt in {store.url}")
+    if report.corrupt:
+        raise SystemExit(1)

@@ -1,0 +1,107 @@
+"""``daskjobs cache ls|info|gc|verify`` on a store in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from daskjobs.cache.store import ResultStore
+from daskjobs.cli import main
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ResultStore:
+    s = ResultStore(tmp_path / "store")
+    s.put("features-1", np.zeros(5000), stage="features", params={"window": 20})
+    s.put("backtest-1", {"sharpe": 1.2}, stage="backtest", params={"fast": 5})
+    s.put("backtest-2", {"sharpe": 0.7}, stage="backtest", params={"fast": 10})
+    return s
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_ls_lists_entries_and_filters_by_stage(store: ResultStore) -> None:
+    code, out = invoke("cache", "ls", "--store", store.url)
+    assert code == 0
+    assert "features-1" in out and "backtest-2" in out and "3 entries" in out
+    code, out = invoke("cache", "ls", "--store", store.url, "--stage", "backtest", "--json")
+    data = json.loads(out)
+    assert code == 0 and sorted(e["key"] for e in data["entries"]) == ["backtest-1", "backtest-2"]
+    assert data["entries"][0]["params"]["fast"] in (5, 10)
+
+
+def test_ls_uses_the_environment_store(store: ResultStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DASKJOBS_STORE", store.url)
+    code, out = invoke("cache", "ls", "--json")
+    assert code == 0 and len(json.loads(out)["entries"]) == 3
+
+
+def test_info_prints_the_manifest(store: ResultStore) -> None:
+    code, out = invoke("cache", "info", "features-1", "--store", store.url)
+    manifest = json.loads(out)
+    assert code == 0 and manifest["stage"] == "features" and manifest["params"] == {"window": 20}
+    code, out = (
+        CliRunner().invoke(main, ["cache", "info", "nope", "--store", store.url]).exit_code,
+        "",
+    )
+    assert code == 1
+
+
+def test_verify_reports_and_removes_corrupt_entries(store: ResultStore) -> None:
+    path = Path(store.root) / store.info("backtest-1").payload
+    path.write_bytes(path.read_bytes()[:-5])
+    code, out = invoke("cache", "verify", "--store", store.url, "--keep")
+    assert code == 1 and "corrupt: backtest-1 (kept)" in out and store.contains("backtest-1")
+    code, out = invoke("cache", "verify", "--store", store.url, "--json")
+    report = json.loads(out)
+    assert code == 1 and report["corrupt"] == ["backtest-1"] and len(report["ok"]) == 2
+    assert not store.contains("backtest-1")
+    code, out = invoke("cache", "verify", "--store", store.url)
+    assert code == 0 and "2 entries ok, 0 corrupt" in out
+
+
+def test_gc_by_size_and_age(store: ResultStore) -> None:
+    sizes = {e.key: e.nbytes for e in store.ls()}
+    limit = str(sizes["backtest-1"] + sizes["backtest-2"])
+    code, out = invoke("cache", "gc", "--store", store.url, "--max-size", limit, "--dry-run")
+    assert code == 0 and "would remove features-1: store above" in out
+    assert "would remove 1 entries" in out and len(store.keys()) == 3
+    # Make features-1 old, then collect by age.
+    manifest = Path(store.root) / "entries" / "features-1.json"
+    data = json.loads(manifest.read_text())
+    data["created"] = time.time() - 3 * 86400
+    manifest.write_text(json.dumps(data))
+    code, out = invoke("cache", "gc", "--store", store.url, "--older-than", "2d", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["removed"] == ["features-1"] and report["kept"] == 2
+    assert store.keys() == ["backtest-1", "backtest-2"]
+
+
+def test_gc_rejects_bad_values(store: ResultStore) -> None:
+    result = CliRunner().invoke(main, ["cache", "gc", "--store", store.url, "--older-than", "soon"])
+    assert result.exit_code == 2 and "not a duration" in result.output
+    result = CliRunner().invoke(main, ["cache", "gc", "--store", store.url, "--max-size", "big"])
+    assert result.exit_code == 2 and "not a size" in result.output
+
+
+def test_cache_help_does_not_import_dask(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from daskjobs.cache.cli import cache; "
+        "print(any(m == 'dask' or m.startswith('dask.') for m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
+    assert out.stdout.strip() == "False"
