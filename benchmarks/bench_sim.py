@@ -146,8 +146,16 @@ def machine() -> str:
         f"numpy {np_version}\n"
         f"- platform: {platform.platform()}\n"
         f"- processor: {platform.processor() or platform.machine()}, "
-        f"CPUs: {os.cpu_count()}"
+        f"CPUs: {os.cpu_count()}, load average at the end {_load()}"
     )
+
+
+def _load() -> str:
+    """1/5/15-minute load average: other work on the machine skews wall times."""
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ def _common_options(f: F) -> F:
             type=click.IntRange(min=0),
             default=0,
             show_default=True,
+            metavar="N",
             help="Seed of the workload and of the failure draws (an integer >= 0).",
         ),
         click.option(
@@ -184,7 +185,7 @@ def simulate() -> None:
     """
 
 
-@simulate.command()
+@simulate.command(short_help="The chapter sweep under every policy, with and without backups.")
 @_common_options
 def chapter(
     seed: int,
@@ -265,7 +266,7 @@ def chapter(
     _emit(report, as_json, text, figures)
 
 
-@simulate.command()
+@simulate.command(short_help="A second team an hour in: FIFO against fair share.")
 @_common_options
 def fairshare(
     seed: int,
@@ -336,7 +337,7 @@ def fairshare(
     _emit(report, as_json, text, figures)
 
 
-@simulate.command()
+@simulate.command(short_help="Shared feature stages: recomputed, as a graph, cached.")
 @_common_options
 def graph(
     seed: int,
