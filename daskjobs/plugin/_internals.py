@@ -14,6 +14,11 @@ What is used, and why (see docs/plugin.md and the research notes):
 * ``TaskState.priority`` - a tuple of numbers, lower runs first; dask's own is
   ``(-user_priority, generation, order)``. The plugin makes it
   ``(-user_priority, policy_key, generation, order)``.
+* ``Scheduler.queued`` (a ``HeapSet`` keyed on priority) and
+  ``Scheduler.idle_task_count`` - fair share promotes the one task the policy
+  chose (``discard`` then ``add`` with a smaller priority, which the heap's lazy
+  deletion handles; a demotion would not be safe and is never done) when a slot
+  is about to be filled.
 * ``TaskState.annotations``, ``.dependencies``, ``.key``, ``.prefix.name``,
   ``.state``, ``.group`` - read only.
 """
@@ -32,6 +37,8 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "log_event": "the audit trail",
     "handlers": "the plugin's RPC handlers (explain, status)",
     "periodic_callbacks": "periodic history saves",
+    "queued": "fair share: promote the task the policy chose to the head of the queue",
+    "idle_task_count": "fair share: are slots free right now?",
 }
 
 

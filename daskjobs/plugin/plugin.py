@@ -27,6 +27,27 @@ dispatched.
 Estimates come from :class:`~daskjobs.plugin.estimates.Estimator`: the task's
 ``estimate`` annotation, else the measured median of its stage, else a default.
 
+Fair share between teams
+========================
+
+With ``policy: fair-share`` the decision "which waiting task gets the next free
+slot" is :meth:`FairShare.pop <daskjobs.policies.FairShare.pop>`, the same call
+the simulator makes. dask hands free slots to the head of its queue of waiting
+root tasks (``scheduler.queued``, ordered by priority) one slot at a time, and
+calls the plugin's ``transition`` hook after each. The plugin keeps every queued
+task *held* (ranked by the team-internal order, FIFO or longest first) and
+*releases* exactly one: the task ``FairShare.pop`` chooses, promoted to the head
+of dask's queue. The choice is made when a slot is about to be filled (a task
+has just ended, or a worker has free slots), so it sees usage as it is then.
+Usage (running slots, decayed with the configured half-life) is kept by the
+policy from ``started``/``ended`` calls the plugin makes as tasks start and
+finish. Quotas hold while other teams wait: a team at its quota is never
+released; only when no other team has anything queued may dask run its held
+tasks (the cluster is not left idle for a quota). Tasks that do not wait in
+dask's queue (tasks with inputs, or with resource restrictions, which dask sends
+to a worker as soon as they are runnable) are counted in usage but ordered by
+the held rank on their worker.
+
 Safety
 ======
 
@@ -54,7 +75,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskjobs.config import Settings, settings
 from daskjobs.plugin._internals import check_scheduler
 from daskjobs.plugin.estimates import BadEstimate, Estimator
-from daskjobs.policies import FIFO, LPT, CriticalPath, HeapPolicy
+from daskjobs.policies import FIFO, LPT, CriticalPath, FairShare, HeapPolicy
 
 __all__ = ["JobsPlugin", "UnknownTeam"]
 
@@ -79,6 +100,31 @@ class LiveTask:
     deps: tuple[Hashable, ...]
     source: str  # where the estimate came from
     stage: str
+
+
+@dataclass(slots=True, eq=False)
+class LiveAttempt:
+    """One run of a task on a worker (an :class:`~daskjobs.policies.AttemptView`)."""
+
+    task: LiveTask
+    node: int
+    start: float
+    end: float = float("nan")
+    outcome: str | None = None
+    backup: bool = False
+
+
+class _AnyNode:
+    """The slot a released task will take: dask picks the worker, so any fits."""
+
+    index = -1
+    cores = 1 << 30
+    free = 1 << 30
+
+
+_ANY_NODE = _AnyNode()
+_RELEASED = -1e12  # released tasks sort before every held one (held keys are within +-1e11)
+_OUTCOME = {"memory": "done", "erred": "failed"}
 
 
 def _stage(ts: Any) -> str:
@@ -122,13 +168,20 @@ class JobsPlugin(SchedulerPlugin):
     def __init__(self, **overrides: Any) -> None:
         self.overrides = dict(overrides)
         self.settings: Settings = settings(**overrides)  # checked here, on the client
-        if self.settings.policy not in self._POLICIES:
+        if self.settings.policy not in (*self._POLICIES, "fair-share"):
             raise ValueError(
                 f"daskjobs.policy {self.settings.policy!r} is not available in the live plugin "
                 f"yet; choose one of {sorted(self._POLICIES)}"
             )
         self.scheduler: Any = None
         self.policy: HeapPolicy | None = None
+        self.fair: FairShare | None = None
+        self._t0 = time.time()
+        self._held: set[Hashable] = set()  # queued in dask and in the fair-share queue
+        self._released: Hashable | None = None
+        self._release_seq = 0
+        self._attempts: dict[Hashable, LiveAttempt] = {}
+        self._workers: dict[str, int] = {}
         self.estimator: Estimator | None = None
         self.errors: dict[str, int] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=self.settings.audit_events)
@@ -150,7 +203,19 @@ class JobsPlugin(SchedulerPlugin):
             scheduler._set_priorities = scheduler._daskjobs_wrapped
         self.scheduler = scheduler
         s = self.settings
-        self.policy = self._POLICIES[s.policy]()
+        if s.policy == "fair-share":
+            teams = s.teams
+            targets = dict(teams.targets) or {teams.default: 1.0}
+            self.fair = FairShare(
+                targets,
+                within="fifo",
+                half_life=teams.half_life,
+                quotas=teams.quotas,
+                strict=teams.strict,
+            )
+            self.policy = FIFO()  # the held order within and across teams
+        else:
+            self.policy = self._POLICIES[s.policy]()
         self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
         original = scheduler._set_priorities
         scheduler._daskjobs_wrapped = original
@@ -250,7 +315,7 @@ class JobsPlugin(SchedulerPlugin):
         new.sort(key=lambda ts: ts.priority[2])  # dask.order: dependencies first
         views = [self._view(ts, now) for ts in new]
         policy.add_graph(views)
-        key = policy.key
+        key = policy.key if self.fair is None else self._held_key
         sources = {"annotation": 0, "history": 0, "default": 0}
         for ts, v in zip(new, views, strict=True):
             p = ts.priority
@@ -278,15 +343,84 @@ class JobsPlugin(SchedulerPlugin):
         if recs:
             sched.transitions(recs, stimulus_id=f"daskjobs-rejected-{time.time()}")
 
+    def _held_key(self, v: LiveTask) -> float:
+        """Rank of a held task: seconds since the plugin started (FIFO)."""
+        return v.submit - self._t0
+
+    # -- fair share: release one queued task at a time --------------------------------
+    def _release(self) -> None:
+        """Promote the task FairShare chooses to the head of dask's queue."""
+        fair = self.fair
+        sched = self.scheduler
+        assert fair is not None
+        now = time.time()
+        while self._released is None and self._held:
+            v = fair.pop(_ANY_NODE, now)
+            if v is None:
+                return  # every team with work is at its quota: dask's held order rules
+            if v.tid not in self._held:
+                continue  # dask already ran or dropped it (a stale queue entry)
+            ts = sched.tasks.get(v.tid)
+            if ts is None or ts.state != "queued" or ts.priority is None:
+                self._held.discard(v.tid)
+                continue
+            self._held.discard(v.tid)
+            self._release_seq += 1
+            p = ts.priority
+            sched.queued.discard(ts)
+            ts.priority = (p[0], _RELEASED + self._release_seq, *p[2:])
+            sched.queued.add(ts)  # a promotion: safe with HeapSet's lazy deletion
+            self._released = v.tid
+
+    def _fair_transition(self, key: Hashable, start: str, finish: str) -> None:
+        fair = self.fair
+        assert fair is not None
+        v = self.tasks.get(key)
+        if v is None:
+            return
+        now = time.time()
+        if finish == "queued":
+            fair.push(v)
+            self._held.add(key)
+        elif start == "queued":
+            self._held.discard(key)
+            if key == self._released:
+                self._released = None
+        slot_opened = False
+        if finish == "processing":
+            ts = self.scheduler.tasks.get(key)
+            ws = ts.processing_on if ts is not None else None
+            node = self._workers.setdefault(ws.address, len(self._workers)) if ws else -1
+            att = LiveAttempt(v, node, now)
+            self._attempts[key] = att
+            fair.started(att, now)
+        elif start == "processing":
+            ended = self._attempts.pop(key, None)
+            if ended is not None:
+                ended.end = now
+                ended.outcome = _OUTCOME.get(finish, "killed")
+                fair.ended(ended, now)
+            slot_opened = True
+        # Decide when a slot is about to be filled, with usage as it is now: a
+        # task just ended (dask fills its slot next), or slots are free already.
+        if (
+            self._released is None
+            and self._held
+            and (slot_opened or self.scheduler.idle_task_count)
+        ):
+            self._release()
+
     # -- per-transition hook: O(1) ------------------------------------------------------
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         try:
-            if finish == "memory" and start == "processing":
+            if start == "processing" and finish == "memory":
                 v = self.tasks.get(key)
                 seconds = _compute_seconds(kwargs.get("startstops", ()))
                 if v is not None and seconds is not None and self.estimator is not None:
                     self.estimator.observe(v.stage, seconds)
-            elif finish == "forgotten":
+            if self.fair is not None:
+                self._fair_transition(key, start, finish)
+            if finish == "forgotten":
                 self.tasks.pop(key, None)
                 if self.policy is not None:
                     self.policy.forget(key)
@@ -312,10 +446,26 @@ class JobsPlugin(SchedulerPlugin):
             "team": v.team if v else None,
             "user_priority": -ts.priority[0] if ts.priority else None,
         }
+        if self.fair is not None and v is not None:
+            out["team_state"] = self._team_row(v.team)
         if ts.state == "queued":
             ahead = sum(1 for other in sched.queued if other.priority < ts.priority)
             out["queue_position"] = ahead
             out["why"] = f"queued behind {ahead} task(s) of higher priority; no free slot yet"
+            if self.fair is not None and v is not None:
+                row = out["team_state"]
+                if key == self._released:
+                    out["why"] = "next in line: fair share chose it for the next free slot"
+                elif row["quota"] is not None and row["running"] >= row["quota"]:
+                    out["why"] = (
+                        f"team {v.team!r} holds {row['running']} slot(s), its quota; "
+                        "it runs when the team is below quota or no other team waits"
+                    )
+                else:
+                    out["why"] = (
+                        f"waiting for fair share: team {v.team!r} uses {row['usage']:.3g} "
+                        f"per share {row['share']:.3g}; teams further below their share go first"
+                    )
         elif ts.state == "processing":
             out["worker"] = ts.processing_on.address if ts.processing_on else None
             out["why"] = "assigned to a worker"
@@ -330,9 +480,37 @@ class JobsPlugin(SchedulerPlugin):
             out["why"] = f"in state {ts.state!r}"
         return out
 
+    def _team_row(self, team: str) -> dict[str, Any]:
+        fair = self.fair
+        assert fair is not None
+        if team not in fair._queues:  # a team never seen yet
+            return {
+                "team": team,
+                "share": None,
+                "usage": 0.0,
+                "running": 0,
+                "queued": 0,
+                "quota": self.settings.teams.quotas.get(team),
+            }
+        return {
+            "team": team,
+            "share": fair.share(team),
+            "usage": fair.usage(team, time.time()),
+            "running": fair.running(team),
+            "queued": fair.queued(team),
+            "quota": fair.quotas.get(team),
+        }
+
+    def teams(self) -> list[dict[str, Any]]:
+        """Per team: target share, decayed usage, running slots, queued, quota."""
+        if self.fair is None:
+            return []
+        return [self._team_row(t) for t in self.fair._teams]
+
     def status(self) -> dict[str, Any]:
         est = self.estimator
         return {
+            "teams": self.teams(),
             "policy": self.settings.policy,
             "ranked_graphs": self.ranked_graphs,
             "tasks": len(self.tasks),
