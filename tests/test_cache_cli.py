@@ -25,8 +25,9 @@ def store(tmp_path: Path) -> ResultStore:
 
 
 def invoke(*args: str) -> tuple[int, str]:
+    """Exit code and stdout (warnings logged to stderr stay out of the JSON)."""
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout
 
 
 def test_ls_lists_entries_and_filters_by_stage(store: ResultStore) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import pickle
 import subprocess
@@ -116,7 +117,8 @@ def _put_in_process(url: str, i: int) -> bool:
 
 def test_two_processes_write_one_key(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
-    with ProcessPoolExecutor(2) as pool:
+    # spawn: forking a test process that may hold threads (dask, hypothesis) can deadlock.
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         won = list(pool.map(_put_in_process, [url] * 6, range(6)))
     assert sum(won) == 1
     store = ResultStore(url)
