@@ -557,9 +557,10 @@ def _join_inputs(stage: str, inputs: Mapping[str, Stage]) -> list[dict[str, Node
         if not upstream.nodes:
             raise ValueError(f"input {arg!r} of stage {stage!r} has no nodes")
         index: dict[tuple[str, ...], dict[tuple[str, ...], list[Node]]] = {}
+        names = frozenset(n for node in upstream.nodes for n in node.label_tokens)
         new: list[tuple[dict[str, Node], dict[str, str]]] = []
         for chosen, tokens in combos:
-            for node in _matching(upstream, tokens, index):
+            for node in _matching(upstream, tokens, index, names):
                 merged = dict(tokens)
                 merged.update(node.label_tokens)
                 new.append(({**chosen, arg: node}, merged))
@@ -576,8 +577,8 @@ def _matching(
     upstream: Stage,
     tokens: Mapping[str, str],
     index: dict[tuple[str, ...], dict[tuple[str, ...], list[Node]]],
+    names: frozenset[str],
 ) -> list[Node]:
-    names = {n for node in upstream.nodes for n in node.label_tokens}
     shared = tuple(sorted(names & set(tokens)))
     if not shared:
         return list(upstream.nodes)
@@ -881,7 +882,8 @@ def run(
     progress: bool = True,
     cluster_kwargs: Mapping[str, Any] | None = None,
 ) -> SweepResult:
-    """Compute a sweep and return its results labelled by their parameters.
+    """Compute a sweep (or an already planned :class:`SweepGraph`, whose store is then used
+    and ``store``/``outputs`` ignored) and return its results labelled by their parameters.
 
     ``client``: a ``distributed.Client``; without one a LocalCluster is started (one
     single-threaded worker process per core, at most four, dashboard on a free port; threads
@@ -924,7 +926,10 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
     if progress and futures:
         from distributed import progress as show_progress
 
-        show_progress(futures)
+        try:
+            show_progress(futures)  # a widget in notebooks, text in terminals
+        except ImportError:  # a notebook without ipywidgets
+            show_progress(futures, notebook=False)
     wait(futures)
     failures: dict[str, StageFailure] = {}
     records: list[dict[str, Any]] = []

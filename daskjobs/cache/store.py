@@ -250,7 +250,10 @@ class ResultStore:
     """
 
     def __init__(self, url: str | os.PathLike[str] | None = None, **storage_options: Any) -> None:
-        self.url = os.fspath(url) if url is not None else default_store_url()
+        url = os.fspath(url) if url is not None else default_store_url()
+        if "://" not in url and "::" not in url:
+            url = os.path.abspath(url)  # workers may run elsewhere: never relative
+        self.url = url
         self.storage_options = dict(storage_options)
         self._fs: Any = None
         self._root = ""
