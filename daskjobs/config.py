@@ -49,6 +49,7 @@ class Settings:
     history_samples: int = 64
     teams: TeamSettings = field(default_factory=TeamSettings)
     audit_events: int = 10_000
+    record: str | None = None
 
 
 def _seconds(key: str, value: Any, *, allow_none: bool = False) -> float | None:
@@ -118,6 +119,11 @@ def settings(**overrides: Any) -> Settings:
     default_estimate = _seconds("default-estimate", raw.get("default-estimate"))
     assert default_estimate is not None
     path = history.get("path")
+    record = raw.get("record")
+    if record is not None and not (isinstance(record, str | os.PathLike) and os.fspath(record)):
+        raise ValueError(
+            f"daskjobs.record: expected the path of a trace file (a string) or null, got {record!r}"
+        )
     return Settings(
         policy=policy,
         default_estimate=default_estimate,
@@ -131,4 +137,5 @@ def settings(**overrides: Any) -> Settings:
             half_life=half_life,
         ),
         audit_events=audit,
+        record=os.fspath(record) if record is not None else None,
     )

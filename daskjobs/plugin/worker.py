@@ -1,0 +1,76 @@
+"""The worker half of recording: tell the scheduler when a task really starts.
+
+The scheduler only knows when it *assigned* a task to a worker; the task may then
+wait in the worker's ready heap for a long time. :class:`StartReporter` is a
+``WorkerPlugin`` that sends one ``daskjobs-started`` event (``Worker.log_event``,
+carried on the worker's batched stream) when a task enters ``executing``, with
+the worker's wall-clock time and the task's ``run_id``. The scheduler plugin's
+``log_event`` hook turns it into a ``started`` trace record.
+
+Users never register it: :class:`~daskjobs.plugin.JobsPlugin` installs it on
+every current and future worker while recording is on (:func:`reporter_bytes`
+pickles it *by value*, so workers need ``distributed`` but not ``daskjobs``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+__all__ = ["REPORTER_NAME", "STARTED_TOPIC", "StartReporter", "reporter_bytes"]
+
+#: Event topic of the start reports.
+STARTED_TOPIC = "daskjobs-started"
+#: Name the reporter is installed under on the workers.
+REPORTER_NAME = "daskjobs-start-reporter"
+
+
+class StartReporter(WorkerPlugin):
+    """Report each task's transition to ``executing`` to the scheduler (O(1) per task)."""
+
+    idempotent = False
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.failures = 0
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+
+    def teardown(self, worker: Any) -> None:
+        self.worker = None
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish != "executing":
+            return
+        try:
+            worker = self.worker
+            ts = worker.state.tasks.get(key)
+            msg = {
+                "key": key,
+                "run_id": getattr(ts, "run_id", None),
+                "time": time.time(),
+            }
+            worker.log_event(STARTED_TOPIC, msg)
+        except Exception:
+            self.failures += 1
+            logging.getLogger("daskjobs.plugin.worker").warning(
+                "daskjobs: reporting the start of %r failed", key, exc_info=True
+            )
+
+
+def reporter_bytes() -> bytes:
+    """A pickled :class:`StartReporter`, by value, for ``register_worker_plugin``."""
+    import sys
+
+    import cloudpickle
+
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(StartReporter())
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
