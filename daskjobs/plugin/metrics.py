@@ -1,0 +1,324 @@
+"""Prometheus metrics of the daskjobs plugin, on the scheduler's ``/metrics``.
+
+dask's scheduler serves ``/metrics`` on its dashboard port by writing
+``prometheus_client.generate_latest()`` of the process-wide default registry
+(``distributed/http/scheduler/prometheus/core.py``). :func:`install_metrics`
+adds a collector to that registry, so the daskjobs metrics appear beside
+dask's own (``dask_scheduler_*``), named ``<namespace>_daskjobs_*`` with dask's
+configured namespace (``distributed.dashboard.prometheus.namespace``, default
+``dask``). :class:`JobsCollector` subclasses dask's ``PrometheusCollector``
+for that naming.
+
+Nothing here runs on the scheduler's hot path: every value is read from the
+plugin's state (``teams()``, ``errors``, ``ranked_graphs``, ``tasks``,
+``events``) and the scheduler's queue when Prometheus scrapes. A scrape costs
+O(tasks the plugin tracks + queued tasks).
+
+Metrics (with the default namespace):
+
+* ``dask_daskjobs_team_running_slots{team}``, ``..._team_usage{team}`` (decayed
+  slot-seconds, or running slots without a half-life), ``..._team_queued_tasks{team}``,
+  ``..._team_share{team}``, ``..._team_quota_slots{team}`` (teams with a quota) -
+  fair share only;
+* ``dask_daskjobs_ranked_graphs_total``, ``dask_daskjobs_ranked_tasks_total`` and
+  ``dask_daskjobs_estimates_total{source}`` (annotation, history, default);
+* ``dask_daskjobs_tracked_tasks{source}``: tasks the plugin knows now, by the
+  source of their estimate;
+* ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, per hook;
+* ``dask_daskjobs_queued_tasks{team}``, ``dask_daskjobs_queue_delay_seconds{team}``
+  (longest wait) and ``dask_daskjobs_queue_delay_seconds_sum{team}`` (summed
+  waits) of the tasks waiting in dask's queue now, measured from the moment the
+  plugin ranked them;
+* ``dask_daskjobs_unscraped_graphs_total``: ranked graphs whose audit events
+  left the plugin's bounded buffer before a scrape counted them (the ranked-task
+  and estimate counters miss those; raise ``daskjobs.audit-events`` or scrape
+  more often if it grows).
+
+Several schedulers in one process (tests, notebooks) share the registry: one
+process-wide collector serves every installed scheduler, and labels each
+sample with ``scheduler`` (the scheduler's address) only when more than one
+is installed, so that ``/metrics`` never holds two families of one name.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed.http.prometheus import PrometheusCollector
+
+__all__ = ["JobsCollector", "install_metrics", "installed", "uninstall_metrics"]
+
+_SOURCES = ("annotation", "history", "default")
+
+
+@dataclass
+class _Family:
+    """One metric family, before it becomes a prometheus_client family."""
+
+    kind: str  # "gauge" | "counter"
+    doc: str
+    labels: tuple[str, ...] = ()
+    samples: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
+
+    def add(self, values: Iterable[Any], value: float) -> None:
+        self.samples.append((tuple(str(v) for v in values), float(value)))
+
+
+class JobsCollector(PrometheusCollector):
+    """The daskjobs metrics of one scheduler, computed when scraped."""
+
+    def __init__(self, plugin: Any, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        self.subsystem = "daskjobs"
+        self.plugin = plugin
+        # ranking events already counted: the last one seen, and the running totals
+        self._last_event: dict[str, Any] | None = None
+        self._ranked_tasks = 0
+        self._sources = dict.fromkeys(_SOURCES, 0)
+        self._dropped = 0
+        self._graphs_counted = 0
+        self._lock = threading.Lock()
+
+    # -- the cumulative counters, from the audit events not yet counted ----------------
+    def _count_events(self) -> None:
+        events = self.plugin.events
+        fresh: list[dict[str, Any]] = []
+        for ev in reversed(events):  # newest first, back to the last one counted
+            if ev is self._last_event:
+                break
+            fresh.append(ev)
+        if events:
+            self._last_event = events[-1]
+        for ev in fresh:
+            if ev.get("action") != "ranked-graph":
+                continue
+            self._graphs_counted += 1
+            self._ranked_tasks += int(ev.get("tasks", 0))
+            for src, n in (ev.get("estimates") or {}).items():
+                self._sources[src] = self._sources.get(src, 0) + int(n)
+        # graphs the plugin ranked whose events left the buffer before a scrape
+        self._dropped = max(0, int(self.plugin.ranked_graphs) - self._graphs_counted)
+
+    def families(self) -> dict[str, _Family]:
+        """Every daskjobs metric of this scheduler, by full name."""
+        plugin = self.plugin
+        sched = self.server
+        out: dict[str, _Family] = {}
+
+        def fam(name: str, kind: str, doc: str, *labels: str) -> _Family:
+            f = out[self.build_name(name)] = _Family(kind, doc, labels)
+            return f
+
+        # fair share: one row per team
+        teams = plugin.teams()
+        running = fam("team_running_slots", "gauge", "Slots a team's tasks hold now", "team")
+        usage = fam(
+            "team_usage",
+            "gauge",
+            "Fair-share usage of a team: slot-seconds decayed with the configured half-life "
+            "(running slots when there is no half-life)",
+            "team",
+        )
+        queued = fam("team_queued_tasks", "gauge", "Tasks of a team held for fair share", "team")
+        share = fam("team_share", "gauge", "Normalised target share of a team", "team")
+        quota = fam("team_quota_slots", "gauge", "Most slots a team may hold at once", "team")
+        for row in teams:
+            running.add([row["team"]], row["running"])
+            usage.add([row["team"]], row["usage"])
+            queued.add([row["team"]], row["queued"])
+            if row["share"] is not None:
+                share.add([row["team"]], row["share"])
+            if row["quota"] is not None:
+                quota.add([row["team"]], row["quota"])
+
+        # ranking
+        with self._lock:
+            self._count_events()
+            fam("ranked_graphs", "counter", "Graphs ranked by the plugin").add(
+                [], plugin.ranked_graphs
+            )
+            fam("ranked_tasks", "counter", "Tasks ranked by the plugin").add([], self._ranked_tasks)
+            est = fam(
+                "estimates",
+                "counter",
+                "Estimates of ranked tasks, by where they came from",
+                "source",
+            )
+            for src, n in sorted(self._sources.items()):
+                est.add([src], n)
+            fam(
+                "unscraped_graphs",
+                "counter",
+                "Ranked graphs whose audit events left the buffer before a scrape counted them",
+            ).add([], self._dropped)
+        tracked = dict.fromkeys(_SOURCES, 0)
+        for v in list(plugin.tasks.values()):
+            tracked[v.source] = tracked.get(v.source, 0) + 1
+        tr = fam(
+            "tracked_tasks", "gauge", "Tasks the plugin tracks now, by estimate source", "source"
+        )
+        for src, n in sorted(tracked.items()):
+            tr.add([src], n)
+
+        # safety
+        errs = fam("hook_errors", "counter", "Exceptions swallowed by a plugin hook", "hook")
+        for hook, n in sorted(dict(plugin.errors).items()):
+            errs.add([hook], n)
+
+        # queue delay of the tasks waiting in dask's queue now
+        now = time.time()
+        count: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        total: dict[str, float] = {}
+        default_team = plugin.settings.teams.default
+        for ts in list(getattr(sched, "queued", ())):
+            v = plugin.tasks.get(ts.key)
+            team = v.team if v is not None else default_team
+            count[team] = count.get(team, 0) + 1
+            if v is not None:
+                wait = max(0.0, now - v.submit)
+                oldest[team] = max(oldest.get(team, 0.0), wait)
+                total[team] = total.get(team, 0.0) + wait
+        qt = fam("queued_tasks", "gauge", "Tasks waiting in dask's queue for a slot", "team")
+        qd = fam(
+            "queue_delay_seconds",
+            "gauge",
+            "Longest wait so far of a task in dask's queue, since the plugin ranked it",
+            "team",
+        )
+        qs = fam(
+            "queue_delay_seconds_sum",
+            "gauge",
+            "Summed waits so far of the tasks in dask's queue",
+            "team",
+        )
+        for team in sorted(count):
+            qt.add([team], count[team])
+            qd.add([team], oldest.get(team, 0.0))
+            qs.add([team], total.get(team, 0.0))
+        return out
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus_client's collector protocol (used when registered alone)."""
+        return _families_to_prometheus({"": self})
+
+    def describe(self) -> list[Any]:
+        # no names up front: the registry must not call collect() at registration
+        return []
+
+
+def _families_to_prometheus(collectors: dict[str, JobsCollector]) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    label = len(collectors) > 1
+    merged: dict[str, _Family] = {}
+    for address, coll in collectors.items():
+        for name, f in coll.families().items():
+            m = merged.get(name)
+            if m is None:
+                labels = (("scheduler",) if label else ()) + f.labels
+                m = merged[name] = _Family(f.kind, f.doc, labels)
+            for values, value in f.samples:
+                m.samples.append((((address,) if label else ()) + values, value))
+    for name, f in merged.items():
+        if f.kind == "counter":
+            c = CounterMetricFamily(name, f.doc, labels=list(f.labels))
+            for values, value in f.samples:
+                c.add_metric(list(values), value)
+            yield c
+        else:
+            g = GaugeMetricFamily(name, f.doc, labels=list(f.labels))
+            for values, value in f.samples:
+                g.add_metric(list(values), value)
+            yield g
+
+
+class _Registry:
+    """The one collector in prometheus_client's registry: every installed scheduler."""
+
+    def __init__(self) -> None:
+        self.collectors: dict[int, JobsCollector] = {}
+        self.lock = threading.Lock()
+
+    def collect(self) -> Iterator[Any]:
+        with self.lock:
+            colls = list(self.collectors.values())
+        by_address = {str(getattr(c.server, "address", id(c.server))): c for c in colls}
+        return _families_to_prometheus(by_address)
+
+    def describe(self) -> list[Any]:
+        return []
+
+
+_REGISTRY: _Registry | None = None
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _registry() -> _Registry:
+    global _REGISTRY
+    with _REGISTRY_LOCK:
+        if _REGISTRY is None:
+            try:
+                import prometheus_client
+            except ModuleNotFoundError:
+                raise ModuleNotFoundError(
+                    "daskjobs metrics need prometheus_client, which dask's /metrics also "
+                    "needs: pip install 'daskjobs[metrics]'"
+                ) from None
+            reg = _Registry()
+            prometheus_client.REGISTRY.register(reg)
+            _REGISTRY = reg
+        return _REGISTRY
+
+
+def install_metrics(plugin: Any, scheduler: Any) -> JobsCollector | None:
+    """Serve ``plugin``'s metrics on ``scheduler``'s ``/metrics``; idempotent.
+
+    Installing again for the same scheduler replaces the plugin the metrics read
+    (a re-registered plugin), never adds a second collector. Without
+    ``prometheus_client`` (dask's ``/metrics`` is then a stub as well) this logs
+    once and returns None: metrics are never a reason for the plugin to fail.
+    """
+    try:
+        reg = _registry()
+    except ModuleNotFoundError as e:
+        import logging
+
+        logging.getLogger("daskjobs.plugin").info("daskjobs: no metrics: %s", e)
+        return None
+    with reg.lock:
+        coll = reg.collectors.get(id(scheduler))
+        if coll is None or coll.server is not scheduler:
+            coll = reg.collectors[id(scheduler)] = JobsCollector(plugin, scheduler)
+        elif coll.plugin is not plugin:
+            coll.plugin = plugin  # a re-registered plugin: its counters start at 0
+            coll._last_event = None
+            coll._graphs_counted = 0
+            coll._ranked_tasks = 0
+            coll._sources = dict.fromkeys(_SOURCES, 0)
+        return coll
+
+
+def uninstall_metrics(scheduler: Any, plugin: Any = None) -> None:
+    """Stop serving the daskjobs metrics of ``scheduler`` (no-op if not installed).
+
+    With ``plugin``, only if the installed metrics still read that plugin: a
+    replaced plugin closing after its successor started leaves the new one's.
+    """
+    reg = _REGISTRY
+    if reg is None:
+        return
+    with reg.lock:
+        coll = reg.collectors.get(id(scheduler))
+        if coll is not None and (plugin is None or coll.plugin is plugin):
+            del reg.collectors[id(scheduler)]
+
+
+def installed(scheduler: Any) -> bool:
+    """Are daskjobs metrics served for ``scheduler``?"""
+    reg = _REGISTRY
+    return reg is not None and id(scheduler) in reg.collectors
