@@ -58,11 +58,23 @@ graph costs O(n log n) once per graph. The only errors that reach a client are
 about its own input (a non-numeric or NaN ``estimate``, an unknown team when
 teams are strict): they fail that client's graph submission, with a message
 naming the task and the problem, before any of its tasks run.
+
+Recording
+=========
+
+With ``record: run.jsonl`` in the config, ``JobsPlugin(record=...)`` or, for a
+while, :func:`daskjobs.record`, the plugin writes a trace of the run (the graph,
+the workers, every attempt) as JSON Lines; the schema is in ``docs/trace.md``.
+The hooks only hand small dicts to a bounded queue
+(:class:`~daskjobs.plugin.recorder.TraceRecorder`); a thread writes them. True
+start times come from :class:`~daskjobs.plugin.worker.StartReporter`, a worker
+plugin the plugin installs itself on current and future workers while recording.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -75,6 +87,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskjobs.config import Settings, settings
 from daskjobs.plugin._internals import check_scheduler
 from daskjobs.plugin.estimates import BadEstimate, Estimator
+from daskjobs.plugin.recorder import TraceRecorder
+from daskjobs.plugin.worker import REPORTER_NAME, STARTED_TOPIC, reporter_bytes
 from daskjobs.policies import FIFO, LPT, CriticalPath, FairShare, HeapPolicy
 
 __all__ = ["JobsPlugin", "UnknownTeam"]
@@ -187,6 +201,8 @@ class JobsPlugin(SchedulerPlugin):
         self.events: deque[dict[str, Any]] = deque(maxlen=self.settings.audit_events)
         self.tasks: dict[Hashable, LiveTask] = {}
         self.ranked_graphs = 0
+        self.recorder: TraceRecorder | None = None
+        self._rec_running: dict[Hashable, str | None] = {}  # key -> worker, while processing
 
     # -- pickling: only the configuration travels -------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -222,11 +238,16 @@ class JobsPlugin(SchedulerPlugin):
 
         def _set_priorities(**kwargs: Any) -> None:
             original(**kwargs)
-            self._rank(kwargs["tasks"])
+            tasks = kwargs["tasks"]
+            new = self._unranked(tasks) if self.recorder is not None else None
+            self._rank(tasks)
+            if new:  # after ranking: estimates and teams are known (a rejected graph raised)
+                self._record_graph(new)
 
         scheduler._set_priorities = _set_priorities
         scheduler.handlers["daskjobs_explain"] = self._rpc_explain
         scheduler.handlers["daskjobs_status"] = self._rpc_status
+        scheduler.handlers["daskjobs_record"] = self._rpc_record
         if s.history_path:
             from tornado.ioloop import PeriodicCallback
 
@@ -234,9 +255,15 @@ class JobsPlugin(SchedulerPlugin):
             scheduler.periodic_callbacks["daskjobs-history"] = pc
             pc.start()
         self._event("started", policy=s.policy, default_estimate=s.default_estimate)
+        if s.record:
+            await self._start_recording(s.record)
 
     async def close(self) -> None:
         self._guard("save-history", self._save_history)()
+        try:
+            await self._stop_recording()
+        except Exception:
+            self._failed("record")
         sched = self.scheduler
         if sched is not None and getattr(sched, "_daskjobs_wrapped", None) is not None:
             sched._set_priorities = sched._daskjobs_wrapped
@@ -289,8 +316,12 @@ class JobsPlugin(SchedulerPlugin):
         deps = tuple(d.key for d in ts.dependencies)
         return LiveTask(ts.key, est, 1, team, now, deps, source, stage)
 
+    @staticmethod
+    def _unranked(tasks: Iterable[Any]) -> list[Any]:
+        return [ts for ts in tasks if ts.priority is not None and len(ts.priority) == 3]
+
     def _rank(self, tasks: Iterable[Any]) -> None:
-        new = [ts for ts in tasks if ts.priority is not None and len(ts.priority) == 3]
+        new = self._unranked(tasks)
         if not new:
             return
         try:
@@ -412,6 +443,11 @@ class JobsPlugin(SchedulerPlugin):
 
     # -- per-transition hook: O(1) ------------------------------------------------------
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if self.recorder is not None and (finish == "processing" or start == "processing"):
+            try:
+                self._record_transition(key, start, finish, kwargs)
+            except Exception:
+                self._failed("record", key)
         try:
             if start == "processing" and finish == "memory":
                 v = self.tasks.get(key)
@@ -517,6 +553,7 @@ class JobsPlugin(SchedulerPlugin):
             "errors": dict(self.errors),
             "stages": est.stages() if est else {},
             "settings": self.overrides,
+            "recording": self.recorder.stats() if self.recorder is not None else None,
         }
 
     def _rpc_explain(self, key: Any = None) -> dict[str, Any]:
@@ -526,6 +563,220 @@ class JobsPlugin(SchedulerPlugin):
 
     def _rpc_status(self) -> dict[str, Any]:
         return self.status()
+
+    # -- recording (docs/trace.md) ------------------------------------------------------
+    async def _start_recording(self, path: str) -> TraceRecorder:
+        if self.recorder is not None:
+            raise RuntimeError(
+                f"daskjobs is already recording to {self.recorder.path!r}; stop that first"
+            )
+        sched = self.scheduler
+        rec = TraceRecorder(
+            path,
+            header={
+                "policy": self.settings.policy,
+                "settings": dataclasses.asdict(self.settings),
+                "scheduler": getattr(sched, "address", None),
+                "clock": "time.time() of the scheduler, seconds; worker_* fields: the worker's",
+            },
+        )
+        self.recorder = rec
+        now = time.time()
+        for ws in list(sched.workers.values()):
+            rec.emit(self._worker_record(ws, now, existing=True))
+        if sched.tasks:  # recording starts mid-run: what is already there, once
+            self._record_graph(list(sched.tasks.values()), existing=True)
+        try:
+            await sched.register_worker_plugin(
+                None, reporter_bytes(), name=REPORTER_NAME, idempotent=False
+            )
+        except Exception:
+            self._failed("record-install")
+        self._event("recording", path=rec.path)
+        return rec
+
+    async def _stop_recording(self) -> dict[str, Any] | None:
+        rec = self.recorder
+        if rec is None:
+            return None
+        self._event("recording-stopped", path=rec.path)
+        self.recorder = None
+        self._rec_running.clear()
+        sched = self.scheduler
+        if REPORTER_NAME in getattr(sched, "worker_plugins", {}):
+            try:
+                await sched.unregister_worker_plugin(None, REPORTER_NAME)
+            except Exception:
+                logger.debug("daskjobs: removing the start reporter failed", exc_info=True)
+        await asyncio.to_thread(rec.close)
+        return rec.stats()
+
+    async def _rpc_record(self, action: str = "status", path: Any = None) -> dict[str, Any]:
+        if action == "start":
+            if not path:
+                raise ValueError("daskjobs.record: give the path of the trace file to write")
+            rec = await self._start_recording(str(path))
+            return {"recording": True, **rec.stats()}
+        if action == "stop":
+            return {"recording": False, "stats": await self._stop_recording()}
+        if action == "status":
+            cur = self.recorder
+            return {"recording": cur is not None, "stats": cur.stats() if cur else None}
+        raise ValueError(f"daskjobs_record: unknown action {action!r} (start, stop, status)")
+
+    def _worker_record(self, ws: Any, now: float, existing: bool = False) -> dict[str, Any]:
+        rec = {
+            "type": "worker-added",
+            "time": now,
+            "worker": ws.address,
+            "name": ws.name,
+            "host": ws.host,
+            "nthreads": ws.nthreads,
+            "resources": dict(ws.resources),
+            "memory_limit": ws.memory_limit,
+        }
+        if existing:
+            rec["existing"] = True
+        return rec
+
+    def _record_graph(self, new: Sequence[Any], existing: bool = False) -> None:
+        rec = self.recorder
+        if rec is None:
+            return
+        now = time.time()
+        default_team = self.settings.teams.default
+        for ts in new:
+            try:
+                v = self.tasks.get(ts.key)
+                ann = ts.annotations or {}
+                p = ts.priority
+                r = {
+                    "type": "graph",
+                    "time": now,
+                    "key": ts.key,
+                    "deps": [d.key for d in ts.dependencies],
+                    "annotations": dict(ann),
+                    "estimate": v.estimate if v else None,
+                    "estimate_source": v.source if v else None,
+                    "team": v.team if v else str(ann.get("team", default_team)),
+                    "stage": v.stage if v else _stage(ts),
+                    "resources": dict(ts.resource_restrictions or {}) or None,
+                    "user_priority": -p[0] if p else 0,
+                    "priority": list(p) if p else None,
+                    "submit": v.submit if v else now,
+                }
+                if existing:
+                    r["existing"] = True
+                    r["state"] = ts.state
+                rec.emit(r)
+            except Exception:
+                self._failed("record", ts.key)
+
+    def _record_transition(
+        self, key: Hashable, start: str, finish: str, kwargs: dict[str, Any]
+    ) -> None:
+        rec = self.recorder
+        assert rec is not None
+        now = time.time()
+        stimulus = kwargs.get("stimulus_id")
+        if finish == "processing":
+            ts = self.scheduler.tasks.get(key)
+            ws = ts.processing_on if ts is not None else None
+            addr = ws.address if ws is not None else None
+            self._rec_running[key] = addr
+            r0 = {"type": "assigned", "time": now, "key": key, "worker": addr}
+            r0["stimulus_id"] = stimulus
+            rec.emit(r0)
+            return
+        # leaving processing: the attempt is over
+        worker = self._rec_running.pop(key, None)
+        worker = kwargs.get("worker") or worker
+        ts = self.scheduler.tasks.get(key)
+        if finish in ("memory", "erred"):
+            outcome = finish
+        elif isinstance(stimulus, str) and stimulus.startswith("task-erred"):
+            outcome = "erred"  # an error dask retries (processing -> waiting)
+        else:
+            outcome = finish
+        c_start = c_stop = None
+        compute = transfer = 0.0
+        seen = False
+        for ss in kwargs.get("startstops") or ():
+            action = ss.get("action")
+            if action == "compute":
+                seen = True
+                compute += ss["stop"] - ss["start"]
+                c_start = ss["start"] if c_start is None else min(c_start, ss["start"])
+                c_stop = ss["stop"] if c_stop is None else max(c_stop, ss["stop"])
+            elif action == "transfer":
+                transfer += ss["stop"] - ss["start"]
+        r: dict[str, Any] = {
+            "type": "finished",
+            "time": now,
+            "key": key,
+            "worker": worker,
+            "run_id": getattr(ts, "run_id", None),
+            "state": finish,
+            "outcome": outcome,
+            "compute_start": c_start,
+            "compute_stop": c_stop,
+            "duration": compute if seen else None,
+            "transfer": transfer,
+            "nbytes": kwargs.get("nbytes"),
+            "stimulus_id": stimulus,
+        }
+        if outcome == "erred" and kwargs.get("exception_text"):
+            r["error"] = str(kwargs["exception_text"])[:500]
+        rec.emit(r)
+
+    # -- recording hooks: O(1), guarded, inert while not recording ----------------------
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        rec = self.recorder
+        if rec is None:
+            return
+        try:
+            ws = scheduler.workers.get(worker)
+            if ws is not None:
+                rec.emit(self._worker_record(ws, time.time()))
+        except Exception:
+            self._failed("record", worker)
+
+    def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **kw: Any) -> None:
+        rec = self.recorder
+        if rec is None:
+            return
+        try:
+            rec.emit(
+                {
+                    "type": "worker-removed",
+                    "time": time.time(),
+                    "worker": worker,
+                    "stimulus_id": stimulus_id,
+                }
+            )
+        except Exception:
+            self._failed("record", worker)
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        rec = self.recorder
+        if rec is None:
+            return
+        try:
+            if topic == STARTED_TOPIC and isinstance(msg, dict):
+                rec.emit(
+                    {
+                        "type": "started",
+                        "time": time.time(),
+                        "key": msg.get("key"),
+                        "worker": msg.get("worker"),
+                        "run_id": msg.get("run_id"),
+                        "worker_time": msg.get("time"),
+                    }
+                )
+            elif topic == EVENT_TOPIC and isinstance(msg, dict):
+                rec.emit({"type": "event", "time": time.time(), "event": dict(msg)})
+        except Exception:
+            self._failed("record", topic)
 
 
 def ranked(tasks: Sequence[LiveTask]) -> list[Hashable]:
