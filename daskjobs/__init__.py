@@ -24,6 +24,7 @@ _LAZY = {
     "explain": "daskjobs.plugin.client",
     "status": "daskjobs.plugin.client",
     "local_cluster": "daskjobs.plugin.client",
+    "record": "daskjobs.plugin.record",
 }
 
 __all__ = ["__version__", *_LAZY]
