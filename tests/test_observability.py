@@ -179,3 +179,23 @@ def test_status_command_names_an_unreachable_address():
     assert code == 1 and "cannot reach a dask scheduler" in err and str(port) in err
     code, _, err = invoke("status", "tcp://127.0.0.1:1", "--timeout", "soon")
     assert code == 2 and "--timeout" in err
+
+
+class WiredPlugin(JobsPlugin):
+    """The plugin with the two lines its start and close are to call."""
+
+    async def start(self, scheduler):
+        await super().start(scheduler)
+        install_metrics(self, scheduler)
+
+    async def close(self):
+        await super().close()
+        uninstall_metrics(self.scheduler, self)
+
+
+def test_installed_at_start_and_removed_at_close():
+    with cluster(WiredPlugin(policy="lpt")) as cl, Client(cl) as c:
+        c.compute(dask.delayed(nap)(1, 0.0), sync=True)
+        assert value(scrape(cl), "dask_daskjobs_ranked_graphs_total") == 1
+        sched = cl.scheduler
+    assert not installed(sched)

@@ -42,6 +42,7 @@ is installed, so that ``/metrics`` never holds two families of one name.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -51,6 +52,8 @@ from typing import Any
 from distributed.http.prometheus import PrometheusCollector
 
 __all__ = ["JobsCollector", "install_metrics", "installed", "uninstall_metrics"]
+
+logger = logging.getLogger("daskjobs.plugin")
 
 _SOURCES = ("annotation", "history", "default")
 
@@ -279,28 +282,29 @@ def install_metrics(plugin: Any, scheduler: Any) -> JobsCollector | None:
     """Serve ``plugin``'s metrics on ``scheduler``'s ``/metrics``; idempotent.
 
     Installing again for the same scheduler replaces the plugin the metrics read
-    (a re-registered plugin), never adds a second collector. Without
-    ``prometheus_client`` (dask's ``/metrics`` is then a stub as well) this logs
-    once and returns None: metrics are never a reason for the plugin to fail.
+    (a re-registered plugin), never adds a second collector. Never raises:
+    metrics are never a reason for the plugin to fail. Without
+    ``prometheus_client`` (dask's ``/metrics`` is then a stub as well) it logs at
+    INFO and returns None; any other failure is logged at WARNING.
     """
     try:
         reg = _registry()
+        with reg.lock:
+            coll = reg.collectors.get(id(scheduler))
+            if coll is None or coll.server is not scheduler:
+                coll = reg.collectors[id(scheduler)] = JobsCollector(plugin, scheduler)
+            elif coll.plugin is not plugin:
+                coll.plugin = plugin  # a re-registered plugin: its counters start at 0
+                coll._last_event = None
+                coll._graphs_counted = 0
+                coll._ranked_tasks = 0
+                coll._sources = dict.fromkeys(_SOURCES, 0)
+            return coll
     except ModuleNotFoundError as e:
-        import logging
-
-        logging.getLogger("daskjobs.plugin").info("daskjobs: no metrics: %s", e)
-        return None
-    with reg.lock:
-        coll = reg.collectors.get(id(scheduler))
-        if coll is None or coll.server is not scheduler:
-            coll = reg.collectors[id(scheduler)] = JobsCollector(plugin, scheduler)
-        elif coll.plugin is not plugin:
-            coll.plugin = plugin  # a re-registered plugin: its counters start at 0
-            coll._last_event = None
-            coll._graphs_counted = 0
-            coll._ranked_tasks = 0
-            coll._sources = dict.fromkeys(_SOURCES, 0)
-        return coll
+        logger.info("daskjobs: no metrics: %s", e)
+    except Exception:
+        logger.warning("daskjobs: installing the metrics failed", exc_info=True)
+    return None
 
 
 def uninstall_metrics(scheduler: Any, plugin: Any = None) -> None:
