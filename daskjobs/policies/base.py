@@ -260,7 +260,11 @@ class HeapPolicy(Policy):
         if len(self._sizes) == 1:  # fast path: one core size
             if self._sizes[0] > node.free:
                 return None
-            b = self._buckets[self._sizes[0]]
+            heap, run = self._buckets[self._sizes[0]]
+            self._n -= 1
+            if run and not (heap and heap[0][:2] < run[-1][:2]):
+                return run.pop()[2]
+            return heapq.heappop(heap)[2]
         else:
             found = self._best_bucket(node.free)
             if found is None:

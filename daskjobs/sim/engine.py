@@ -122,7 +122,7 @@ class _Node:
         self.cores = cores
         self.free = cores
         self.base = index * cores
-        self.freeheap = list(range(cores))
+        self.freeheap = list(range(cores - 1, -1, -1))  # free local cores; pop() gives the lowest first
         self.core = self.base  # global id of the lowest free core (for per-core policies)
         self.running: set[Attempt] = set()
 
@@ -211,32 +211,41 @@ def _simulate(
 
     n = len(tasks)
     index = {t.tid: i for i, t in enumerate(tasks)}
+    if len(index) != n:  # pragma: no cover - _validate rejects duplicates
+        raise ValueError("duplicate task ids")
     dur = [t.duration for t in tasks]
     est = [t.estimate for t in tasks]
-    is_cached = [t.tid in cached_ids for t in tasks]
+    is_cached = [t.tid in cached_ids for t in tasks] if cached_ids else [False] * n
     waiting = [0] * n
-    dependents: list[list[int]] = [[] for _ in range(n)]
+    dependents: list[list[int]] | list[tuple[()]]
     if has_deps:
+        dependents = [[] for _ in range(n)]
         for i, t in enumerate(tasks):
             if not is_cached[i]:
                 deps = set(t.deps)
                 waiting[i] = len(deps)
                 for d in deps:
                     dependents[index[d]].append(i)
+    else:
+        dependents = [()] * n
     submitted = [False] * n
     done = [False] * n
-    running: list[list[Attempt]] = [[] for _ in range(n)]
+    running: list[list[Attempt] | None] = [None] * n
     backup_asked = [False] * n
-    t_start = np.full(n, math.nan)
-    t_end = np.full(n, math.nan)
-    win_node = np.full(n, -1, dtype=np.int64)
-    n_att = np.zeros(n, dtype=np.int64)
+    t_start = [math.nan] * n
+    t_end = [math.nan] * n
+    win_node = [-1] * n
+    n_att = [0] * n
 
     # submissions, in topological order within each submit time
-    subs = sorted(range(n), key=lambda i: tasks[i].submit)
-    if has_deps:
-        pos = {t.tid: k for k, t in enumerate(order)}
-        subs.sort(key=lambda i: (tasks[i].submit, pos[tasks[i].tid]))
+    first_submit = tasks[0].submit if n else 0.0
+    if not has_deps and all(t.submit == first_submit for t in tasks):
+        subs: Sequence[int] = range(n)
+    else:
+        subs = sorted(range(n), key=lambda i: tasks[i].submit)
+        if has_deps:
+            pos = {t.tid: k for k, t in enumerate(order)}
+            subs.sort(key=lambda i: (tasks[i].submit, pos[tasks[i].tid]))
     sub_ptr = 0
 
     nodes = [_Node(k, cluster.cores_per_node) for k in range(cluster.nodes)]
@@ -250,13 +259,20 @@ def _simulate(
     rng = np.random.default_rng(seed)
     draws: list[float] = []
     draw_ptr = 0
+    fails: list[dict[int, float]] = []
     if rate:
         # Whether attempt k of task i fails, and where, is drawn up front and
         # indexed by (task, attempt), not by the order attempts start, so every
         # policy faces the same failures (common random numbers). Attempts past
-        # the first few (rare) draw from the stream in start order.
+        # the first few (rare) draw from the stream in start order. Only the
+        # failing (task, attempt) pairs are kept: a small dict per attempt number
+        # is cheaper to probe than a million-entry array read in random order.
         fate_u = rng.random((n, _FATES))
         fate_f = rng.random((n, _FATES))
+        for k in range(_FATES):
+            hit = np.flatnonzero(fate_u[:, k] < rate)
+            fails.append(dict(zip(hit.tolist(), fate_f[hit, k].tolist(), strict=True)))
+        del fate_u, fate_f
 
     events: list[tuple[float, int, int, Attempt]] = []
     seq = 0
@@ -271,9 +287,12 @@ def _simulate(
 
     push = policy.push
     pop = policy.pop
+    qlen = policy.__len__
     cls = type(policy)
     started = policy.started if cls.started is not Policy.started else None
     ended = policy.ended if cls.ended is not Policy.ended else None
+    # which attempts run on each node: only needed to re-judge them for backups
+    track = spec is not None or ended is not None
     p_speed = policy.speed
     p_urgent = policy.urgent
     heappush = heapq.heappush
@@ -298,17 +317,19 @@ def _simulate(
     def free_cores(a: Attempt) -> None:
         nd = nodes[a.node]
         base = nd.base
+        stack = nd.freeheap
         for c in a.cores:
-            heappush(nd.freeheap, c - base)
+            stack.append(c - base)
         nd.free += len(a.cores)
-        nd.core = base + nd.freeheap[0]
-        nd.running.discard(a)
+        nd.core = base + stack[-1]
+        if track:
+            nd.running.discard(a)
         if not in_heap[nd.index]:
             in_heap[nd.index] = True
             heappush(free_heap, nd.index)
 
     def ask_backup(a: Attempt) -> None:
-        i = index[a.task.tid]
+        i = a.ti
         if backup_asked[i] or done[i] or not a.task.speculate:
             return
         backup_asked[i] = True
@@ -353,7 +374,7 @@ def _simulate(
         k = 0
         while k < len(pending):
             p = pending[k]
-            i = index[p.task.tid]
+            i = p.ti
             if p.outcome is not None or done[i]:
                 pending.pop(k)
                 if not done[i]:
@@ -369,37 +390,45 @@ def _simulate(
         nonlocal seq, draw_ptr, draws, backups_running, backups_launched
         task = tasks[i]
         c = task.cores
-        fh = nd.freeheap
+        stack = nd.freeheap
+        base = nd.base
         if c == 1:
-            cores: tuple[int, ...] = (nd.base + heappop(fh),)
+            cores: tuple[int, ...] = (base + stack.pop(),)
         else:
-            cores = tuple(nd.base + heappop(fh) for _ in range(c))
+            cores = tuple(base + stack.pop() for _ in range(c))
         nd.free -= c
-        nd.core = nd.base + fh[0] if fh else -1
-        a = Attempt(len(attempts), task, nd.index, cores, now, backup)
+        nd.core = base + stack[-1] if stack else -1
+        a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
-        nd.running.add(a)
-        running[i].append(a)
-        if not n_att[i]:
+        if track:
+            nd.running.add(a)
+        if spec is not None:  # copies of one task can only run side by side with backups
+            r = running[i]
+            if r is None:
+                running[i] = [a]
+            else:
+                r.append(a)
+        k = n_att[i]
+        if not k:
             t_start[i] = now
-        n_att[i] += 1
+        n_att[i] = k + 1
         actual = dur[i] * speeds[nd.index]
         kind = _DONE
         when = now + actual
         if rate:
-            k = n_att[i] - 1
             if k < _FATES:  # common random numbers: the fate of attempt k of task i
-                u = float(fate_u[i, k])
-                frac = float(fate_f[i, k])
+                frac = fails[k].get(i)
+                if frac is not None:
+                    kind = _FAIL
+                    when = now + actual * frac
             else:
                 if draw_ptr + 2 > len(draws):
                     draws = rng.random(4096).tolist()
                     draw_ptr = 0
-                u, frac = draws[draw_ptr], draws[draw_ptr + 1]
+                if draws[draw_ptr] < rate:
+                    kind = _FAIL
+                    when = now + actual * draws[draw_ptr + 1]
                 draw_ptr += 2
-            if u < rate:
-                kind = _FAIL
-                when = now + actual * frac
         seq += 1
         heappush(events, (when, kind, seq, a))
         if backup:
@@ -417,7 +446,8 @@ def _simulate(
     def dispatch(now: float) -> None:
         declined: list[int] = []
         while free_heap:
-            if not len(policy) and (not pending or backups_running >= cap):
+            queued = qlen()
+            if not queued and (not pending or backups_running >= cap):
                 break
             k = free_heap[0]
             nd = nodes[k]
@@ -428,9 +458,9 @@ def _simulate(
             if pending:
                 p = take_backup(nd)
                 if p is not None:
-                    start(index[p.task.tid], nd, now, True)
+                    start(p.ti, nd, now, True)
                     continue
-            tv = pop(nd, now) if len(policy) else None
+            tv = pop(nd, now) if queued else None
             if tv is None:
                 heappop(free_heap)
                 declined.append(k)
@@ -463,7 +493,7 @@ def _simulate(
             n_events += 1
             if a.outcome is not None:
                 continue  # killed earlier, or a stale check
-            i = index[a.task.tid]
+            i = a.ti
             if kind == _DONE:
                 finish(a, now, "done")
                 done[i] = True
@@ -471,18 +501,23 @@ def _simulate(
                 win_node[i] = a.node
                 if a.backup:
                     backups_won += 1
-                for b in running[i]:
-                    if b is not a and b.outcome is None:
-                        finish(b, now, "killed")
-                running[i] = []
+                r = running[i]
+                if r is not None:
+                    if len(r) > 1:
+                        for b in r:
+                            if b is not a and b.outcome is None:
+                                finish(b, now, "killed")
+                    running[i] = None
                 for j in dependents[i]:
                     waiting[j] -= 1
                     if not waiting[j] and submitted[j]:
                         ready(j, now)
             elif kind == _FAIL:
                 finish(a, now, "failed")
-                running[i].remove(a)
-                if not running[i]:
+                r = running[i]
+                if r is not None:
+                    r.remove(a)
+                if not r:
                     backup_asked[i] = False
                     push(a.task)  # retry from the start
             else:  # _CHECK
@@ -515,10 +550,10 @@ def _simulate(
         cluster=cluster,
         policy=policy.name,
         attempts=attempts,
-        start=t_start,
-        end=t_end,
-        node=win_node,
-        n_attempts=n_att,
+        start=np.array(t_start, dtype=float),
+        end=np.array(t_end, dtype=float),
+        node=np.array(win_node, dtype=np.int64),
+        n_attempts=np.array(n_att, dtype=np.int64),
         cached=np.array(is_cached, dtype=bool),
         pruned=[t for t in pruned],
         backups_launched=backups_launched,

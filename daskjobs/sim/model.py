@@ -119,10 +119,28 @@ class Attempt:
     ids (``node * cores_per_node + local``).
     """
 
-    __slots__ = ("aid", "backup", "check_at", "cores", "end", "node", "outcome", "start", "task")
+    __slots__ = (
+        "aid",
+        "backup",
+        "check_at",
+        "cores",
+        "end",
+        "node",
+        "outcome",
+        "start",
+        "task",
+        "ti",
+    )
 
     def __init__(
-        self, aid: int, task: Task, node: int, cores: tuple[int, ...], start: float, backup: bool
+        self,
+        aid: int,
+        task: Task,
+        node: int,
+        cores: tuple[int, ...],
+        start: float,
+        backup: bool,
+        ti: int = -1,
     ) -> None:
         self.aid = aid
         self.task = task
@@ -133,6 +151,7 @@ class Attempt:
         self.outcome: str | None = None
         self.backup = backup
         self.check_at = math.nan
+        self.ti = ti  # the task's position in the simulated list (simulator-internal)
 
     @property
     def core(self) -> int:
