@@ -122,7 +122,8 @@ class _Node:
         self.cores = cores
         self.free = cores
         self.base = index * cores
-        self.freeheap = list(range(cores - 1, -1, -1))  # free local cores; pop() gives the lowest first
+        # free local cores as a stack: pop() gives the lowest first, then the last freed
+        self.freeheap = list(range(cores - 1, -1, -1))
         self.core = self.base  # global id of the lowest free core (for per-core policies)
         self.running: set[Attempt] = set()
 
