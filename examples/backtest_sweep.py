@@ -16,7 +16,9 @@ task however many backtests read it, and results are committed to the store as t
     python examples/backtest_sweep.py --cost-bps 0,5,10    # nothing runs: all loaded
 
 ``--store URL`` picks the store (default: ``./.daskjobs-cache``, or ``$DASKJOBS_STORE``);
-``--json`` prints one JSON object instead of the table.
+``--json`` prints one JSON object instead of the table. The LocalCluster's scheduler runs the
+daskjobs plugin (``--policy``, default ``critical-path``: the stages with the longest estimated
+path to the end of the sweep start first; ``--policy none`` runs plain dask).
 """
 
 from __future__ import annotations
@@ -133,21 +135,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow", type=_ints, default=[50, 100, 150, 200], help="slow windows")
     parser.add_argument("--cost-bps", type=_floats, default=[0.0, 5.0], help="costs, bp")
     parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
+    parser.add_argument(
+        "--policy",
+        default="critical-path",
+        choices=["critical-path", "lpt", "fifo", "fair-share", "none"],
+        help="the scheduler plugin's policy, or none for plain dask",
+    )
     args = parser.parse_args(argv)
 
     from distributed import Client, LocalCluster
 
-    from daskjobs import ResultStore
+    from daskjobs import JobsPlugin, ResultStore, local_cluster
 
     store = ResultStore(args.store)
     sweep = build_sweep(args.slices, args.bars, args.fast, args.slow, args.cost_bps)
     start = time.perf_counter()
-    with (
-        LocalCluster(
-            n_workers=args.workers, threads_per_worker=1, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    cluster_kwargs = {"n_workers": args.workers, "threads_per_worker": 1, "dashboard_address": ":0"}
+    if args.policy == "none":
+        cluster_cm = LocalCluster(**cluster_kwargs)
+    else:
+        cluster_cm = local_cluster(JobsPlugin(policy=args.policy), **cluster_kwargs)
+    with cluster_cm as cluster, Client(cluster) as client:
         result = sweep.run(client, store=store, progress=not args.json)
     total = time.perf_counter() - start
 
@@ -167,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped_upstream": result.pruned,
         "failed": len(result.failures),
         "store": store.url,
+        "policy": args.policy,
         "best": None
         if best is None
         else {k: table[k][best] for k in ("slice", "fast", "slow", "cost_bps", "sharpe")},
