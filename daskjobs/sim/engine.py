@@ -218,15 +218,16 @@ def _simulate(
     est = [t.estimate for t in tasks]
     is_cached = [t.tid in cached_ids for t in tasks] if cached_ids else [False] * n
     waiting = [0] * n
-    dependents: list[list[int]] | list[tuple[()]]
+    dependents: list[Sequence[int]]
     if has_deps:
-        dependents = [[] for _ in range(n)]
+        readers: list[list[int]] = [[] for _ in range(n)]
         for i, t in enumerate(tasks):
             if not is_cached[i]:
                 deps = set(t.deps)
                 waiting[i] = len(deps)
                 for d in deps:
-                    dependents[index[d]].append(i)
+                    readers[index[d]].append(i)
+        dependents = list(readers)
     else:
         dependents = [()] * n
     submitted = [False] * n
