@@ -12,10 +12,13 @@ from daskjobs import JobsPlugin
 
 
 @click.command()
-@click.option("--daskjobs-policy", default=None, help="fifo | lpt | critical-path")
+@click.option("--daskjobs-policy", default=None, help="fifo | lpt | critical-path | fair-share")
 @click.option("--daskjobs-history", default=None, help="JSON file of measured stage durations")
-def dask_setup(scheduler, daskjobs_policy=None, daskjobs_history=None):
+@click.option("--daskjobs-record", default=None, help="write a trace of the run (JSON Lines)")
+def dask_setup(scheduler, daskjobs_policy=None, daskjobs_history=None, daskjobs_record=None):
     overrides = {}
+    if daskjobs_record:
+        overrides["record"] = daskjobs_record
     if daskjobs_policy:
         overrides["policy"] = daskjobs_policy
     if daskjobs_history:
