@@ -88,7 +88,10 @@ def render(st: dict[str, Any], address: str) -> str:
     counters = {k: v for k, v in st.items() if k not in _SECTIONS}
     lines.append("")
     for k, v in sorted(counters.items()):
-        shown = json.dumps(v, sort_keys=True, default=str) if isinstance(v, dict | list) else v
+        if isinstance(v, dict | list):
+            shown = json.dumps(v, sort_keys=True, default=str)
+        else:
+            shown = "-" if v is None else str(v)
         lines.append(f"{k:<16} {shown}")
     errors = st.get("errors") or {}
     if errors:
