@@ -99,7 +99,6 @@ def test_metrics_on_the_dashboard_while_teams_wait_and_after():
         assert value(text, "dask_daskjobs_ranked_tasks_total") == 8
         assert value(text, "dask_daskjobs_estimates_total", source="annotation") == 5
         assert value(text, "dask_daskjobs_estimates_total", source="default") == 3
-        assert value(text, "dask_daskjobs_unscraped_graphs_total") == 0
         assert "dask_daskjobs_queued_tasks{" not in text  # nothing waits any more
         # dask's own metrics are still there beside ours
         assert "dask_scheduler_clients" in text

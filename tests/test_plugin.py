@@ -393,3 +393,15 @@ def test_the_plugin_pickles_as_its_configuration():
     p = JobsPlugin(policy="lpt", default_estimate=3)
     q = pickle.loads(pickle.dumps(p))
     assert q.settings == p.settings and q.scheduler is None
+
+
+def test_an_unregistered_plugin_stops_ranking():
+    """dask does not call close() on unregister: the wrapper must step aside itself."""
+    with cluster() as cl, Client(cl) as c:
+        c.register_plugin(JobsPlugin(policy="lpt"))
+        c.unregister_scheduler_plugin("daskjobs")
+        estimates = [(i * 3) % 8 + 1.0 for i in range(8)]  # not the key order
+        res = c.compute(annotated(8, lambda i: estimates[i]), sync=True)
+        assert start_order(res) != sorted(range(8), key=lambda i: -estimates[i])
+        wrapped = c.run_on_scheduler(lambda dask_scheduler: dask_scheduler._daskjobs_wrapped)
+        assert wrapped is None

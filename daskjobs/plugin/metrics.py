@@ -10,8 +10,8 @@ configured namespace (``distributed.dashboard.prometheus.namespace``, default
 for that naming.
 
 Nothing here runs on the scheduler's hot path: every value is read from the
-plugin's state (``teams()``, ``errors``, ``ranked_graphs``, ``tasks``,
-``events``) and the scheduler's queue when Prometheus scrapes. A scrape costs
+plugin's state (``teams()``, ``errors``, its ranking counters, ``tasks``)
+and the scheduler's queue when Prometheus scrapes. A scrape costs
 O(tasks the plugin tracks + queued tasks).
 
 Metrics (with the default namespace):
@@ -29,10 +29,6 @@ Metrics (with the default namespace):
   (longest wait) and ``dask_daskjobs_queue_delay_seconds_sum{team}`` (summed
   waits) of the tasks waiting in dask's queue now, measured from the moment the
   plugin ranked them;
-* ``dask_daskjobs_unscraped_graphs_total``: ranked graphs whose audit events
-  left the plugin's bounded buffer before a scrape counted them (the ranked-task
-  and estimate counters miss those; raise ``daskjobs.audit-events`` or scrape
-  more often if it grows).
 
 Several schedulers in one process (tests, notebooks) share the registry: one
 process-wide collector serves every installed scheduler, and labels each
@@ -56,6 +52,7 @@ __all__ = ["JobsCollector", "install_metrics", "installed", "uninstall_metrics"]
 logger = logging.getLogger("daskjobs.plugin")
 
 _SOURCES = ("annotation", "history", "default")
+_GONE = ("closing", "closed", "failed")
 
 
 @dataclass
@@ -78,33 +75,6 @@ class JobsCollector(PrometheusCollector):
         super().__init__(scheduler)
         self.subsystem = "daskjobs"
         self.plugin = plugin
-        # ranking events already counted: the last one seen, and the running totals
-        self._last_event: dict[str, Any] | None = None
-        self._ranked_tasks = 0
-        self._sources = dict.fromkeys(_SOURCES, 0)
-        self._dropped = 0
-        self._graphs_counted = 0
-        self._lock = threading.Lock()
-
-    # -- the cumulative counters, from the audit events not yet counted ----------------
-    def _count_events(self) -> None:
-        events = self.plugin.events
-        fresh: list[dict[str, Any]] = []
-        for ev in reversed(events):  # newest first, back to the last one counted
-            if ev is self._last_event:
-                break
-            fresh.append(ev)
-        if events:
-            self._last_event = events[-1]
-        for ev in fresh:
-            if ev.get("action") != "ranked-graph":
-                continue
-            self._graphs_counted += 1
-            self._ranked_tasks += int(ev.get("tasks", 0))
-            for src, n in (ev.get("estimates") or {}).items():
-                self._sources[src] = self._sources.get(src, 0) + int(n)
-        # graphs the plugin ranked whose events left the buffer before a scrape
-        self._dropped = max(0, int(self.plugin.ranked_graphs) - self._graphs_counted)
 
     def families(self) -> dict[str, _Family]:
         """Every daskjobs metric of this scheduler, by full name."""
@@ -138,26 +108,14 @@ class JobsCollector(PrometheusCollector):
             if row["quota"] is not None:
                 quota.add([row["team"]], row["quota"])
 
-        # ranking
-        with self._lock:
-            self._count_events()
-            fam("ranked_graphs", "counter", "Graphs ranked by the plugin").add(
-                [], plugin.ranked_graphs
-            )
-            fam("ranked_tasks", "counter", "Tasks ranked by the plugin").add([], self._ranked_tasks)
-            est = fam(
-                "estimates",
-                "counter",
-                "Estimates of ranked tasks, by where they came from",
-                "source",
-            )
-            for src, n in sorted(self._sources.items()):
-                est.add([src], n)
-            fam(
-                "unscraped_graphs",
-                "counter",
-                "Ranked graphs whose audit events left the buffer before a scrape counted them",
-            ).add([], self._dropped)
+        # ranking: the plugin's own running totals
+        fam("ranked_graphs", "counter", "Graphs ranked by the plugin").add([], plugin.ranked_graphs)
+        fam("ranked_tasks", "counter", "Tasks ranked by the plugin").add([], plugin.ranked_tasks)
+        est = fam(
+            "estimates", "counter", "Estimates of ranked tasks, by where they came from", "source"
+        )
+        for src, n in sorted(plugin.estimate_sources.items()):
+            est.add([src], n)
         tracked = dict.fromkeys(_SOURCES, 0)
         for v in list(plugin.tasks.values()):
             tracked[v.source] = tracked.get(v.source, 0) + 1
@@ -249,6 +207,11 @@ class _Registry:
 
     def collect(self) -> Iterator[Any]:
         with self.lock:
+            # a scheduler that closed without the plugin's close() (dask skips it when a
+            # plugin is unregistered) is dropped here, not served forever
+            for key, c in list(self.collectors.items()):
+                if getattr(getattr(c.server, "status", None), "name", "") in _GONE:
+                    del self.collectors[key]
             colls = list(self.collectors.values())
         by_address = {str(getattr(c.server, "address", id(c.server))): c for c in colls}
         return _families_to_prometheus(by_address)
@@ -295,10 +258,6 @@ def install_metrics(plugin: Any, scheduler: Any) -> JobsCollector | None:
                 coll = reg.collectors[id(scheduler)] = JobsCollector(plugin, scheduler)
             elif coll.plugin is not plugin:
                 coll.plugin = plugin  # a re-registered plugin: its counters start at 0
-                coll._last_event = None
-                coll._graphs_counted = 0
-                coll._ranked_tasks = 0
-                coll._sources = dict.fromkeys(_SOURCES, 0)
             return coll
     except ModuleNotFoundError as e:
         logger.info("daskjobs: no metrics: %s", e)

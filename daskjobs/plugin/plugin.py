@@ -87,6 +87,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskjobs.config import Settings, settings
 from daskjobs.plugin._internals import check_scheduler
 from daskjobs.plugin.estimates import BadEstimate, Estimator
+from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.recorder import TraceRecorder
 from daskjobs.plugin.worker import REPORTER_NAME, STARTED_TOPIC, reporter_bytes
 from daskjobs.policies import FIFO, LPT, CriticalPath, FairShare, HeapPolicy
@@ -201,6 +202,8 @@ class JobsPlugin(SchedulerPlugin):
         self.events: deque[dict[str, Any]] = deque(maxlen=self.settings.audit_events)
         self.tasks: dict[Hashable, LiveTask] = {}
         self.ranked_graphs = 0
+        self.ranked_tasks = 0
+        self.estimate_sources = {"annotation": 0, "history": 0, "default": 0}
         self.recorder: TraceRecorder | None = None
         self._rec_running: dict[Hashable, str | None] = {}  # key -> worker, while processing
 
@@ -238,6 +241,13 @@ class JobsPlugin(SchedulerPlugin):
 
         def _set_priorities(**kwargs: Any) -> None:
             original(**kwargs)
+            if scheduler.plugins.get(self.name) is not self:
+                # unregistered (dask does not call close() then) or replaced: step aside
+                if scheduler._set_priorities is _set_priorities:
+                    scheduler._set_priorities = original
+                    scheduler._daskjobs_wrapped = None
+                    uninstall_metrics(scheduler, self)
+                return
             tasks = kwargs["tasks"]
             new = self._unranked(tasks) if self.recorder is not None else None
             self._rank(tasks)
@@ -255,6 +265,7 @@ class JobsPlugin(SchedulerPlugin):
             scheduler.periodic_callbacks["daskjobs-history"] = pc
             pc.start()
         self._event("started", policy=s.policy, default_estimate=s.default_estimate)
+        install_metrics(self, scheduler)  # never raises; a no-op without prometheus_client
         if s.record:
             await self._start_recording(s.record)
 
@@ -271,6 +282,8 @@ class JobsPlugin(SchedulerPlugin):
             pc = sched.periodic_callbacks.pop("daskjobs-history", None)
             if pc is not None:
                 pc.stop()
+        if sched is not None:
+            uninstall_metrics(sched, self)
 
     def _save_history(self) -> None:
         if self.estimator is not None and self.estimator.dirty:
@@ -354,6 +367,9 @@ class JobsPlugin(SchedulerPlugin):
             self.tasks[ts.key] = v
             sources[v.source] += 1
         self.ranked_graphs += 1
+        self.ranked_tasks += len(new)
+        for src, count in sources.items():
+            self.estimate_sources[src] += count
         self._event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
 
     def _forget_rejected(self, keys: list[Hashable]) -> None:
