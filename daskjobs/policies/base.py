@@ -44,6 +44,8 @@ import itertools
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 __all__ = [
     "AttemptView",
     "HeapPolicy",
@@ -201,21 +203,24 @@ class HeapPolicy(Policy):
                 self.push(t)
             return
         key = self.key
-        counter = self._counter
-        by_cores: dict[int, list[_HEntry]] = {}
-        for t in tasks:
-            by_cores.setdefault(t.cores, []).append((key(t), next(counter), t))
-        for cores, entries in by_cores.items():
+        # push counters in task order, exactly as single pushes would number them
+        first = next(self._counter)
+        self._counter = itertools.count(first + len(tasks))
+        by_cores: dict[int, list[int]] = {}
+        for pos, t in enumerate(tasks):
+            by_cores.setdefault(t.cores, []).append(pos)
+        for cores, positions in by_cores.items():
             heap, run = self._bucket(cores)
             if run:  # an older run still pending: fold it into the heap
                 heap.extend(run)
                 heapq.heapify(heap)
                 run.clear()
+            group = [tasks[p] for p in positions]
+            keys = [key(t) for t in group]
             # a stable ascending sort keeps push order among equal keys;
             # reversed, the next task to run sits at the end of the list
-            entries.sort(key=_entry_key)
-            entries.reverse()
-            run.extend(entries)
+            order = _stable_order(keys)
+            run.extend((keys[j], first + positions[j], group[j]) for j in reversed(order))
         self._n += len(tasks)
 
     @staticmethod
@@ -284,5 +289,9 @@ class HeapPolicy(Policy):
 _HEntry = tuple[Any, int, TaskView]  # (key, push counter, task)
 
 
-def _entry_key(entry: _HEntry) -> Any:
-    return entry[0]
+def _stable_order(keys: list[Any]) -> list[int]:
+    """Positions of ``keys`` in stable ascending order (numpy for plain floats)."""
+    if all(type(k) is float for k in keys):
+        order: list[int] = np.argsort(np.asarray(keys, dtype=float), kind="stable").tolist()
+        return order
+    return sorted(range(len(keys)), key=keys.__getitem__)

@@ -52,6 +52,7 @@ import bisect
 import heapq
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from daskjobs.policies.base import AttemptView, NodeView, Policy, TaskView
@@ -61,6 +62,12 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
+
+
+def _first(entry: _Entry) -> float:
+    return entry[0]
+
+
 _MAX_LOG = math.log(1000.0)
 
 
@@ -72,13 +79,16 @@ class _Ladder:
     rung a max-heap, so "a short task" (the lowest rung) and "the longest task
     of at most X" (walk down from X's rung) cost O(log n) plus the rungs
     walked; there are about 13 rungs per decade of estimates. Entries taken
-    through one view are dropped lazily from the other (``taken``).
+    through one view are dropped lazily from the other (``taken``). A batch
+    pushed at once is sorted once into ``run`` (longest at the end), which
+    serves the long end in O(1) beside the heap.
     """
 
-    __slots__ = ("hi", "n", "nonempty", "rungs", "taken")
+    __slots__ = ("hi", "n", "nonempty", "run", "rungs", "taken")
 
     def __init__(self) -> None:
         self.hi: list[_Entry] = []
+        self.run: list[_Entry] = []  # sorted, the longest (smallest entry) last
         self.rungs: dict[int, list[_Entry]] = {}
         self.nonempty: list[int] = []  # sorted rung indices that may hold entries
         self.taken: set[int] = set()
@@ -106,6 +116,31 @@ class _Ladder:
         heapq.heappush(heap, entry)
         self.n += 1
 
+    def push_many(self, entries: list[_Entry]) -> None:
+        """Entries ``(-estimate, seq, task)`` in push order (seq increasing)."""
+        if self.run:  # an older run still pending: fold it into the heap
+            self.hi.extend(self.run)
+            heapq.heapify(self.hi)
+            self.run.clear()
+        by_rung: dict[int, list[_Entry]] = {}
+        rung = self.rung
+        for e in entries:
+            by_rung.setdefault(rung(-e[0]), []).append(e)
+        for r, group in by_rung.items():
+            heap = self.rungs.get(r)
+            if heap is None:
+                heap = self.rungs[r] = []
+            if not heap:
+                i = bisect.bisect_left(self.nonempty, r)
+                if i == len(self.nonempty) or self.nonempty[i] != r:
+                    self.nonempty.insert(i, r)
+            heap.extend(group)
+            heapq.heapify(heap)
+        ordered = sorted(entries, key=_first)  # stable: push order among equal estimates
+        ordered.reverse()
+        self.run.extend(ordered)
+        self.n += len(entries)
+
     def _clean(self, heap: list[_Entry]) -> None:
         taken = self.taken
         while heap and heap[0][1] in taken:
@@ -113,6 +148,12 @@ class _Ladder:
 
     def head(self) -> tuple[list[_Entry], _Entry] | None:
         self._clean(self.hi)
+        run = self.run
+        taken = self.taken
+        while run and run[-1][1] in taken:
+            taken.discard(run.pop()[1])
+        if run and not (self.hi and self.hi[0][:2] < run[-1][:2]):
+            return run, run[-1]
         return (self.hi, self.hi[0]) if self.hi else None
 
     def _walk(self, i: int, limit: float) -> tuple[list[_Entry], _Entry] | None:
@@ -147,7 +188,7 @@ class _Ladder:
         return self._walk(i, limit)
 
     def take(self, heap: list[_Entry]) -> TaskView:
-        _, seq, task = heapq.heappop(heap)
+        _, seq, task = heap.pop() if heap is self.run else heapq.heappop(heap)
         self.taken.add(seq)
         self.n -= 1
         return task
@@ -257,6 +298,23 @@ class NodeAware(Policy):
         self._queued_work += task.estimate * c
         self._n += 1
 
+    def push_many(self, tasks: Sequence[TaskView]) -> None:
+        by_cores: dict[int, list[_Entry]] = {}
+        counter = self._counter
+        work = 0.0
+        for t in tasks:
+            by_cores.setdefault(t.cores, []).append((-t.estimate, next(counter), t))
+            work += t.estimate * t.cores
+        for c, entries in by_cores.items():
+            q = self._queues.get(c)
+            if q is None:
+                q = self._queues[c] = _Ladder()
+                self._sizes.append(c)
+                self._sizes.sort()
+            q.push_many(entries)
+        self._queued_work += work
+        self._n += len(tasks)
+
     def _pick(self, free: int, how: str, limit: float = 0.0) -> tuple[list[_Entry], _Entry] | None:
         """Across core-size queues that fit ``free``: the longest (``head``),
         a shortest (``low``) or the longest of at most ``limit`` (``fit``)."""
@@ -308,7 +366,8 @@ class NodeAware(Policy):
         heap, entry = found
         task = self._queues[entry[2].cores].take(heap)
         if not self.measured(k):
-            if heap is self._queues[task.cores].hi:
+            q = self._queues[task.cores]
+            if heap is q.hi or heap is q.run:
                 self._heads[k] += 1
             else:
                 self._lows[k] += 1

@@ -212,8 +212,13 @@ def _simulate(
 
     n = len(tasks)
     index = {t.tid: i for i, t in enumerate(tasks)}
-    if len(index) != n:  # pragma: no cover - _validate rejects duplicates
-        raise ValueError("duplicate task ids")
+    # Each task also carries its position, so that the task a policy returns is
+    # found without a lookup in a million-entry dict (a cache miss per task when
+    # tasks come back in estimate order). Checked on use: if another simulation
+    # of the same Task objects moved it, the dict answers.
+    setattr_ = object.__setattr__
+    for i, t in enumerate(tasks):
+        setattr_(t, "_ti", i)
     dur = [t.duration for t in tasks]
     est = [t.estimate for t in tasks]
     is_cached = [t.tid in cached_ids for t in tasks] if cached_ids else [False] * n
@@ -467,7 +472,10 @@ def _simulate(
                 heappop(free_heap)
                 declined.append(k)
                 continue
-            start(index[tv.tid], nd, now, False)
+            ti = getattr(tv, "_ti", -1)
+            if not (0 <= ti < n and tasks[ti] is tv):
+                ti = index[tv.tid]
+            start(ti, nd, now, False)
         for k in declined:
             heappush(free_heap, k)  # still free: offer again after the next event
 

@@ -48,6 +48,8 @@ class Task:
     team: str = "default"
     submit: float = 0.0
     speculate: bool = True
+    # where the running simulation keeps this task (simulator-internal, checked on use)
+    _ti: int = field(default=-1, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_time(self.tid, "duration", self.duration)
