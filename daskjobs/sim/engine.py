@@ -445,8 +445,13 @@ def _simulate(
             started(a, now)
         if spec is not None and not backup and task.speculate:
             a.check_at = spec.deadline(now, est[i], p_speed(nd.index))
-            seq += 1
-            heappush(events, (a.check_at, _CHECK, seq, a))
+            if when > a.check_at:
+                # Only an attempt still running at its deadline needs the check: one
+                # that ends (or fails) first would find it a no-op, so the event is not
+                # queued at all. No policy sees this; it only spares the event heap.
+                # (A deadline moved earlier by a new speed belief is queued afresh.)
+                seq += 1
+                heappush(events, (a.check_at, _CHECK, seq, a))
             if p_urgent(a, now):
                 ask_backup(a)
 
