@@ -29,7 +29,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime
+import gc
 import io
+import math
 import os
 import platform
 import pstats
@@ -81,13 +83,15 @@ class Row:
 def run(w: workloads.Workload, name: str, backups: bool, repeat: int, target: float | None) -> Row:
     make = policy_factory(name, w.tasks[0].team)
     best = float("inf")
-    s = None
+    makespan_h, events = math.nan, 0
     for _ in range(repeat):
         policy = make()
+        gc.collect()  # start each run from a clean heap: no garbage of the previous one
         t0 = time.perf_counter()
         s = simulate(w.tasks, w.cluster, policy, spec=w.spec if backups else None, seed=w.seed)
         best = min(best, time.perf_counter() - t0)
-    assert s is not None
+        makespan_h, events = s.makespan_h, s.events
+        del s, policy
     return Row(
         w.name,
         len(w.tasks),
@@ -95,8 +99,8 @@ def run(w: workloads.Workload, name: str, backups: bool, repeat: int, target: fl
         name,
         backups,
         best,
-        s.makespan_h,
-        s.events,
+        makespan_h,
+        events,
         target,
     )
 
