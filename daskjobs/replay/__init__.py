@@ -1,0 +1,27 @@
+"""Replay recorded runs in the simulator, calibrated against the recording.
+
+``load(trace)`` turns a trace written by the recording plugin (``docs/trace.md``)
+into simulator tasks and a cluster, with what dask adds (per-task overhead,
+start-up latency, per-worker speed) fitted from the trace itself;
+``replay(trace, policy=...)`` simulates it, as recorded or under a what-if.
+See ``docs/replay.md``. Nothing here imports ``distributed``.
+"""
+
+from __future__ import annotations
+
+from daskjobs.replay.load import SPEED_NOISE, Fit, Loaded, ReplayError, WorkerInfo, load
+from daskjobs.replay.run import POLICIES, ReplayResult, make_cluster, replay, what_ifs
+
+__all__ = [
+    "POLICIES",
+    "SPEED_NOISE",
+    "Fit",
+    "Loaded",
+    "ReplayError",
+    "ReplayResult",
+    "WorkerInfo",
+    "load",
+    "make_cluster",
+    "replay",
+    "what_ifs",
+]

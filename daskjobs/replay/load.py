@@ -1,0 +1,508 @@
+"""Turn a recorded trace (``docs/trace.md``) into simulator tasks and a cluster.
+
+What comes from where
+=====================
+
+* **Tasks** (:class:`daskjobs.sim.Task`): one per key that has a finished
+  attempt. ``duration`` is the worker-measured compute time of the attempt that
+  produced the result (the last one), divided by the measured speed of the
+  worker that ran it (so it is the time on a nominal worker), plus the fitted
+  per-task ``overhead`` (below) and the attempt's recorded ``transfer`` time
+  (fetching inputs from other workers). ``estimate`` is what the plugin
+  estimated at the time (``null`` estimates fall back to the plugin's
+  ``default_estimate``); ``team``, ``deps`` and ``submit`` (seconds after the
+  first submission, plus the fitted ``startup`` latency) come from the graph
+  records. ``cores`` is the task's ``cores``/``CPU``/``threads`` resource if it
+  has one, else 1. ``speculate`` follows the ``speculate`` annotation. Tasks
+  are listed by submission time, then by the priority tuple the scheduler gave
+  them, so the simulator's ties (FIFO within a submission, equal estimates)
+  break the way dask broke them.
+* **Cluster** (:class:`daskjobs.sim.Cluster`): one node per worker that ran an
+  attempt, with ``nthreads`` slots (the most common value if workers differ;
+  the simulator's nodes are all alike). Nodes are ordered fastest first, so
+  the simulator's first-fit ties go to the faster worker. Each worker's
+  measured slow-down becomes the node's ``slow`` factor, and the share of
+  attempts that failed (``erred``, or lost with their worker) the
+  ``failure_rate``.
+
+What dask adds, fitted from the trace
+=====================================
+
+* ``overhead`` (seconds per task): the scheduling round trip of a slot. The
+  attempts of each worker are laid out on its ``nthreads`` slots (earliest-free
+  slot first, on the worker's clock); the gap between one attempt's compute
+  stop and the next compute start on the same slot is an overhead sample
+  *when the next task was already runnable* (submitted and its inputs done,
+  on the scheduler's clock) before the slot freed. Idle gaps (nothing to run)
+  are not overhead and are left out. The mean of the samples is used: it is
+  the sum of gaps along a slot's run that stretches the makespan.
+* ``startup`` (seconds per graph submission): from a graph's arrival to the
+  first ``started`` report of one of its tasks (both on the scheduler's clock),
+  the median over submissions. It shifts every submission time.
+* ``speed`` (per worker): the median, over the worker's successful attempts, of
+  ``duration / reference``, where the reference is the task's annotated
+  estimate (when the user gave one) or else the median duration of its stage,
+  divided by the same median over all workers. Values within
+  :data:`SPEED_NOISE` of 1 are taken as 1 (the measurement cannot tell them
+  apart on small traces).
+
+A trace without a footer (a crashed run) is read for what it holds: tasks that
+never finished are left out, with their dependents, and the loss is listed in
+:attr:`Loaded.notes`.
+
+This module does not import ``distributed``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections import Counter
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from daskjobs.plugin.trace import Trace, TraceAttempt, TraceError, TraceTask, read_trace
+from daskjobs.sim.model import Cluster, Task
+
+__all__ = ["SPEED_NOISE", "Fit", "Loaded", "ReplayError", "WorkerInfo", "load"]
+
+#: Measured slow-downs within this factor of 1 are treated as 1.
+SPEED_NOISE = 1.15
+
+
+class ReplayError(TraceError):
+    """A trace that cannot be replayed (valid JSON, but nothing usable in it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """What dask adds on top of the compute time, fitted from the trace."""
+
+    overhead: float  # seconds per task (slot round trip)
+    overhead_samples: int
+    startup: float  # seconds from graph arrival to the first start
+    startup_samples: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "overhead_s": self.overhead,
+            "overhead_samples": self.overhead_samples,
+            "startup_s": self.startup,
+            "startup_samples": self.startup_samples,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A recorded worker as replayed: node index, threads, measured slow-down."""
+
+    address: str
+    node: int
+    nthreads: int
+    speed: float  # measured slow-down (1.0 nominal, 2.0 twice as slow)
+    measured: float  # the raw measurement before the noise band
+    attempts: int
+
+
+@dataclass
+class Recorded:
+    """How the recorded run went (scheduler clock, seconds from the first submission)."""
+
+    makespan: float
+    t0: float  # scheduler time of the first submission
+    attempts: int
+    failed_attempts: int
+    waste: float  # slot-seconds of attempts that failed
+    busy: float  # slot-seconds of all attempts (started -> finished)
+    intervals: list[tuple[float, float]] = field(repr=False, default_factory=list)
+    team_wait: dict[str, float] = field(default_factory=dict)  # median end - submit
+    team_last: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Loaded:
+    """A trace ready to replay: tasks, cluster, the recorded run and the fit."""
+
+    path: str
+    policy: str | None  # the policy the plugin ran (None: not recorded)
+    settings: dict[str, Any]
+    tasks: list[Task]
+    cluster: Cluster
+    workers: list[WorkerInfo]
+    fit: Fit
+    recorded: Recorded
+    complete: bool
+    notes: list[str] = field(default_factory=list)
+    stages: dict[Hashable, str] = field(default_factory=dict, repr=False)  # tid -> stage
+
+    @property
+    def nodes(self) -> int:
+        return self.cluster.nodes
+
+    @property
+    def cores_per_node(self) -> int:
+        return self.cluster.cores_per_node
+
+
+def _done(a: TraceAttempt) -> bool:
+    return a.finished is not None and a.outcome is not None
+
+
+def _final(task: TraceTask) -> TraceAttempt | None:
+    """The attempt whose end is the task's end: the last finished one with a duration."""
+    for a in reversed(task.attempts):
+        if _done(a) and a.outcome in ("memory", "erred") and a.state != "released":
+            return a
+    return None
+
+
+def _duration(a: TraceAttempt) -> float | None:
+    if a.duration is not None:
+        return float(a.duration)
+    if a.compute_start is not None and a.compute_stop is not None:
+        return max(0.0, a.compute_stop - a.compute_start)
+    return None
+
+
+def _cores(task: TraceTask) -> int:
+    res = task.resources or {}
+    for name in ("cores", "CPU", "cpu", "threads"):
+        v = res.get(name)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v >= 1:
+            return math.ceil(v)
+    return 1
+
+
+def _median(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return statistics.median(xs) if xs else math.nan
+
+
+def _speeds(
+    tasks: list[tuple[TraceTask, TraceAttempt, float]], stage_of: dict[Hashable, str]
+) -> dict[str, float]:
+    """Raw slow-down per worker: median duration / reference, normalised to all workers."""
+    by_stage: dict[str, list[float]] = {}
+    for t, _a, d in tasks:
+        by_stage.setdefault(stage_of[t.key], []).append(d)
+    stage_median = {s: _median(ds) for s, ds in by_stage.items()}
+    ratios: dict[str, list[float]] = {}
+    for t, a, d in tasks:
+        if a.outcome != "memory" or a.worker is None:
+            continue
+        if t.estimate_source == "annotation" and t.estimate:
+            ref = float(t.estimate)
+        else:
+            ref = stage_median[stage_of[t.key]]
+        if ref > 0 and d > 0:
+            ratios.setdefault(a.worker, []).append(d / ref)
+    every = [r for rs in ratios.values() for r in rs]
+    if not every:
+        return {}
+    overall = _median(every)
+    return {w: _median(rs) / overall for w, rs in ratios.items()}
+
+
+def _slots(atts: list[TraceAttempt], nthreads: int) -> list[tuple[TraceAttempt, TraceAttempt]]:
+    """Consecutive attempt pairs on the same slot of one worker (worker clock)."""
+    timed = sorted(
+        (a for a in atts if a.compute_start is not None and a.compute_stop is not None),
+        key=lambda a: (a.compute_start, a.compute_stop),
+    )
+    slots: list[TraceAttempt | None] = [None] * max(1, nthreads)
+    pairs: list[tuple[TraceAttempt, TraceAttempt]] = []
+    for a in timed:
+        # the slot that freed last before this start (a thread picks work as soon as it frees)
+        best = -1
+        best_stop = -math.inf
+        for i, prev in enumerate(slots):
+            if prev is None:
+                if best_stop == -math.inf and best == -1:
+                    best = i
+                continue
+            stop = prev.compute_stop
+            assert stop is not None and a.compute_start is not None
+            if stop <= a.compute_start + 1e-6 and stop > best_stop:
+                best, best_stop = i, stop
+        if best == -1:  # overlapping more than nthreads (clock noise): the earliest-free slot
+            best = min(
+                range(len(slots)),
+                key=lambda i: slots[i].compute_stop or 0.0,  # type: ignore[union-attr]
+            )
+        prev = slots[best]
+        if prev is not None:
+            pairs.append((prev, a))
+        slots[best] = a
+    return pairs
+
+
+def load(
+    trace: Trace | str | os.PathLike[str],
+    *,
+    overhead: float | None = None,
+    startup: float | None = None,
+    speeds: bool = True,
+) -> Loaded:
+    """Read ``trace`` (a path or a :class:`Trace`) into tasks, a cluster and a fit.
+
+    ``overhead`` and ``startup`` override the fitted values (seconds);
+    ``speeds=False`` takes every worker as nominal. Raises :class:`ReplayError`
+    when the trace has no finished attempt, naming the file.
+    """
+    if not isinstance(trace, Trace):
+        trace = read_trace(trace)
+    path = trace.path
+    notes: list[str] = []
+    if not trace.complete:
+        notes.append(
+            "the trace has no footer (the run crashed or was still recording): "
+            "replaying what it holds"
+        )
+    if trace.truncated:
+        notes.append("its last line was cut short and was skipped")
+    if trace.dropped:
+        notes.append(f"the recorder dropped {trace.dropped} records: some attempts may be missing")
+    settings = dict(trace.header.get("settings") or {})
+    default_estimate = float(settings.get("default_estimate") or 1.0)
+
+    # -- the tasks that ended --------------------------------------------------------------
+    ended: list[tuple[TraceTask, TraceAttempt, float]] = []
+    unfinished: list[Hashable] = []
+    for t in trace.tasks.values():
+        if not t.attempts:
+            if not t.existing:
+                unfinished.append(t.key)
+            continue
+        a = _final(t)
+        d = _duration(a) if a is not None else None
+        if a is None or d is None:
+            unfinished.append(t.key)
+            continue
+        ended.append((t, a, d))
+    if not ended:
+        raise ReplayError(
+            f"{path}: no finished attempt with a measured duration in this trace "
+            f"({len(trace.tasks)} tasks, {sum(1 for _ in trace.attempts())} attempts): "
+            "nothing to replay"
+        )
+    # drop tasks whose inputs never finished (a crashed run), transitively
+    keep = {t.key for t, _, _ in ended}
+    known = set(trace.tasks)
+    lost = set(unfinished)
+    changed = True
+    while changed:
+        changed = False
+        for t, _, _ in ended:
+            if t.key in keep and any(d in lost for d in t.deps):
+                keep.discard(t.key)
+                lost.add(t.key)
+                changed = True
+    ended = [x for x in ended if x[0].key in keep]
+    if unfinished:
+        notes.append(
+            f"{len(unfinished)} task(s) never finished in the trace and are left out "
+            f"(e.g. {unfinished[0]!r})"
+        )
+
+    stage_of: dict[Hashable, str] = {}
+    for t, _, _ in ended:
+        stage_of[t.key] = t.stage or _prefix(t.key)
+
+    # -- workers ---------------------------------------------------------------------------
+    threads: dict[str, int] = {}
+    for w in trace.workers:
+        threads[w.address] = max(threads.get(w.address, 0), w.nthreads)
+    used: Counter[str] = Counter()
+    for t in trace.tasks.values():
+        for a in t.attempts:
+            if _done(a) and a.worker is not None:
+                used[a.worker] += 1
+    for addr in used:
+        if addr not in threads:
+            threads[addr] = 0
+    known_threads = [n for a, n in threads.items() if a in used and n > 0]
+    if not known_threads:
+        known_threads = [n for n in threads.values() if n > 0] or [1]
+        notes.append("no worker-added record for the workers that ran tasks: 1 slot each assumed")
+    cpn = Counter(known_threads).most_common(1)[0][0]
+    if len(set(known_threads)) > 1:
+        notes.append(
+            f"workers have different thread counts {sorted(set(known_threads))}: "
+            f"replayed with {cpn} slots each"
+        )
+    for addr in threads:
+        if threads[addr] <= 0:
+            threads[addr] = cpn
+    raw = _speeds(ended, stage_of) if speeds else {}
+    addrs = sorted(used, key=lambda w: (raw.get(w, 1.0), w)) or ["(unknown)"]
+    workers: list[WorkerInfo] = []
+    slow: dict[int, float] = {}
+    for i, addr in enumerate(addrs):
+        r = raw.get(addr, 1.0)
+        s = r if (r > SPEED_NOISE or r < 1 / SPEED_NOISE) else 1.0
+        workers.append(WorkerInfo(addr, i, threads.get(addr, cpn), s, r, used.get(addr, 0)))
+        if s != 1.0:
+            slow[i] = s
+    speed_of = {w.address: w.speed for w in workers}
+
+    # -- the fit ---------------------------------------------------------------------------
+    finished_at: dict[Hashable, float] = {}
+    for t, a, _ in ended:
+        assert a.finished is not None
+        finished_at[t.key] = a.finished
+    ready: dict[Hashable, float] = {}
+    for t in trace.tasks.values():
+        when = t.submit if t.submit is not None else -math.inf
+        for dep in t.deps:
+            when = max(when, finished_at.get(dep, -math.inf))
+        ready[t.key] = when
+    by_worker: dict[str, list[TraceAttempt]] = {}
+    for t in trace.tasks.values():
+        for a in t.attempts:
+            if _done(a) and a.worker is not None:
+                by_worker.setdefault(a.worker, []).append(a)
+    gaps: list[float] = []
+    for addr, atts in by_worker.items():
+        for prev, nxt in _slots(atts, threads.get(addr, cpn)):
+            assert prev.finished is not None
+            if ready.get(nxt.key, math.inf) <= prev.finished:
+                gap = nxt.compute_start - prev.compute_stop  # type: ignore[operator]
+                if gap >= 0:
+                    gaps.append(gap)
+    fitted_overhead = statistics.fmean(gaps) if gaps else 0.0
+    if not gaps and overhead is None:
+        notes.append("no back-to-back attempts on a slot: per-task overhead taken as 0")
+    submits: dict[float, float] = {}
+    for t in trace.tasks.values():
+        if t.submit is None or t.existing:
+            continue
+        for a in t.attempts:
+            if a.started is None:
+                continue
+            lag = a.started - t.submit
+            if lag >= 0 and lag < submits.get(t.submit, math.inf):
+                submits[t.submit] = lag
+            break
+    fitted_startup = _median(submits.values()) if submits else 0.0
+    if overhead is None:
+        overhead = fitted_overhead
+    if startup is None:
+        startup = fitted_startup
+    fit = Fit(float(overhead), len(gaps), float(startup), len(submits))
+
+    # -- the recorded run ------------------------------------------------------------------
+    submit_times = [t.submit for t, _, _ in ended if t.submit is not None and not t.existing]
+    first_start = min((a.started or a.assigned or a.finished or math.inf) for t, a, _ in ended)
+    t0 = min(submit_times) if submit_times else first_start
+    t_end = max(a.finished for _, a, _ in ended if a.finished is not None)
+    intervals: list[tuple[float, float]] = []
+    n_att = n_fail = 0
+    waste = busy = 0.0
+    for t in trace.tasks.values():
+        if t.key not in keep:
+            continue
+        final = _final(t)
+        for a in t.attempts:
+            if not _done(a):
+                continue
+            n_att += 1
+            assert a.finished is not None
+            begin = a.started if a.started is not None else a.assigned
+            if begin is None:
+                begin = a.finished - (_duration(a) or 0.0)
+            intervals.append((begin - t0, a.finished - t0))
+            busy += a.finished - begin
+            if a is not final:
+                n_fail += 1
+                waste += a.finished - begin
+    team_ends: dict[str, list[float]] = {}
+    team_last: dict[str, float] = {}
+    for t, a, _ in ended:
+        team = t.team or "default"
+        sub = t.submit if t.submit is not None else t0
+        assert a.finished is not None
+        team_ends.setdefault(team, []).append(a.finished - sub)
+        team_last[team] = max(team_last.get(team, 0.0), a.finished - t0)
+    recorded = Recorded(
+        makespan=t_end - t0,
+        t0=t0,
+        attempts=n_att,
+        failed_attempts=n_fail,
+        waste=waste,
+        busy=busy,
+        intervals=intervals,
+        team_wait={k: _median(v) for k, v in team_ends.items()},
+        team_last=team_last,
+    )
+
+    # -- simulator tasks, in the order dask ran ties: the recorded priority ---------------
+    ended.sort(key=_order_key)
+    sim_tasks: list[Task] = []
+    for t, a, d in ended:
+        sp = speed_of.get(a.worker or "", 1.0)
+        dur = d / sp + fit.overhead + (a.transfer or 0.0)
+        est = t.estimate if t.estimate is not None else default_estimate
+        sub = (t.submit - t0) if (t.submit is not None and not t.existing) else 0.0
+        spec = t.annotations.get("speculate", True)
+        sim_tasks.append(
+            Task(
+                t.key,
+                duration=dur,
+                estimate=float(est),
+                cores=min(_cores(t), cpn),
+                deps=tuple(x for x in t.deps if x in keep),
+                team=t.team or "default",
+                submit=max(0.0, sub) + fit.startup,
+                speculate=spec if isinstance(spec, bool) else True,
+            )
+        )
+    missing_graph = sum(1 for t, _, _ in ended if not t.in_graph)
+    if missing_graph:
+        notes.append(
+            f"{missing_graph} task(s) ran without a graph record: estimate and team unknown"
+        )
+    dep_outside = sum(1 for t, _, _ in ended for x in t.deps if x not in known)
+    if dep_outside:
+        notes.append(f"{dep_outside} dependency(ies) on tasks outside the trace: taken as done")
+    failure_rate = min(0.5, n_fail / n_att) if n_att else 0.0
+    cluster = Cluster(len(workers), cpn, slow or None, failure_rate)
+    return Loaded(
+        path=path,
+        policy=trace.header.get("policy"),
+        settings=settings,
+        tasks=sim_tasks,
+        cluster=cluster,
+        workers=workers,
+        fit=fit,
+        recorded=recorded,
+        complete=trace.complete,
+        notes=notes,
+        stages=stage_of,
+    )
+
+
+def _order_key(item: tuple[TraceTask, TraceAttempt, float]) -> tuple[float, tuple[float, ...]]:
+    """Submission time, then the priority tuple the scheduler used (numbers only)."""
+    t = item[0]
+    prio = tuple(
+        float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
+        for x in (t.priority or ())
+    )
+    return (t.submit if t.submit is not None else -math.inf, prio)
+
+
+def _prefix(key: Hashable) -> str:
+    """dask's key prefix: the name before the token (``"fit-3"`` -> ``"fit"``)."""
+    if isinstance(key, tuple) and key:
+        key = key[0]
+    s = str(key)
+    parts = s.split("-")
+    while len(parts) > 1 and (parts[-1].isdigit() or _hexlike(parts[-1])):
+        parts.pop()
+    return "-".join(parts)
+
+
+def _hexlike(s: str) -> bool:
+    return len(s) >= 8 and all(c in "0123456789abcdef" for c in s)
