@@ -405,3 +405,32 @@ def test_an_unregistered_plugin_stops_ranking():
         assert start_order(res) != sorted(range(8), key=lambda i: -estimates[i])
         wrapped = c.run_on_scheduler(lambda dask_scheduler: dask_scheduler._daskjobs_wrapped)
         assert wrapped is None
+
+
+def slowed(i, base):
+    """Runs four times longer on the worker named 0: a slow machine."""
+    from distributed import get_worker
+
+    time.sleep(base * (4 if get_worker().name == 0 else 1))
+    return i
+
+
+def test_the_plugin_learns_which_worker_is_slow():
+    with (
+        cluster(JobsPlugin(policy="lpt"), n_workers=2, threads_per_worker=2) as cl,
+        Client(cl) as c,
+    ):
+        parts = []
+        for i in range(32):
+            with dask.annotate(estimate=0.05):
+                parts.append(dask.delayed(slowed)(i, 0.05, dask_key_name=f"s-{i}"))
+        futs = c.compute(parts)  # held, so that the results stay on the workers
+        assert sorted(c.gather(futs)) == list(range(32))
+        names = {addr: w["name"] for addr, w in c.scheduler_info()["workers"].items()}
+        speeds = {names[w["worker"]]: w for w in status(c)["workers"]}
+        assert speeds[0]["speed"] > 2.0 and speeds[0]["samples"] >= 3
+        assert 0.7 < speeds[1]["speed"] < 1.5
+        events = [e for _, e in c.get_events("daskjobs") if e["action"] == "worker-speed"]
+        assert events  # the belief about the slow worker was announced
+        done = explain(c, "s-0")
+        assert all(v > 0 for v in done["worker_speed"].values())

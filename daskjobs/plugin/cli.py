@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 # keys of plugin.status() printed in their own sections; any other is a counter
-_SECTIONS = ("policy", "teams", "stages", "errors", "settings")
+_SECTIONS = ("policy", "teams", "workers", "stages", "errors", "settings")
 
 
 def _num(x: Any, fmt: str = ".3g") -> str:
@@ -77,6 +77,15 @@ def render(st: dict[str, Any], address: str) -> str:
             )
     else:
         lines.append("teams: none (fair share is off; policy orders tasks by estimate)")
+    workers = st.get("workers") or []
+    lines.append("")
+    if workers:
+        lines.append(f"{'worker':<40} {'speed':>7} {'samples':>8}  (speed: slow-down, 1 = nominal)")
+        for w in workers:
+            label = w["worker"] if w.get("present", True) else f"{w['worker']} (gone)"
+            lines.append(f"{label:<40} {_num(w['speed'], '.2f'):>7} {w['samples']:>8}")
+    else:
+        lines.append("workers: no finished task with an estimate yet")
     stages = st.get("stages") or {}
     lines.append("")
     if stages:

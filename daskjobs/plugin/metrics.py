@@ -24,6 +24,8 @@ Metrics (with the default namespace):
   ``dask_daskjobs_estimates_total{source}`` (annotation, history, default);
 * ``dask_daskjobs_tracked_tasks{source}``: tasks the plugin knows now, by the
   source of their estimate;
+* ``dask_daskjobs_worker_speed{worker}``: believed slow-down of each worker,
+  learned from finished attempts against their estimates;
 * ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, per hook;
 * ``dask_daskjobs_queued_tasks{team}``, ``dask_daskjobs_queue_delay_seconds{team}``
   (longest wait) and ``dask_daskjobs_queue_delay_seconds_sum{team}`` (summed
@@ -124,6 +126,14 @@ class JobsCollector(PrometheusCollector):
         )
         for src, n in sorted(tracked.items()):
             tr.add([src], n)
+
+        # worker speeds learned from finished attempts (1.0 = nominal)
+        speed = fam(
+            "worker_speed", "gauge", "Believed slow-down of a worker (1 = nominal)", "worker"
+        )
+        for w in plugin.worker_speeds():
+            if w["present"]:
+                speed.add([w["worker"]], w["speed"])
 
         # safety
         errs = fam("hook_errors", "counter", "Exceptions swallowed by a plugin hook", "hook")

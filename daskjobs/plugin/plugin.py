@@ -90,7 +90,7 @@ from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.recorder import TraceRecorder
 from daskjobs.plugin.worker import REPORTER_NAME, STARTED_TOPIC, reporter_bytes
-from daskjobs.policies import FIFO, LPT, CriticalPath, FairShare, HeapPolicy
+from daskjobs.policies import FIFO, LPT, CriticalPath, FairShare, HeapPolicy, NodeAware
 
 __all__ = ["JobsPlugin", "UnknownTeam"]
 
@@ -196,7 +196,10 @@ class JobsPlugin(SchedulerPlugin):
         self._released: Hashable | None = None
         self._release_seq = 0
         self._attempts: dict[Hashable, LiveAttempt] = {}
-        self._workers: dict[str, int] = {}
+        self._workers: dict[str, int] = {}  # worker address -> node index of the policies
+        # Worker speeds are learned by the simulator's NodeAware policy object, fed the
+        # finished attempts (compute time against estimate); here it only learns.
+        self.speeds = NodeAware()
         self.estimator: Estimator | None = None
         self.errors: dict[str, int] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=self.settings.audit_events)
@@ -390,6 +393,43 @@ class JobsPlugin(SchedulerPlugin):
         if recs:
             sched.transitions(recs, stimulus_id=f"daskjobs-rejected-{time.time()}")
 
+    def _node(self, address: str) -> int:
+        node = self._workers.get(address)
+        if node is None:
+            node = self._workers[address] = len(self._workers)
+            self.speeds.add_node(node, 1)
+        return node
+
+    def _learn_speed(self, v: LiveTask, worker: str | None, seconds: float) -> None:
+        """A task with a real estimate finished on ``worker`` after ``seconds`` of compute."""
+        if not worker:
+            return
+        att = LiveAttempt(v, self._node(worker), 0.0, seconds, "done")
+        if self.speeds.ended(att, seconds):  # the belief about this worker moved
+            self._event(
+                "worker-speed",
+                worker=worker,
+                speed=round(self.speeds.speed(att.node), 3),
+                samples=self.speeds.samples(att.node),
+            )
+
+    def worker_speeds(self) -> list[dict[str, Any]]:
+        """Per worker: believed slow-down (1.0 nominal) and the finished attempts it rests on."""
+        sched = self.scheduler
+        out = []
+        for address, node in sorted(self._workers.items()):
+            ws = sched.workers.get(address) if sched is not None else None
+            out.append(
+                {
+                    "worker": address,
+                    "name": str(ws.name) if ws is not None else None,
+                    "speed": self.speeds.speed(node),
+                    "samples": self.speeds.samples(node),
+                    "present": ws is not None,
+                }
+            )
+        return out
+
     def _held_key(self, v: LiveTask) -> float:
         """Rank of a held task: seconds since the plugin started (FIFO)."""
         return v.submit - self._t0
@@ -437,7 +477,7 @@ class JobsPlugin(SchedulerPlugin):
         if finish == "processing":
             ts = self.scheduler.tasks.get(key)
             ws = ts.processing_on if ts is not None else None
-            node = self._workers.setdefault(ws.address, len(self._workers)) if ws else -1
+            node = self._node(ws.address) if ws else -1
             att = LiveAttempt(v, node, now)
             self._attempts[key] = att
             fair.started(att, now)
@@ -470,6 +510,8 @@ class JobsPlugin(SchedulerPlugin):
                 seconds = _compute_seconds(kwargs.get("startstops", ()))
                 if v is not None and seconds is not None and self.estimator is not None:
                     self.estimator.observe(v.stage, seconds)
+                    if v.source != "default" and v.estimate > 0:
+                        self._learn_speed(v, kwargs.get("worker"), seconds)
             if self.fair is not None:
                 self._fair_transition(key, start, finish)
             if finish == "forgotten":
@@ -524,6 +566,14 @@ class JobsPlugin(SchedulerPlugin):
         elif ts.state == "memory":
             out["workers"] = sorted(ws.address for ws in ts.who_has)
             out["why"] = "done"
+        where = [ts.processing_on] if ts.processing_on else list(ts.who_has or ())
+        speeds = {
+            ws.address: self.speeds.speed(self._workers[ws.address])
+            for ws in where
+            if ws.address in self._workers
+        }
+        if speeds:
+            out["worker_speed"] = speeds
         elif ts.state == "waiting":
             pending = sorted(str(d.key) for d in ts.waiting_on)[:10]
             out["waiting_on"] = pending
@@ -563,6 +613,7 @@ class JobsPlugin(SchedulerPlugin):
         est = self.estimator
         return {
             "teams": self.teams(),
+            "workers": self.worker_speeds(),
             "policy": self.settings.policy,
             "ranked_graphs": self.ranked_graphs,
             "tasks": len(self.tasks),

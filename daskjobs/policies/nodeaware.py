@@ -260,6 +260,10 @@ class NodeAware(Policy):
     def speed(self, node: int) -> float:
         return self._speed.get(node, 1.0)
 
+    def samples(self, node: int) -> int:
+        """Finished attempts the speed belief of ``node`` rests on."""
+        return self._count.get(node, 0)
+
     def measured(self, node: int) -> bool:
         return self._count.get(node, 0) >= self.min_samples
 
