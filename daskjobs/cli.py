@@ -20,11 +20,13 @@ def main() -> None:
 def _register() -> None:
     from daskjobs.cache.cli import cache
     from daskjobs.plugin.cli import status_command
+    from daskjobs.replay.cli import replay
     from daskjobs.sim.cli import simulate
 
     main.add_command(simulate)
     main.add_command(cache)
     main.add_command(status_command)
+    main.add_command(replay)
 
 
 _register()

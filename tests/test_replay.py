@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
 import dask
 import pytest
+from click.testing import CliRunner
 from distributed import Client, LocalCluster, get_worker
 
+from daskjobs.cli import main
 from daskjobs.plugin import JobsPlugin
-from daskjobs.replay import load, replay
+from daskjobs.plugin.trace import TraceError
+from daskjobs.replay import ReplayError, load, replay
+from daskjobs.sim.schedule import lower_bound
 
 TOLERANCE = 0.10
 
@@ -95,3 +100,125 @@ def test_slow_worker_is_measured_and_replayed(slow_trace):
     assert r.policy == "fifo"
     assert abs(r.error) < TOLERANCE, (r.makespan, loaded.recorded.makespan, loaded.fit)
     assert replay(loaded, no_slow=True).makespan < r.makespan
+
+
+def test_replay_is_deterministic(slow_trace):
+    a = replay(load(slow_trace), "node-aware", speculation=1.5, seed=3).row()
+    b = replay(load(slow_trace), "node-aware", speculation=1.5, seed=3).row()
+    assert a == b
+
+
+@pytest.mark.parametrize("policy", ["fifo", "lpt", "critical-path", "work-stealing", "node-aware"])
+def test_more_cores_never_raise_the_lower_bound(lpt_trace, policy):
+    loaded = load(lpt_trace)
+    bounds = [
+        replay(loaded, policy, nodes=n, cores_per_node=c).lower_bound
+        for n, c in [(1, 1), (1, 2), (2, 2), (3, 2), (4, 4), (16, 8)]
+    ]
+    assert bounds == sorted(bounds, reverse=True)
+    assert lower_bound(loaded.tasks, 4) == pytest.approx(bounds[2])
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def test_cli_json_has_recorded_replayed_and_what_ifs(lpt_trace, tmp_path):
+    result = CliRunner().invoke(
+        main,
+        [
+            "replay",
+            str(lpt_trace),
+            "--policy",
+            "fifo",
+            "--policy",
+            "lpt",
+            "--nodes",
+            "4",
+            "--speculation",
+            "1.5",
+            "--scale",
+            "500",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["recorded"]["policy"] == "lpt"
+    assert abs(report["replayed"]["error"]) < TOLERANCE
+    rows = report["what_if"]
+    assert [(r["policy"], r["nodes"]) for r in rows] == [
+        ("fifo", 2),
+        ("lpt", 2),
+        ("fifo", 4),
+        ("lpt", 4),
+    ]
+    assert all(r["speculation"] == 1.5 and "teams" in r for r in rows)
+    assert set(rows[0]["teams"]) == {"ml", "quant"}
+    assert rows[2]["makespan_s"] < rows[0]["makespan_s"]
+    stages = {s["stage"]: s for s in report["stages"]}
+    assert stages["fit"]["tasks"] == 40 and stages["fit"]["log_spread"] > 0.2
+    assert report["scale"]["tasks"] == 500 and len(report["scale"]["rows"]) == 4
+
+
+def test_cli_table_and_bad_speculation(lpt_trace):
+    result = CliRunner().invoke(main, ["replay", str(lpt_trace), "--policy", "lpt"])
+    assert result.exit_code == 0, result.output
+    assert "recorded makespan" in result.output and "error" in result.output
+    bad = CliRunner().invoke(main, ["replay", str(lpt_trace), "--speculation", "0.5"])
+    assert bad.exit_code == 2 and "late factor must be > 1" in bad.output
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def _lines(path):
+    return path.read_text().splitlines(keepends=True)
+
+
+def test_truncated_trace_replays_what_it_has(lpt_trace, tmp_path):
+    lines = _lines(lpt_trace)
+    cut = tmp_path / "crashed.jsonl"
+    keep = len(lines) * 2 // 3
+    cut.write_text("".join(lines[:keep]) + lines[keep][: len(lines[keep]) // 2])
+    loaded = load(cut)
+    assert not loaded.complete
+    assert any("no footer" in n for n in loaded.notes)
+    assert any("cut short" in n for n in loaded.notes)
+    assert any("never finished" in n for n in loaded.notes)
+    assert 0 < len(loaded.tasks) < 53
+    result = CliRunner().invoke(main, ["replay", str(cut), "--policy", "fifo"])
+    assert result.exit_code == 0 and "INCOMPLETE" in result.output and "no footer" in result.output
+
+
+def test_malformed_line_is_named(lpt_trace, tmp_path):
+    lines = _lines(lpt_trace)
+    bad = tmp_path / "bad.jsonl"
+    lines[5] = '{"type": "finished", "time": 1.0, "outcome": "memory"}\n'  # no key
+    bad.write_text("".join(lines))
+    result = CliRunner().invoke(main, ["replay", str(bad)])
+    assert result.exit_code == 2
+    assert "bad.jsonl:6" in result.output and "'key'" in result.output
+    lines[5] = "{not json\n"
+    bad.write_text("".join(lines))
+    with pytest.raises(TraceError, match=r"bad.jsonl:6: not valid JSON"):
+        load(bad)
+
+
+def test_unknown_version_is_refused(lpt_trace, tmp_path):
+    lines = _lines(lpt_trace)
+    header = json.loads(lines[0])
+    header["version"] = 99
+    other = tmp_path / "v99.jsonl"
+    other.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    with pytest.raises(TraceError, match=r"v99.jsonl:1: trace version 99 is not supported"):
+        load(other)
+
+
+def test_trace_without_a_finished_attempt(lpt_trace, tmp_path):
+    lines = [ln for ln in _lines(lpt_trace) if '"type":"finished"' not in ln]
+    empty = tmp_path / "nothing.jsonl"
+    empty.write_text("".join(lines))
+    with pytest.raises(ReplayError, match=r"nothing.jsonl: no finished attempt"):
+        load(empty)
+    result = CliRunner().invoke(main, ["replay", str(empty)])
+    assert result.exit_code == 2 and "no finished attempt" in result.output

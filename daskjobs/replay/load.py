@@ -136,6 +136,7 @@ class Loaded:
     complete: bool
     notes: list[str] = field(default_factory=list)
     stages: dict[Hashable, str] = field(default_factory=dict, repr=False)  # tid -> stage
+    compute: dict[Hashable, float] = field(default_factory=dict, repr=False)  # nominal seconds
 
     @property
     def nodes(self) -> int:
@@ -440,8 +441,10 @@ def load(
     # -- simulator tasks, in the order dask ran ties: the recorded priority ---------------
     ended.sort(key=_order_key)
     sim_tasks: list[Task] = []
+    compute: dict[Hashable, float] = {}
     for t, a, d in ended:
         sp = speed_of.get(a.worker or "", 1.0)
+        compute[t.key] = d / sp
         dur = d / sp + fit.overhead + (a.transfer or 0.0)
         est = t.estimate if t.estimate is not None else default_estimate
         sub = (t.submit - t0) if (t.submit is not None and not t.existing) else 0.0
@@ -480,6 +483,7 @@ def load(
         complete=trace.complete,
         notes=notes,
         stages=stage_of,
+        compute=compute,
     )
 
 

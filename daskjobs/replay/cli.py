@@ -1,0 +1,132 @@
+"""``daskjobs replay TRACE``: a recorded run, replayed and asked what-if questions.
+
+Prints the recorded makespan, the makespan replayed under the policy that ran
+on the cluster that ran it (the calibration error), then one row per policy x
+cluster: the recorded cluster, and the changed one when ``--nodes``,
+``--cores-per-node`` or ``--no-slow`` is given. ``--json`` prints exactly one
+JSON object instead; ``--plot DIR`` writes the figures; ``--scale N`` adds a
+synthetic sweep of N tasks drawn from the trace's per-stage durations.
+
+A bad trace is a usage error naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from daskjobs.replay.run import POLICIES
+
+
+def _speculation(value: str | None) -> float | None:
+    if value is None or value.lower() == "off":
+        return None
+    try:
+        factor = float(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"expected a late factor > 1 (e.g. 2.5) or 'off', got {value!r}",
+            param_hint="--speculation",
+        ) from None
+    if not factor > 1.0:
+        raise click.BadParameter(
+            f"the late factor must be > 1, got {value}", param_hint="--speculation"
+        )
+    return factor
+
+
+@click.command(short_help="Replay a recorded trace in the simulator; ask what-if questions.")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--policy",
+    "policies",
+    type=click.Choice(POLICIES),
+    multiple=True,
+    help="Policy of the what-if rows (repeat for several; default: all of them).",
+)
+@click.option(
+    "--speculation",
+    default=None,
+    metavar="FACTOR|off",
+    help="Back up attempts late by FACTOR x their estimate in the what-ifs (default off).",
+)
+@click.option("--nodes", type=click.IntRange(min=1), default=None, metavar="N")
+@click.option("--cores-per-node", type=click.IntRange(min=1), default=None, metavar="C")
+@click.option("--no-slow", is_flag=True, help="What-if without the slow workers.")
+@click.option(
+    "--scale",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Also simulate a synthetic sweep of N tasks with the measured stage durations.",
+)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, metavar="N")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False, dir_okay=True, writable=True, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help='Write busy-slots and what-if figures into DIR (needs "daskjobs[plot]").',
+)
+def replay(
+    trace: Path,
+    policies: tuple[str, ...],
+    speculation: str | None,
+    nodes: int | None,
+    cores_per_node: int | None,
+    no_slow: bool,
+    scale: int | None,
+    seed: int,
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """Replay TRACE (a trace written by the recording plugin, docs/trace.md).
+
+    The replay is calibrated: per-task overhead, start-up latency and worker
+    speeds are fitted from the trace (docs/replay.md).
+    """
+    from daskjobs.plugin.trace import TraceError
+    from daskjobs.replay.load import load
+    from daskjobs.replay.report import format_report, replay_report
+
+    factor = _speculation(speculation)
+    if plot_dir is not None:
+        from daskjobs.sim.plot import PlotError, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotError as exc:
+            raise click.UsageError(f"--plot: {exc}") from None
+    try:
+        loaded = load(trace)
+    except TraceError as exc:
+        raise click.UsageError(f"cannot replay: {exc}") from None
+    clusters: list[tuple[int | None, int | None, bool]] = [(None, None, False)]
+    if nodes is not None or cores_per_node is not None or no_slow:
+        clusters.append((nodes, cores_per_node, no_slow))
+    try:
+        report, base, _rows = replay_report(
+            loaded, policies or POLICIES, clusters, factor, seed, scale
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    figures: list[Path] = []
+    if plot_dir is not None:
+        from daskjobs.replay.plot import busy_slots, what_if_bars
+
+        figures = [
+            busy_slots(loaded, base, plot_dir / "replay-busy.png"),
+            what_if_bars(report, plot_dir / "replay-what-if.png"),
+        ]
+    if as_json:
+        if figures:
+            report["figures"] = [str(p) for p in figures]
+        click.echo(json.dumps(report, indent=2, allow_nan=False, default=str))
+        return
+    click.echo(format_report(report))
+    for p in figures:
+        click.echo(f"wrote {p}")
