@@ -1,0 +1,239 @@
+"""Replay benchmarks: calibration on four recorded runs, and replay speed on 100,000 tasks.
+
+Calibration: four runs are recorded on a LocalCluster (threads, ``processes=False``;
+sleeps stand in for work) and replayed under the policy that ran, on the cluster
+that ran them; the table gives recorded vs replayed makespan and the error.
+
+1. ``fifo``: 120 independent tasks of log-normal duration, the plugin with ``fifo``
+   (dask's own order).
+2. ``lpt``: the same tasks, the plugin with ``lpt``.
+3. ``lpt-slow``: the same tasks with worker 0 three times slower (the live plugin
+   has no speculation; speculation is a what-if of the replay).
+4. ``dag``: a ``dask.array`` tree reduction (``(x + x.T).mean(axis=0).sum()``
+   over 16 x 16 chunks) with the plugin's ``critical-path``.
+
+Speed: a synthetic trace of 100,000 finished tasks on 64 workers x 8 threads is
+written, then loaded and replayed (``lpt``); the times of each step are printed.
+
+Usage::
+
+    python benchmarks/bench_replay.py [--out DIR] [--tasks 100000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import dask
+
+from daskjobs.replay import load, replay
+
+
+def _work(i: int, d: float, *deps: Any) -> int:
+    time.sleep(d)
+    return i
+
+
+def _slow_work(i: int, d: float, *deps: Any) -> int:
+    from distributed import get_worker
+
+    time.sleep(d * (3.0 if get_worker().name == 0 else 1.0))
+    return i
+
+
+def sweep(fn: Any = _work, n: int = 120, seed: int = 7) -> list[Any]:
+    """``n`` independent tasks, log-normal durations (median 40 ms, spread 0.7), two teams."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        d = min(0.4, rng.lognormvariate(-3.2, 0.7))
+        with dask.annotate(estimate=d, team="quant" if i % 3 else "ml"):
+            out.append(dask.delayed(fn)(i, d, dask_key_name=f"backtest-{i}"))
+    return out
+
+
+def array_reduction() -> Any:
+    import dask.array as da
+
+    x = da.random.RandomState(0).random((4000, 4000), chunks=(250, 250))
+    return (x + x.T).mean(axis=0).sum()
+
+
+def record(path: Path, policy: str, graph: Any, n_workers: int = 3, threads: int = 2) -> float:
+    """Run ``graph`` on a LocalCluster with the plugin recording to ``path``; wall seconds."""
+    from distributed import Client, LocalCluster
+
+    from daskjobs.plugin import JobsPlugin
+
+    plugin = JobsPlugin(policy=policy, record=str(path))
+    with (
+        LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=threads,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [plugin]},
+        ) as cl,
+        Client(cl) as c,
+    ):
+        t = time.perf_counter()
+        c.compute(graph, sync=True)
+        return time.perf_counter() - t
+
+
+RUNS = {
+    "fifo": ("fifo", lambda: sweep()),
+    "lpt": ("lpt", lambda: sweep()),
+    "lpt-slow": ("lpt", lambda: sweep(_slow_work)),
+    "dag": ("critical-path", array_reduction),
+}
+
+
+def calibration(out: Path) -> list[dict[str, Any]]:
+    rows = []
+    for name, (policy, make) in RUNS.items():
+        path = out / f"{name}.jsonl"
+        record(path, policy, make())
+        loaded = load(path)
+        r = replay(loaded)
+        rows.append(
+            {
+                "run": name,
+                "policy": r.policy,
+                "tasks": len(loaded.tasks),
+                "workers": f"{loaded.cluster.nodes}x{loaded.cluster.cores_per_node}",
+                "slow": {
+                    w.address.rsplit("/", 1)[-1]: round(w.speed, 2)
+                    for w in loaded.workers
+                    if w.speed != 1.0
+                },
+                "overhead_ms": loaded.fit.overhead * 1e3,
+                "recorded_s": loaded.recorded.makespan,
+                "replayed_s": r.makespan,
+                "error_pct": r.error * 100,
+                "trace": str(path),
+            }
+        )
+    return rows
+
+
+def synthetic_trace(path: Path, n: int, workers: int = 64, threads: int = 8, seed: int = 0) -> None:
+    """A trace of ``n`` finished tasks laid out slot by slot (as a recorder would write it)."""
+    rng = random.Random(seed)
+    t0 = 1_700_000_000.0
+    recs: list[dict[str, Any]] = [{"type": "header", "version": 1, "policy": "lpt"}]
+    addrs = [f"tcp://10.0.0.{w}:9000" for w in range(workers)]
+    recs += [{"type": "worker-added", "time": t0, "worker": a, "nthreads": threads} for a in addrs]
+    free = [t0 + 0.01] * (workers * threads)
+    for i in range(n):
+        d = rng.lognormvariate(0.0, 0.76)
+        key = f"bt-{i}"
+        recs.append(
+            {
+                "type": "graph",
+                "time": t0,
+                "key": key,
+                "deps": [],
+                "estimate": d * rng.lognormvariate(0, 0.3),
+                "estimate_source": "annotation",
+                "team": "a" if i % 2 else "b",
+                "stage": "bt",
+                "submit": t0,
+                "priority": [0, 0, 1, i],
+            }
+        )
+    events: list[tuple[float, dict[str, Any]]] = []
+    for i in range(n):
+        s = min(range(len(free)), key=free.__getitem__) if i < len(free) else i % len(free)
+        start = free[s] + 0.001
+        d = rng.lognormvariate(0.0, 0.76)
+        stop = start + d
+        free[s] = stop
+        w = addrs[s // threads]
+        key = f"bt-{i}"
+        events.append((start, {"type": "assigned", "time": start, "key": key, "worker": w}))
+        events.append(
+            (start, {"type": "started", "time": start, "key": key, "worker": w, "run_id": i})
+        )
+        events.append(
+            (
+                stop,
+                {
+                    "type": "finished",
+                    "time": stop,
+                    "key": key,
+                    "worker": w,
+                    "run_id": i,
+                    "outcome": "memory",
+                    "state": "memory",
+                    "compute_start": start,
+                    "compute_stop": stop,
+                    "duration": d,
+                },
+            )
+        )
+    events.sort(key=lambda e: e[0])
+    recs += [e for _, e in events]
+    recs.append({"type": "footer", "time": t0, "records": len(recs) - 1, "dropped": 0})
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def speed(out: Path, n: int) -> dict[str, Any]:
+    path = out / f"synthetic-{n}.jsonl"
+    synthetic_trace(path, n)
+    t = time.perf_counter()
+    loaded = load(path)
+    t_load = time.perf_counter() - t
+    t = time.perf_counter()
+    r = replay(loaded, "lpt")
+    t_sim = time.perf_counter() - t
+    return {
+        "tasks": n,
+        "trace_mb": path.stat().st_size / 1e6,
+        "load_s": t_load,
+        "replay_s": t_sim,
+        "total_s": t_load + t_sim,
+        "error_pct": r.error * 100,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="keep the traces in this directory")
+    ap.add_argument("--tasks", type=int, default=100_000)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--skip-calibration", action="store_true")
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="daskjobs-replay-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [] if args.skip_calibration else calibration(out)
+    sp = speed(out, args.tasks)
+    if args.json:
+        print(json.dumps({"calibration": rows, "speed": sp}, indent=2))
+        return
+    print(
+        "| run | policy | tasks | workers | slow worker | overhead (ms/task) "
+        "| recorded (s) | replayed (s) | error |"
+    )
+    print("|---|---|---:|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        slow = ", ".join(f"{k}: {v}x" for k, v in r["slow"].items()) or "-"
+        print(
+            f"| {r['run']} | {r['policy']} | {r['tasks']} | {r['workers']} | {slow} "
+            f"| {r['overhead_ms']:.2f} | {r['recorded_s']:.3f} | {r['replayed_s']:.3f} "
+            f"| {r['error_pct']:+.1f}% |"
+        )
+    print(
+        f"\nreplay speed: {sp['tasks']:,} tasks ({sp['trace_mb']:.0f} MB trace): "
+        f"load {sp['load_s']:.2f} s + replay {sp['replay_s']:.2f} s = {sp['total_s']:.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
