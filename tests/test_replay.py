@@ -222,3 +222,28 @@ def test_trace_without_a_finished_attempt(lpt_trace, tmp_path):
         load(empty)
     result = CliRunner().invoke(main, ["replay", str(empty)])
     assert result.exit_code == 2 and "no finished attempt" in result.output
+
+
+# -- the example ------------------------------------------------------------------------------
+
+
+def test_example_replays_the_committed_trace_under_every_policy():
+    import runpy
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    trace = examples / "data" / "replay_small.jsonl"
+    assert trace.stat().st_size < 200_000
+    mod = runpy.run_path(str(examples / "replay_trace.py"))
+    rows = mod["main"](trace)
+    assert {r["policy"] for r in rows} == {
+        "fifo",
+        "lpt",
+        "critical-path",
+        "work-stealing",
+        "node-aware",
+        "fair-share",
+    }
+    assert abs(replay(load(trace)).error) < TOLERANCE
+    by = {(r["policy"], r["speculation"], r["no_slow"]): r["makespan_s"] for r in rows}
+    assert by[("lpt", None, True)] < by[("lpt", None, False)]  # the slow worker costs time

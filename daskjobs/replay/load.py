@@ -14,9 +14,10 @@ What comes from where
   first submission, plus the fitted ``startup`` latency) come from the graph
   records. ``cores`` is the task's ``cores``/``CPU``/``threads`` resource if it
   has one, else 1. ``speculate`` follows the ``speculate`` annotation. Tasks
-  are listed by submission time, then by the priority tuple the scheduler gave
-  them, so the simulator's ties (FIFO within a submission, equal estimates)
-  break the way dask broke them.
+  are listed by submission time, then by dask's own order (the recorded
+  priority tuple without the plugin policy's key), so the simulator's ties
+  (FIFO within a submission, equal estimates) break the way dask breaks them,
+  and a what-if policy does not inherit the recorded policy's order.
 * **Cluster** (:class:`daskjobs.sim.Cluster`): one node per worker that ran an
   attempt, with ``nthreads`` slots (the most common value if workers differ;
   the simulator's nodes are all alike). Nodes are ordered fastest first, so
@@ -488,11 +489,15 @@ def load(
 
 
 def _order_key(item: tuple[TraceTask, TraceAttempt, float]) -> tuple[float, tuple[float, ...]]:
-    """Submission time, then the priority tuple the scheduler used (numbers only)."""
+    """Submission time, then dask's own order: the recorded priority tuple
+    ``(-user_priority, policy key, generation, dask.order position)`` without the
+    policy's key, so that a what-if policy does not inherit the recorded one's order."""
     t = item[0]
+    raw = list(t.priority or ())
+    if len(raw) >= 4:
+        raw = [raw[0], *raw[2:]]
     prio = tuple(
-        float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
-        for x in (t.priority or ())
+        float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0 for x in raw
     )
     return (t.submit if t.submit is not None else -math.inf, prio)
 
