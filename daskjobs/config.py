@@ -37,6 +37,7 @@ class TeamSettings:
     quotas: Mapping[str, int] = field(default_factory=dict)
     strict: bool = False
     half_life: float | None = 3600.0
+    within: str = "fifo"
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ def settings(**overrides: Any) -> Settings:
     for team, q in quotas.items():
         if not (isinstance(q, int) and not isinstance(q, bool) and q >= 1):
             raise ValueError(f"daskjobs.teams.quotas.{team}: expected an integer >= 1, got {q!r}")
+    within = teams.get("within", "fifo")
+    if within not in ("fifo", "lpt"):
+        raise ValueError(f"daskjobs.teams.within: expected 'fifo' or 'lpt', got {within!r}")
     half_life = _seconds("teams.half-life", teams.get("half-life"), allow_none=True)
     if half_life == 0:
         half_life = None
@@ -135,6 +139,7 @@ def settings(**overrides: Any) -> Settings:
             quotas=quotas,
             strict=bool(teams.get("strict", False)),
             half_life=half_life,
+            within=within,
         ),
         audit_events=audit,
         record=os.fspath(record) if record is not None else None,

@@ -434,3 +434,21 @@ def test_the_plugin_learns_which_worker_is_slow():
         assert events  # the belief about the slow worker was announced
         done = explain(c, "s-0")
         assert all(v > 0 for v in done["worker_speed"].values())
+
+
+def test_explain_names_the_inputs_a_task_waits_for():
+    def pause(x):
+        time.sleep(0.3)
+        return x
+
+    with cluster(JobsPlugin()) as cl, Client(cl) as c:
+        first = dask.delayed(pause)(1, dask_key_name="first")
+        second = dask.delayed(pause)(first, dask_key_name="second")
+        fut = c.compute(second)
+        info = explain(c, "second")
+        while info["state"] in ("unknown", "released"):
+            time.sleep(0.01)
+            info = explain(c, "second")
+        assert info["state"] == "waiting"
+        assert info["waiting_on"] == ["first"] and "waiting for 1 input" in info["why"]
+        fut.result()

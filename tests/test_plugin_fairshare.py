@@ -121,3 +121,23 @@ def test_explain_gives_the_team_state_of_a_waiting_task():
         assert info["team"] == "a" and info["team_state"]["quota"] == 1
         assert "team 'a'" in info["why"] or "next in line" in info["why"]
         c.gather(futs)
+
+
+def test_longest_first_within_a_team():
+    teams = {"targets": {"a": 1}, "within": "lpt"}
+    config = {**VALIDATE, "distributed.scheduler.worker-saturation": 1.0}
+    plugin = JobsPlugin(policy="fair-share", teams=teams)
+    estimates = [(i * 7) % 12 + 1.0 for i in range(12)]
+    parts = []
+    for i in range(12):
+        with dask.annotate(team="a", estimate=estimates[i]):
+            parts.append(dask.delayed(job)("a", i, 0.01, dask_key_name=f"a-{i}"))
+    with dask.config.set(config), cluster(plugin, 1) as cl, Client(cl) as c:
+        recs = c.compute(parts, sync=True)
+    order = [i for _, i, _, _ in sorted(recs, key=lambda r: r[2])]
+    assert order == sorted(range(12), key=lambda i: -estimates[i])
+
+
+def test_an_unknown_within_order_is_rejected():
+    with pytest.raises(ValueError, match=r"daskjobs.teams.within: expected 'fifo' or 'lpt'"):
+        JobsPlugin(policy="fair-share", teams={"within": "random"})

@@ -230,7 +230,7 @@ class JobsPlugin(SchedulerPlugin):
             targets = dict(teams.targets) or {teams.default: 1.0}
             self.fair = FairShare(
                 targets,
-                within="fifo",
+                within=teams.within,
                 half_life=teams.half_life,
                 quotas=teams.quotas,
                 strict=teams.strict,
@@ -431,7 +431,10 @@ class JobsPlugin(SchedulerPlugin):
         return out
 
     def _held_key(self, v: LiveTask) -> float:
-        """Rank of a held task: seconds since the plugin started (FIFO)."""
+        """Rank of a held task: the team-internal order (FIFO: seconds since the
+        plugin started; LPT: longest estimate first)."""
+        if self.settings.teams.within == "lpt":
+            return -v.estimate
         return v.submit - self._t0
 
     # -- fair share: release one queued task at a time --------------------------------
@@ -566,6 +569,12 @@ class JobsPlugin(SchedulerPlugin):
         elif ts.state == "memory":
             out["workers"] = sorted(ws.address for ws in ts.who_has)
             out["why"] = "done"
+        elif ts.state == "waiting":
+            pending = sorted(str(d.key) for d in ts.waiting_on)[:10]
+            out["waiting_on"] = pending
+            out["why"] = f"waiting for {len(ts.waiting_on)} input(s)"
+        else:
+            out["why"] = f"in state {ts.state!r}"
         where = [ts.processing_on] if ts.processing_on else list(ts.who_has or ())
         speeds = {
             ws.address: self.speeds.speed(self._workers[ws.address])
@@ -574,12 +583,6 @@ class JobsPlugin(SchedulerPlugin):
         }
         if speeds:
             out["worker_speed"] = speeds
-        elif ts.state == "waiting":
-            pending = sorted(str(d.key) for d in ts.waiting_on)[:10]
-            out["waiting_on"] = pending
-            out["why"] = f"waiting for {len(ts.waiting_on)} input(s)"
-        else:
-            out["why"] = f"in state {ts.state!r}"
         return out
 
     def _team_row(self, team: str) -> dict[str, Any]:
