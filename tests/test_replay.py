@@ -30,13 +30,13 @@ def _slow_work(i, d, *deps):
     return i
 
 
-def _graph(fn, n=40, seed=1):
+def _graph(fn, n=40, seed=1, cap=0.12):
     """``n`` independent fits of log-normal duration, then a DAG: 4 features, 8 models
     reading two features each, one summary."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        d = min(0.12, rng.lognormvariate(-3.4, 0.6))
+        d = min(cap, rng.lognormvariate(-3.4, 0.6))
         with dask.annotate(estimate=d, team="quant" if i % 2 else "ml"):
             out.append(dask.delayed(fn)(i, d, dask_key_name=f"fit-{i}"))
     with dask.annotate(estimate=0.03, team="ml"):
@@ -49,7 +49,7 @@ def _graph(fn, n=40, seed=1):
     return out
 
 
-def _record(path, policy="lpt", fn=_work, n_workers=2, threads=2):
+def _record(path, policy="lpt", fn=_work, n_workers=2, threads=2, **graph):
     plugin = JobsPlugin(policy=policy, record=str(path))
     with (
         LocalCluster(
@@ -61,7 +61,7 @@ def _record(path, policy="lpt", fn=_work, n_workers=2, threads=2):
         ) as cl,
         Client(cl) as c,
     ):
-        c.compute(_graph(fn), sync=True)
+        c.compute(_graph(fn, **graph), sync=True)
     return path
 
 
@@ -72,7 +72,14 @@ def lpt_trace(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slow_trace(tmp_path_factory):
-    return _record(tmp_path_factory.mktemp("replay") / "slow.jsonl", policy="fifo", fn=_slow_work)
+    # short tasks: the tail (which task the 3x slow worker runs last) stays a small share
+    return _record(
+        tmp_path_factory.mktemp("replay") / "slow.jsonl",
+        policy="fifo",
+        fn=_slow_work,
+        n=60,
+        cap=0.04,
+    )
 
 
 # -- round trip ---------------------------------------------------------------------------------
