@@ -321,20 +321,6 @@ def _simulate(
         else:
             push(tasks[i])
 
-    def free_cores(a: Attempt) -> None:
-        nd = nodes[a.node]
-        base = nd.base
-        stack = nd.freeheap
-        for c in a.cores:
-            stack.append(c - base)
-        nd.free += len(a.cores)
-        nd.core = base + stack[-1]
-        if track:
-            nd.running.discard(a)
-        if not in_heap[nd.index]:
-            in_heap[nd.index] = True
-            heappush(free_heap, nd.index)
-
     def ask_backup(a: Attempt) -> None:
         i = a.ti
         if backup_asked[i] or done[i] or not a.task.speculate:
@@ -367,7 +353,24 @@ def _simulate(
         nonlocal backups_running
         a.end = now
         a.outcome = outcome
-        free_cores(a)
+        # free its cores (inlined: this runs once per attempt)
+        nd = nodes[a.node]
+        stack = nd.freeheap
+        cores = a.cores
+        if len(cores) == 1:
+            stack.append(cores[0] - nd.base)
+            nd.free += 1
+        else:
+            for c in cores:
+                stack.append(c - nd.base)
+            nd.free += len(cores)
+        nd.core = nd.base + stack[-1]
+        if track:
+            nd.running.discard(a)
+        k = nd.index
+        if not in_heap[k]:
+            in_heap[k] = True
+            heappush(free_heap, k)
         if a.backup:
             backups_running -= 1
         if ended is not None and ended(a, now):
