@@ -100,8 +100,10 @@ def make_replay_policy(name: str, loaded: Loaded) -> Policy:
             targets = dict.fromkeys(present, 1.0)
         half_life = teams.get("half_life")
         quotas = {k: int(v) for k, v in (teams.get("quotas") or {}).items() if k in targets}
+        within = teams.get("within")
         return FairShare(
             targets,
+            within=within if within in ("fifo", "lpt") else "fifo",
             half_life=float(half_life) if half_life else None,
             quotas=quotas or None,
             strict=False,
