@@ -9,15 +9,18 @@ that ran them; the table gives recorded vs replayed makespan and the error.
 2. ``lpt``: the same tasks, the plugin with ``lpt``.
 3. ``lpt-slow``: the same tasks with worker 0 three times slower (the live plugin
    has no speculation; speculation is a what-if of the replay).
-4. ``dag``: a ``dask.array`` tree reduction (``(x + x.T).mean(axis=0).sum()``
-   over 16 x 16 chunks) with the plugin's ``critical-path``.
+4. ``dag-1`` ... ``dag-K``: a ``dask.array`` tree reduction
+   (``(x + x.T).mean(axis=0).sum()`` over 16 x 16 chunks) with the plugin's
+   ``critical-path``, recorded ``--dag-runs`` times (default 5): its millisecond
+   numpy tasks make the run bound by dask's per-task costs, which vary from one
+   recording to the next, so each recording is replayed and listed.
 
 Speed: a synthetic trace of 100,000 finished tasks on 64 workers x 8 threads is
 written, then loaded and replayed (``lpt``); the times of each step are printed.
 
 Usage::
 
-    python benchmarks/bench_replay.py [--out DIR] [--tasks 100000] [--json]
+    python benchmarks/bench_replay.py [--out DIR] [--tasks 100000] [--dag-runs 5] [--json]
 """
 
 from __future__ import annotations
@@ -95,9 +98,13 @@ RUNS = {
 }
 
 
-def calibration(out: Path) -> list[dict[str, Any]]:
+def calibration(out: Path, dag_runs: int = 5) -> list[dict[str, Any]]:
     rows = []
-    for name, (policy, make) in RUNS.items():
+    runs = [(name, name, policy, make) for name, (policy, make) in RUNS.items()]
+    if dag_runs != 1:
+        dag = runs.pop()
+        runs += [(f"{dag[0]}-{k + 1}", *dag[1:]) for k in range(dag_runs)]
+    for name, _kind, policy, make in runs:
         path = out / f"{name}.jsonl"
         record(path, policy, make())
         loaded = load(path)
@@ -114,6 +121,11 @@ def calibration(out: Path) -> list[dict[str, Any]]:
                     if w.speed != 1.0
                 },
                 "overhead_ms": loaded.fit.overhead * 1e3,
+                "idle_gaps": loaded.fit.idle_gaps,
+                "dep_latency_ms": (
+                    None if loaded.fit.dep_latency_samples == 0 else loaded.fit.dep_latency * 1e3
+                ),
+                "transfer_s": loaded.fit.transfer,
                 "recorded_s": loaded.recorded.makespan,
                 "replayed_s": r.makespan,
                 "error_pct": r.error * 100,
@@ -209,26 +221,33 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-calibration", action="store_true")
+    ap.add_argument(
+        "--dag-runs", type=int, default=5, help="recordings of the DAG run (each replayed)"
+    )
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="daskjobs-replay-"))
     out.mkdir(parents=True, exist_ok=True)
-    rows = [] if args.skip_calibration else calibration(out)
+    rows = [] if args.skip_calibration else calibration(out, args.dag_runs)
     sp = speed(out, args.tasks)
     if args.json:
         print(json.dumps({"calibration": rows, "speed": sp}, indent=2))
         return
     print(
         "| run | policy | tasks | workers | slow worker | overhead (ms/task) "
-        "| recorded (s) | replayed (s) | error |"
+        "| input -> start (ms) | recorded (s) | replayed (s) | error |"
     )
-    print("|---|---|---:|---|---|---:|---:|---:|---:|")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         slow = ", ".join(f"{k}: {v}x" for k, v in r["slow"].items()) or "-"
+        lat = "-" if r["dep_latency_ms"] is None else f"{r['dep_latency_ms']:.1f}"
         print(
             f"| {r['run']} | {r['policy']} | {r['tasks']} | {r['workers']} | {slow} "
-            f"| {r['overhead_ms']:.2f} | {r['recorded_s']:.3f} | {r['replayed_s']:.3f} "
+            f"| {r['overhead_ms']:.2f} | {lat} | {r['recorded_s']:.3f} | {r['replayed_s']:.3f} "
             f"| {r['error_pct']:+.1f}% |"
         )
+    if rows:
+        worst = max(rows, key=lambda r: abs(r["error_pct"]))
+        print(f"\nlargest error: {worst['run']} {worst['error_pct']:+.1f}%")
     print(
         f"\nreplay speed: {sp['tasks']:,} tasks ({sp['trace_mb']:.0f} MB trace): "
         f"load {sp['load_s']:.2f} s + replay {sp['replay_s']:.2f} s = {sp['total_s']:.2f} s"

@@ -7,8 +7,13 @@ What comes from where
   attempt. ``duration`` is the worker-measured compute time of the attempt that
   produced the result (the last one), divided by the measured speed of the
   worker that ran it (so it is the time on a nominal worker), plus the fitted
-  per-task ``overhead`` (below) and the attempt's recorded ``transfer`` time
-  (fetching inputs from other workers). ``estimate`` is what the plugin
+  per-task ``overhead`` (below). The recorded ``transfer`` time (fetching
+  inputs from other workers) is *not* added: dask fetches on the worker's event
+  loop, not on an executor thread, so a transfer holds no slot; when a slot did
+  wait for one, the wait is inside the gaps the overhead is fitted from.
+  (Adding it double-counted, and summed parallel fetches of one task -- up to
+  0.3 s on a 1 s LocalCluster run -- landed on the critical path.)
+  ``estimate`` is what the plugin
   estimated at the time (``null`` estimates fall back to the plugin's
   ``default_estimate``); ``team``, ``deps`` and ``submit`` (seconds after the
   first submission, plus the fitted ``startup`` latency) come from the graph
@@ -29,14 +34,28 @@ What comes from where
 What dask adds, fitted from the trace
 =====================================
 
-* ``overhead`` (seconds per task): the scheduling round trip of a slot. The
-  attempts of each worker are laid out on its ``nthreads`` slots (earliest-free
-  slot first, on the worker's clock); the gap between one attempt's compute
-  stop and the next compute start on the same slot is an overhead sample
-  *when the next task was already runnable* (submitted and its inputs done,
-  on the scheduler's clock) before the slot freed. Idle gaps (nothing to run)
-  are not overhead and are left out. The mean of the samples is used: it is
-  the sum of gaps along a slot's run that stretches the makespan.
+* ``overhead`` (seconds per task): what a slot loses between two tasks. The
+  attempts of each worker are laid out on its ``nthreads`` slots
+  (earliest-free slot first, on the worker's clock); the gap between one
+  attempt's compute stop and the next compute start on the same slot is an
+  overhead sample *when some task of the run was waiting* (runnable: submitted
+  and its inputs done, and not yet started; scheduler clock) at the moment the
+  slot freed. The simulator keeps runnable tasks in one central queue and
+  starts one as soon as a slot frees, so every such gap is, for it, overhead:
+  the scheduler round trip, a root task held in dask's queue, a task assigned
+  eagerly to another worker's queue, a transfer, the event loop or the GIL
+  being busy. Gaps while nothing was waiting anywhere are idle, not overhead,
+  and are counted in ``idle_gaps``. The mean of the samples is used: it is the
+  sum of gaps along a slot's run that stretches the makespan. (An earlier fit
+  took a gap only when the slot's *own* next task was runnable; on a
+  ``dask.array`` DAG that left out a slot waiting for its eagerly assigned
+  task while other work waited elsewhere, and the replay ran 6-9% short.)
+* ``dep_latency`` (diagnostic, not replayed): from a task's last input
+  finishing to its start (both scheduler-clock report arrivals), for
+  dependents whose worker had a free slot then; the median. In the replay a
+  dependent may start as soon as its inputs end, and its ``overhead`` stands in
+  for the latency; a latency well above the overhead means a deep chain of
+  dependents replays short by about depth x the difference.
 * ``startup`` (seconds per graph submission): from a graph's arrival to the
   first ``started`` report of one of its tasks (both on the scheduler's clock),
   the median over submissions. It shifts every submission time.
@@ -56,6 +75,7 @@ This module does not import ``distributed``.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import statistics
@@ -81,17 +101,27 @@ class ReplayError(TraceError):
 class Fit:
     """What dask adds on top of the compute time, fitted from the trace."""
 
-    overhead: float  # seconds per task (slot round trip)
+    overhead: float  # seconds per task: a slot's gap between tasks while work was waiting
     overhead_samples: int
     startup: float  # seconds from graph arrival to the first start
     startup_samples: int
+    idle_gaps: int = 0  # slot gaps left out of the overhead: nothing was waiting anywhere
+    dep_latency: float = math.nan  # diagnostic: last input's end -> dependent's start
+    dep_latency_samples: int = 0
+    transfer: float = 0.0  # recorded input-transfer seconds (not replayed on a slot)
+    transfer_tasks: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "overhead_s": self.overhead,
             "overhead_samples": self.overhead_samples,
+            "idle_gaps": self.idle_gaps,
             "startup_s": self.startup,
             "startup_samples": self.startup_samples,
+            "dep_latency_s": None if math.isnan(self.dep_latency) else self.dep_latency,
+            "dep_latency_samples": self.dep_latency_samples,
+            "transfer_s": self.transfer,
+            "transfer_tasks": self.transfer_tasks,
         }
 
 
@@ -355,24 +385,33 @@ def load(
         assert a.finished is not None
         finished_at[t.key] = a.finished
     ready: dict[Hashable, float] = {}
+    began: dict[Hashable, float] = {}
     for t in trace.tasks.values():
+        if t.existing:
+            continue
         when = t.submit if t.submit is not None else -math.inf
         for dep in t.deps:
             when = max(when, finished_at.get(dep, -math.inf))
         ready[t.key] = when
+        began[t.key] = next((b for b in map(_begin, t.attempts) if b is not None), math.inf)
     by_worker: dict[str, list[TraceAttempt]] = {}
     for t in trace.tasks.values():
         for a in t.attempts:
             if _done(a) and a.worker is not None:
                 by_worker.setdefault(a.worker, []).append(a)
+    waiting = _Waiting(ready.values(), began.values())
     gaps: list[float] = []
+    idle_gaps = 0
     for addr, atts in by_worker.items():
         for prev, nxt in _slots(atts, threads.get(addr, cpn)):
             assert prev.finished is not None
-            if ready.get(nxt.key, math.inf) <= prev.finished:
-                gap = nxt.compute_start - prev.compute_stop  # type: ignore[operator]
-                if gap >= 0:
-                    gaps.append(gap)
+            gap = nxt.compute_start - prev.compute_stop  # type: ignore[operator]
+            if gap < 0:
+                continue
+            if waiting.at(prev.finished):
+                gaps.append(gap)
+            else:
+                idle_gaps += 1
     fitted_overhead = statistics.fmean(gaps) if gaps else 0.0
     if not gaps and overhead is None:
         notes.append("no back-to-back attempts on a slot: per-task overhead taken as 0")
@@ -392,7 +431,19 @@ def load(
         overhead = fitted_overhead
     if startup is None:
         startup = fitted_startup
-    fit = Fit(float(overhead), len(gaps), float(startup), len(submits))
+    latency = _dep_latency(ended, threads, cpn)
+    transfers = [a.transfer for _, a, _ in ended if a.transfer]
+    fit = Fit(
+        float(overhead),
+        len(gaps),
+        float(startup),
+        len(submits),
+        idle_gaps=idle_gaps,
+        dep_latency=_median(latency),
+        dep_latency_samples=len(latency),
+        transfer=float(sum(transfers)),
+        transfer_tasks=len(transfers),
+    )
 
     # -- the recorded run ------------------------------------------------------------------
     submit_times = [t.submit for t, _, _ in ended if t.submit is not None and not t.existing]
@@ -446,7 +497,7 @@ def load(
     for t, a, d in ended:
         sp = speed_of.get(a.worker or "", 1.0)
         compute[t.key] = d / sp
-        dur = d / sp + fit.overhead + (a.transfer or 0.0)
+        dur = d / sp + fit.overhead
         est = t.estimate if t.estimate is not None else default_estimate
         sub = (t.submit - t0) if (t.submit is not None and not t.existing) else 0.0
         spec = t.annotations.get("speculate", True)
@@ -515,3 +566,47 @@ def _prefix(key: Hashable) -> str:
 
 def _hexlike(s: str) -> bool:
     return len(s) >= 8 and all(c in "0123456789abcdef" for c in s)
+
+
+def _begin(a: TraceAttempt) -> float | None:
+    """When an attempt started, on the scheduler's clock (best known)."""
+    if a.started is not None:
+        return a.started
+    if a.assigned is not None:
+        return a.assigned
+    return None
+
+
+class _Waiting:
+    """Was any task runnable and not yet started at time ``x`` (scheduler clock)?"""
+
+    def __init__(self, ready: Iterable[float], started: Iterable[float]) -> None:
+        self._ready = sorted(ready)
+        self._started = sorted(started)
+
+    def at(self, x: float) -> bool:
+        return bisect.bisect_right(self._ready, x) > bisect.bisect_right(self._started, x)
+
+
+def _dep_latency(
+    ended: list[tuple[TraceTask, TraceAttempt, float]], threads: dict[str, int], cpn: int
+) -> list[float]:
+    """Seconds from a task's last input finishing to its start (scheduler clock: both are
+    report arrivals), for dependents whose worker had a free slot at that moment."""
+    fin = {t.key: a for t, a, _ in ended}
+    running: dict[str, list[tuple[float, float]]] = {}
+    for _t, a, _ in ended:
+        b = _begin(a)
+        if a.worker is not None and b is not None and a.finished is not None:
+            running.setdefault(a.worker, []).append((b, a.finished))
+    out: list[float] = []
+    for t, a, _ in ended:
+        begin = _begin(a)
+        inputs = [fin[d].finished for d in t.deps if d in fin and fin[d].finished is not None]
+        if not inputs or begin is None or a.worker is None:
+            continue
+        x = max(x for x in inputs if x is not None)
+        busy = sum(1 for s, e in running.get(a.worker, ()) if s <= x < e)
+        if busy < threads.get(a.worker, cpn) and begin >= x:
+            out.append(begin - x)
+    return out

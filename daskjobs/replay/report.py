@@ -207,11 +207,26 @@ def format_report(report: dict[str, Any]) -> str:
         f"trace {report['trace']}: {report['tasks']} tasks, {cl['nodes']} workers x "
         f"{cl['cores_per_node']} threads, policy {rec['policy'] or '(not recorded)'}"
         + ("" if report["complete"] else " [INCOMPLETE]"),
-        f"fitted: {fit['overhead_s'] * 1e3:.2f} ms per task ({fit['overhead_samples']} samples), "
+        f"fitted: {fit['overhead_s'] * 1e3:.2f} ms per task ({fit['overhead_samples']} samples, "
+        f"{fit['idle_gaps']} idle gaps left out), "
         f"start-up {fit['startup_s'] * 1e3:.1f} ms; slow workers: "
         + (", ".join(f"{w['address']} {w['slowdown']:.2f}x" for w in slow) or "none")
         + f"; failure rate {cl['failure_rate']:.3g}",
     ]
+    if fit["dep_latency_samples"] or fit["transfer_tasks"]:
+        lat = fit["dep_latency_s"]
+        lines.append(
+            "dependencies: "
+            + (
+                f"input done -> start {lat * 1e3:.1f} ms median "
+                f"({fit['dep_latency_samples']} samples, not replayed: "
+                "the per-task overhead stands in for it); "
+                if lat is not None
+                else ""
+            )
+            + f"transfers {fit['transfer_s']:.3f} s over {fit['transfer_tasks']} tasks "
+            "(off the slots: inside the gaps)"
+        )
     lines += [f"note: {n}" for n in report["notes"]]
     lines += [
         "",
