@@ -121,7 +121,7 @@ def calibration(out: Path, dag_runs: int = 5) -> list[dict[str, Any]]:
                     if w.speed != 1.0
                 },
                 "overhead_ms": loaded.fit.overhead * 1e3,
-                "idle_gaps": loaded.fit.idle_gaps,
+                "compute_share": loaded.fit.compute_share,
                 "dep_latency_ms": (
                     None if loaded.fit.dep_latency_samples == 0 else loaded.fit.dep_latency * 1e3
                 ),

@@ -14,7 +14,7 @@ from distributed import Client, LocalCluster, get_worker
 from daskjobs.cli import main
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.trace import TraceError
-from daskjobs.replay import ReplayError, load, replay
+from daskjobs.replay import ReplayError, from_task_stream, load, replay
 from daskjobs.sim.schedule import lower_bound
 
 TOLERANCE = 0.10
@@ -82,6 +82,53 @@ def slow_trace(tmp_path_factory):
     )
 
 
+def _array_reduction(n=2000, chunk=250):
+    import dask.array as da
+
+    x = da.random.RandomState(0).random((n, n), chunks=(chunk, chunk))
+    return (x + x.T).mean(axis=0).sum()
+
+
+@pytest.fixture(scope="module")
+def dag_trace(tmp_path_factory):
+    """A dask.array reduction (8 x 8 chunks): millisecond numpy tasks, bound by dask's
+    per-task costs rather than by compute."""
+    path = tmp_path_factory.mktemp("replay") / "dag.jsonl"
+    plugin = JobsPlugin(policy="critical-path", record=str(path))
+    with (
+        LocalCluster(
+            n_workers=3,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [plugin]},
+        ) as cl,
+        Client(cl) as c,
+    ):
+        c.compute(_array_reduction(), sync=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def task_stream(tmp_path_factory):
+    """A real ``client.get_task_stream()`` of the small graph (no plugin), its graph, and
+    the records dumped to JSON as a user would."""
+    from distributed import get_task_stream
+
+    graph = _graph(_work, n=30)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cl,
+        Client(cl) as c,
+        get_task_stream(c) as ts,
+    ):
+        c.compute(graph, sync=True)
+    path = tmp_path_factory.mktemp("replay") / "stream.json"
+    path.write_text(json.dumps(ts.data, default=str))
+    return ts.data, graph, path
+
+
 # -- round trip ---------------------------------------------------------------------------------
 
 
@@ -124,6 +171,74 @@ def test_more_cores_never_raise_the_lower_bound(lpt_trace, policy):
     ]
     assert bounds == sorted(bounds, reverse=True)
     assert lower_bound(loaded.tasks, 4) == pytest.approx(bounds[2])
+
+
+def test_dag_of_millisecond_tasks_within_tolerance(dag_trace):
+    loaded = load(dag_trace)
+    assert loaded.policy == "critical-path" and len(loaded.tasks) > 100
+    fit = loaded.fit
+    # nearly every slot gap happened while work waited somewhere: overhead, not idleness
+    assert fit.overhead_samples > 0.9 * len(loaded.tasks) and fit.overhead > 0
+    assert fit.dep_latency_samples > 0 and fit.dep_latency > 0
+    # transfers are reported, not put on a slot
+    assert fit.transfer_tasks > 0
+    for t in loaded.tasks:
+        assert t.duration == pytest.approx(loaded.compute[t.tid] + fit.overhead)
+    r = replay(loaded)
+    assert abs(r.error) < TOLERANCE, (r.makespan, loaded.recorded.makespan, fit)
+
+
+# -- task stream ------------------------------------------------------------------------------
+
+
+def test_task_stream_replays_without_the_plugin(task_stream):
+    records, graph, _path = task_stream
+    alone = from_task_stream(records)
+    assert len(alone.tasks) == 43 and all(not t.deps for t in alone.tasks)
+    assert alone.cluster.nodes == 2 and alone.cluster.cores_per_node == 2
+    assert alone.policy is None and alone.fit.startup == 0.0
+    assert any("no estimates" in n and "no teams" in n for n in alone.notes)
+    assert any("no graph given" in n for n in alone.notes)
+    assert {t.team for t in alone.tasks} == {"default"}
+    fits = [t for t in alone.tasks if str(t.tid).startswith("fit-")]
+    assert len({t.estimate for t in fits}) == 1  # the stage's median: no per-task estimate
+    with_graph = from_task_stream(records, graph)
+    summary = next(t for t in with_graph.tasks if t.tid == "summary")
+    assert set(summary.deps) == {f"model-{i}" for i in range(8)}
+    assert not any("no graph given" in n for n in with_graph.notes)
+    r = replay(with_graph)
+    assert r.policy == "fifo"
+    assert abs(r.error) < TOLERANCE, (r.makespan, with_graph.recorded.makespan, with_graph.fit)
+
+
+def test_task_stream_file_and_cli(task_stream, tmp_path):
+    path = task_stream[2]
+    loaded = from_task_stream(path)
+    assert len(loaded.tasks) == 43 and loaded.path == str(path)
+    deps = {"summary": [f"model-{i}" for i in range(8)]}
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"task_stream": json.loads(path.read_text()), "deps": deps}))
+    assert len(next(t for t in from_task_stream(both).tasks if t.tid == "summary").deps) == 8
+    result = CliRunner().invoke(main, ["replay", "--task-stream", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["recorded"]["policy"] is None and report["replayed"]["policy"] == "fifo"
+    assert any("no submit times" in n for n in report["notes"])
+    text = CliRunner().invoke(main, ["replay", "--task-stream", str(path), "--policy", "lpt"])
+    assert text.exit_code == 0 and "note: task stream: no estimates" in text.output
+
+
+def test_bad_task_stream_is_named(task_stream, tmp_path):
+    records = [dict(r) for r in task_stream[0]]
+    del records[3]["worker"]
+    with pytest.raises(ReplayError, match=r"<task stream>: record 3: field 'worker' is missing"):
+        from_task_stream(records)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"records": []}')
+    result = CliRunner().invoke(main, ["replay", "--task-stream", str(bad)])
+    assert result.exit_code == 2 and "bad.json: expected a JSON list" in result.output
+    with pytest.raises(ReplayError, match="no task-stream record with a 'compute' action"):
+        from_task_stream([{"key": "x", "worker": "w", "startstops": []}])
 
 
 # -- the command ------------------------------------------------------------------------------

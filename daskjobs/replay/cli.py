@@ -7,6 +7,10 @@ cluster: the recorded cluster, and the changed one when ``--nodes``,
 JSON object instead; ``--plot DIR`` writes the figures; ``--scale N`` adds a
 synthetic sweep of N tasks drawn from the trace's per-stage durations.
 
+``--task-stream`` reads TRACE as a ``client.get_task_stream()`` dump instead (a
+JSON list of records, or ``{"task_stream": [...], "deps": ...}``); what a task
+stream lacks is printed as notes (``daskjobs.replay.stream``).
+
 A bad trace is a usage error naming the file, line and field.
 """
 
@@ -63,6 +67,12 @@ def _speculation(value: str | None) -> float | None:
     help="Also simulate a synthetic sweep of N tasks with the measured stage durations.",
 )
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, metavar="N")
+@click.option(
+    "--task-stream",
+    "task_stream",
+    is_flag=True,
+    help="TRACE is a client.get_task_stream() dump (JSON), not a recorded trace.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 @click.option(
     "--plot",
@@ -81,13 +91,16 @@ def replay(
     no_slow: bool,
     scale: int | None,
     seed: int,
+    task_stream: bool,
     as_json: bool,
     plot_dir: Path | None,
 ) -> None:
     """Replay TRACE (a trace written by the recording plugin, docs/trace.md).
 
     The replay is calibrated: per-task overhead, start-up latency and worker
-    speeds are fitted from the trace (docs/replay.md).
+    speeds are fitted from the trace (docs/replay.md). With --task-stream, TRACE
+    is a client.get_task_stream() dump (no estimates, teams or submit times;
+    dependencies only if the file gives them).
     """
     from daskjobs.plugin.trace import TraceError
     from daskjobs.replay.load import load
@@ -102,7 +115,12 @@ def replay(
         except PlotError as exc:
             raise click.UsageError(f"--plot: {exc}") from None
     try:
-        loaded = load(trace)
+        if task_stream:
+            from daskjobs.replay.stream import from_task_stream
+
+            loaded = from_task_stream(trace)
+        else:
+            loaded = load(trace)
     except TraceError as exc:
         raise click.UsageError(f"cannot replay: {exc}") from None
     clusters: list[tuple[int | None, int | None, bool]] = [(None, None, False)]

@@ -34,22 +34,28 @@ What comes from where
 What dask adds, fitted from the trace
 =====================================
 
-* ``overhead`` (seconds per task): what a slot loses between two tasks. The
-  attempts of each worker are laid out on its ``nthreads`` slots
-  (earliest-free slot first, on the worker's clock); the gap between one
-  attempt's compute stop and the next compute start on the same slot is an
-  overhead sample *when some task of the run was waiting* (runnable: submitted
-  and its inputs done, and not yet started; scheduler clock) at the moment the
-  slot freed. The simulator keeps runnable tasks in one central queue and
-  starts one as soon as a slot frees, so every such gap is, for it, overhead:
-  the scheduler round trip, a root task held in dask's queue, a task assigned
-  eagerly to another worker's queue, a transfer, the event loop or the GIL
-  being busy. Gaps while nothing was waiting anywhere are idle, not overhead,
-  and are counted in ``idle_gaps``. The mean of the samples is used: it is the
-  sum of gaps along a slot's run that stretches the makespan. (An earlier fit
-  took a gap only when the slot's *own* next task was runnable; on a
-  ``dask.array`` DAG that left out a slot waiting for its eagerly assigned
-  task while other work waited elsewhere, and the replay ran 6-9% short.)
+* ``overhead`` (seconds per task): the slot capacity dask lost while work
+  waited, spread over the tasks. On the scheduler's clock, a task *waits* from
+  when the simulator could start it (its submission plus ``startup``, its
+  inputs finished) until its first attempt starts, and a slot *computes*
+  during ``[finished - duration, finished]`` of each attempt; at each moment
+  ``min(free slots, waiting tasks)`` slots are lost (the simulator, with one
+  central queue, would have started that many tasks there), and the integral
+  over the run, ``lost``, divided by the number of tasks is the overhead. It
+  holds whatever kept a free slot from waiting work: the scheduler round trip,
+  a root task held in dask's queue, a task assigned eagerly to another
+  worker's queue, a transfer, the event loop or the GIL being busy. Free slots
+  with nothing waiting are idle (the shape of the graph), not lost. Adding the
+  overhead to every task gives back, in the replay, the slot-seconds the
+  recording lost. ``compute_share`` is the share of the recorded slot-seconds
+  spent computing: well under 1/2 means the run was bound by dask's per-task
+  costs rather than by compute, and a what-if on a bigger cluster is then
+  optimistic (the overhead is replayed per slot; on a LocalCluster it is one
+  event loop for everyone). Earlier fits averaged the gaps between
+  consecutive attempts on a slot; they missed slots that sat idle for long
+  stretches (on a small ``dask.array`` reduction of 0.5 ms tasks each worker
+  ran nearly everything on one of its two threads) and replayed DAG runs up
+  to 30% short.
 * ``dep_latency`` (diagnostic, not replayed): from a task's last input
   finishing to its start (both scheduler-clock report arrivals), for
   dependents whose worker had a free slot then; the median. In the replay a
@@ -75,7 +81,6 @@ This module does not import ``distributed``.
 
 from __future__ import annotations
 
-import bisect
 import math
 import os
 import statistics
@@ -101,11 +106,12 @@ class ReplayError(TraceError):
 class Fit:
     """What dask adds on top of the compute time, fitted from the trace."""
 
-    overhead: float  # seconds per task: a slot's gap between tasks while work was waiting
-    overhead_samples: int
+    overhead: float  # seconds per task: slot capacity lost while work waited, per task
+    overhead_samples: int  # tasks the lost capacity is spread over
     startup: float  # seconds from graph arrival to the first start
     startup_samples: int
-    idle_gaps: int = 0  # slot gaps left out of the overhead: nothing was waiting anywhere
+    lost: float = 0.0  # slot-seconds no task computed on while some task waited
+    compute_share: float = math.nan  # share of the recorded slot-seconds spent computing
     dep_latency: float = math.nan  # diagnostic: last input's end -> dependent's start
     dep_latency_samples: int = 0
     transfer: float = 0.0  # recorded input-transfer seconds (not replayed on a slot)
@@ -115,7 +121,8 @@ class Fit:
         return {
             "overhead_s": self.overhead,
             "overhead_samples": self.overhead_samples,
-            "idle_gaps": self.idle_gaps,
+            "lost_slot_s": self.lost,
+            "compute_share": None if math.isnan(self.compute_share) else self.compute_share,
             "startup_s": self.startup,
             "startup_samples": self.startup_samples,
             "dep_latency_s": None if math.isnan(self.dep_latency) else self.dep_latency,
@@ -237,39 +244,6 @@ def _speeds(
     return {w: _median(rs) / overall for w, rs in ratios.items()}
 
 
-def _slots(atts: list[TraceAttempt], nthreads: int) -> list[tuple[TraceAttempt, TraceAttempt]]:
-    """Consecutive attempt pairs on the same slot of one worker (worker clock)."""
-    timed = sorted(
-        (a for a in atts if a.compute_start is not None and a.compute_stop is not None),
-        key=lambda a: (a.compute_start, a.compute_stop),
-    )
-    slots: list[TraceAttempt | None] = [None] * max(1, nthreads)
-    pairs: list[tuple[TraceAttempt, TraceAttempt]] = []
-    for a in timed:
-        # the slot that freed last before this start (a thread picks work as soon as it frees)
-        best = -1
-        best_stop = -math.inf
-        for i, prev in enumerate(slots):
-            if prev is None:
-                if best_stop == -math.inf and best == -1:
-                    best = i
-                continue
-            stop = prev.compute_stop
-            assert stop is not None and a.compute_start is not None
-            if stop <= a.compute_start + 1e-6 and stop > best_stop:
-                best, best_stop = i, stop
-        if best == -1:  # overlapping more than nthreads (clock noise): the earliest-free slot
-            best = min(
-                range(len(slots)),
-                key=lambda i: slots[i].compute_stop or 0.0,  # type: ignore[union-attr]
-            )
-        prev = slots[best]
-        if prev is not None:
-            pairs.append((prev, a))
-        slots[best] = a
-    return pairs
-
-
 def load(
     trace: Trace | str | os.PathLike[str],
     *,
@@ -380,41 +354,6 @@ def load(
     speed_of = {w.address: w.speed for w in workers}
 
     # -- the fit ---------------------------------------------------------------------------
-    finished_at: dict[Hashable, float] = {}
-    for t, a, _ in ended:
-        assert a.finished is not None
-        finished_at[t.key] = a.finished
-    ready: dict[Hashable, float] = {}
-    began: dict[Hashable, float] = {}
-    for t in trace.tasks.values():
-        if t.existing:
-            continue
-        when = t.submit if t.submit is not None else -math.inf
-        for dep in t.deps:
-            when = max(when, finished_at.get(dep, -math.inf))
-        ready[t.key] = when
-        began[t.key] = next((b for b in map(_begin, t.attempts) if b is not None), math.inf)
-    by_worker: dict[str, list[TraceAttempt]] = {}
-    for t in trace.tasks.values():
-        for a in t.attempts:
-            if _done(a) and a.worker is not None:
-                by_worker.setdefault(a.worker, []).append(a)
-    waiting = _Waiting(ready.values(), began.values())
-    gaps: list[float] = []
-    idle_gaps = 0
-    for addr, atts in by_worker.items():
-        for prev, nxt in _slots(atts, threads.get(addr, cpn)):
-            assert prev.finished is not None
-            gap = nxt.compute_start - prev.compute_stop  # type: ignore[operator]
-            if gap < 0:
-                continue
-            if waiting.at(prev.finished):
-                gaps.append(gap)
-            else:
-                idle_gaps += 1
-    fitted_overhead = statistics.fmean(gaps) if gaps else 0.0
-    if not gaps and overhead is None:
-        notes.append("no back-to-back attempts on a slot: per-task overhead taken as 0")
     submits: dict[float, float] = {}
     for t in trace.tasks.values():
         if t.submit is None or t.existing:
@@ -427,18 +366,22 @@ def load(
                 submits[t.submit] = lag
             break
     fitted_startup = _median(submits.values()) if submits else 0.0
-    if overhead is None:
-        overhead = fitted_overhead
     if startup is None:
         startup = fitted_startup
+    slots = len(workers) * cpn  # the replayed cluster's slots
+    lost_s, computing = _lost_capacity(trace, ended, keep, float(startup), slots)
+    fitted_overhead = lost_s / len(ended)
+    if overhead is None:
+        overhead = fitted_overhead
     latency = _dep_latency(ended, threads, cpn)
     transfers = [a.transfer for _, a, _ in ended if a.transfer]
     fit = Fit(
         float(overhead),
-        len(gaps),
+        len(ended),
         float(startup),
         len(submits),
-        idle_gaps=idle_gaps,
+        lost=lost_s,
+        compute_share=computing,
         dep_latency=_median(latency),
         dep_latency_samples=len(latency),
         transfer=float(sum(transfers)),
@@ -577,15 +520,57 @@ def _begin(a: TraceAttempt) -> float | None:
     return None
 
 
-class _Waiting:
-    """Was any task runnable and not yet started at time ``x`` (scheduler clock)?"""
+def _lost_capacity(
+    trace: Trace,
+    ended: list[tuple[TraceTask, TraceAttempt, float]],
+    keep: set[Hashable],
+    startup: float,
+    slots: int,
+) -> tuple[float, float]:
+    """Slot-seconds lost while work waited, and the share of slot-seconds computing.
 
-    def __init__(self, ready: Iterable[float], started: Iterable[float]) -> None:
-        self._ready = sorted(ready)
-        self._started = sorted(started)
-
-    def at(self, x: float) -> bool:
-        return bisect.bisect_right(self._ready, x) > bisect.bisect_right(self._started, x)
+    Scheduler clock throughout. A task *waits* from when it could run in the
+    simulator (its submission plus the start-up latency, and its inputs finished)
+    until its first attempt started; a slot *computes* during ``[finished -
+    duration, finished]`` of every attempt. At each moment, ``min(free slots,
+    waiting tasks)`` slots are lost to dask: the simulator would have started
+    that many tasks there. Free slots with nothing waiting are idle (the graph's
+    shape), not lost.
+    """
+    finished = {t.key: a.finished for t, a, _ in ended}
+    events: list[tuple[float, int, int]] = []  # (time, 0 waiting / 1 computing, +1/-1)
+    compute = 0.0
+    for t in trace.tasks.values():
+        if t.key not in keep or t.existing:
+            continue
+        ready = (t.submit + startup) if t.submit is not None else -math.inf
+        for dep in t.deps:
+            f = finished.get(dep)
+            if f is not None:
+                ready = max(ready, f)
+        begin = next((b for b in map(_begin, t.attempts) if b is not None), None)
+        if begin is not None and ready != -math.inf and begin > ready:
+            events += [(ready, 0, 1), (begin, 0, -1)]
+        for a in t.attempts:
+            d = _duration(a)
+            if _done(a) and a.finished is not None and d:
+                events += [(a.finished - d, 1, 1), (a.finished, 1, -1)]
+                compute += d
+    if not events:
+        return 0.0, math.nan
+    events.sort()
+    lost = 0.0
+    waiting = busy = 0
+    last = events[0][0]
+    for x, kind, step in events:
+        lost += min(max(0, slots - busy), waiting) * (x - last)
+        last = x
+        if kind == 0:
+            waiting += step
+        else:
+            busy += step
+    span = events[-1][0] - events[0][0]
+    return lost, (compute / (slots * span) if span > 0 else math.nan)
 
 
 def _dep_latency(

@@ -207,12 +207,18 @@ def format_report(report: dict[str, Any]) -> str:
         f"trace {report['trace']}: {report['tasks']} tasks, {cl['nodes']} workers x "
         f"{cl['cores_per_node']} threads, policy {rec['policy'] or '(not recorded)'}"
         + ("" if report["complete"] else " [INCOMPLETE]"),
-        f"fitted: {fit['overhead_s'] * 1e3:.2f} ms per task ({fit['overhead_samples']} samples, "
-        f"{fit['idle_gaps']} idle gaps left out), "
+        f"fitted: {fit['overhead_s'] * 1e3:.2f} ms per task ({fit['lost_slot_s']:.3g} slot-s "
+        f"lost while work waited, over {fit['overhead_samples']} tasks), "
         f"start-up {fit['startup_s'] * 1e3:.1f} ms; slow workers: "
         + (", ".join(f"{w['address']} {w['slowdown']:.2f}x" for w in slow) or "none")
         + f"; failure rate {cl['failure_rate']:.3g}",
     ]
+    share = fit["compute_share"]
+    if share is not None and share < 0.5:
+        lines.append(
+            f"note: slots computed {share:.0%} of the time: the run was bound by dask's "
+            "per-task costs, replayed per slot (a what-if on more slots is optimistic)"
+        )
     if fit["dep_latency_samples"] or fit["transfer_tasks"]:
         lat = fit["dep_latency_s"]
         lines.append(
