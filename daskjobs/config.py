@@ -20,7 +20,7 @@ import dask.config
 import yaml
 from dask.utils import parse_timedelta
 
-__all__ = ["POLICIES", "Settings", "TeamSettings", "settings"]
+__all__ = ["POLICIES", "Settings", "SpeculationSettings", "TeamSettings", "settings"]
 
 _fn = os.path.join(os.path.dirname(__file__), "daskjobs.yaml")
 with open(_fn) as _f:
@@ -41,6 +41,15 @@ class TeamSettings:
 
 
 @dataclass(frozen=True)
+class SpeculationSettings:
+    enabled: bool = False
+    late_factor: float = 2.5
+    min_runtime: float = 1.0
+    max_fraction: float = 0.1
+    interval: float = 0.2
+
+
+@dataclass(frozen=True)
 class Settings:
     """Checked plugin settings (seconds for every duration)."""
 
@@ -51,6 +60,7 @@ class Settings:
     teams: TeamSettings = field(default_factory=TeamSettings)
     audit_events: int = 10_000
     record: str | None = None
+    speculation: SpeculationSettings = field(default_factory=lambda: SpeculationSettings())
 
 
 def _seconds(key: str, value: Any, *, allow_none: bool = False) -> float | None:
@@ -123,6 +133,27 @@ def settings(**overrides: Any) -> Settings:
     default_estimate = _seconds("default-estimate", raw.get("default-estimate"))
     assert default_estimate is not None
     path = history.get("path")
+    spec = raw.get("speculation") or {}
+    _check_keys("daskjobs.speculation", spec, _defaults["daskjobs"]["speculation"])
+    late = spec.get("late-factor", 2.5)
+    if isinstance(late, bool) or not isinstance(late, int | float) or not late > 1:
+        raise ValueError(f"daskjobs.speculation.late-factor: expected a number > 1, got {late!r}")
+    fraction = spec.get("max-fraction", 0.1)
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise ValueError(
+            f"daskjobs.speculation.max-fraction: expected a number in (0, 1], got {fraction!r}"
+        )
+    min_runtime = _seconds("speculation.min-runtime", spec.get("min-runtime", "1s"))
+    interval = _seconds("speculation.interval", spec.get("interval", "200ms"))
+    if not interval:
+        raise ValueError("daskjobs.speculation.interval: expected a positive duration")
+    speculation = SpeculationSettings(
+        enabled=bool(spec.get("enabled", False)),
+        late_factor=float(late),
+        min_runtime=float(min_runtime or 0.0),
+        max_fraction=float(fraction),
+        interval=float(interval),
+    )
     record = raw.get("record")
     if record is not None and not (isinstance(record, str | os.PathLike) and os.fspath(record)):
         raise ValueError(
@@ -143,4 +174,5 @@ def settings(**overrides: Any) -> Settings:
         ),
         audit_events=audit,
         record=os.fspath(record) if record is not None else None,
+        speculation=speculation,
     )

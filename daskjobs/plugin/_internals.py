@@ -39,6 +39,12 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "periodic_callbacks": "periodic history saves",
     "queued": "fair share: promote the task the policy chose to the head of the queue",
     "idle_task_count": "fair share: are slots free right now?",
+    "stream_handlers": "speculation: settle task-finished / task-erred races",
+    "_task_to_msg": "speculation: the compute-task message for a backup copy",
+    "worker_send": "speculation: send a backup copy, release a losing copy",
+    "release_resources": "speculation: move a task to the worker whose copy won",
+    "acquire_resources": "speculation: move a task to the worker whose copy won",
+    "check_idle_saturated": "speculation: move a task to the worker whose copy won",
 }
 
 

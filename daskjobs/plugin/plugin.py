@@ -89,8 +89,17 @@ from daskjobs.plugin._internals import check_scheduler
 from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.recorder import TraceRecorder
+from daskjobs.plugin.speculation import Speculator
 from daskjobs.plugin.worker import REPORTER_NAME, STARTED_TOPIC, reporter_bytes
-from daskjobs.policies import FIFO, LPT, CriticalPath, FairShare, HeapPolicy, NodeAware
+from daskjobs.policies import (
+    FIFO,
+    LPT,
+    CriticalPath,
+    FairShare,
+    HeapPolicy,
+    NodeAware,
+    Speculation,
+)
 
 __all__ = ["JobsPlugin", "UnknownTeam"]
 
@@ -200,6 +209,7 @@ class JobsPlugin(SchedulerPlugin):
         # Worker speeds are learned by the simulator's NodeAware policy object, fed the
         # finished attempts (compute time against estimate); here it only learns.
         self.speeds = NodeAware()
+        self.speculator: Speculator | None = None
         self.estimator: Estimator | None = None
         self.errors: dict[str, int] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=self.settings.audit_events)
@@ -271,8 +281,35 @@ class JobsPlugin(SchedulerPlugin):
         install_metrics(self, scheduler)  # never raises; a no-op without prometheus_client
         if s.record:
             await self._start_recording(s.record)
+        if s.speculation.enabled:
+            sp = s.speculation
+            self.speculator = Speculator(
+                self,
+                Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction),
+                sp.interval,
+            )
+            self.speculator.start(scheduler)
+            await self._ensure_reporter()
+            self._event("speculation", late_factor=sp.late_factor, max_fraction=sp.max_fraction)
+
+    async def _ensure_reporter(self) -> None:
+        """The worker plugin that reports true starts (recording and speculation need it)."""
+        sched = self.scheduler
+        if REPORTER_NAME in getattr(sched, "worker_plugins", {}):
+            return
+        try:
+            await sched.register_worker_plugin(
+                None, reporter_bytes(), name=REPORTER_NAME, idempotent=False
+            )
+        except Exception:
+            self._failed("reporter-install")
 
     async def close(self) -> None:
+        if self.speculator is not None:
+            try:
+                self.speculator.close()
+            except Exception:
+                self._failed("speculation")
         self._guard("save-history", self._save_history)()
         try:
             await self._stop_recording()
@@ -517,6 +554,8 @@ class JobsPlugin(SchedulerPlugin):
                         self._learn_speed(v, kwargs.get("worker"), seconds)
             if self.fair is not None:
                 self._fair_transition(key, start, finish)
+            if start == "processing" and self.speculator is not None:
+                self.speculator.left_processing(key, finish)
             if finish == "forgotten":
                 self.tasks.pop(key, None)
                 if self.policy is not None:
@@ -615,6 +654,7 @@ class JobsPlugin(SchedulerPlugin):
     def status(self) -> dict[str, Any]:
         est = self.estimator
         return {
+            "speculation": self.speculator.stats() if self.speculator is not None else None,
             "teams": self.teams(),
             "workers": self.worker_speeds(),
             "policy": self.settings.policy,
@@ -656,12 +696,7 @@ class JobsPlugin(SchedulerPlugin):
             rec.emit(self._worker_record(ws, now, existing=True))
         if sched.tasks:  # recording starts mid-run: what is already there, once
             self._record_graph(list(sched.tasks.values()), existing=True)
-        try:
-            await sched.register_worker_plugin(
-                None, reporter_bytes(), name=REPORTER_NAME, idempotent=False
-            )
-        except Exception:
-            self._failed("record-install")
+        await self._ensure_reporter()
         self._event("recording", path=rec.path)
         return rec
 
@@ -673,7 +708,7 @@ class JobsPlugin(SchedulerPlugin):
         self.recorder = None
         self._rec_running.clear()
         sched = self.scheduler
-        if REPORTER_NAME in getattr(sched, "worker_plugins", {}):
+        if self.speculator is None and REPORTER_NAME in getattr(sched, "worker_plugins", {}):
             try:
                 await sched.unregister_worker_plugin(None, REPORTER_NAME)
             except Exception:
@@ -812,6 +847,11 @@ class JobsPlugin(SchedulerPlugin):
             self._failed("record", worker)
 
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **kw: Any) -> None:
+        if self.speculator is not None:
+            try:
+                self.speculator.worker_removed(worker)
+            except Exception:
+                self._failed("speculation", worker)
         rec = self.recorder
         if rec is None:
             return
@@ -828,6 +868,11 @@ class JobsPlugin(SchedulerPlugin):
             self._failed("record", worker)
 
     def log_event(self, topic: str, msg: Any) -> None:
+        if self.speculator is not None and topic == STARTED_TOPIC and isinstance(msg, dict):
+            try:
+                self.speculator.started(msg.get("key"), msg.get("worker"), msg.get("run_id"))
+            except Exception:
+                self._failed("speculation", msg.get("key"))
         rec = self.recorder
         if rec is None:
             return

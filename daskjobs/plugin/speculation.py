@@ -1,0 +1,321 @@
+"""Backup copies of late tasks on a live dask cluster.
+
+dask keeps one ``TaskState`` per key with one ``processing_on`` worker and
+cannot stop a running thread, so there is no public way to run a task twice.
+This module does it the way the research prototype did, and guards every step:
+
+1. **True starts.** The :class:`~daskjobs.plugin.worker.StartReporter` worker
+   plugin (installed by the scheduler plugin itself) reports when a task really
+   starts executing; the start is kept only if it comes from the task's current
+   worker with its current ``run_id``.
+2. **Late.** Every ``interval`` a periodic callback checks the started tasks:
+   a task is late once it has run ``late_factor x estimate x believed slow-down
+   of its worker`` (:class:`~daskjobs.policies.Speculation`, the object the
+   simulator uses; speeds from the plugin's :class:`~daskjobs.policies.NodeAware`
+   learner), and at least ``min_runtime``. Tasks annotated ``speculate=False``
+   and tasks whose estimate is only the configured default are never copied.
+3. **Backup.** A late task gets one copy on another worker with an idle thread
+   (another host where there is one; the fastest believed first), within a cap
+   of ``max_fraction`` of all threads: the scheduler's ``compute-task`` message
+   for the task, sent to that worker under the *same* ``run_id``. Scheduler
+   state is not touched.
+4. **First finisher wins.** The scheduler's ``task-finished`` and ``task-erred``
+   stream handlers are wrapped. If the backup finishes first the task is moved
+   to the backup's worker (as work stealing moves a task: ``processing_on``, the
+   workers' processing sets and resources) before dask's own handler sees the
+   result, so dependents and the client get the winner's data; the primary is
+   told to release the key. If the primary finishes first, the backup is
+   released. A failing backup never fails the task while the primary runs; a
+   primary that errs while its backup runs follows the task's retries and the
+   backup is released.
+5. **Losers.** dask cannot stop the losing thread: it runs to its end and its
+   result is dropped. Its elapsed time is counted as waste per team.
+
+Private dask internals used here are listed in :mod:`daskjobs.plugin._internals`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from daskjobs.policies import Speculation
+
+logger = logging.getLogger("daskjobs.plugin")
+
+__all__ = ["Speculator"]
+
+
+@dataclass(slots=True)
+class _Backup:
+    worker: str  # the copy's worker
+    primary: str  # the task's worker when the copy was launched
+    run_id: int
+    launched: float
+
+
+class Speculator:
+    """Launch and settle backup copies for one :class:`~daskjobs.plugin.JobsPlugin`."""
+
+    def __init__(self, plugin: Any, spec: Speculation, interval: float) -> None:
+        self.plugin = plugin
+        self.spec = spec
+        self.interval = interval
+        self.starts: dict[Hashable, tuple[str, float, int]] = {}  # key -> (worker, t, run_id)
+        self.backups: dict[Hashable, _Backup] = {}
+        self.copied: set[Hashable] = set()  # one copy per task, whatever became of it
+        self.counts = {"launched": 0, "won": 0, "lost": 0, "failed": 0, "abandoned": 0}
+        self.peak = 0  # most copies running at once
+        self.waste: dict[str, float] = {}  # team -> seconds of losing copies
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._pc: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self, scheduler: Any) -> None:
+        from tornado.ioloop import PeriodicCallback
+
+        self.scheduler = scheduler
+        for op, wrapper in (
+            ("task-finished", self._task_finished),
+            ("task-erred", self._task_erred),
+        ):
+            self._originals[op] = scheduler.stream_handlers[op]
+            scheduler.stream_handlers[op] = wrapper
+        self._pc = PeriodicCallback(self._tick, self.interval * 1000)
+        scheduler.periodic_callbacks["daskjobs-speculation"] = self._pc
+        self._pc.start()
+
+    def close(self) -> None:
+        sched = getattr(self, "scheduler", None)
+        if sched is None:
+            return
+        for op, original in self._originals.items():
+            sched.stream_handlers[op] = original
+        self._originals.clear()
+        if self._pc is not None:
+            self._pc.stop()
+            sched.periodic_callbacks.pop("daskjobs-speculation", None)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.counts,
+            "running": len(self.backups),
+            "peak": self.peak,
+            "late_factor": self.spec.late_factor,
+            "waste_seconds": dict(self.waste),
+        }
+
+    # -- observations ----------------------------------------------------------------
+    def started(self, key: Hashable, worker: str | None, run_id: Any) -> None:
+        """A worker reports that ``key`` really started executing."""
+        ts = self.scheduler.tasks.get(key)
+        if (
+            worker
+            and ts is not None
+            and ts.state == "processing"
+            and ts.processing_on is not None
+            and ts.processing_on.address == worker
+            and run_id == ts.run_id
+            and key not in self.starts
+        ):
+            self.starts[key] = (worker, time.time(), int(run_id))
+
+    def left_processing(self, key: Hashable, finish: str) -> None:
+        """``key`` left ``processing`` (done, erred, released, ...): settle its copy."""
+        self.starts.pop(key, None)
+        self.copied.discard(key)
+        b = self.backups.pop(key, None)
+        if b is not None:  # settled elsewhere than in our handlers: release the copy
+            self._release(b.worker, key, "daskjobs-backup-abandoned")
+            self.counts["abandoned"] += 1
+            self._waste(key, time.time() - b.launched)
+
+    def worker_removed(self, worker: str) -> None:
+        for key, b in list(self.backups.items()):
+            if b.worker == worker:  # the copy's worker died: the primary carries on
+                del self.backups[key]
+                self.counts["abandoned"] += 1
+                self.plugin._event("backup-lost-worker", key=str(key), worker=worker)
+
+    # -- late tasks ------------------------------------------------------------------
+    def _tick(self) -> None:
+        try:
+            self._check(time.time())
+        except Exception:
+            self.plugin._failed("speculation")
+
+    def _slots(self) -> int:
+        return sum(ws.nthreads for ws in self.scheduler.workers.values())
+
+    def _check(self, now: float) -> None:
+        if not self.starts:
+            return
+        cap = self.spec.cap(self._slots())
+        if len(self.backups) >= cap:
+            return
+        plugin = self.plugin
+        sched = self.scheduler
+        for key, (worker, t0, run_id) in list(self.starts.items()):
+            if key in self.copied:
+                continue
+            ts = sched.tasks.get(key)
+            if ts is None or ts.state != "processing" or ts.run_id != run_id:
+                self.starts.pop(key, None)
+                continue
+            v = plugin.tasks.get(key)
+            if v is None or v.source == "default":
+                continue  # no real estimate: nothing to be late against
+            if (ts.annotations or {}).get("speculate") is False:
+                continue
+            speed = plugin.speeds.speed(plugin._node(worker))
+            if now < self.spec.deadline(t0, v.estimate, speed):
+                continue
+            target = self._target(ts, worker)
+            if target is None:
+                continue
+            self._launch(ts, target, now)
+            if len(self.backups) >= cap:
+                return
+
+    def _target(self, ts: Any, primary: str) -> Any:
+        """Another worker with an idle thread: another host first, then the fastest."""
+        sched = self.scheduler
+        pws = sched.workers.get(primary)
+        busy: dict[str, int] = {}
+        for b in self.backups.values():
+            busy[b.worker] = busy.get(b.worker, 0) + 1
+        best = None
+        best_rank: tuple[Any, ...] | None = None
+        for ws in sched.workers.values():
+            if ws.address == primary or ws.status.name != "running":
+                continue
+            if len(ws.processing) + busy.get(ws.address, 0) >= ws.nthreads:
+                continue
+            if ts.resource_restrictions and any(
+                ws.resources.get(r, 0) < need for r, need in ts.resource_restrictions.items()
+            ):
+                continue
+            same_host = pws is not None and ws.host == pws.host
+            speed = self.plugin.speeds.speed(self.plugin._node(ws.address))
+            rank = (same_host, speed, len(ws.processing), ws.address)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = ws, rank
+        return best
+
+    def _launch(self, ts: Any, ws: Any, now: float) -> None:
+        sched = self.scheduler
+        run_id = ts.run_id
+        msg = sched._task_to_msg(ts)  # assigns a fresh run_id: put the current one back
+        ts.run_id = run_id
+        msg["run_id"] = run_id
+        msg["stimulus_id"] = f"daskjobs-backup-{now}"
+        primary = ts.processing_on.address
+        self.backups[ts.key] = _Backup(ws.address, primary, run_id, now)
+        self.copied.add(ts.key)
+        self.peak = max(self.peak, len(self.backups))
+        sched.worker_send(ws.address, msg)
+        self.counts["launched"] += 1
+        self.plugin._event(
+            "backup-launched",
+            key=str(ts.key),
+            primary=primary,
+            backup=ws.address,
+            late_by=round(now - self.starts[ts.key][1], 3),
+        )
+
+    # -- settling a race -------------------------------------------------------------
+    def _release(self, worker: str, key: Hashable, stimulus_id: str) -> None:
+        if worker in self.scheduler.workers:
+            self.scheduler.worker_send(
+                worker, {"op": "free-keys", "keys": [key], "stimulus_id": stimulus_id}
+            )
+
+    def _waste(self, key: Hashable, seconds: float) -> None:
+        v = self.plugin.tasks.get(key)
+        team = v.team if v is not None else "default"
+        self.waste[team] = self.waste.get(team, 0.0) + max(seconds, 0.0)
+
+    def _rehome(self, ts: Any, new_ws: Any) -> None:
+        """Make ``new_ws`` the task's worker, as a confirmed steal would."""
+        sched = self.scheduler
+        old_ws = ts.processing_on
+        old_ws.remove_from_processing(ts)
+        sched.release_resources(ts, old_ws)
+        new_ws.add_to_processing(ts)
+        sched.acquire_resources(ts, new_ws)
+        ts.processing_on = new_ws
+        sched.check_idle_saturated(old_ws)
+        sched.check_idle_saturated(new_ws)
+
+    def _task_finished(self, key: Hashable, worker: str, stimulus_id: str, **msg: Any) -> None:
+        original = self._originals["task-finished"]
+        try:
+            self._settle_finished(key, worker, msg)
+        except Exception:
+            self.plugin._failed("speculation-finished", key)
+        return original(key=key, worker=worker, stimulus_id=stimulus_id, **msg)
+
+    def _settle_finished(self, key: Hashable, worker: str, msg: dict[str, Any]) -> None:
+        b = self.backups.get(key)
+        if b is None:
+            return
+        sched = self.scheduler
+        ts = sched.tasks.get(key)
+        if ts is None or ts.state != "processing" or msg.get("run_id") != b.run_id:
+            return
+        now = time.time()
+        if (
+            worker == b.worker
+            and ts.processing_on is not None
+            and ts.processing_on.address != worker
+        ):
+            new_ws = sched.workers.get(worker)
+            if new_ws is None:
+                return
+            loser = ts.processing_on.address
+            self._rehome(ts, new_ws)
+            del self.backups[key]
+            self.starts.pop(key, None)
+            self._release(loser, key, f"daskjobs-backup-won-{now}")
+            self.counts["won"] += 1
+            self._waste(key, now - b.launched)  # the primary ran at least this long, uselessly
+            self.plugin._event("backup-won", key=str(key), winner=worker, loser=loser)
+        elif ts.processing_on is not None and worker == ts.processing_on.address:
+            del self.backups[key]
+            self._release(b.worker, key, f"daskjobs-backup-lost-{now}")
+            self.counts["lost"] += 1
+            self._waste(key, now - b.launched)
+            self.plugin._event("backup-lost", key=str(key), winner=worker, loser=b.worker)
+
+    def _task_erred(self, key: Hashable, stimulus_id: str, **msg: Any) -> None:
+        original = self._originals["task-erred"]
+        try:
+            if self._settle_erred(key, msg):
+                return None  # a failing backup: swallowed while the primary runs
+        except Exception:
+            self.plugin._failed("speculation-erred", key)
+        return original(key=key, stimulus_id=stimulus_id, **msg)
+
+    def _settle_erred(self, key: Hashable, msg: dict[str, Any]) -> bool:
+        b = self.backups.get(key)
+        if b is None:
+            return False
+        worker = msg.get("worker")
+        now = time.time()
+        if worker == b.worker:
+            del self.backups[key]
+            self._release(b.worker, key, f"daskjobs-backup-failed-{now}")
+            self.counts["failed"] += 1
+            self._waste(key, now - b.launched)
+            self.plugin._event("backup-failed", key=str(key), worker=worker)
+            return True
+        # the primary erred: the task follows its retries; the copy is released
+        del self.backups[key]
+        self.starts.pop(key, None)
+        self._release(b.worker, key, f"daskjobs-primary-erred-{now}")
+        self.counts["abandoned"] += 1
+        self._waste(key, now - b.launched)
+        return False

@@ -1,0 +1,120 @@
+"""Backup copies of late tasks, live: a slow worker, races both ways, failures, the cap."""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from daskjobs.plugin import JobsPlugin
+from daskjobs.plugin.client import status
+
+VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
+FAST = {"late_factor": 2.0, "min_runtime": "100ms", "interval": "50ms", "enabled": True}
+
+
+def work(i, seconds, fail_on=None):
+    """Ten times slower on the worker named 0; raises on the worker named ``fail_on``."""
+    from distributed import get_worker
+
+    name = get_worker().name
+    if fail_on is not None and name == fail_on:
+        raise RuntimeError(f"boom on worker {name}")
+    time.sleep(seconds * (10 if name == 0 else 1))
+    return (i, name)
+
+
+def cluster(spec=None, n_workers=2, threads=1):
+    plugin = JobsPlugin(policy="lpt", speculation={**FAST, **(spec or {})})
+    return LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=threads,
+        processes=False,
+        dashboard_address=":0",
+        scheduler_kwargs={"plugins": [plugin]},
+    )
+
+
+def address_of(client, name):
+    return next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == name)
+
+
+def pinned(client, name, i, seconds, estimate, **extra):
+    """A task loosely pinned to the worker called ``name``."""
+    with dask.annotate(
+        workers=[address_of(client, name)], allow_other_workers=True, estimate=estimate, **extra
+    ):
+        return dask.delayed(work)(i, seconds, extra.pop("fail_on", None), dask_key_name=f"w-{i}")
+
+
+def healthy(client, n_workers=2):
+    """No worker lost, no failed scheduler transition, no swallowed plugin error."""
+    assert len(client.scheduler_info()["workers"]) == n_workers
+    failed = [e for _, e in client.get_events("transitions")]
+    assert not [e for e in failed if e.get("action") == "scheduler-transition-failed"]
+    st = status(client)
+    assert st["errors"] == {}, st["errors"]
+    return st["speculation"]
+
+
+def test_a_task_on_a_slow_worker_finishes_from_its_backup():
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        t0 = time.time()
+        assert c.compute(pinned(c, 0, 1, 0.2, 0.2), sync=True) == (1, 1)
+        assert time.time() - t0 < 1.6  # 2 s on the slow worker; the copy took ~0.2 s
+        sp = healthy(c)
+        assert sp["launched"] == 1 and sp["won"] == 1 and sp["running"] == 0
+        assert sp["waste_seconds"]["default"] > 0
+        actions = [e["action"] for _, e in c.get_events("daskjobs")]
+        assert "backup-launched" in actions and "backup-won" in actions
+
+
+def test_the_primary_can_win_and_the_copy_is_released():
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        # 0.5 s on the fast worker, estimated at 0.05 s: late at 0.1 s, copied to the slow one
+        assert c.compute(pinned(c, 1, 2, 0.5, 0.05), sync=True) == (2, 1)
+        sp = healthy(c)
+        assert sp["launched"] == 1 and sp["lost"] == 1 and sp["won"] == 0
+
+
+def test_a_failing_backup_never_fails_the_task():
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        x = pinned(c, 1, 3, 0.5, 0.05, fail_on=0)
+        assert c.compute(x, sync=True) == (3, 1)
+        sp = healthy(c)
+        assert sp["launched"] == 1 and sp["failed"] == 1
+
+
+def test_speculate_false_is_respected():
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        assert c.compute(pinned(c, 0, 4, 0.05, 0.05, speculate=False), sync=True) == (4, 0)
+        assert healthy(c)["launched"] == 0
+
+
+def test_dependents_receive_the_winners_data():
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        slow = pinned(c, 0, 5, 0.2, 0.2)
+        total = dask.delayed(lambda r: (r[0] * 10, r[1]))(slow, dask_key_name="after")
+        assert c.compute(total, sync=True) == (50, 1)
+        assert healthy(c)["won"] == 1
+
+
+def test_the_cap_on_concurrent_backups_holds():
+    with (
+        dask.config.set(VALIDATE),
+        cluster({"max_fraction": 0.01}, n_workers=3, threads=2) as cl,
+        Client(cl) as c,
+    ):
+        parts = [pinned(c, 0, i, 0.2, 0.2) for i in (6, 7)]
+        assert sorted(r[0] for r in c.compute(parts, sync=True)) == [6, 7]
+        sp = healthy(c, 3)
+        assert sp["launched"] >= 1 and sp["peak"] == 1
+
+
+def test_speculation_settings_are_checked():
+    with pytest.raises(ValueError, match=r"daskjobs.speculation.late-factor"):
+        JobsPlugin(speculation={"late_factor": 0.5})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) in daskjobs.speculation: late"):
+        JobsPlugin(speculation={"late": 2})
