@@ -118,3 +118,35 @@ def test_speculation_settings_are_checked():
         JobsPlugin(speculation={"late_factor": 0.5})
     with pytest.raises(ValueError, match=r"unknown key\(s\) in daskjobs.speculation: late"):
         JobsPlugin(speculation={"late": 2})
+
+
+def _wait_for_backup(client, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        sp = status(client)["speculation"]
+        if sp["running"]:
+            return sp
+        time.sleep(0.02)
+    raise AssertionError("no backup was launched")
+
+
+@pytest.mark.parametrize("victim", ["backup", "primary"])
+def test_a_worker_dying_mid_race_leaves_the_task_completing(victim):
+    with dask.config.set(VALIDATE), cluster(n_workers=3) as cl, Client(cl) as c:
+        fut = c.compute(pinned(c, 0, 8, 0.2, 0.2))  # 2 s on the slow worker 0
+        _wait_for_backup(c)
+        backups = c.run_on_scheduler(
+            lambda dask_scheduler: {
+                str(k): (b.worker, b.primary)
+                for k, b in dask_scheduler.plugins["daskjobs"].speculator.backups.items()
+            }
+        )
+        copy_worker, primary_worker = backups["w-8"]
+        doomed = copy_worker if victim == "backup" else primary_worker
+        name = c.scheduler_info()["workers"][doomed]["name"]
+        c.sync(cl.scheduler.remove_worker, address=doomed, stimulus_id="test-kill", close=True)
+        i, ran_on = fut.result(timeout=30)
+        assert i == 8 and ran_on != name
+        failed = [e for _, e in c.get_events("transitions")]
+        assert not [e for e in failed if e.get("action") == "scheduler-transition-failed"]
+        assert status(c)["errors"] == {}
