@@ -81,6 +81,7 @@ This module does not import ``distributed``.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import statistics
@@ -579,11 +580,16 @@ def _dep_latency(
     """Seconds from a task's last input finishing to its start (scheduler clock: both are
     report arrivals), for dependents whose worker had a free slot at that moment."""
     fin = {t.key: a for t, a, _ in ended}
-    running: dict[str, list[tuple[float, float]]] = {}
+    spans: dict[str, tuple[list[float], list[float]]] = {}
     for _t, a, _ in ended:
         b = _begin(a)
         if a.worker is not None and b is not None and a.finished is not None:
-            running.setdefault(a.worker, []).append((b, a.finished))
+            starts, ends = spans.setdefault(a.worker, ([], []))
+            starts.append(b)
+            ends.append(a.finished)
+    for starts, ends in spans.values():
+        starts.sort()
+        ends.sort()
     out: list[float] = []
     for t, a, _ in ended:
         begin = _begin(a)
@@ -591,7 +597,8 @@ def _dep_latency(
         if not inputs or begin is None or a.worker is None:
             continue
         x = max(x for x in inputs if x is not None)
-        busy = sum(1 for s, e in running.get(a.worker, ()) if s <= x < e)
+        starts, ends = spans.get(a.worker, ([], []))
+        busy = bisect.bisect_right(starts, x) - bisect.bisect_right(ends, x)
         if busy < threads.get(a.worker, cpn) and begin >= x:
             out.append(begin - x)
     return out

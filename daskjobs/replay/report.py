@@ -231,7 +231,7 @@ def format_report(report: dict[str, Any]) -> str:
                 else ""
             )
             + f"transfers {fit['transfer_s']:.3f} s over {fit['transfer_tasks']} tasks "
-            "(off the slots: inside the gaps)"
+            "(off the slots: inside the lost capacity)"
         )
     lines += [f"note: {n}" for n in report["notes"]]
     lines += [
