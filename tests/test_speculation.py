@@ -150,3 +150,19 @@ def test_a_worker_dying_mid_race_leaves_the_task_completing(victim):
         failed = [e for _, e in c.get_events("transitions")]
         assert not [e for e in failed if e.get("action") == "scheduler-transition-failed"]
         assert status(c)["errors"] == {}
+
+
+def test_a_task_on_a_worker_measured_slow_is_copied_before_its_deadline():
+    with dask.config.set(VALIDATE), cluster(n_workers=2, threads=2) as cl, Client(cl) as c:
+        # teach the plugin that worker 0 is slow: short tasks there take 10x their estimate
+        warm = [pinned(c, 0, i, 0.02, 0.02, speculate=False) for i in range(10, 16)]
+        c.compute(warm, sync=True)
+        speeds = {w["worker"]: w["speed"] for w in status(c)["workers"]}
+        assert speeds[address_of(c, 0)] > 2
+        # 0.3 s estimated, 3 s on the slow worker: the deadline (2 x 0.3 x slow-down) is
+        # seconds away, but a copy on the fast worker finishes far sooner
+        t0 = time.time()
+        assert c.compute(pinned(c, 0, 20, 0.3, 0.3), sync=True) == (20, 1)
+        assert time.time() - t0 < 2.0
+        sp = healthy(c)
+        assert sp["won"] >= 1

@@ -12,8 +12,13 @@ This module does it the way the research prototype did, and guards every step:
    a task is late once it has run ``late_factor x estimate x believed slow-down
    of its worker`` (:class:`~daskjobs.policies.Speculation`, the object the
    simulator uses; speeds from the plugin's :class:`~daskjobs.policies.NodeAware`
-   learner), and at least ``min_runtime``. Tasks annotated ``speculate=False``
-   and tasks whose estimate is only the configured default are never copied.
+   learner), and at least ``min_runtime``. It is copied at once, deadline or
+   not, when :meth:`NodeAware.urgent <daskjobs.policies.NodeAware.urgent>` says
+   so: its worker is measured slow and a fresh copy on a nominal worker would
+   finish well before it (the simulator's rule; the live plugin keeps no
+   horizon, so "the run's end" is now, and an idle thread is the only price).
+   Tasks annotated ``speculate=False`` and tasks whose estimate is only the
+   configured default are never copied.
 3. **Backup.** A late task gets one copy on another worker with an idle thread
    (another host where there is one; the fastest believed first), within a cap
    of ``max_fraction`` of all threads: the scheduler's ``compute-task`` message
@@ -151,6 +156,8 @@ class Speculator:
         return sum(ws.nthreads for ws in self.scheduler.workers.values())
 
     def _check(self, now: float) -> None:
+        from daskjobs.plugin.plugin import LiveAttempt  # the plugin module imports this one
+
         if not self.starts:
             return
         cap = self.spec.cap(self._slots())
@@ -170,8 +177,11 @@ class Speculator:
                 continue  # no real estimate: nothing to be late against
             if (ts.annotations or {}).get("speculate") is False:
                 continue
-            speed = plugin.speeds.speed(plugin._node(worker))
-            if now < self.spec.deadline(t0, v.estimate, speed):
+            node = plugin._node(worker)
+            speed = plugin.speeds.speed(node)
+            if now < self.spec.deadline(t0, v.estimate, speed) and not plugin.speeds.urgent(
+                LiveAttempt(v, node, t0), now
+            ):
                 continue
             target = self._target(ts, worker)
             if target is None:
@@ -238,6 +248,17 @@ class Speculator:
         team = v.team if v is not None else "default"
         self.waste[team] = self.waste.get(team, 0.0) + max(seconds, 0.0)
 
+    def _learn_from_loser(self, key: Hashable, worker: str, now: float) -> None:
+        """A primary beaten by its copy ran at least ``now - start``: tell the speed
+        learner, or a worker whose every task is rescued would never be measured."""
+        start = self.starts.pop(key, None)
+        v = self.plugin.tasks.get(key)
+        if start is None or v is None or not v.estimate > 0:
+            return
+        elapsed = now - start[1]
+        if elapsed > v.estimate:  # only as evidence of slowness (a lower bound)
+            self.plugin._learn_speed(v, worker, elapsed)
+
     def _rehome(self, ts: Any, new_ws: Any) -> None:
         """Make ``new_ws`` the task's worker, as a confirmed steal would."""
         sched = self.scheduler
@@ -278,9 +299,9 @@ class Speculator:
             loser = ts.processing_on.address
             self._rehome(ts, new_ws)
             del self.backups[key]
-            self.starts.pop(key, None)
             self._release(loser, key, f"daskjobs-backup-won-{now}")
             self.counts["won"] += 1
+            self._learn_from_loser(key, loser, now)
             self._waste(key, now - b.launched)  # the primary ran at least this long, uselessly
             self.plugin._event("backup-won", key=str(key), winner=worker, loser=loser)
         elif ts.processing_on is not None and worker == ts.processing_on.address:
