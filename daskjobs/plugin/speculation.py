@@ -165,6 +165,7 @@ class Speculator:
             return
         plugin = self.plugin
         sched = self.scheduler
+        horizon: float | None = None
         for key, (worker, t0, run_id) in list(self.starts.items()):
             if key in self.copied:
                 continue
@@ -179,19 +180,56 @@ class Speculator:
                 continue
             node = plugin._node(worker)
             speed = plugin.speeds.speed(node)
-            if now < self.spec.deadline(t0, v.estimate, speed) and not plugin.speeds.urgent(
-                LiveAttempt(v, node, t0), now
-            ):
+            late = now >= self.spec.deadline(t0, v.estimate, speed)
+            urgent = not late and plugin.speeds.urgent(LiveAttempt(v, node, t0), now)
+            if not (late or urgent):
                 continue
-            target = self._target(ts, worker)
+            # a copy may queue on a busy worker only if the task would otherwise end
+            # after the projected end of the run (the simulator's horizon rule)
+            allow_busy = False
+            if urgent:
+                if horizon is None:
+                    horizon = self._horizon(now)
+                left = max(t0 + v.estimate * speed - now, 0.5 * v.estimate * speed)
+                allow_busy = now + left > horizon
+            target = self._target(ts, worker, allow_busy=allow_busy)
             if target is None:
                 continue
             self._launch(ts, target, now)
             if len(self.backups) >= cap:
                 return
 
-    def _target(self, ts: Any, primary: str) -> Any:
-        """Another worker with an idle thread: another host first, then the fastest."""
+    def _horizon(self, now: float) -> float:
+        """Projected end of the work the scheduler holds: estimated seconds of the queued
+        and running tasks over the workers' threads weighted by believed speed. O(tasks
+        queued or running), once per check that needs it."""
+        sched = self.scheduler
+        plugin = self.plugin
+        tasks = plugin.tasks
+        work = 0.0
+        for ts in sched.queued:
+            v = tasks.get(ts.key)
+            if v is not None:
+                work += v.estimate
+        capacity = 0.0
+        for ws in sched.workers.values():
+            speed = plugin.speeds.speed(plugin._node(ws.address))
+            capacity += ws.nthreads / max(speed, 1e-9)
+            for ts in ws.processing:
+                v = tasks.get(ts.key)
+                if v is not None:
+                    work += v.estimate * 0.5  # about half of a running task is left
+        return now + work / capacity if capacity > 0 else now
+
+    def _target(self, ts: Any, primary: str, allow_busy: bool = False) -> Any:
+        """Another worker with an idle thread: another host first, then the fastest.
+
+        With ``allow_busy`` (a task stuck on a worker measured slow) and no idle
+        thread anywhere, a busy worker faster than the primary's will do, if it
+        holds no other copy: the copy carries the task's priority into that
+        worker's queue, so it starts at the worker's next free thread, ahead of
+        lower-priority work, instead of waiting for the tail of the run.
+        """
         sched = self.scheduler
         pws = sched.workers.get(primary)
         busy: dict[str, int] = {}
@@ -199,18 +237,25 @@ class Speculator:
             busy[b.worker] = busy.get(b.worker, 0) + 1
         best = None
         best_rank: tuple[Any, ...] | None = None
+        speeds = self.plugin.speeds
+        primary_speed = speeds.speed(self.plugin._node(primary))
         for ws in sched.workers.values():
             if ws.address == primary or ws.status.name != "running":
                 continue
-            if len(ws.processing) + busy.get(ws.address, 0) >= ws.nthreads:
-                continue
+            load = len(ws.processing) + busy.get(ws.address, 0)
+            idle = load < ws.nthreads
+            if not idle:
+                if not allow_busy or busy.get(ws.address, 0):
+                    continue
+                if speeds.speed(self.plugin._node(ws.address)) >= primary_speed:
+                    continue
             if ts.resource_restrictions and any(
                 ws.resources.get(r, 0) < need for r, need in ts.resource_restrictions.items()
             ):
                 continue
             same_host = pws is not None and ws.host == pws.host
-            speed = self.plugin.speeds.speed(self.plugin._node(ws.address))
-            rank = (same_host, speed, len(ws.processing), ws.address)
+            speed = speeds.speed(self.plugin._node(ws.address))
+            rank = (not idle, same_host, speed, load / ws.nthreads, ws.address)
             if best_rank is None or rank < best_rank:
                 best, best_rank = ws, rank
         return best
