@@ -86,11 +86,12 @@ import math
 import os
 import statistics
 from collections import Counter
-from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from daskjobs.plugin.trace import Trace, TraceAttempt, TraceError, TraceTask, read_trace
+from daskjobs.policies.speculation import Speculation
 from daskjobs.sim.model import Cluster, Task
 
 __all__ = ["SPEED_NOISE", "Fit", "Loaded", "ReplayError", "WorkerInfo", "load"]
@@ -158,6 +159,8 @@ class Recorded:
     intervals: list[tuple[float, float]] = field(repr=False, default_factory=list)
     team_wait: dict[str, float] = field(default_factory=dict)  # median end - submit
     team_last: dict[str, float] = field(default_factory=dict)
+    # backup copies the plugin ran (its audit events): launched, won, lost, failed, started
+    backups: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,6 +179,8 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
     stages: dict[Hashable, str] = field(default_factory=dict, repr=False)  # tid -> stage
     compute: dict[Hashable, float] = field(default_factory=dict, repr=False)  # nominal seconds
+    # the recorded run's speculation settings (None: off), replayed as recorded
+    speculation: Speculation | None = None
 
     @property
     def nodes(self) -> int:
@@ -221,9 +226,15 @@ def _median(xs: Iterable[float]) -> float:
 
 
 def _speeds(
-    tasks: list[tuple[TraceTask, TraceAttempt, float]], stage_of: dict[Hashable, str]
+    tasks: list[tuple[TraceTask, TraceAttempt, float]],
+    stage_of: dict[Hashable, str],
+    losers: Sequence[tuple[TraceAttempt, float]] = (),
 ) -> dict[str, float]:
-    """Raw slow-down per worker: median duration / reference, normalised to all workers."""
+    """Raw slow-down per worker: median duration / reference, normalised to all workers.
+
+    A worker that finished nothing, every task of it beaten by a backup copy, is
+    measured from its losing attempts: ``elapsed until the race was settled /
+    reference`` is a lower bound of its slow-down (as the live plugin learns it)."""
     by_stage: dict[str, list[float]] = {}
     for t, _a, d in tasks:
         by_stage.setdefault(stage_of[t.key], []).append(d)
@@ -232,17 +243,34 @@ def _speeds(
     for t, a, d in tasks:
         if a.outcome != "memory" or a.worker is None:
             continue
-        if t.estimate_source == "annotation" and t.estimate:
-            ref = float(t.estimate)
-        else:
-            ref = stage_median[stage_of[t.key]]
+        ref = _reference(t, stage_median, stage_of)
         if ref > 0 and d > 0:
             ratios.setdefault(a.worker, []).append(d / ref)
     every = [r for rs in ratios.values() for r in rs]
     if not every:
         return {}
     overall = _median(every)
-    return {w: _median(rs) / overall for w, rs in ratios.items()}
+    out = {w: _median(rs) / overall for w, rs in ratios.items()}
+    ref_of = {t.key: _reference(t, stage_median, stage_of) for t, _a, _d in tasks}
+    bounds: dict[str, list[float]] = {}
+    for a, end in losers:
+        b = _begin(a)
+        ref = ref_of.get(a.key, math.nan)
+        if a.worker is None or a.worker in out or b is None or not ref > 0:
+            continue
+        if end > b:
+            bounds.setdefault(a.worker, []).append((end - b) / ref)
+    for w, rs in bounds.items():
+        out[w] = max(1.0, _median(rs) / overall)
+    return out
+
+
+def _reference(
+    t: TraceTask, stage_median: dict[str, float], stage_of: dict[Hashable, str]
+) -> float:
+    if t.estimate_source == "annotation" and t.estimate:
+        return float(t.estimate)
+    return stage_median[stage_of[t.key]]
 
 
 def load(
@@ -273,6 +301,25 @@ def load(
         notes.append(f"the recorder dropped {trace.dropped} records: some attempts may be missing")
     settings = dict(trace.header.get("settings") or {})
     default_estimate = float(settings.get("default_estimate") or 1.0)
+    recorded_spec = _speculation(settings, notes)
+
+    # -- backup copies: the winner's end to the winner, the loser apart ------------------
+    races = _races(trace)
+    losers: list[tuple[TraceAttempt, float]] = []
+    copies_started = 0
+    if races:
+        tasks = dict(trace.tasks)
+        for key, rs in races.items():
+            atts, lost_races, n = _split_races(tasks[key], rs)
+            tasks[key] = replace(tasks[key], attempts=atts)
+            losers += lost_races
+            copies_started += n
+        trace = replace(trace, tasks=tasks)
+        if recorded_spec is None:
+            notes.append(
+                "the trace has backup copies but no speculation settings: "
+                "replayed without speculation"
+            )
 
     # -- the tasks that ended --------------------------------------------------------------
     ended: list[tuple[TraceTask, TraceAttempt, float]] = []
@@ -326,6 +373,9 @@ def load(
         for a in t.attempts:
             if _done(a) and a.worker is not None:
                 used[a.worker] += 1
+    for a, _end in losers:  # a worker whose every task lost its race still ran them
+        if a.worker is not None and a.key in keep:
+            used.setdefault(a.worker, 0)
     for addr in used:
         if addr not in threads:
             threads[addr] = 0
@@ -342,7 +392,7 @@ def load(
     for addr in threads:
         if threads[addr] <= 0:
             threads[addr] = cpn
-    raw = _speeds(ended, stage_of) if speeds else {}
+    raw = _speeds(ended, stage_of, losers) if speeds else {}
     addrs = sorted(used, key=lambda w: (raw.get(w, 1.0), w)) or ["(unknown)"]
     workers: list[WorkerInfo] = []
     slow: dict[int, float] = {}
@@ -370,7 +420,8 @@ def load(
     if startup is None:
         startup = fitted_startup
     slots = len(workers) * cpn  # the replayed cluster's slots
-    lost_s, computing = _lost_capacity(trace, ended, keep, float(startup), slots)
+    losers = [(a, end) for a, end in losers if a.key in keep]
+    lost_s, computing = _lost_capacity(trace, ended, keep, float(startup), slots, losers)
     fitted_overhead = lost_s / len(ended)
     if overhead is None:
         overhead = fitted_overhead
@@ -414,6 +465,12 @@ def load(
             if a is not final:
                 n_fail += 1
                 waste += a.finished - begin
+    for a, end in losers:  # a copy that lost its race: waste, not a failure
+        begin = _begin(a)
+        if begin is not None and end > begin:
+            intervals.append((begin - t0, end - t0))
+            busy += end - begin
+            waste += end - begin
     team_ends: dict[str, list[float]] = {}
     team_last: dict[str, float] = {}
     for t, a, _ in ended:
@@ -432,6 +489,7 @@ def load(
         intervals=intervals,
         team_wait={k: _median(v) for k, v in team_ends.items()},
         team_last=team_last,
+        backups=_backup_counts(races, copies_started),
     )
 
     # -- simulator tasks, in the order dask ran ties: the recorded priority ---------------
@@ -480,7 +538,150 @@ def load(
         notes=notes,
         stages=stage_of,
         compute=compute,
+        speculation=recorded_spec,
     )
+
+
+# -- backup copies (speculation) -------------------------------------------------------------
+
+_SETTLED = {"backup-won": "won", "backup-lost": "lost", "backup-failed": "failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Race:
+    """One backup copy the plugin launched, from its audit events."""
+
+    launched: float  # scheduler time of ``backup-launched``
+    primary: str | None
+    backup: str | None
+    settled: float | None = None  # scheduler time of ``backup-won/lost/failed``
+    outcome: str | None = None  # won | lost | failed
+
+
+def _races(trace: Trace) -> dict[Hashable, list[_Race]]:
+    """The backup copies of each task, in order, from the ``backup-*`` audit events
+    (their ``key`` is the task key's ``str``)."""
+    by_str: dict[str, Hashable] = {str(k): k for k in trace.tasks}
+    races: dict[Hashable, list[_Race]] = {}
+    for ev in trace.events:
+        action = ev.get("action")
+        if action != "backup-launched" and action not in _SETTLED:
+            continue
+        key = by_str.get(str(ev.get("key")))
+        t = ev.get("time")
+        if key is None or not isinstance(t, int | float):
+            continue
+        if action == "backup-launched":
+            races.setdefault(key, []).append(_Race(float(t), ev.get("primary"), ev.get("backup")))
+            continue
+        open_ = [i for i, r in enumerate(races.get(key, [])) if r.outcome is None]
+        if open_:
+            i = open_[-1]
+            races[key][i] = replace(races[key][i], settled=float(t), outcome=_SETTLED[action])
+    return races
+
+
+_END_FIELDS = (
+    "finished",
+    "run_id",
+    "state",
+    "outcome",
+    "compute_start",
+    "compute_stop",
+    "duration",
+    "transfer",
+    "nbytes",
+    "error",
+)
+
+
+def _without_end(a: TraceAttempt, worker: str | None) -> TraceAttempt:
+    return replace(a, worker=worker or a.worker, **dict.fromkeys(_END_FIELDS))
+
+
+def _with_end(a: TraceAttempt, end: TraceAttempt) -> TraceAttempt:
+    return replace(a, worker=end.worker or a.worker, **{f: getattr(end, f) for f in _END_FIELDS})
+
+
+def _split_races(
+    task: TraceTask, races: list[_Race]
+) -> tuple[list[TraceAttempt], list[tuple[TraceAttempt, float]], int]:
+    """The task's attempts with each race told apart, the losing copies with the time
+    the race was settled, and how many copies reported their start.
+
+    ``read_trace`` joins records by key: the copy's ``started`` record (same run id, no
+    ``assigned``) opens a second attempt, and the winner's ``finished`` record closes
+    that one whichever worker won. Here the end goes to the attempt on the winning
+    worker (``finished``'s worker); the other one lost the race (the plugin released
+    it; its thread ran on). It is neither a failure nor a retry.
+    """
+    atts = list(task.attempts)
+    losers: list[tuple[TraceAttempt, float]] = []
+    started = 0
+    for race in races:
+        ci = next(
+            (
+                i
+                for i, a in enumerate(atts)
+                if i > 0
+                and a.assigned is None
+                and a.started is not None
+                and a.started >= race.launched
+                and (a.worker in (race.backup, race.primary) or a.worker is None)
+            ),
+            None,
+        )
+        if ci is None:
+            continue  # the copy never reported its start (queued behind, or the race ended)
+        before = [i for i in range(ci) if (atts[i].started or math.inf) < race.launched]
+        pi = before[-1] if before else None
+        if pi is None:
+            continue
+        started += 1
+        p, c = atts[pi], atts[ci]
+        if _done(c) and c.worker != race.backup:  # the primary's end, joined to the copy
+            atts[pi] = _with_end(p, c)
+            atts[ci] = _without_end(c, race.backup)
+            end = atts[pi].finished
+            loser = atts[ci]
+        elif _done(c):  # the copy won
+            atts[ci] = replace(c, worker=race.backup)
+            end = c.finished
+            loser = p
+        elif _done(p):  # the primary ended before the copy's start was heard
+            atts[ci] = _without_end(c, race.backup)
+            end = p.finished
+            loser = atts[ci]
+        else:  # neither ended in the trace
+            continue
+        stop = race.settled if race.settled is not None else end
+        if stop is not None:
+            losers.append((loser, float(stop)))
+    return atts, losers, started
+
+
+def _speculation(settings: dict[str, Any], notes: list[str]) -> Speculation | None:
+    """The recorded run's speculation settings as a simulator spec (None: off)."""
+    spec = settings.get("speculation")
+    if not isinstance(spec, dict) or not spec.get("enabled"):
+        return None
+    try:
+        return Speculation(
+            late_factor=float(spec.get("late_factor", 2.5)),
+            min_runtime=float(spec.get("min_runtime") or 0.0),
+            max_fraction=float(spec.get("max_fraction") or 0.1),
+        )
+    except (TypeError, ValueError) as exc:
+        notes.append(f"the recorded speculation settings cannot be replayed ({exc}): off")
+        return None
+
+
+def _backup_counts(races: dict[Hashable, list[_Race]], started: int) -> dict[str, int]:
+    rs = [r for rr in races.values() for r in rr]
+    out = {"launched": len(rs), "started": started}
+    for outcome in ("won", "lost", "failed"):
+        out[outcome] = sum(1 for r in rs if r.outcome == outcome)
+    return out
 
 
 def _order_key(item: tuple[TraceTask, TraceAttempt, float]) -> tuple[float, tuple[float, ...]]:
@@ -527,6 +728,7 @@ def _lost_capacity(
     keep: set[Hashable],
     startup: float,
     slots: int,
+    losers: Sequence[tuple[TraceAttempt, float]] = (),
 ) -> tuple[float, float]:
     """Slot-seconds lost while work waited, and the share of slot-seconds computing.
 
@@ -536,7 +738,9 @@ def _lost_capacity(
     duration, finished]`` of every attempt. At each moment, ``min(free slots,
     waiting tasks)`` slots are lost to dask: the simulator would have started
     that many tasks there. Free slots with nothing waiting are idle (the graph's
-    shape), not lost.
+    shape), not lost. A copy that lost its race computes from its start until the
+    race was settled, as the simulator kills it then; its thread really ran on, and
+    while it did its slot counts as free (the simulator would have used it).
     """
     finished = {t.key: a.finished for t, a, _ in ended}
     events: list[tuple[float, int, int]] = []  # (time, 0 waiting / 1 computing, +1/-1)
@@ -557,6 +761,11 @@ def _lost_capacity(
             if _done(a) and a.finished is not None and d:
                 events += [(a.finished - d, 1, 1), (a.finished, 1, -1)]
                 compute += d
+    for a, end in losers:
+        b = _begin(a)
+        if b is not None and end > b:
+            events += [(b, 1, 1), (end, 1, -1)]
+            compute += end - b
     if not events:
         return 0.0, math.nan
     events.sort()

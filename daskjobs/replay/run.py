@@ -19,21 +19,34 @@ import math
 import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from daskjobs.plugin.trace import Trace
-from daskjobs.policies import FairShare, Policy, Speculation, make_policy
-from daskjobs.replay.load import Loaded, load
+from daskjobs.policies import FairShare, NodeAware, Policy, Speculation, make_policy
+from daskjobs.policies.base import AttemptView, NodeView, TaskView
+from daskjobs.replay.load import SPEED_NOISE, Loaded, load
 from daskjobs.sim.engine import simulate
 from daskjobs.sim.model import Cluster
 from daskjobs.sim.schedule import Schedule, speed_bound
 
-__all__ = ["POLICIES", "ReplayResult", "make_cluster", "make_replay_policy", "replay", "what_ifs"]
+__all__ = [
+    "POLICIES",
+    "RECORDED",
+    "PluginSpeeds",
+    "ReplayResult",
+    "make_cluster",
+    "make_replay_policy",
+    "replay",
+    "what_ifs",
+]
 
 #: Policies a trace can be replayed under.
 POLICIES = ("fifo", "lpt", "critical-path", "work-stealing", "node-aware", "fair-share")
+
+#: ``replay(..., speculation=RECORDED)``: backups as the recorded run had them.
+RECORDED: Literal["recorded"] = "recorded"
 
 
 @dataclass
@@ -83,10 +96,101 @@ class ReplayResult:
             "node_hours": self.node_hours,
             "lower_bound_s": self.lower_bound,
             "backups": self.schedule.backups_launched,
+            "backups_won": self.schedule.backups_won,
             "waste_core_s": self.schedule.waste,
             "failures": self.schedule.failures,
             "teams": self.teams(),
         }
+
+
+@dataclass
+class _Seen:
+    """A primary that lost its race, as the live speed learner sees it: a lower bound."""
+
+    task: TaskView
+    node: int
+    start: float
+    end: float
+    outcome: str = "done"
+    backup: bool = False
+
+
+class PluginSpeeds(Policy):
+    """A policy's order, with lateness judged as the live plugin judges it.
+
+    With speculation on, the plugin's :class:`~daskjobs.plugin.speculation.Speculator`
+    scales deadlines by each worker's believed slow-down and copies at once a task on
+    a worker measured slow (:meth:`NodeAware.urgent`), the beliefs coming from a
+    :class:`NodeAware` object that only learns: it is told of finished attempts and,
+    as a lower bound, of primaries beaten by their copy, never of starts or queued
+    work, so its horizon is "now". This wraps a policy that does not learn speeds
+    (fifo, lpt, critical-path, ...) with such a learner, so a replay of a run with
+    speculation launches the backups the run launched. As live, the urgent rule
+    copies only while nothing is queued (the plugin copies only to an idle thread).
+    """
+
+    def __init__(self, inner: Policy, overhead: float = 0.0) -> None:
+        self.inner = inner
+        self.learner = NodeAware()
+        self.name = inner.name
+        self.overhead = overhead  # replayed per task; the live learner sees compute time
+
+    def add_node(self, index: int, cores: int) -> None:
+        self.inner.add_node(index, cores)
+        self.learner.add_node(index, 1)
+
+    def remove_node(self, index: int) -> None:
+        self.inner.remove_node(index)
+        self.learner.remove_node(index)
+
+    def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        self.inner.add_graph(tasks)
+
+    def push(self, task: TaskView) -> None:
+        self.inner.push(task)
+
+    def push_many(self, tasks: Sequence[TaskView]) -> None:
+        self.inner.push_many(tasks)
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        return self.inner.pop(node, now)
+
+    def started(self, attempt: AttemptView, now: float) -> None:
+        self.inner.started(attempt, now)
+
+    def ended(self, attempt: AttemptView, now: float) -> bool:
+        self.inner.ended(attempt, now)
+        if attempt.outcome == "done":
+            start = min(attempt.start + self.overhead, now)
+            return self.learner.ended(_Seen(attempt.task, attempt.node, start, now), now)
+        est = attempt.task.estimate
+        # a primary beaten by its copy ran at least this long: a lower bound
+        if attempt.outcome == "killed" and not attempt.backup and now - attempt.start > est > 0:
+            seen = _Seen(attempt.task, attempt.node, attempt.start, now)
+            return self.learner.ended(seen, now)
+        return False
+
+    def forget(self, tid: Hashable) -> None:
+        self.inner.forget(tid)
+
+    def speed(self, node: int) -> float:
+        # beliefs within the measurement noise are nominal: the simulator copies only
+        # to a node not believed slower than the primary's, the plugin to any idle
+        # worker, so a fast worker believed 1.02 must still take the copy of a task on
+        # a slow worker not measured yet (1.0)
+        s = self.learner.speed(node)
+        return s if (s > SPEED_NOISE or s < 1 / SPEED_NOISE) else 1.0
+
+    def urgent(self, attempt: AttemptView, now: float) -> bool:
+        # live, a copy goes only to an idle thread, and with work queued no thread is
+        # idle: the urgent rule only rescues the tail
+        return not len(self.inner) and self.learner.urgent(attempt, now)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "speeds": self.learner.describe()["speeds"]}
 
 
 def make_replay_policy(name: str, loaded: Loaded) -> Policy:
@@ -136,7 +240,7 @@ def replay(
     trace: Loaded | Trace | str | os.PathLike[str],
     policy: str | None = None,
     *,
-    speculation: float | None = None,
+    speculation: float | Literal["recorded"] | None = RECORDED,
     nodes: int | None = None,
     cores_per_node: int | None = None,
     no_slow: bool = False,
@@ -144,20 +248,33 @@ def replay(
 ) -> ReplayResult:
     """Replay ``trace`` under ``policy`` (default: the one recorded, else ``fifo``).
 
-    ``speculation`` is a late factor (e.g. 2.5) or ``None`` for no backups;
-    ``nodes``/``cores_per_node``/``no_slow`` change the cluster; ``seed`` seeds
-    the simulator's failure draws.
+    ``speculation`` is a late factor (e.g. 2.5), ``None`` for no backups, or
+    :data:`RECORDED` (the default): the recorded run's settings (late factor,
+    ``min_runtime``, ``max_fraction``; off if it ran without). With backups on, a
+    policy that does not learn worker speeds itself judges lateness with the live
+    plugin's learner (:class:`PluginSpeeds`). ``nodes``/``cores_per_node``/``no_slow``
+    change the cluster; ``seed`` seeds the simulator's failure draws.
     """
     loaded = trace if isinstance(trace, Loaded) else load(trace)
     name = policy or _recorded_policy(loaded)
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
     cluster = make_cluster(loaded, nodes, cores_per_node, no_slow)
-    spec = Speculation(late_factor=speculation) if speculation is not None else None
-    schedule = simulate(
-        loaded.tasks, cluster, make_replay_policy(name, loaded), spec=spec, seed=seed
-    )
-    return ReplayResult(loaded, schedule, name, speculation, cluster)
+    spec: Speculation | None
+    if speculation == RECORDED:
+        spec = loaded.speculation
+    elif speculation is None:
+        spec = None
+    elif isinstance(speculation, int | float) and not isinstance(speculation, bool):
+        spec = Speculation(late_factor=float(speculation))
+    else:
+        raise ValueError(f"speculation must be a late factor, None or {RECORDED!r}")
+    pol = make_replay_policy(name, loaded)
+    if spec is not None and type(pol).speed is Policy.speed:
+        pol = PluginSpeeds(pol, loaded.fit.overhead)
+    schedule = simulate(loaded.tasks, cluster, pol, spec=spec, seed=seed)
+    factor = spec.late_factor if spec is not None else None
+    return ReplayResult(loaded, schedule, name, factor, cluster)
 
 
 def _recorded_policy(loaded: Loaded) -> str:
