@@ -369,3 +369,132 @@ def test_example_replays_the_committed_trace_under_every_policy():
     assert abs(replay(load(trace)).error) < TOLERANCE
     by = {(r["policy"], r["speculation"], r["no_slow"]): r["makespan_s"] for r in rows}
     assert by[("lpt", None, True)] < by[("lpt", None, False)]  # the slow worker costs time
+
+
+# -- a live run with speculation (backup copies) -----------------------------------------
+
+
+def _slow4_work(i, d, *deps):
+    time.sleep(d * (4.0 if get_worker().name == 0 else 1.0))
+    return i
+
+
+SPECULATION = {"enabled": True, "late_factor": 2.0, "min_runtime": "100ms", "interval": "50ms"}
+
+
+@pytest.fixture(scope="module")
+def spec_trace(tmp_path_factory):
+    """80 independent tasks (median 80 ms) under lpt with speculation, worker 0 4x slow."""
+    path = tmp_path_factory.mktemp("replay") / "spec.jsonl"
+    rng = random.Random(7)
+    graph = []
+    for i in range(80):
+        d = min(0.25, rng.lognormvariate(-2.5, 0.5))
+        with dask.annotate(estimate=d):
+            graph.append(dask.delayed(_slow4_work)(i, d, dask_key_name=f"bt-{i}"))
+    plugin = JobsPlugin(policy="lpt", record=str(path), speculation=SPECULATION)
+    with (
+        LocalCluster(
+            n_workers=3,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [plugin]},
+        ) as cl,
+        Client(cl) as c,
+    ):
+        c.compute(graph, sync=True)
+    return path
+
+
+def test_speculation_run_replays_with_its_backups(spec_trace):
+    loaded = load(spec_trace)
+    assert loaded.speculation is not None and loaded.speculation.late_factor == 2.0
+    assert loaded.speculation.min_runtime == pytest.approx(0.1)
+    assert len(loaded.tasks) == 80 and loaded.cluster.nodes == 3
+    assert loaded.cluster.failure_rate == 0  # a copy is not a retry
+    slow = [w for w in loaded.workers if w.speed > 1]
+    assert len(slow) == 1 and 2.5 < slow[0].speed < 6
+    r = replay(loaded)  # the recorded policy and speculation
+    assert r.speculation == 2.0
+    assert abs(r.error) < TOLERANCE, (loaded.recorded.makespan, r.makespan)
+    assert r.schedule.backups_launched >= 1
+    assert replay(loaded, speculation=None).schedule.backups_launched == 0
+
+
+def _spec_trace_lines(winner):
+    """A hand-made trace: one task copied from worker A to B; ``winner`` finishes."""
+    a, b = "tcp://a:1", "tcp://b:1"
+    t0 = 1000.0
+    recs = [
+        {
+            "type": "header",
+            "version": 1,
+            "policy": "lpt",
+            "settings": {"speculation": {"enabled": True, "late_factor": 2.0}},
+        },
+        {"type": "worker-added", "time": t0, "worker": a, "nthreads": 1},
+        {"type": "worker-added", "time": t0, "worker": b, "nthreads": 1},
+        {
+            "type": "graph",
+            "time": t0,
+            "key": "x",
+            "deps": [],
+            "estimate": 1.0,
+            "estimate_source": "annotation",
+            "submit": t0,
+        },
+        {"type": "assigned", "time": t0, "key": "x", "worker": a},
+        {"type": "started", "time": t0 + 0.1, "key": "x", "worker": a, "run_id": 5},
+        {
+            "type": "event",
+            "time": t0 + 2.2,
+            "event": {"action": "backup-launched", "key": "x", "primary": a, "backup": b},
+        },
+        {"type": "started", "time": t0 + 2.3, "key": "x", "worker": b, "run_id": 5},
+    ]
+    loser = b if winner == a else a
+    done = t0 + (2.5 if winner == a else 3.3)
+    action = "backup-lost" if winner == a else "backup-won"
+    recs += [
+        {
+            "type": "event",
+            "time": done,
+            "event": {"action": action, "key": "x", "winner": winner, "loser": loser},
+        },
+        {
+            "type": "finished",
+            "time": done,
+            "key": "x",
+            "worker": winner,
+            "run_id": 5,
+            "outcome": "memory",
+            "state": "memory",
+            "duration": 2.4 if winner == a else 1.0,
+        },
+        {"type": "footer", "time": done, "records": len(recs) - 1, "dropped": 0},
+    ]
+    return "".join(json.dumps(r) + "\n" for r in recs)
+
+
+@pytest.mark.parametrize("winner", ["tcp://a:1", "tcp://b:1"])
+def test_race_goes_to_the_winning_worker(tmp_path, winner):
+    path = tmp_path / "race.jsonl"
+    path.write_text(_spec_trace_lines(winner))
+    loaded = load(path, overhead=0.0, startup=0.0, speeds=False)
+    (task,) = loaded.tasks
+    assert task.duration == pytest.approx(2.4 if winner.startswith("tcp://a") else 1.0)
+    rec = loaded.recorded
+    assert rec.attempts == 1 and rec.failed_attempts == 0  # the copy is not a retry
+    assert rec.backups == {
+        "launched": 1,
+        "started": 1,
+        "won": int("b" in winner[6]),
+        "lost": int("a" in winner[6]),
+        "failed": 0,
+    }
+    assert loaded.cluster.nodes == 2 and loaded.cluster.failure_rate == 0
+    # the loser ran from its own start until the race was settled
+    starts = sorted(s for s, _ in rec.intervals)
+    assert starts == pytest.approx([0.1, 2.3])
+    assert loaded.speculation is not None and loaded.speculation.late_factor == 2.0
