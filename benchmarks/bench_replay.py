@@ -14,6 +14,11 @@ that ran them; the table gives recorded vs replayed makespan and the error.
    ``critical-path``, recorded ``--dag-runs`` times (default 5): its millisecond
    numpy tasks make the run bound by dask's per-task costs, which vary from one
    recording to the next, so each recording is replayed and listed.
+4b. ``lpt-spec``: 80 independent tasks (median 80 ms, estimates exact) with worker 0
+   four times slower, the plugin with ``lpt`` and speculation on (late factor 2.0,
+   ``min_runtime`` 100 ms, ``interval`` 50 ms): backup copies race on the live cluster,
+   and the replay runs with the recorded speculation; recorded vs replayed backups
+   launched / won are listed.
 5. ``dag-small``: the same reduction over 8 x 8 chunks (164 tasks of 0.5 ms): the
    slots compute under 10% of the time.
 
@@ -52,6 +57,27 @@ def _slow_work(i: int, d: float, *deps: Any) -> int:
     return i
 
 
+def _slow4_work(i: int, d: float, *deps: Any) -> int:
+    from distributed import get_worker
+
+    time.sleep(d * (4.0 if get_worker().name == 0 else 1.0))
+    return i
+
+
+SPECULATION = {"enabled": True, "late_factor": 2.0, "min_runtime": "100ms", "interval": "50ms"}
+
+
+def spec_sweep(n: int = 80, seed: int = 7) -> list[Any]:
+    """``n`` independent tasks, log-normal (median 80 ms, spread 0.5, at most 0.25 s)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        d = min(0.25, rng.lognormvariate(-2.5, 0.5))
+        with dask.annotate(estimate=d):
+            out.append(dask.delayed(_slow4_work)(i, d, dask_key_name=f"bt-{i}"))
+    return out
+
+
 def sweep(fn: Any = _work, n: int = 120, seed: int = 7) -> list[Any]:
     """``n`` independent tasks, log-normal durations (median 40 ms, spread 0.7), two teams."""
     rng = random.Random(seed)
@@ -70,13 +96,21 @@ def array_reduction(n: int = 4000) -> Any:
     return (x + x.T).mean(axis=0).sum()
 
 
-def record(path: Path, policy: str, graph: Any, n_workers: int = 3, threads: int = 2) -> float:
+def record(
+    path: Path,
+    policy: str,
+    graph: Any,
+    n_workers: int = 3,
+    threads: int = 2,
+    speculation: dict[str, Any] | None = None,
+) -> float:
     """Run ``graph`` on a LocalCluster with the plugin recording to ``path``; wall seconds."""
     from distributed import Client, LocalCluster
 
     from daskjobs.plugin import JobsPlugin
 
-    plugin = JobsPlugin(policy=policy, record=str(path))
+    extra = {"speculation": speculation} if speculation is not None else {}
+    plugin = JobsPlugin(policy=policy, record=str(path), **extra)
     with (
         LocalCluster(
             n_workers=n_workers,
@@ -96,6 +130,7 @@ RUNS = {
     "fifo": ("fifo", lambda: sweep()),
     "lpt": ("lpt", lambda: sweep()),
     "lpt-slow": ("lpt", lambda: sweep(_slow_work)),
+    "lpt-spec": ("lpt", spec_sweep),
     "dag-small": ("critical-path", lambda: array_reduction(2000)),
     "dag": ("critical-path", array_reduction),
 }
@@ -109,7 +144,7 @@ def calibration(out: Path, dag_runs: int = 5) -> list[dict[str, Any]]:
         runs += [(f"{dag[0]}-{k + 1}", *dag[1:]) for k in range(dag_runs)]
     for name, _kind, policy, make in runs:
         path = out / f"{name}.jsonl"
-        record(path, policy, make())
+        record(path, policy, make(), speculation=SPECULATION if name == "lpt-spec" else None)
         loaded = load(path)
         r = replay(loaded)
         rows.append(
@@ -132,6 +167,16 @@ def calibration(out: Path, dag_runs: int = 5) -> list[dict[str, Any]]:
                 "recorded_s": loaded.recorded.makespan,
                 "replayed_s": r.makespan,
                 "error_pct": r.error * 100,
+                "backups_recorded": (
+                    f"{loaded.recorded.backups['launched']} / {loaded.recorded.backups['won']}"
+                    if loaded.speculation is not None
+                    else "-"
+                ),
+                "backups_replayed": (
+                    f"{r.schedule.backups_launched} / {r.schedule.backups_won}"
+                    if loaded.speculation is not None
+                    else "-"
+                ),
                 "trace": str(path),
             }
         )
@@ -237,9 +282,10 @@ def main() -> None:
         return
     print(
         "| run | policy | tasks | workers | slow worker | overhead (ms/task) "
-        "| computing | input -> start (ms) | recorded (s) | replayed (s) | error |"
+        "| computing | input -> start (ms) | recorded (s) | replayed (s) | error "
+        "| backups launched / won: recorded | replayed |"
     )
-    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         slow = ", ".join(f"{k}: {v}x" for k, v in r["slow"].items()) or "-"
         lat = "-" if r["dep_latency_ms"] is None else f"{r['dep_latency_ms']:.1f}"
@@ -247,7 +293,7 @@ def main() -> None:
             f"| {r['run']} | {r['policy']} | {r['tasks']} | {r['workers']} | {slow} "
             f"| {r['overhead_ms']:.2f} | {r['compute_share']:.0%} | {lat} "
             f"| {r['recorded_s']:.3f} | {r['replayed_s']:.3f} "
-            f"| {r['error_pct']:+.1f}% |"
+            f"| {r['error_pct']:+.1f}% | {r['backups_recorded']} | {r['backups_replayed']} |"
         )
     if rows:
         worst = max(rows, key=lambda r: abs(r["error_pct"]))
