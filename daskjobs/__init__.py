@@ -21,6 +21,7 @@ _LAZY = {
     "run": "daskjobs.sweep",
     "ResultStore": "daskjobs.cache.store",
     "JobsPlugin": "daskjobs.plugin",
+    "cancelled": "daskjobs.tasks",
     "explain": "daskjobs.plugin.client",
     "status": "daskjobs.plugin.client",
     "local_cluster": "daskjobs.plugin.client",

@@ -166,3 +166,50 @@ def test_a_task_on_a_worker_measured_slow_is_copied_before_its_deadline():
         assert time.time() - t0 < 2.0
         sp = healthy(c)
         assert sp["won"] >= 1
+
+
+STOPPED: list[tuple[object, int]] = []
+
+
+def stepwise(i, steps, step_seconds):
+    """A long task that stops early once its result is no longer wanted."""
+    from distributed import get_worker
+
+    import daskjobs
+
+    name = get_worker().name
+    for step in range(steps):
+        if daskjobs.cancelled():
+            STOPPED.append((name, step))
+            return None
+        time.sleep(step_seconds * (10 if name == 0 else 1))
+    return (i, name)
+
+
+def test_a_losing_copy_can_stop_early_with_cancelled():
+    import daskjobs
+
+    assert daskjobs.cancelled() is False  # outside a task
+    STOPPED.clear()
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        with dask.annotate(workers=[address_of(c, 0)], allow_other_workers=True, estimate=0.2):
+            x = dask.delayed(stepwise)(9, 20, 0.01, dask_key_name="step-9")
+        assert c.compute(x, sync=True) == (9, 1)  # the copy on the fast worker won
+        deadline = time.time() + 5
+        while not STOPPED and time.time() < deadline:
+            time.sleep(0.02)
+        # the slow primary noticed and returned after a step, not after its 2 s
+        assert STOPPED and STOPPED[0][0] == 0 and STOPPED[0][1] < 20
+        assert healthy(c)["won"] == 1
+
+
+def test_backups_and_waste_are_exported_as_metrics():
+    import urllib.request
+
+    with cluster() as cl, Client(cl) as c:
+        assert c.compute(pinned(c, 0, 30, 0.2, 0.2), sync=True) == (30, 1)
+        port = cl.scheduler.http_server.port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    assert 'dask_daskjobs_backups_total{outcome="won"} 1.0' in text
+    assert 'dask_daskjobs_waste_seconds_total{team="default"}' in text

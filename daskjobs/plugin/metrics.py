@@ -26,6 +26,9 @@ Metrics (with the default namespace):
   source of their estimate;
 * ``dask_daskjobs_worker_speed{worker}``: believed slow-down of each worker,
   learned from finished attempts against their estimates;
+* ``dask_daskjobs_backups_total{outcome}``, ``dask_daskjobs_backups_running`` and
+  ``dask_daskjobs_waste_seconds_total{team}``: backup copies and the time their losers ran
+  (speculation only);
 * ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, per hook;
 * ``dask_daskjobs_queued_tasks{team}``, ``dask_daskjobs_queue_delay_seconds{team}``
   (longest wait) and ``dask_daskjobs_queue_delay_seconds_sum{team}`` (summed
@@ -134,6 +137,19 @@ class JobsCollector(PrometheusCollector):
         for w in plugin.worker_speeds():
             if w["present"]:
                 speed.add([w["worker"]], w["speed"])
+
+        # speculation: copies by outcome, and the waste of losing copies per team
+        spec = plugin.speculator.stats() if plugin.speculator is not None else None
+        if spec is not None:
+            copies = fam("backups", "counter", "Backup copies of late tasks, by outcome", "outcome")
+            for outcome in ("launched", "won", "lost", "failed", "abandoned"):
+                copies.add([outcome], spec[outcome])
+            fam("backups_running", "gauge", "Backup copies running now").add([], spec["running"])
+            waste = fam(
+                "waste_seconds", "counter", "Seconds run by losing copies, per team", "team"
+            )
+            for team, seconds in sorted(spec["waste_seconds"].items()):
+                waste.add([team], seconds)
 
         # safety
         errs = fam("hook_errors", "counter", "Exceptions swallowed by a plugin hook", "hook")
