@@ -196,7 +196,7 @@ class StageOptions:
     resources: Mapping[str, float] | None = None
     retries: int | None = None
     cache: bool = True
-    speculate: bool = False
+    speculate: bool = True
     version: str | None = None
 
 
@@ -392,7 +392,7 @@ class Sweep:
         resources: Mapping[str, float] | None = None,
         retries: int | None = None,
         cache: bool = True,
-        speculate: bool = False,
+        speculate: bool = True,
         version: str | None = None,
         track: Iterable[Callable[..., Any]] = (),
     ) -> Stage:
@@ -403,6 +403,10 @@ class Sweep:
         seconds, a number or a callable of the node's labels and parameters (a dict).
         ``version`` replaces hashing the code with an explicit version; ``track`` adds helpers
         from other modules to the code hash. ``cache=False`` never loads or stores this stage.
+        ``speculate`` lets the scheduler plugin run a backup copy of a late task of this stage
+        (default True: a stage is a pure function by contract, its result is cached by content
+        key, so a second copy is harmless and the store keeps exactly one entry); pass False for
+        a stage with side effects.
         """
         stage_name = validate_stage_name(name or str(getattr(func, "__name__", "")))
         if stage_name in self.stages:

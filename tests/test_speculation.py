@@ -213,3 +213,29 @@ def test_backups_and_waste_are_exported_as_metrics():
             text = r.read().decode()
     assert 'dask_daskjobs_backups_total{outcome="won"} 1.0' in text
     assert 'dask_daskjobs_waste_seconds_total{team="default"}' in text
+
+
+def doubled(x):
+    """A sweep stage that takes ten times longer on the worker named 0."""
+    from distributed import get_worker
+
+    time.sleep(0.3 * (10 if get_worker().name == 0 else 1))
+    return 2 * x
+
+
+def test_two_copies_of_a_cached_stage_leave_exactly_one_store_entry(tmp_path):
+    from daskjobs import ResultStore, Sweep, grid
+
+    store = ResultStore(str(tmp_path / "store"))
+    sweep = Sweep("copies")
+    stage = sweep.stage(doubled, over=grid(x=[1, 2]), estimate=0.3)
+    with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
+        result = sweep.run(c, store=store, progress=False)
+        assert sorted(r["value"] for r in result.records) == [2, 4]
+        assert healthy(c)["won"] == 1  # the task on the slow worker was won by its copy
+        time.sleep(3.2)  # the losing copy finishes its 3 s and tries to commit too
+    keys = sorted(store.keys())
+    assert keys == sorted(stage.keys)  # one entry per key, however many copies committed
+    report = store.verify()
+    assert not report.corrupt and sorted(report.ok) == keys
+    assert sorted(store.get(k) for k in keys) == [2, 4]

@@ -78,7 +78,7 @@ def build(slow: list[int], slices: int = 3, fail_fast: bool = False) -> Sweep:
         over=grid(fast=fast, slow=slow),
         retries=0,
         resources={"GPU": 1},
-        speculate=True,
+        speculate=False,
     )
     return sweep
 
@@ -214,14 +214,14 @@ def test_annotations_reach_the_scheduler(client: Client, tmp_path: Path) -> None
             "estimate": 0.5 + node.labels["slice"],
             "team": "quant",
             "cache": True,
-            "speculate": False,
+            "speculate": True,
         }
     for key in sweep.stages["crossover"].keys:
         assert ann[key] == {
             "stage": "crossover",
             "team": "quant",
             "cache": True,
-            "speculate": True,
+            "speculate": False,
             "resources": {"GPU": 1},
             "retries": 0,
         }
