@@ -27,7 +27,7 @@ with open(_fn) as _f:
     _defaults = yaml.safe_load(_f)
 dask.config.update_defaults(_defaults)
 
-POLICIES = ("fifo", "lpt", "critical-path", "fair-share")
+POLICIES = ("fifo", "lpt", "critical-path", "fair-share", "node-aware")
 
 
 @dataclass(frozen=True)

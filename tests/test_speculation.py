@@ -239,3 +239,38 @@ def test_two_copies_of_a_cached_stage_leave_exactly_one_store_entry(tmp_path):
     report = store.verify()
     assert not report.corrupt and sorted(report.ok) == keys
     assert sorted(store.get(k) for k in keys) == [2, 4]
+
+
+def test_node_aware_keeps_long_tasks_off_a_worker_measured_slow():
+    """The simulator's NodeAware.pop(worker) picks what each freed slot runs: short work
+    until a worker is measured, the longest on fast workers, short work on slow ones."""
+
+    def run(policy):
+        plugin = JobsPlugin(policy=policy)
+        parts = []
+        for i in range(42):
+            seconds = 0.5 if i >= 40 else 0.02  # the two long tasks come last
+            with dask.annotate(estimate=seconds):
+                parts.append(dask.delayed(work)(i, seconds, dask_key_name=f"t-{i}"))
+        with (
+            dask.config.set(VALIDATE),
+            LocalCluster(
+                n_workers=2,
+                threads_per_worker=2,
+                processes=False,
+                dashboard_address=":0",
+                scheduler_kwargs={"plugins": [plugin]},
+            ) as cl,
+            Client(cl) as c,
+        ):
+            t0 = time.time()
+            results = c.compute(parts, sync=True)
+            elapsed = time.time() - t0
+            assert status(c)["errors"] == {}
+        return {i: name for i, name in results}, elapsed
+
+    ran_on, elapsed = run("node-aware")
+    assert ran_on[40] == 1 and ran_on[41] == 1  # both long tasks on the fast worker
+    assert elapsed < 3.0  # a long task on the slow worker alone would take 5 s
+    ran_on_lpt, _ = run("lpt")
+    assert 0 in (ran_on_lpt[40], ran_on_lpt[41])  # LPT starts them first, one per worker

@@ -147,6 +147,19 @@ class _AnyNode:
 
 
 _ANY_NODE = _AnyNode()
+
+
+class _Slot:
+    """One free thread on the worker the policies call node ``index``."""
+
+    __slots__ = ("index",)
+    cores = 1
+    free = 1
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
 _RELEASED = -1e12  # released tasks sort before every held one (held keys are within +-1e11)
 _OUTCOME = {"memory": "done", "erred": "failed"}
 
@@ -192,7 +205,7 @@ class JobsPlugin(SchedulerPlugin):
     def __init__(self, **overrides: Any) -> None:
         self.overrides = dict(overrides)
         self.settings: Settings = settings(**overrides)  # checked here, on the client
-        if self.settings.policy not in (*self._POLICIES, "fair-share"):
+        if self.settings.policy not in (*self._POLICIES, "fair-share", "node-aware"):
             raise ValueError(
                 f"daskjobs.policy {self.settings.policy!r} is not available in the live plugin "
                 f"yet; choose one of {sorted(self._POLICIES)}"
@@ -200,6 +213,9 @@ class JobsPlugin(SchedulerPlugin):
         self.scheduler: Any = None
         self.policy: HeapPolicy | None = None
         self.fair: FairShare | None = None
+        # the policy that picks, slot by slot, which queued task runs next (fair share or
+        # node-aware); None for the static orders, which only set priorities
+        self.popper: FairShare | NodeAware | None = None
         self._t0 = time.time()
         self._held: set[Hashable] = set()  # queued in dask and in the fair-share queue
         self._released: Hashable | None = None
@@ -246,6 +262,10 @@ class JobsPlugin(SchedulerPlugin):
                 strict=teams.strict,
             )
             self.policy = FIFO()  # the held order within and across teams
+            self.popper = self.fair
+        elif s.policy == "node-aware":
+            self.policy = FIFO()  # unused for ranking: held tasks go shortest first
+            self.popper = self.speeds  # learns worker speeds and picks per freed slot
         else:
             self.policy = self._POLICIES[s.policy]()
         self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
@@ -399,7 +419,7 @@ class JobsPlugin(SchedulerPlugin):
         new.sort(key=lambda ts: ts.priority[2])  # dask.order: dependencies first
         views = [self._view(ts, now) for ts in new]
         policy.add_graph(views)
-        key = policy.key if self.fair is None else self._held_key
+        key = policy.key if self.popper is None else self._held_key
         sources = {"annotation": 0, "history": 0, "default": 0}
         for ts, v in zip(new, views, strict=True):
             p = ts.priority
@@ -434,7 +454,8 @@ class JobsPlugin(SchedulerPlugin):
         node = self._workers.get(address)
         if node is None:
             node = self._workers[address] = len(self._workers)
-            self.speeds.add_node(node, 1)
+            ws = self.scheduler.workers.get(address) if self.scheduler is not None else None
+            self.speeds.add_node(node, int(ws.nthreads) if ws is not None else 1)
         return node
 
     def _learn_speed(self, v: LiveTask, worker: str | None, seconds: float) -> None:
@@ -469,20 +490,24 @@ class JobsPlugin(SchedulerPlugin):
 
     def _held_key(self, v: LiveTask) -> float:
         """Rank of a held task: the team-internal order (FIFO: seconds since the
-        plugin started; LPT: longest estimate first)."""
+        plugin started; LPT: longest estimate first); under node-aware the shortest
+        first (what an unmeasured or slow worker should take)."""
+        if self.fair is None:
+            return v.estimate
         if self.settings.teams.within == "lpt":
             return -v.estimate
         return v.submit - self._t0
 
     # -- fair share: release one queued task at a time --------------------------------
-    def _release(self) -> None:
-        """Promote the task FairShare chooses to the head of dask's queue."""
-        fair = self.fair
+    def _release(self, node: Any = _ANY_NODE) -> None:
+        """Promote the task the policy chooses for ``node``'s free slot to the head of
+        dask's queue."""
+        popper = self.popper
         sched = self.scheduler
-        assert fair is not None
+        assert popper is not None
         now = time.time()
         while self._released is None and self._held:
-            v = fair.pop(_ANY_NODE, now)
+            v = popper.pop(node, now)
             if v is None:
                 return  # every team with work is at its quota: dask's held order rules
             if v.tid not in self._held:
@@ -499,8 +524,20 @@ class JobsPlugin(SchedulerPlugin):
             sched.queued.add(ts)  # a promotion: safe with HeapSet's lazy deletion
             self._released = v.tid
 
+    def _slot_view(self, node: int | None, idle: Any) -> Any:
+        """The slot about to be filled, as the policy sees it: the worker a task just
+        left, else one with free slots (only node-aware cares which)."""
+        if self.popper is not self.speeds:
+            return _ANY_NODE
+        if node is None or node < 0:
+            ws = min(idle, key=lambda w: w.address) if idle else None
+            if ws is None:
+                return _ANY_NODE
+            node = self._node(ws.address)
+        return _Slot(node)
+
     def _fair_transition(self, key: Hashable, start: str, finish: str) -> None:
-        fair = self.fair
+        fair = self.popper
         assert fair is not None
         v = self.tasks.get(key)
         if v is None:
@@ -513,7 +550,7 @@ class JobsPlugin(SchedulerPlugin):
             self._held.discard(key)
             if key == self._released:
                 self._released = None
-        slot_opened = False
+        slot_opened: Any = None
         if finish == "processing":
             ts = self.scheduler.tasks.get(key)
             ws = ts.processing_on if ts is not None else None
@@ -525,17 +562,19 @@ class JobsPlugin(SchedulerPlugin):
             ended = self._attempts.pop(key, None)
             if ended is not None:
                 ended.end = now
-                ended.outcome = _OUTCOME.get(finish, "killed")
+                # the node-aware learner learns from compute times (_learn_speed), not from
+                # assignment-to-finish here: it only closes its books on this attempt
+                ended.outcome = None if fair is self.speeds else _OUTCOME.get(finish, "killed")
                 fair.ended(ended, now)
-            slot_opened = True
+                slot_opened = ended.node
+            else:
+                slot_opened = -1
         # Decide when a slot is about to be filled, with usage as it is now: a
         # task just ended (dask fills its slot next), or slots are free already.
-        if (
-            self._released is None
-            and self._held
-            and (slot_opened or self.scheduler.idle_task_count)
-        ):
-            self._release()
+        if self._released is None and self._held:
+            idle = self.scheduler.idle_task_count
+            if slot_opened is not None or idle:
+                self._release(self._slot_view(slot_opened, idle))
 
     # -- per-transition hook: O(1) ------------------------------------------------------
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -552,7 +591,7 @@ class JobsPlugin(SchedulerPlugin):
                     self.estimator.observe(v.stage, seconds)
                     if v.source != "default" and v.estimate > 0:
                         self._learn_speed(v, kwargs.get("worker"), seconds)
-            if self.fair is not None:
+            if self.popper is not None:
                 self._fair_transition(key, start, finish)
             if start == "processing" and self.speculator is not None:
                 self.speculator.left_processing(key, finish)
