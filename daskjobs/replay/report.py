@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from daskjobs._text import table
 from daskjobs.policies import Speculation
 from daskjobs.replay.load import Loaded
 from daskjobs.replay.run import (
@@ -21,6 +22,7 @@ from daskjobs.replay.run import (
     make_cluster,
     make_replay_policy,
     replay,
+    what_ifs,
 )
 from daskjobs.replay.scale import stage_summary, synthetic_sweep
 from daskjobs.sim.engine import simulate
@@ -59,19 +61,7 @@ def replay_report(
     """The report dict, the as-recorded replay, and the what-if results."""
     t = time.perf_counter()
     base = replay(loaded, seed=seed)
-    rows = [
-        replay(
-            loaded,
-            p,
-            speculation=speculation,
-            nodes=n,
-            cores_per_node=c,
-            no_slow=ns,
-            seed=seed,
-        )
-        for n, c, ns in clusters
-        for p in policies
-    ]
+    rows = what_ifs(loaded, policies, clusters, speculation=speculation, seed=seed)
     report: dict[str, Any] = {
         "trace": loaded.path,
         "complete": loaded.complete,
@@ -137,18 +127,6 @@ def _scale(
 
 
 # -- text ------------------------------------------------------------------------------------
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if k == 0 else c.rjust(w)
-            for k, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 def _secs(x: float) -> str:
@@ -241,10 +219,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"error {rep['error'] * 100:+.1f}%",
         "",
         "what-if:",
-        _table(_HEAD, [_row(r) for r in report["what_if"]]),
+        table(_HEAD, [_row(r) for r in report["what_if"]]),
         "",
         "stages (nominal worker):",
-        _table(
+        table(
             ["stage", "tasks", "median", "log spread"],
             [
                 [s["stage"], str(s["tasks"]), _secs(s["median_s"]), f"{s['log_spread']:.2f}"]
@@ -257,7 +235,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"synthetic sweep of {sc['tasks']:,} tasks with the measured distributions:",
-            _table(
+            table(
                 ["policy", "nodes", "cores", "makespan", "node-h", "bound", "backups"],
                 [
                     [

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import click
 
+from daskjobs._text import table
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The chapter sweep's share of long tasks (40 of 10,000), kept when --tasks changes n.
@@ -137,21 +139,6 @@ def _run(
             raise click.UsageError(f"invalid workload: {exc}") from None
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    """Rows aligned under headers: first column left, the others right."""
-    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if k == 0 else c.rjust(w)
-            for k, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out.extend(line(r) for r in rows)
-    return "\n".join(out)
-
-
 def _num(x: float | None, fmt: str = ".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -253,7 +240,7 @@ def chapter(
         [
             _workload_line(report),
             "",
-            _table(headers, rows),
+            table(headers, rows),
             "",
             f"work {report['work_core_h']:,.0f} core-h (published {pub['work_core_h']:,.0f})",
             f"lower bound (LB) {report['lower_bound_h']:.2f} h "
@@ -329,7 +316,7 @@ def fairshare(
             f"team b: {report['teams']['b']:,} tasks at {report['b_submit_h']:g} h; "
             f"equal targets; seed {report['seed']}",
             "",
-            _table(headers, rows),
+            table(headers, rows),
             "",
             "waits are hours from each task's submission to its end; end is the team's last end",
         ]
@@ -405,7 +392,7 @@ def graph(
         [
             f"feature graph, seed {report['seed']}, every run with backups",
             "",
-            _table(headers, rows),
+            table(headers, rows),
             "",
             "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
         ]
