@@ -57,12 +57,13 @@ SLOW_WORKER = 0  # the LocalCluster worker name (0..3) that runs 4x slower
 SLOW_FACTOR = 4.0
 N_LONG = 4
 SPECULATION = {"enabled": True, "late_factor": 2.5, "min_runtime": "100ms", "interval": "50ms"}
-CONFIGS = ("plain", "hand", "lpt", "spec")
+CONFIGS = ("plain", "hand", "lpt", "spec", "aware")
 LABELS = {
     "plain": "plain dask",
     "hand": "plain dask, hand-set longest-first priorities",
     "lpt": "plugin LPT, no speculation",
     "spec": "plugin LPT + speculation",
+    "aware": "plugin node-aware + speculation",
 }
 TARGET = 1.10
 
@@ -121,6 +122,8 @@ def run_sweep(
         plugin = JobsPlugin(policy="lpt")
     elif config == "spec":
         plugin = JobsPlugin(policy="lpt", speculation=dict(SPECULATION))
+    elif config == "aware":
+        plugin = JobsPlugin(policy="node-aware", speculation=dict(SPECULATION))
     parts, durations = sweep_graph(
         seed, n, priorities=config == "hand", slow_worker=slow_worker, slow_factor=slow_factor
     )
@@ -226,17 +229,18 @@ def table(rows: list[dict[str, Any]], n: int, slow_worker: int, slow_factor: flo
     out = [
         "| seed | bound (s) | plain dask (s) | / bound | hand-set priorities (s) | / bound | "
         "plugin LPT (s) | / bound | LPT + speculation (s) | / bound | "
-        "copies launched / won / lost / waste |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "node-aware + speculation (s) | / bound | "
+        "copies launched / won / lost / waste (LPT + spec; node-aware + spec) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         cells = [str(r["seed"]), f"{r['plain']['bound']:.2f}"]
         for c in CONFIGS:
             ok = ""
-            if c == "spec":
+            if c in ("spec", "aware"):
                 ok = " ok" if r[c]["ratio"] <= TARGET else " MISS"
             cells += [f"{r[c]['makespan']:.2f}", f"{r[c]['ratio']:.2f}{ok}"]
-        cells.append(_spec_cell(r["spec"]))
+        cells.append(f"{_spec_cell(r['spec'])}; {_spec_cell(r['aware'])}")
         out.append("| " + " | ".join(cells) + " |")
     med = {c: statistics.median(r[c]["ratio"] for r in rows) for c in CONFIGS}
     workers, threads = SLOTS
