@@ -102,10 +102,8 @@ class _Ladder:
             return 3800  # and everything astronomically long the highest
         return math.floor(math.log(est) / _RATIO)
 
-    def push(self, est: float, seq: int, task: TaskView) -> None:
-        entry = (-est, seq, task)
-        heapq.heappush(self.hi, entry)
-        r = self.rung(est)
+    def _rung_heap(self, r: int) -> list[_Entry]:
+        """The heap of rung ``r``, listed among the non-empty rungs (it is about to be)."""
         heap = self.rungs.get(r)
         if heap is None:
             heap = self.rungs[r] = []
@@ -113,7 +111,12 @@ class _Ladder:
             i = bisect.bisect_left(self.nonempty, r)
             if i == len(self.nonempty) or self.nonempty[i] != r:
                 self.nonempty.insert(i, r)
-        heapq.heappush(heap, entry)
+        return heap
+
+    def push(self, est: float, seq: int, task: TaskView) -> None:
+        entry = (-est, seq, task)
+        heapq.heappush(self.hi, entry)
+        heapq.heappush(self._rung_heap(self.rung(est)), entry)
         self.n += 1
 
     def push_many(self, entries: list[_Entry]) -> None:
@@ -127,13 +130,7 @@ class _Ladder:
         for e in entries:
             by_rung.setdefault(rung(-e[0]), []).append(e)
         for r, group in by_rung.items():
-            heap = self.rungs.get(r)
-            if heap is None:
-                heap = self.rungs[r] = []
-            if not heap:
-                i = bisect.bisect_left(self.nonempty, r)
-                if i == len(self.nonempty) or self.nonempty[i] != r:
-                    self.nonempty.insert(i, r)
+            heap = self._rung_heap(r)
             heap.extend(group)
             heapq.heapify(heap)
         ordered = sorted(entries, key=_first)  # stable: push order among equal estimates
