@@ -452,3 +452,11 @@ def test_explain_names_the_inputs_a_task_waits_for():
         assert info["state"] == "waiting"
         assert info["waiting_on"] == ["first"] and "waiting for 1 input" in info["why"]
         fut.result()
+
+
+def test_a_plugin_registered_under_another_name_still_ranks():
+    with cluster() as cl, Client(cl) as c:
+        c.register_plugin(JobsPlugin(policy="lpt"), name="jobs-for-team-a")
+        estimates = [(i * 3) % 8 + 1.0 for i in range(8)]
+        res = c.compute(annotated(8, lambda i: estimates[i]), sync=True)
+        assert start_order(res) == sorted(range(8), key=lambda i: -estimates[i])

@@ -274,7 +274,7 @@ class JobsPlugin(SchedulerPlugin):
 
         def _set_priorities(**kwargs: Any) -> None:
             original(**kwargs)
-            if scheduler.plugins.get(self.name) is not self:
+            if not any(p is self for p in scheduler.plugins.values()):
                 # unregistered (dask does not call close() then) or replaced: step aside
                 if scheduler._set_priorities is _set_priorities:
                     scheduler._set_priorities = original
