@@ -1,0 +1,106 @@
+"""What a losing copy's thread costs, and what ``daskjobs.cancelled()`` gives back.
+
+dask cannot stop a running thread. When a backup copy wins, the primary keeps
+running on its worker until it returns; the scheduler does not see it and offers
+its thread to new work, which waits behind it. This measures the effect on a
+batch submitted right after a race:
+
+- one worker of two (1 thread each) runs the *race* task 10x slower: 0.3 s
+  estimated, 3 s there; its copy on the other worker wins after ~0.5 s;
+- then a batch of 12 tasks of 0.1 s is submitted; its makespan is measured.
+
+Three runs side by side: without speculation (the primary is a normal task: the
+scheduler knows the thread is busy), with speculation and a loser that runs to
+its end (a *zombie*), and with speculation and a loser that checks
+``daskjobs.cancelled()`` between steps.
+
+    python benchmarks/bench_zombie.py [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import dask
+from distributed import Client, LocalCluster, get_worker
+
+import daskjobs
+from daskjobs import JobsPlugin
+
+SPEC = {"enabled": True, "late_factor": 1.5, "min_runtime": "100ms", "interval": "50ms"}
+
+
+def race(cooperative: bool) -> str:
+    """30 steps of 0.01 s, ten times slower on the worker named 0."""
+    name = get_worker().name
+    for _ in range(30):
+        if cooperative and daskjobs.cancelled():
+            return "stopped"
+        time.sleep(0.01 * (10 if name == 0 else 1))
+    return f"done on {name}"
+
+
+def nap(i: int) -> tuple[int, float, float]:
+    t0 = time.time()
+    time.sleep(0.1)
+    return (i, t0, time.time())
+
+
+def run(mode: str) -> dict[str, float]:
+    plugin = JobsPlugin(policy="lpt", speculation=SPEC if mode != "plain" else None)
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [plugin]},
+        ) as cl,
+        Client(cl) as c,
+    ):
+        slow = next(a for a, w in c.scheduler_info()["workers"].items() if w["name"] == 0)
+        with dask.annotate(workers=[slow], allow_other_workers=True, estimate=0.3):
+            r = dask.delayed(race)(mode == "cooperative", dask_key_name="race")
+        t0 = time.time()
+        c.compute(r, sync=True)
+        race_s = time.time() - t0
+        batch = []
+        for i in range(12):
+            with dask.annotate(estimate=0.1):
+                batch.append(dask.delayed(nap)(i, dask_key_name=f"b-{i:02d}"))
+        res = c.compute(batch, sync=True)
+        makespan = max(e for _, _, e in res) - min(s for _, s, _ in res)
+        return {"race": race_s, "batch": makespan}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    modes = ("plain", "zombie", "cooperative")
+    got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    for _ in range(args.reps):
+        for m in modes:
+            got[m].append(run(m))
+    print("## A losing copy's thread\n")
+    print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"- python {platform.python_version()}, {platform.machine()}, CPUs: {os.cpu_count()}")
+    print("- command: python benchmarks/bench_zombie.py\n")
+    print("| run | race task (s) | next batch makespan (s), each rep | median |")
+    print("|---|---:|---|---:|")
+    for m in modes:
+        races = statistics.median(g["race"] for g in got[m])
+        batches = [g["batch"] for g in got[m]]
+        print(
+            f"| {m} | {races:.2f} | {', '.join(f'{b:.2f}' for b in batches)} "
+            f"| {statistics.median(batches):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
