@@ -274,3 +274,41 @@ def test_node_aware_keeps_long_tasks_off_a_worker_measured_slow():
     assert elapsed < 3.0  # a long task on the slow worker alone would take 5 s
     ran_on_lpt, _ = run("lpt")
     assert 0 in (ran_on_lpt[40], ran_on_lpt[41])  # LPT starts them first, one per worker
+
+
+def racer(steps):
+    """Ten times slower on the worker named 0; never checks cancelled(): a zombie loser."""
+    from distributed import get_worker
+
+    for _ in range(steps):
+        time.sleep(0.01 * (10 if get_worker().name == 0 else 1))
+    return "done"
+
+
+def napper(i):
+    t0 = time.time()
+    time.sleep(0.1)
+    return (i, t0, time.time())
+
+
+def test_tasks_waiting_behind_a_zombie_loser_move_to_idle_workers():
+    spec = {"late_factor": 1.5}
+    with dask.config.set(VALIDATE), cluster(spec) as cl, Client(cl) as c:
+        with dask.annotate(workers=[address_of(c, 0)], allow_other_workers=True, estimate=0.3):
+            r = dask.delayed(racer)(30, dask_key_name="race")
+        c.compute(r, sync=True)  # the copy wins; the primary's thread runs on for ~2 s
+        assert status(c)["speculation"]["zombies"] == 1
+        batch = []
+        for i in range(12):
+            with dask.annotate(estimate=0.1):
+                batch.append(dask.delayed(napper)(i, dask_key_name=f"b-{i:02d}"))
+        res = c.compute(batch, sync=True)
+        makespan = max(e for _, _, e in res) - min(s for _, s, _ in res)
+        # one usable thread: ~1.2 s; tasks left behind the zombie would wait ~2.3 s
+        assert makespan < 1.8, makespan
+        sp = healthy(c)
+        assert sp["moved_off_zombies"] >= 1
+        deadline = time.time() + 5
+        while status(c)["speculation"]["zombies"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert status(c)["speculation"]["zombies"] == 0  # the worker said its thread returned

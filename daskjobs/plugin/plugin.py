@@ -90,7 +90,7 @@ from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.recorder import TraceRecorder
 from daskjobs.plugin.speculation import Speculator
-from daskjobs.plugin.worker import REPORTER_NAME, STARTED_TOPIC, reporter_bytes
+from daskjobs.plugin.worker import REPORTER_NAME, RETURNED_TOPIC, STARTED_TOPIC, reporter_bytes
 from daskjobs.policies import (
     FIFO,
     LPT,
@@ -907,9 +907,12 @@ class JobsPlugin(SchedulerPlugin):
             self._failed("record", worker)
 
     def log_event(self, topic: str, msg: Any) -> None:
-        if self.speculator is not None and topic == STARTED_TOPIC and isinstance(msg, dict):
+        if self.speculator is not None and isinstance(msg, dict):
             try:
-                self.speculator.started(msg.get("key"), msg.get("worker"), msg.get("run_id"))
+                if topic == STARTED_TOPIC:
+                    self.speculator.started(msg.get("key"), msg.get("worker"), msg.get("run_id"))
+                elif topic == RETURNED_TOPIC:
+                    self.speculator.returned(msg.get("key"), msg.get("worker"))
             except Exception:
                 self._failed("speculation", msg.get("key"))
         rec = self.recorder

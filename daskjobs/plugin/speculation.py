@@ -74,6 +74,10 @@ class Speculator:
         self.copied: set[Hashable] = set()  # one copy per task, whatever became of it
         self.counts = {"launched": 0, "won": 0, "lost": 0, "failed": 0, "abandoned": 0}
         self.peak = 0  # most copies running at once
+        # released losers whose threads still run: worker -> keys (until the worker says
+        # the thread returned); the scheduler offers those threads as free
+        self.zombies: dict[str, set[Hashable]] = {}
+        self.moved = 0  # tasks moved off a worker whose thread a zombie holds
         self.waste: dict[str, float] = {}  # team -> seconds of losing copies
         self._originals: dict[str, Callable[..., Any]] = {}
         self._pc: Any = None
@@ -107,6 +111,8 @@ class Speculator:
     def stats(self) -> dict[str, Any]:
         return {
             **self.counts,
+            "zombies": sum(len(k) for k in self.zombies.values()),
+            "moved_off_zombies": self.moved,
             "running": len(self.backups),
             "peak": self.peak,
             "late_factor": self.spec.late_factor,
@@ -138,6 +144,52 @@ class Speculator:
             self.counts["abandoned"] += 1
             self._waste(key, time.time() - b.launched)
 
+    def returned(self, key: Hashable, worker: str | None) -> None:
+        """``worker`` reports that the thread of a released ``key`` has returned."""
+        keys = self.zombies.get(worker or "")
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.zombies[worker or ""]
+
+    def _zombie(self, worker: str, key: Hashable) -> None:
+        self.zombies.setdefault(worker, set()).add(key)
+
+    def _drain_zombies(self) -> None:
+        """Tasks waiting on a worker whose thread a zombie holds go to a worker with an
+        idle thread (through the work-stealing extension, which moves only tasks that
+        have not started)."""
+        sched = self.scheduler
+        stealing = sched.extensions.get("stealing")
+        if stealing is None:
+            return
+        idle = [
+            ws
+            for ws in sched.workers.values()
+            if ws.address not in self.zombies
+            and ws.status.name == "running"
+            and len(ws.processing) < ws.nthreads
+        ]
+        for address, keys in list(self.zombies.items()):
+            ws = sched.workers.get(address)
+            if ws is None:
+                del self.zombies[address]
+                continue
+            started = sum(1 for ts in ws.processing if ts.key in self.starts)
+            free = ws.nthreads - len(keys) - started
+            waiting = sorted(
+                (ts for ts in ws.processing if ts.key not in self.starts),
+                key=lambda ts: ts.priority,
+            )
+            for ts in waiting[max(free, 0) :]:
+                if not idle:
+                    return
+                thief = idle[0]
+                stealing.move_task_request(ts, ws, thief)
+                self.moved += 1
+                if len(thief.processing) + 1 >= thief.nthreads:
+                    idle.pop(0)
+
     def worker_removed(self, worker: str) -> None:
         for key, b in list(self.backups.items()):
             if b.worker == worker:  # the copy's worker died: the primary carries on
@@ -149,6 +201,8 @@ class Speculator:
     def _tick(self) -> None:
         try:
             self._check(time.time())
+            if self.zombies:
+                self._drain_zombies()
         except Exception:
             self.plugin._failed("speculation")
 
@@ -345,6 +399,7 @@ class Speculator:
             self._rehome(ts, new_ws)
             del self.backups[key]
             self._release(loser, key, f"daskjobs-backup-won-{now}")
+            self._zombie(loser, key)
             self.counts["won"] += 1
             self._learn_from_loser(key, loser, now)
             self._waste(key, now - b.launched)  # the primary ran at least this long, uselessly
@@ -352,6 +407,7 @@ class Speculator:
         elif ts.processing_on is not None and worker == ts.processing_on.address:
             del self.backups[key]
             self._release(b.worker, key, f"daskjobs-backup-lost-{now}")
+            self._zombie(b.worker, key)
             self.counts["lost"] += 1
             self._waste(key, now - b.launched)
             self.plugin._event("backup-lost", key=str(key), winner=worker, loser=b.worker)

@@ -20,10 +20,13 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["REPORTER_NAME", "STARTED_TOPIC", "StartReporter", "reporter_bytes"]
+__all__ = ["REPORTER_NAME", "RETURNED_TOPIC", "STARTED_TOPIC", "StartReporter", "reporter_bytes"]
 
 #: Event topic of the start reports.
 STARTED_TOPIC = "daskjobs-started"
+# a released task's thread has returned (dask cannot stop it; until then it holds a thread)
+RETURNED_TOPIC = "daskjobs-returned"
+_RETURNED_FROM = ("released", "memory", "error", "forgotten", "missing", "rescheduled")
 #: Name the reporter is installed under on the workers.
 REPORTER_NAME = "daskjobs-start-reporter"
 
@@ -44,6 +47,12 @@ class StartReporter(WorkerPlugin):
         self.worker = None
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if start == "cancelled" and finish in _RETURNED_FROM:
+            try:
+                self.worker.log_event(RETURNED_TOPIC, {"key": key, "time": time.time()})
+            except Exception:
+                self.failures += 1
+            return
         if finish != "executing":
             return
         try:
