@@ -60,6 +60,7 @@ class _Backup:
     primary: str  # the task's worker when the copy was launched
     run_id: int
     launched: float
+    started: bool = False  # the copy's worker reported it executing
 
 
 class Speculator:
@@ -72,12 +73,22 @@ class Speculator:
         self.starts: dict[Hashable, tuple[str, float, int]] = {}  # key -> (worker, t, run_id)
         self.backups: dict[Hashable, _Backup] = {}
         self.copied: set[Hashable] = set()  # one copy per task, whatever became of it
-        self.counts = {"launched": 0, "won": 0, "lost": 0, "failed": 0, "abandoned": 0}
+        self.counts = {
+            "launched": 0,
+            "won": 0,
+            "lost": 0,
+            "failed": 0,
+            "abandoned": 0,
+            "adopted": 0,
+        }
         self.peak = 0  # most copies running at once
         # released losers whose threads still run: worker -> keys (until the worker says
         # the thread returned); the scheduler offers those threads as free
         self.zombies: dict[str, set[Hashable]] = {}
+        self._zombie_until: dict[tuple[str, Hashable], float] = {}
         self.moved = 0  # tasks moved off a worker whose thread a zombie holds
+        # copies whose primary's worker died: adopted if they finish first
+        self.orphans: dict[Hashable, _Backup] = {}
         self.waste: dict[str, float] = {}  # team -> seconds of losing copies
         self._originals: dict[str, Callable[..., Any]] = {}
         self._pc: Any = None
@@ -122,6 +133,10 @@ class Speculator:
     # -- observations ----------------------------------------------------------------
     def started(self, key: Hashable, worker: str | None, run_id: Any) -> None:
         """A worker reports that ``key`` really started executing."""
+        b = self.backups.get(key)
+        if b is not None and worker == b.worker:
+            b.started = True
+            return
         ts = self.scheduler.tasks.get(key)
         if (
             worker
@@ -136,17 +151,34 @@ class Speculator:
 
     def left_processing(self, key: Hashable, finish: str) -> None:
         """``key`` left ``processing`` (done, erred, released, ...): settle its copy."""
-        self.starts.pop(key, None)
+        st = self.starts.pop(key, None)
+        if st is not None and finish != "memory":  # a failed or lost attempt: its time is waste
+            self._waste(key, time.time() - st[1])
         self.copied.discard(key)
         b = self.backups.pop(key, None)
-        if b is not None:  # settled elsewhere than in our handlers: release the copy
-            self._release(b.worker, key, "daskjobs-backup-abandoned")
-            self.counts["abandoned"] += 1
-            self._waste(key, time.time() - b.launched)
+        sched = self.scheduler
+        if (
+            b is not None
+            and finish == "released"
+            and b.primary not in sched.workers
+            and b.worker in sched.workers
+        ):
+            # the primary's worker died mid-race: keep the copy running; if it finishes
+            # before dask's fresh attempt, its result is adopted (_settle_finished)
+            self.orphans[key] = b
+            self.plugin._event("backup-orphaned", key=str(key), backup=b.worker)
+            return
+        o = self.orphans.pop(key, None) if finish != "waiting" else None
+        for stale in (b, o):
+            if stale is not None:  # settled elsewhere than in our handlers: release the copy
+                self._release(stale.worker, key, "daskjobs-backup-abandoned")
+                self.counts["abandoned"] += 1
+                self._waste(key, time.time() - stale.launched)
 
     def returned(self, key: Hashable, worker: str | None) -> None:
         """``worker`` reports that the thread of a released ``key`` has returned."""
         keys = self.zombies.get(worker or "")
+        self._zombie_until.pop((worker or "", key), None)
         if keys is not None:
             keys.discard(key)
             if not keys:
@@ -154,14 +186,21 @@ class Speculator:
 
     def _zombie(self, worker: str, key: Hashable) -> None:
         self.zombies.setdefault(worker, set()).add(key)
+        v = self.plugin.tasks.get(key)
+        # if the worker's "returned" report never comes, stop counting the thread as held
+        self._zombie_until[(worker, key)] = time.time() + 60.0 + 3 * (v.estimate if v else 0.0)
 
     def _drain_zombies(self) -> None:
         """Tasks waiting on a worker whose thread a zombie holds go to a worker with an
         idle thread (through the work-stealing extension, which moves only tasks that
         have not started)."""
+        now = time.time()
+        for (worker, key), until in list(self._zombie_until.items()):
+            if now > until:
+                self.returned(key, worker)
         sched = self.scheduler
         stealing = sched.extensions.get("stealing")
-        if stealing is None:
+        if stealing is None or not self.zombies:
             return
         idle = [
             ws
@@ -191,6 +230,9 @@ class Speculator:
                     idle.pop(0)
 
     def worker_removed(self, worker: str) -> None:
+        for key, o in list(self.orphans.items()):
+            if o.worker == worker:
+                del self.orphans[key]
         for key, b in list(self.backups.items()):
             if b.worker == worker:  # the copy's worker died: the primary carries on
                 del self.backups[key]
@@ -379,6 +421,10 @@ class Speculator:
         return original(key=key, worker=worker, stimulus_id=stimulus_id, **msg)
 
     def _settle_finished(self, key: Hashable, worker: str, msg: dict[str, Any]) -> None:
+        o = self.orphans.get(key)
+        if o is not None and worker == o.worker and msg.get("run_id") == o.run_id:
+            self._adopt(key, o, worker, msg)
+            return
         b = self.backups.get(key)
         if b is None:
             return
@@ -407,10 +453,28 @@ class Speculator:
         elif ts.processing_on is not None and worker == ts.processing_on.address:
             del self.backups[key]
             self._release(b.worker, key, f"daskjobs-backup-lost-{now}")
-            self._zombie(b.worker, key)
+            if b.started:  # a copy still queued on its worker is simply dropped
+                self._zombie(b.worker, key)
             self.counts["lost"] += 1
             self._waste(key, now - b.launched)
             self.plugin._event("backup-lost", key=str(key), winner=worker, loser=b.worker)
+
+    def _adopt(self, key: Hashable, o: _Backup, worker: str, msg: dict[str, Any]) -> None:
+        """A copy whose primary died finished: make it the task's result."""
+        sched = self.scheduler
+        del self.orphans[key]
+        ts = sched.tasks.get(key)
+        new_ws = sched.workers.get(worker)
+        if ts is None or new_ws is None or ts.state != "processing" or ts.processing_on is None:
+            return  # dask holds the task elsewhere (queued, waiting): its handler frees this
+        now = time.time()
+        loser = ts.processing_on.address
+        if loser != worker:
+            self._rehome(ts, new_ws)
+            self._release(loser, key, f"daskjobs-orphan-adopted-{now}")
+        msg["run_id"] = ts.run_id  # the result of the copy stands for the current attempt
+        self.counts["adopted"] += 1
+        self.plugin._event("backup-adopted", key=str(key), worker=worker, loser=loser)
 
     def _task_erred(self, key: Hashable, stimulus_id: str, **msg: Any) -> None:
         original = self._originals["task-erred"]
@@ -422,6 +486,11 @@ class Speculator:
         return original(key=key, stimulus_id=stimulus_id, **msg)
 
     def _settle_erred(self, key: Hashable, msg: dict[str, Any]) -> bool:
+        o = self.orphans.get(key)
+        if o is not None and msg.get("worker") == o.worker:
+            del self.orphans[key]  # the orphaned copy failed: dask's fresh attempt goes on
+            self.counts["failed"] += 1
+            return True
         b = self.backups.get(key)
         if b is None:
             return False
