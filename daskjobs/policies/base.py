@@ -185,6 +185,11 @@ class HeapPolicy(Policy):
         """Sort key of ``task``; lower runs first."""
         raise NotImplementedError
 
+    def keys(self, tasks: Sequence[TaskView]) -> list[Any]:
+        """``[self.key(t) for t in tasks]``; override with a faster equivalent."""
+        key = self.key
+        return [key(t) for t in tasks]
+
     def _bucket(self, cores: int) -> tuple[list[_HEntry], list[_HEntry]]:
         bucket = self._buckets.get(cores)
         if bucket is None:
@@ -202,25 +207,37 @@ class HeapPolicy(Policy):
             for t in tasks:
                 self.push(t)
             return
-        key = self.key
         # push counters in task order, exactly as single pushes would number them
         first = next(self._counter)
         self._counter = itertools.count(first + len(tasks))
-        by_cores: dict[int, list[int]] = {}
-        for pos, t in enumerate(tasks):
-            by_cores.setdefault(t.cores, []).append(pos)
-        for cores, positions in by_cores.items():
+        sizes = {t.cores for t in tasks}
+        groups: list[tuple[int, Sequence[int], Sequence[TaskView]]]
+        if len(sizes) == 1:  # the usual case: one core request, no regrouping
+            groups = [(sizes.pop(), range(len(tasks)), tasks)]
+        else:
+            by_cores: dict[int, list[int]] = {}
+            for pos, t in enumerate(tasks):
+                by_cores.setdefault(t.cores, []).append(pos)
+            groups = [(c, ps, [tasks[p] for p in ps]) for c, ps in by_cores.items()]
+        for cores, positions, group in groups:
             heap, run = self._bucket(cores)
             if run:  # an older run still pending: fold it into the heap
                 heap.extend(run)
                 heapq.heapify(heap)
                 run.clear()
-            group = [tasks[p] for p in positions]
-            keys = [key(t) for t in group]
+            keys = self.keys(group)
             # a stable ascending sort keeps push order among equal keys;
             # reversed, the next task to run sits at the end of the list
             order = _stable_order(keys)
-            run.extend((keys[j], first + positions[j], group[j]) for j in reversed(order))
+            order.reverse()
+            run.extend(
+                zip(
+                    map(keys.__getitem__, order),
+                    map(first.__add__, map(positions.__getitem__, order)),
+                    map(group.__getitem__, order),
+                    strict=True,
+                )
+            )
         self._n += len(tasks)
 
     @staticmethod

@@ -49,6 +49,9 @@ class FIFO(HeapPolicy):
     def key(self, task: TaskView) -> Any:
         return task.submit
 
+    def keys(self, tasks: Sequence[TaskView]) -> list[Any]:
+        return [t.submit for t in tasks]
+
 
 class LPT(HeapPolicy):
     """Longest estimated task first (Graham's LPT)."""
@@ -57,6 +60,9 @@ class LPT(HeapPolicy):
 
     def key(self, task: TaskView) -> Any:
         return -task.estimate
+
+    def keys(self, tasks: Sequence[TaskView]) -> list[Any]:
+        return [-t.estimate for t in tasks]
 
 
 class CriticalPath(HeapPolicy):
