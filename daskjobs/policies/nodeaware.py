@@ -62,45 +62,62 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
-
-
-def _first(entry: _Entry) -> float:
-    return entry[0]
-
-
 _MAX_LOG = math.log(1000.0)
 
 
-class _Ladder:
-    """Tasks by estimate: the longest exactly, the rest by rungs of 1.2x.
+def _est(entry: _Entry) -> float:
+    return -entry[0]
 
-    ``hi`` is a max-heap over all tasks (the longest, for nominal nodes).
-    ``rungs`` buckets the same entries by ``floor(log1.2(estimate))``, each
-    rung a max-heap, so "a short task" (the lowest rung) and "the longest task
-    of at most X" (walk down from X's rung) cost O(log n) plus the rungs
-    walked; there are about 13 rungs per decade of estimates. Entries taken
-    through one view are dropped lazily from the other (``taken``). A batch
-    pushed at once is sorted once into ``run`` (longest at the end), which
-    serves the long end in O(1) beside the heap.
+
+def _first(pair: tuple[float, Any]) -> float:
+    return pair[0]
+
+
+def _rung(est: float) -> int:
+    """``floor(log1.2(est))``, clamped: rungs of 1.2x."""
+    if not est > 1e-3:
+        return -38  # everything under a millisecond shares the lowest rung
+    if est > 1e300:
+        return 3800  # and everything astronomically long the highest
+    return math.floor(math.log(est) / _RATIO)
+
+
+class _Ladder:
+    """Queued tasks of one core size, by estimate: the longest, a shortest,
+    and the longest of at most a limit.
+
+    Two stores. A batch pushed at once (a sweep submitted together) is sorted
+    once into ``run``, shortest first: the longest is popped from its end and
+    the shortest from its live start ``lo``, both O(1); the longest of at most
+    X is a bisection. An entry taken from the middle leaves a pointer to its
+    left neighbour in ``skip`` (a union-find over run positions with path
+    compression, so stretches of taken entries are crossed in near O(1)).
+
+    Tasks pushed one at a time (retries, tasks whose inputs just finished) go
+    to ``hi``, a max-heap, and to ``rungs``, max-heaps by
+    ``floor(log1.2(estimate))`` (about 13 per decade), so that a short task or
+    the longest under a limit costs O(log n) plus the rungs walked; an entry
+    taken through one of the two is dropped lazily from the other (``taken``).
     """
 
-    __slots__ = ("hi", "n", "nonempty", "run", "rungs", "taken")
+    __slots__ = ("hi", "lo", "n", "nonempty", "run", "rungs", "skip", "taken")
 
     def __init__(self) -> None:
+        self.run: list[_Entry] = []  # sorted, shortest first; live from `lo`
+        self.lo = 0
+        self.skip: dict[int, int] = {}  # taken run position -> a position to its left
         self.hi: list[_Entry] = []
-        self.run: list[_Entry] = []  # sorted, the longest (smallest entry) last
         self.rungs: dict[int, list[_Entry]] = {}
         self.nonempty: list[int] = []  # sorted rung indices that may hold entries
         self.taken: set[int] = set()
         self.n = 0
 
-    @staticmethod
-    def rung(est: float) -> int:
-        if not est > 1e-3:
-            return -38  # everything under a millisecond shares the lowest rung
-        if est > 1e300:
-            return 3800  # and everything astronomically long the highest
-        return math.floor(math.log(est) / _RATIO)
+    # -- pushing ------------------------------------------------------------------
+    def push(self, est: float, seq: int, task: TaskView) -> None:
+        entry = (-est, seq, task)
+        heapq.heappush(self.hi, entry)
+        heapq.heappush(self._rung_heap(_rung(est)), entry)
+        self.n += 1
 
     def _rung_heap(self, r: int) -> list[_Entry]:
         """The heap of rung ``r``, listed among the non-empty rungs (it is about to be)."""
@@ -113,82 +130,145 @@ class _Ladder:
                 self.nonempty.insert(i, r)
         return heap
 
-    def push(self, est: float, seq: int, task: TaskView) -> None:
-        entry = (-est, seq, task)
-        heapq.heappush(self.hi, entry)
-        heapq.heappush(self._rung_heap(self.rung(est)), entry)
-        self.n += 1
-
     def push_many(self, entries: list[_Entry]) -> None:
         """Entries ``(-estimate, seq, task)`` in push order (seq increasing)."""
-        if self.run:  # an older run still pending: fold it into the heap
-            self.hi.extend(self.run)
+        if self.lo < len(self.run):  # an older run still pending: move it to the heaps
+            skip = self.skip
+            old = [e for j, e in enumerate(self.run) if j >= self.lo and j not in skip]
+            self.hi.extend(old)
             heapq.heapify(self.hi)
-            self.run.clear()
-        by_rung: dict[int, list[_Entry]] = {}
-        rung = self.rung
-        for e in entries:
-            by_rung.setdefault(rung(-e[0]), []).append(e)
-        for r, group in by_rung.items():
-            heap = self._rung_heap(r)
-            heap.extend(group)
-            heapq.heapify(heap)
-        ordered = sorted(entries, key=_first)  # stable: push order among equal estimates
+            by_rung: dict[int, list[_Entry]] = {}
+            for e in old:
+                by_rung.setdefault(_rung(-e[0]), []).append(e)
+            for r, group in by_rung.items():
+                heap = self._rung_heap(r)
+                heap.extend(group)
+                heapq.heapify(heap)
+        ordered = sorted(entries)  # longest first, then push order (seq is unique)
         ordered.reverse()
-        self.run.extend(ordered)
+        self.run = ordered
+        self.lo = 0
+        self.skip = {}
         self.n += len(entries)
+
+    # -- the run's live ends ------------------------------------------------------
+    def _run_top(self) -> _Entry | None:
+        run = self.run
+        if not self.skip:
+            return run[-1] if len(run) > self.lo else None
+        skip = self.skip
+        while len(run) > self.lo:
+            j = len(run) - 1
+            if j not in skip:
+                return run[j]
+            del skip[j]
+            run.pop()
+        return None
+
+    def _run_bottom(self) -> _Entry | None:
+        run, skip = self.run, self.skip
+        lo = self.lo
+        while lo < len(run) and lo in skip:
+            del skip[lo]
+            lo += 1
+        self.lo = lo
+        return run[lo] if lo < len(run) else None
+
+    def _live_left(self, j: int) -> int:
+        """The largest live run position <= ``j`` (below ``lo``: none)."""
+        skip = self.skip
+        path = []
+        while j in skip:
+            path.append(j)
+            j = skip[j]
+        for p in path:
+            skip[p] = j
+        return j
 
     def _clean(self, heap: list[_Entry]) -> None:
         taken = self.taken
         while heap and heap[0][1] in taken:
             taken.discard(heapq.heappop(heap)[1])
 
-    def head(self) -> tuple[list[_Entry], _Entry] | None:
-        self._clean(self.hi)
-        run = self.run
-        taken = self.taken
-        while run and run[-1][1] in taken:
-            taken.discard(run.pop()[1])
-        if run and not (self.hi and self.hi[0][:2] < run[-1][:2]):
-            return run, run[-1]
-        return (self.hi, self.hi[0]) if self.hi else None
+    # -- queries: (where, entry); `where` is what `take` needs --------------------
+    def head(self) -> tuple[object, _Entry] | None:
+        """The longest (ties: pushed first)."""
+        top = self._run_top()
+        hi = self.hi
+        if hi:
+            self._clean(hi)
+            if hi and (top is None or hi[0][:2] < top[:2]):
+                return hi, hi[0]
+        return (_TOP, top) if top is not None else None
 
-    def _walk(self, i: int, limit: float) -> tuple[list[_Entry], _Entry] | None:
-        """From rung position ``i`` downwards: the first head of at most ``limit``."""
+    def low(self) -> tuple[object, _Entry] | None:
+        """A short task: the shortest of the run or of the lowest rung."""
+        bottom = self._run_bottom()
         nonempty = self.nonempty
+        while nonempty:
+            heap = self.rungs[nonempty[0]]
+            self._clean(heap)
+            if heap:
+                if bottom is None or -heap[0][0] < -bottom[0]:
+                    return heap, heap[0]
+                break
+            del nonempty[0]
+        return (_BOTTOM, bottom) if bottom is not None else None
+
+    def fit(self, limit: float) -> tuple[object, _Entry] | None:
+        """The longest task of at most ``limit`` (in the heaps: to within a rung)."""
+        if limit <= 0:
+            return None
+        best: tuple[object, _Entry] | None = None
+        run = self.run
+        j = self._live_left(bisect.bisect_right(run, limit, lo=self.lo, key=_est) - 1)
+        if j >= self.lo:
+            best = (j, run[j])
+        nonempty = self.nonempty
+        i = bisect.bisect_right(nonempty, _rung(limit)) - 1
         while i >= 0:
             heap = self.rungs[nonempty[i]]
             self._clean(heap)
             if not heap:
                 del nonempty[i]
             elif -heap[0][0] <= limit:
-                return heap, heap[0]
+                if best is None or heap[0][:2] < best[1][:2]:
+                    best = (heap, heap[0])
+                break
             i -= 1
-        return None
+        return best
 
-    def low(self) -> tuple[list[_Entry], _Entry] | None:
-        """A task from the lowest rung (within 1.2x of the shortest)."""
-        nonempty = self.nonempty
-        while nonempty:
-            heap = self.rungs[nonempty[0]]
-            self._clean(heap)
-            if heap:
-                return heap, heap[0]
-            del nonempty[0]
-        return None
-
-    def fit(self, limit: float) -> tuple[list[_Entry], _Entry] | None:
-        """The longest task of at most ``limit`` (to within a rung), if any."""
-        if limit <= 0:
-            return None
-        i = bisect.bisect_right(self.nonempty, self.rung(limit)) - 1
-        return self._walk(i, limit)
-
-    def take(self, heap: list[_Entry]) -> TaskView:
-        _, seq, task = heap.pop() if heap is self.run else heapq.heappop(heap)
-        self.taken.add(seq)
+    def take(self, where: object, entry: _Entry) -> TaskView:
+        if where is _TOP:
+            self.run.pop()
+        elif where is _BOTTOM:
+            self.lo += 1
+        elif isinstance(where, int):  # the middle of the run
+            self.skip[where] = where - 1
+        else:  # hi or a rung heap: drop it lazily from the other
+            heapq.heappop(where)  # type: ignore[arg-type]
+            self.taken.add(entry[1])
         self.n -= 1
-        return task
+        return entry[2]
+
+
+_TOP = object()  # `take` from the run's long end
+_BOTTOM = object()  # from its short end
+
+
+class _NodeState:
+    """What the policy believes about one node."""
+
+    __slots__ = ("announced", "cores", "count", "heads", "logsum", "lows", "speed")
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self.logsum = 0.0  # sum of clamped log(actual / estimate)
+        self.count = 0  # finished attempts seen
+        self.speed = 1.0  # believed slow-down
+        self.announced = 0.0  # log of the belief last announced (see `ended`)
+        self.heads = 0  # tasks taken from the long end while unmeasured
+        self.lows = 0  # ... and from the short end
 
 
 class NodeAware(Policy):
@@ -221,18 +301,13 @@ class NodeAware(Policy):
         self.unmeasured_slowdown = unmeasured_slowdown
         self._queues: dict[int, _Ladder] = {}
         self._sizes: list[int] = []
+        self._one: _Ladder | None = None  # the only queue, while all tasks ask for 1 core
         self._counter = itertools.count()
         self._n = 0
-        # node state
-        self._cores: dict[int, int] = {}
-        self._logsum: dict[int, float] = {}
-        self._count: dict[int, int] = {}
-        self._speed: dict[int, float] = {}
-        self._announced: dict[int, float] = {}
-        self._heads: dict[int, int] = {}
-        self._lows: dict[int, int] = {}
+        self._nodes: dict[int, _NodeState] = {}
         self._capacity = 0.0  # sum of cores / believed slow-down
         self._best = 1.0  # smallest believed slow-down, refreshed when a belief moves
+        self._best_node: _NodeState | None = None  # whose it is (None: the prior's 1.0)
         # horizon sums
         self._queued_work = 0.0
         self._run_cores = 0
@@ -241,45 +316,59 @@ class NodeAware(Policy):
 
     # -- nodes and speeds -------------------------------------------------------
     def add_node(self, index: int, cores: int) -> None:
-        self._cores[index] = cores
-        self._logsum[index] = 0.0
-        self._count[index] = 0
-        self._speed[index] = 1.0
-        self._announced[index] = 1.0
-        self._heads[index] = 0
-        self._lows[index] = 0
+        old = self._nodes.get(index)
+        if old is not None:
+            self._capacity -= old.cores / old.speed
+        self._nodes[index] = _NodeState(cores)
         self._capacity += cores
 
     def remove_node(self, index: int) -> None:
-        cores = self._cores.pop(index, 0)
-        self._capacity -= cores / self._speed.pop(index, 1.0)
+        st = self._nodes.pop(index, None)
+        if st is not None:
+            self._capacity -= st.cores / st.speed
+            if st is self._best_node:
+                self._rescan_best()
 
     def speed(self, node: int) -> float:
-        return self._speed.get(node, 1.0)
+        st = self._nodes.get(node)
+        return st.speed if st is not None else 1.0
 
     def samples(self, node: int) -> int:
         """Finished attempts the speed belief of ``node`` rests on."""
-        return self._count.get(node, 0)
+        st = self._nodes.get(node)
+        return st.count if st is not None else 0
 
     def measured(self, node: int) -> bool:
-        return self._count.get(node, 0) >= self.min_samples
+        st = self._nodes.get(node)
+        return st is not None and st.count >= self.min_samples
 
-    def _learn(self, node: int, ratio: float) -> bool:
-        if node not in self._cores or not (ratio > 0 and math.isfinite(ratio)):
+    def _learn(self, st: _NodeState, ratio: float) -> bool:
+        if not (ratio > 0 and math.isfinite(ratio)):
             return False
         # one sample moves the belief by at most 1000x either way: a near-zero
         # estimate must not make a node look infinitely slow
-        self._logsum[node] += min(max(math.log(ratio), -_MAX_LOG), _MAX_LOG)
-        self._count[node] += 1
-        old = self._speed[node]
-        new = math.exp(self._logsum[node] / (self._count[node] + self.prior))
-        self._speed[node] = new
-        self._capacity += self._cores[node] * (1.0 / new - 1.0 / old)
-        if abs(math.log(new / self._announced[node])) > math.log(1.2):
-            self._announced[node] = new
-            self._best = min(self._speed.values())
+        x = math.log(ratio)
+        st.logsum += _MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x
+        st.count += 1
+        log_new = st.logsum / (st.count + self.prior)
+        new = math.exp(log_new)
+        self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
+        st.speed = new
+        if abs(log_new - st.announced) > _RATIO:
+            st.announced = log_new
+            if new < self._best:
+                self._best, self._best_node = new, st
+            elif st is self._best_node:  # the fastest node looks slower now: rescan
+                self._rescan_best()
             return True
         return False
+
+    def _rescan_best(self) -> None:
+        self._best, self._best_node = min(
+            ((x.speed, x) for x in self._nodes.values()),
+            key=_first,
+            default=(1.0, None),
+        )
 
     def horizon(self, now: float) -> float:
         """Projected end of the run from what the policy knows now."""
@@ -288,14 +377,18 @@ class NodeAware(Policy):
         return now + work / self._capacity if self._capacity > 0 else math.inf
 
     # -- the queue --------------------------------------------------------------
+    def _queue(self, cores: int) -> _Ladder:
+        q = self._queues.get(cores)
+        if q is None:
+            q = self._queues[cores] = _Ladder()
+            self._sizes.append(cores)
+            self._sizes.sort()
+            self._one = q if self._sizes == [1] else None
+        return q
+
     def push(self, task: TaskView) -> None:
         c = task.cores
-        q = self._queues.get(c)
-        if q is None:
-            q = self._queues[c] = _Ladder()
-            self._sizes.append(c)
-            self._sizes.sort()
-        q.push(task.estimate, next(self._counter), task)
+        self._queue(c).push(task.estimate, next(self._counter), task)
         self._queued_work += task.estimate * c
         self._n += 1
 
@@ -307,19 +400,16 @@ class NodeAware(Policy):
             by_cores.setdefault(t.cores, []).append((-t.estimate, next(counter), t))
             work += t.estimate * t.cores
         for c, entries in by_cores.items():
-            q = self._queues.get(c)
-            if q is None:
-                q = self._queues[c] = _Ladder()
-                self._sizes.append(c)
-                self._sizes.sort()
-            q.push_many(entries)
+            self._queue(c).push_many(entries)
         self._queued_work += work
         self._n += len(tasks)
 
-    def _pick(self, free: int, how: str, limit: float = 0.0) -> tuple[list[_Entry], _Entry] | None:
+    def _pick(
+        self, free: int, how: str, limit: float = 0.0
+    ) -> tuple[_Ladder, object, _Entry] | None:
         """Across core-size queues that fit ``free``: the longest (``head``),
         a shortest (``low``) or the longest of at most ``limit`` (``fit``)."""
-        best: tuple[list[_Entry], _Entry] | None = None
+        best: tuple[_Ladder, object, _Entry] | None = None
         for c in self._sizes:
             if c > free:
                 break
@@ -327,31 +417,46 @@ class NodeAware(Policy):
             got = q.head() if how == "head" else q.low() if how == "low" else q.fit(limit)
             if got is None:
                 continue
+            e = got[1]
             if best is None:
-                best = got
+                best = (q, *got)
             elif how == "low":
-                if (-got[1][0], got[1][1]) < (-best[1][0], best[1][1]):
-                    best = got
-            elif got[1][:2] < best[1][:2]:
-                best = got
+                if (-e[0], e[1]) < (-best[2][0], best[2][1]):
+                    best = (q, *got)
+            elif e[:2] < best[2][:2]:
+                best = (q, *got)
         return best
 
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
         k = node.index
-        s = self._speed.get(k, 1.0)
-        if not self.measured(k):
-            if self._heads[k] < self.probe:
+        st = self._nodes.get(k)
+        if st is None:  # a node nobody announced: take it in as nominal, unmeasured
+            self.add_node(k, node.cores)
+            st = self._nodes[k]
+        s = st.speed
+        measured = st.count >= self.min_samples
+        if measured and s < self.slow_threshold:
+            one = self._one
+            if one is not None:  # the common case, inlined: longest first, one queue
+                got = one.head()
+                if got is None:
+                    return None
+                task = one.take(*got)
+                self._queued_work -= task.estimate
+                self._n -= 1
+                return task
+            found = self._pick(node.free, "head")
+        elif not measured:
+            if st.heads < self.probe:
                 found = self._pick(node.free, "head")
-            elif self._lows[k] < self.min_samples:
+            elif st.lows < self.min_samples:
                 found = self._pick(node.free, "low")  # short tasks measure it soon
             else:  # what would end in time even if the node were `unmeasured_slowdown`x slow
                 horizon = self.horizon(now)
                 limit = (horizon - now) * self.fill / self.unmeasured_slowdown
                 found = self._pick(node.free, "fit", limit) or self._pick(node.free, "low")
-        elif s < self.slow_threshold:
-            found = self._pick(node.free, "head")
         else:
             # A measured slow node: the longest task that ends well before the
             # projected end of the run (leaving the short ones to fill the end
@@ -360,18 +465,17 @@ class NodeAware(Policy):
             found = self._pick(node.free, "fit", (horizon - now) * self.fill / s)
             if found is None:
                 found = self._pick(node.free, "low")
-                if found and self._run_cores and now - found[1][0] * s > horizon:
+                if found and self._run_cores and now - found[2][0] * s > horizon:
                     return None
         if found is None:
             return None
-        heap, entry = found
-        task = self._queues[entry[2].cores].take(heap)
-        if not self.measured(k):
-            q = self._queues[task.cores]
-            if heap is q.hi or heap is q.run:
-                self._heads[k] += 1
+        q, where, entry = found
+        task = q.take(where, entry)
+        if not measured:
+            if where is _TOP or where is q.hi:
+                st.heads += 1
             else:
-                self._lows[k] += 1
+                st.lows += 1
         self._queued_work -= task.estimate * task.cores
         self._n -= 1
         return task
@@ -382,18 +486,23 @@ class NodeAware(Policy):
     # -- attempts ---------------------------------------------------------------
     def started(self, attempt: AttemptView, now: float) -> None:
         t = attempt.task
-        end = attempt.start + t.estimate * self.speed(attempt.node)
-        self._run[id(attempt)] = (t.cores, end)
-        self._run_cores += t.cores
-        self._run_end_sum += t.cores * end
+        st = self._nodes.get(attempt.node)
+        end = attempt.start + t.estimate * (st.speed if st is not None else 1.0)
+        c = t.cores
+        self._run[id(attempt)] = (c, end)
+        self._run_cores += c
+        self._run_end_sum += c * end
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         got = self._run.pop(id(attempt), None)
         if got is not None:
             self._run_cores -= got[0]
             self._run_end_sum -= got[0] * got[1]
-        if attempt.outcome == "done" and attempt.task.estimate > 0:
-            return self._learn(attempt.node, (now - attempt.start) / attempt.task.estimate)
+        if attempt.outcome == "done":
+            est = attempt.task.estimate
+            st = self._nodes.get(attempt.node)
+            if est > 0 and st is not None:
+                return self._learn(st, (now - attempt.start) / est)
         return False
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
@@ -415,5 +524,7 @@ class NodeAware(Policy):
             "slow_threshold": self.slow_threshold,
             "min_samples": self.min_samples,
             "probe": self.probe,
-            "speeds": {k: round(v, 3) for k, v in self._speed.items() if abs(v - 1) > 0.05},
+            "speeds": {
+                k: round(v.speed, 3) for k, v in self._nodes.items() if abs(v.speed - 1) > 0.05
+            },
         }

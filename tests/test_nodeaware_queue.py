@@ -1,0 +1,94 @@
+"""The node-aware policy's queue against a plain list (hypothesis).
+
+``_Ladder`` keeps batch pushes in a sorted run with a skip structure and single
+pushes in heaps with lazy deletion; whatever mix of operations, every query must
+answer what a scan of the live entries would answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daskjobs.policies.nodeaware import _Ladder, _rung
+
+
+@dataclass(frozen=True)
+class T:
+    tid: int
+    estimate: float
+    cores: int = 1
+
+
+estimates = st.sampled_from([0.5, 1.0, 1.1, 2.0, 3.0, 3.0, 7.5, 10.0, 60.0, 61.0, 3600.0])
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), estimates),
+        st.tuples(st.just("batch"), st.lists(estimates, min_size=1, max_size=12)),
+        st.tuples(st.just("head"), st.none()),
+        st.tuples(st.just("low"), st.none()),
+        st.tuples(st.just("fit"), st.sampled_from([0.0, 1.0, 2.5, 3.0, 9.0, 59.0, 1e4])),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
+    q = _Ladder()
+    live: dict[int, tuple[float, T]] = {}  # seq -> (estimate, task)
+    seq = 0
+    for op, arg in program:
+        if op == "push":
+            assert isinstance(arg, float)
+            t = T(seq, arg)
+            q.push(arg, seq, t)
+            live[seq] = (arg, t)
+            seq += 1
+        elif op == "batch":
+            assert isinstance(arg, list)
+            entries = []
+            for est in arg:
+                t = T(seq, est)
+                entries.append((-est, seq, t))
+                live[seq] = (est, t)
+                seq += 1
+            q.push_many(entries)
+        else:
+            if op == "head":
+                got = q.head()
+                want = min(live, key=lambda s: (-live[s][0], s)) if live else None
+                if want is None:
+                    assert got is None
+                else:
+                    assert got is not None and got[1][1] == want  # longest, then pushed first
+            elif op == "low":
+                got = q.low()
+                if not live:
+                    assert got is None
+                else:
+                    shortest = min(e for e, _ in live.values())
+                    assert got is not None and _rung(-got[1][0]) == _rung(shortest)
+            else:
+                assert isinstance(arg, float)
+                got = q.fit(arg)
+                fits = [e for e, _ in live.values() if e <= arg]
+                if not fits or arg <= 0:
+                    assert got is None
+                else:
+                    assert got is not None and -got[1][0] <= arg
+                    assert _rung(-got[1][0]) == _rung(max(fits))
+            if got is not None:  # take what was found: the queue must drop exactly it
+                task = q.take(*got)
+                est, t = live.pop(got[1][1])
+                assert task is t
+        assert q.n == len(live)
+    # drain: every live task comes out exactly once, longest first
+    out = []
+    while (got := q.head()) is not None:
+        out.append(q.take(*got))
+    assert sorted(t.tid for t in out) == sorted(live)
+    assert [t.estimate for t in out] == sorted((e for e, _ in live.values()), reverse=True)
