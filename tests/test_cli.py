@@ -86,6 +86,43 @@ def test_chapter_human_table() -> None:
     assert "chapter sweep" in result.stderr
 
 
+def test_chapter_failure_bound_column(chapter_run: tuple[dict[str, Any], Path]) -> None:
+    report, _ = chapter_run
+    assert report["failure_bound_h"] >= report["speed_bound_h"]
+    for row in report["rows"]:
+        ratio = row["vs_failure_bound"]
+        assert 0 < ratio <= row["vs_speed_bound"]
+        if not row["backups"]:  # a true bound for schedules that restart failed tasks
+            assert ratio >= 1.0 - 1e-9, row
+
+
+def test_chapter_seeds_json() -> None:
+    result = invoke("chapter", "--seeds", "0-2,1", "--tasks", "1000", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["seeds"] == [0, 1, 2]
+    assert len(report["speed_bound_h"]) == len(report["failure_bound_h"]) == 3
+    # each row's spread is the spread of the single-seed runs
+    single = [
+        json.loads(invoke("chapter", "--seed", str(k), "--tasks", "1000", "--json").stdout)
+        for k in (0, 1, 2)
+    ]
+    for j, row in enumerate(report["rows"]):
+        got = sorted(s["rows"][j]["makespan_h"] for s in single)
+        assert row["makespan_h"]["min"] == got[0]
+        assert row["makespan_h"]["median"] == got[1]
+        assert row["makespan_h"]["max"] == got[2]
+        within = sum(s["rows"][j]["vs_speed_bound"] <= 1.012 for s in single)
+        assert row["within_1_2pct_of_speed_bound"] == within
+
+
+def test_chapter_seeds_table() -> None:
+    result = invoke("chapter", "--seeds", "0,1", "--tasks", "500")
+    assert result.exit_code == 0, result.output
+    assert "2 seeds" in result.stdout and "median (min-max)" in result.stdout
+    assert "node-aware" in result.stdout
+
+
 def test_fairshare_json(tmp_path: Path) -> None:
     result = invoke("fairshare", "--json", "--plot", str(tmp_path))
     assert result.exit_code == 0, result.output
@@ -117,6 +154,10 @@ def test_graph_json() -> None:
         (["chapter", "--tasks", "0"], "--tasks"),
         (["chapter", "--slow-node", "24"], "slow node 24 is not a node index"),
         (["graph", "--tasks", "150"], "multiple of 100"),
+        (["chapter", "--seeds", "3-1"], "empty range '3-1'"),
+        (["chapter", "--seeds", "0,x"], "'x' is not a seed"),
+        (["chapter", "--seeds", "0-1", "--seed", "2"], "either --seed or --seeds"),
+        (["chapter", "--seeds", "0-1", "--plot", "somewhere"], "without --seeds"),
     ],
 )
 def test_bad_input(args: list[str], message: str) -> None:

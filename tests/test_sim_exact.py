@@ -25,6 +25,7 @@ from daskjobs.sim import (
     Speculation,
     Task,
     WorkStealing,
+    failure_bound,
     lower_bound,
     simulate,
     speed_bound,
@@ -567,6 +568,33 @@ def test_retry_bound_ignores_failure_while_a_backup_runs_on():
     assert s.retry_bound <= s.record("t").end
 
 
+def test_failure_bound_is_the_restart_chain_of_a_lone_task():
+    # one task on one core: every failed attempt runs f x 10 s, then the task
+    # restarts; the makespan *is* the bound, whatever the seed
+    cluster = Cluster(1, 1, failure_rate=0.5)
+    chains = 0
+    for seed in range(40):
+        s = simulate([Task("t", 10.0)], cluster, FIFO(), seed=seed)
+        fb = failure_bound([Task("t", 10.0)], cluster, seed)
+        if s.record("t").attempts <= 3:  # attempts past the third draw in start order
+            assert fb == pytest.approx(s.makespan, rel=1e-12)
+            chains += s.record("t").attempts > 1
+        assert fb <= s.makespan + 1e-9
+    assert chains >= 10  # the case was exercised, not only the failure-free one
+
+
+def test_failure_bound_adds_failed_work_to_the_speed_bound():
+    tasks = flat([10.0] * 400)
+    quiet = Cluster(4, 2)
+    assert failure_bound(tasks, quiet, seed=3) == speed_bound(tasks, quiet)
+    noisy = Cluster(4, 2, slow={3: 2.0}, failure_rate=0.2)
+    fb = failure_bound(tasks, noisy, seed=3)
+    assert fb > speed_bound(tasks, noisy) * 1.05  # ~10% of the work is lost to failures
+    for policy in (FIFO(), LPT(), WorkStealing(), NodeAware()):
+        s = simulate(tasks, noisy, policy, seed=3)
+        assert s.makespan >= fb - 1e-9, policy.name
+
+
 # -- measurements ----------------------------------------------------------------------------
 
 
@@ -604,3 +632,33 @@ def test_summary_reports_headline_numbers_in_hours():
     assert summary["backups_launched"] == summary["backups_won"] == 1
     assert summary["waste_core_h"] == 7.0
     assert summary["attempts"] == 2
+
+
+class _NestedLPT(LPT):
+    """LPT that, on its first pop, simulates the same Task objects in reverse order."""
+
+    def __init__(self, tasks: list[Task], cluster: Cluster) -> None:
+        super().__init__()
+        self.inner: tuple[list[Task], Cluster] | None = (tasks, cluster)
+
+    def pop(self, node, now):  # type: ignore[no-untyped-def]
+        if self.inner is not None:
+            tasks, cluster = self.inner
+            self.inner = None
+            simulate(list(reversed(tasks)), cluster, FIFO(), seed=1)
+        return super().pop(node, now)
+
+
+def test_tasks_shared_with_a_simulation_running_inside_another():
+    # The engine stamps each Task with its position in the running simulation;
+    # a second simulation of the same objects restamps them mid-run. The outer
+    # run must notice and still start the task the policy chose.
+    w = workloads.chapter(0, n=500, n_long=2, nodes=4)
+    plain = simulate(w.tasks, w.cluster, LPT(), seed=0)
+    nested = simulate(w.tasks, w.cluster, _NestedLPT(w.tasks, w.cluster), seed=0)
+
+    def trace(s: Schedule) -> list[tuple[object, ...]]:
+        return [(a.task.tid, a.node, a.start, a.end, a.outcome) for a in s.attempts]
+
+    assert trace(nested) == trace(plain)
+    assert nested.makespan == plain.makespan

@@ -506,9 +506,10 @@ class NodeAware(Policy):
         return False
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
-        s = self.speed(attempt.node)
-        if s < self.slow_threshold:
+        st = self._nodes.get(attempt.node)
+        if st is None or st.speed < self.slow_threshold:
             return False
+        s = st.speed
         est = attempt.task.estimate
         # What is left: the estimate scaled to the node, less what has run, but
         # never below half of it: an attempt past its expected end is not

@@ -58,13 +58,14 @@ import numpy as np
 
 from daskjobs.policies.base import Policy
 from daskjobs.policies.speculation import Speculation
+from daskjobs.sim.fates import FATES, draw_fates
 from daskjobs.sim.model import Attempt, Cluster, Task
 from daskjobs.sim.schedule import Schedule
 
 __all__ = ["CycleError", "simulate", "topological_order"]
 
 _DONE, _FAIL, _CHECK = 0, 1, 2
-_FATES = 3  # attempts per task whose failure fate is drawn up front
+_FATES = FATES  # attempts per task whose failure fate is drawn up front
 _SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node's attempts
 
 
@@ -333,18 +334,9 @@ def _simulate(
     draw_ptr = 0
     fails: list[dict[int, float]] = []
     if rate:
-        # Whether attempt k of task i fails, and where, is drawn up front and
-        # indexed by (task, attempt), not by the order attempts start, so every
-        # policy faces the same failures (common random numbers). Attempts past
-        # the first few (rare) draw from the stream in start order. Only the
-        # failing (task, attempt) pairs are kept: a small dict per attempt number
-        # is cheaper to probe than a million-entry array read in random order.
-        fate_u = rng.random((n, _FATES))
-        fate_f = rng.random((n, _FATES))
-        for k in range(_FATES):
-            hit = np.flatnonzero(fate_u[:, k] < rate)
-            fails.append(dict(zip(hit.tolist(), fate_f[hit, k].tolist(), strict=True)))
-        del fate_u, fate_f
+        # the fates of the first attempts of every task, up front (common random
+        # numbers); attempts past the first few (rare) draw in start order
+        fails = draw_fates(rng, n, rate)
 
     # The event queue: a heap of distinct times (plain floats compare several
     # times faster than tuples) and, per time, its event ``(kind, seq,
@@ -369,9 +361,17 @@ def _simulate(
     started = policy.started if cls.started is not Policy.started else None
     ended = policy.ended if cls.ended is not Policy.ended else None
     # which attempts run on each node: only needed to re-judge them for backups
-    track = spec is not None or ended is not None
+    # (only a policy that learns speeds, through `ended`, ever re-judges them)
+    track = ended is not None
     p_speed = policy.speed
     p_urgent = policy.urgent
+    # hooks a policy leaves as the base class has them are skipped in the hot path
+    urgent_hook = p_urgent if cls.urgent is not Policy.urgent else None
+    speed_hook = p_speed if cls.speed is not Policy.speed else None
+    # the plain Speculation deadline, inlined (a subclass keeps its own method)
+    plain_spec = type(spec) is Speculation
+    late_factor = spec.late_factor if spec is not None else 0.0
+    min_runtime = spec.min_runtime if spec is not None else 0.0
     heappush = heapq.heappush
     heappop = heapq.heappop
 
@@ -536,7 +536,12 @@ def _simulate(
         if started is not None:
             started(a, now)
         if spec is not None and not backup and task.speculate:
-            a.check_at = spec.deadline(now, est[i], p_speed(nd.index))
+            speed = speed_hook(nd.index) if speed_hook is not None else 1.0
+            if plain_spec:
+                late = late_factor * est[i] * speed
+                a.check_at = now + (late if late > min_runtime else min_runtime)
+            else:
+                a.check_at = spec.deadline(now, est[i], speed)
             if when > a.check_at:
                 # Only an attempt still running at its deadline needs the check: one
                 # that ends (or fails) first would find it a no-op, so the event is not
@@ -544,7 +549,7 @@ def _simulate(
                 # (A deadline moved earlier by a new speed belief is queued afresh.)
                 seq += 1
                 post(a.check_at, (_CHECK, seq, a))
-            if p_urgent(a, now):
+            if urgent_hook is not None and urgent_hook(a, now):
                 ask_backup(a)
 
     def dispatch(now: float) -> None:

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from daskjobs.sim.fates import draw_fates
 from daskjobs.sim.model import Attempt, Cluster, Task
 
 __all__ = ["Schedule", "TaskRecord", "TeamStats", "lower_bound", "speed_bound", "utilisation"]
@@ -266,6 +267,53 @@ def speed_bound(tasks: Sequence[Task], cluster: Cluster) -> float:
     work, longest, _ = _work(tasks)
     fastest = min(cluster.speeds)
     return max(work / cluster.effective_cores, fastest * _longest_chain(tasks), fastest * longest)
+
+
+def failure_bound(tasks: Sequence[Task], cluster: Cluster, seed: int = 0) -> float:
+    """The speed bound raised by the failures ``simulate(tasks, cluster, ...,
+    seed=seed)`` will meet: no schedule that restarts a failed task from its
+    beginning finishes earlier.
+
+    Failures are drawn per (task, attempt number) from the seed, the same for
+    every policy (:mod:`daskjobs.sim.fates`), so what they cost is known before
+    any policy runs. A task whose attempts ``0..K-1`` fail at fractions
+    ``f_k`` of their run has to run ``(f_0 + ... + f_{K-1} + 1) x duration``
+    in sequence, which bounds the makespan from below; and the failed runs add
+    ``sum f_k x duration`` to the work every schedule has to fit into the
+    cluster's core-equivalents. The bound is the largest of those and
+    :func:`speed_bound`.
+
+    Two caveats, both documented in docs/simulator.md: a backup copy that is
+    running when its primary fails saves the restart, so with backups this is
+    a yardstick rather than a strict bound; and attempts beyond the first
+    :data:`~daskjobs.sim.fates.FATES` draw their fate in start order, so a
+    task failing that often (probability ``rate ** 3``) counts only those.
+    For tasks without a cache (a cache prunes tasks and changes the draw).
+    """
+    tasks = list(tasks)
+    base = speed_bound(tasks, cluster)
+    rate = cluster.failure_rate
+    if not rate or not tasks:
+        return base
+    fates = draw_fates(np.random.default_rng(seed), len(tasks), rate)
+    lost = np.zeros(len(tasks))  # sum of f_k over the failing attempts before the first success
+    alive = np.ones(len(tasks), dtype=bool)  # every attempt so far has failed
+    for fate in fates:
+        hit = np.zeros(len(tasks), dtype=bool)
+        frac = np.zeros(len(tasks))
+        if fate:
+            idx = np.fromiter(fate.keys(), dtype=np.int64, count=len(fate))
+            hit[idx] = True
+            frac[idx] = np.fromiter(fate.values(), dtype=float, count=len(fate))
+        fails = alive & hit
+        lost[fails] += frac[fails]
+        alive = fails
+    dur = np.fromiter((t.duration for t in tasks), dtype=float, count=len(tasks))
+    cores = np.fromiter((t.cores for t in tasks), dtype=float, count=len(tasks))
+    work, _, _ = _work(tasks)
+    wasted = float(np.dot(lost * dur, cores))
+    chain = float(np.max((1.0 + lost) * dur)) * min(cluster.speeds)
+    return max(base, (work + wasted) / cluster.effective_cores, chain)
 
 
 def utilisation(schedule: Schedule, step: float = 600.0) -> tuple[np.ndarray, np.ndarray]:
