@@ -662,3 +662,21 @@ def test_tasks_shared_with_a_simulation_running_inside_another():
 
     assert trace(nested) == trace(plain)
     assert nested.makespan == plain.makespan
+
+
+def test_node_aware_measures_with_short_tasks_but_keeps_the_shortest():
+    from types import SimpleNamespace
+
+    node = SimpleNamespace(index=0, cores=4, free=4)
+    tasks = [Task(i, float(i + 1)) for i in range(100)]  # estimates 1..100 s
+
+    def first_three(policy: NodeAware) -> list[float]:
+        policy.add_node(0, 4)
+        policy.push_many(tasks)
+        return [policy.pop(node, 0.0).estimate for _ in range(3)]  # type: ignore[arg-type,union-attr]
+
+    # the 5th percentile of what is queued, each time: 100 tasks -> position 5, then 4 ...
+    assert first_three(NodeAware()) == [6.0, 5.0, 4.0]
+    assert first_three(NodeAware(measure_quantile=0.0)) == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="measure_quantile"):
+        NodeAware(measure_quantile=1.0)

@@ -23,7 +23,9 @@ Placement.
 * An unmeasured node takes tasks from the short end (at most ``probe``, by
   default none, from the long end): short tasks measure it within minutes, and
   no long task is gambled on a node nobody has seen run. The longest tasks wait
-  only until the first nodes are measured.
+  only until the first nodes are measured. It measures with tasks near the
+  ``measure_quantile`` (5th percentile) of the queued estimates, not the very
+  shortest: those are kept to fill the end of the run.
 
 The horizon is ``now + (queued work + expected remaining work of running
 attempts) / effective cores``, with effective cores ``sum(cores / slow-down)``:
@@ -238,6 +240,16 @@ class _Ladder:
             i -= 1
         return best
 
+    def quantile(self, q: float) -> tuple[object, _Entry] | None:
+        """A live run entry near quantile ``q`` of the run's estimates (0: shortest)."""
+        run = self.run
+        if len(run) <= self.lo:
+            return None
+        j = self._live_left(self.lo + int(q * (len(run) - self.lo)))
+        if j < self.lo:
+            return None
+        return j, run[j]
+
     def take(self, where: object, entry: _Entry) -> TaskView:
         if where is _TOP:
             self.run.pop()
@@ -287,11 +299,14 @@ class NodeAware(Policy):
         margin: float = 1.25,
         fill: float = 0.3,
         unmeasured_slowdown: float = 4.0,
+        measure_quantile: float = 0.05,
     ) -> None:
         if not slow_threshold > 1:
             raise ValueError(f"slow_threshold must be > 1, got {slow_threshold!r}")
         if min_samples < 1 or probe < 0 or prior < 0 or margin < 1:
             raise ValueError("need min_samples >= 1, probe >= 0, prior >= 0, margin >= 1")
+        if not 0 <= measure_quantile < 1:
+            raise ValueError(f"measure_quantile must be in [0, 1), got {measure_quantile!r}")
         self.slow_threshold = slow_threshold
         self.min_samples = min_samples
         self.probe = probe
@@ -299,6 +314,7 @@ class NodeAware(Policy):
         self.margin = margin
         self.fill = fill
         self.unmeasured_slowdown = unmeasured_slowdown
+        self.measure_quantile = measure_quantile
         self._queues: dict[int, _Ladder] = {}
         self._sizes: list[int] = []
         self._one: _Ladder | None = None  # the only queue, while all tasks ask for 1 core
@@ -427,6 +443,22 @@ class NodeAware(Policy):
                 best = (q, *got)
         return best
 
+    def _measure_pick(self, free: int) -> tuple[_Ladder, object, _Entry] | None:
+        """A task to measure an unmeasured node with: short, but not the shortest.
+
+        The very shortest tasks are what fills the end of the run evenly; spent
+        on measuring 24 nodes at time zero they leave the end to longer ones
+        (with exact estimates and no failures, the end costs 0.36% of the
+        speed bound taking the shortest, 0.28% taking the 5th percentile).
+        From the batch run: the task at ``measure_quantile`` of the queued
+        estimates; otherwise (several core sizes, or only single pushes) a
+        shortest one."""
+        q = self._one
+        if q is None or not self.measure_quantile:
+            return self._pick(free, "low")
+        got = q.quantile(self.measure_quantile)
+        return (q, *got) if got is not None else self._pick(free, "low")
+
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
@@ -452,7 +484,7 @@ class NodeAware(Policy):
             if st.heads < self.probe:
                 found = self._pick(node.free, "head")
             elif st.lows < self.min_samples:
-                found = self._pick(node.free, "low")  # short tasks measure it soon
+                found = self._measure_pick(node.free)  # short tasks measure it soon
             else:  # what would end in time even if the node were `unmeasured_slowdown`x slow
                 horizon = self.horizon(now)
                 limit = (horizon - now) * self.fill / self.unmeasured_slowdown
