@@ -65,7 +65,6 @@ from daskjobs.sim.schedule import Schedule
 __all__ = ["CycleError", "simulate", "topological_order"]
 
 _DONE, _FAIL, _CHECK = 0, 1, 2
-_FATES = FATES  # attempts per task whose failure fate is drawn up front
 _SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node's attempts
 
 
@@ -142,8 +141,8 @@ class _Node:
 def _validate(tasks: Sequence[Task], cluster: Cluster) -> dict[Hashable, int]:
     """Check ``tasks`` against ``cluster``; return ``{tid: position}``.
 
-    One pass per check, each in C where it can be (a million tasks validate in
-    about 0.1 s); the slow loop runs only to name the offending task."""
+    One pass per check, in C where it can be (the dict is needed anyway); a
+    slow loop runs only to name the offending task."""
     if not all(type(t) is Task for t in tasks):
         for t in tasks:
             if not isinstance(t, Task):
@@ -282,7 +281,8 @@ def _simulate(
     # lists of Python objects: a policy such as LPT returns tasks in an order
     # unrelated to their index, and on a million tasks every pointer chased to
     # a scattered float costs a cache miss. Flat arrays stay dense enough to
-    # be served from cache; this alone makes LPT ~1.3x faster there.
+    # be served from cache (docs/benchmarks.md: with the stamps above and the
+    # float event heap, LPT ran 1.3x faster on a million tasks).
     dur = array("d", [t.duration for t in tasks])
     est = array("d", [t.estimate for t in tasks])
     is_cached = bytearray(t.tid in cached_ids for t in tasks) if cached_ids else bytearray(n)
@@ -507,7 +507,7 @@ def _simulate(
         kind = _DONE
         when = now + actual
         if rate:
-            if k < _FATES:  # common random numbers: the fate of attempt k of task i
+            if k < FATES:  # common random numbers: the fate of attempt k of task i
                 frac = fails[k].get(i)
                 if frac is not None:
                     kind = _FAIL
