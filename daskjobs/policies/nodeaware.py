@@ -472,6 +472,15 @@ class NodeAware(Policy):
         if measured and s < self.slow_threshold:
             one = self._one
             if one is not None:  # the common case, inlined: longest first, one queue
+                run = one.run
+                j = len(run) - 1
+                if not one.hi and j >= one.lo and j not in one.skip:
+                    # nothing pushed singly, and the run's longest is live: take it
+                    task = run.pop()[2]
+                    one.n -= 1
+                    self._queued_work -= task.estimate
+                    self._n -= 1
+                    return task
                 got = one.head()
                 if got is None:
                     return None
