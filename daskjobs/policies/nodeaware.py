@@ -51,11 +51,12 @@ Ties: push order.
 from __future__ import annotations
 
 import bisect
-import heapq
 import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
+
+from sortedcontainers import SortedList
 
 from daskjobs.policies.base import AttemptView, NodeView, Policy, TaskView
 
@@ -75,18 +76,9 @@ def _first(pair: tuple[float, Any]) -> float:
     return pair[0]
 
 
-def _rung(est: float) -> int:
-    """``floor(log1.2(est))``, clamped: rungs of 1.2x."""
-    if not est > 1e-3:
-        return -38  # everything under a millisecond shares the lowest rung
-    if est > 1e300:
-        return 3800  # and everything astronomically long the highest
-    return math.floor(math.log(est) / _RATIO)
-
-
 class _Ladder:
-    """Queued tasks of one core size, by estimate: the longest, a shortest,
-    and the longest of at most a limit.
+    """Queued tasks of one core size, by estimate: the longest, the shortest,
+    and the longest of at most a limit, each exactly.
 
     Two stores. A batch pushed at once (a sweep submitted together) is sorted
     once into ``run``, shortest first: the longest is popped from its end and
@@ -96,56 +88,31 @@ class _Ladder:
     compression, so stretches of taken entries are crossed in near O(1)).
 
     Tasks pushed one at a time (retries, tasks whose inputs just finished) go
-    to ``hi``, a max-heap, and to ``rungs``, max-heaps by
-    ``floor(log1.2(estimate))`` (about 13 per decade), so that a short task or
-    the longest under a limit costs O(log n) plus the rungs walked; an entry
-    taken through one of the two is dropped lazily from the other (``taken``).
+    to ``single``, a sorted list (``sortedcontainers.SortedList``, already a
+    dependency of distributed): every query and removal there is O(log n).
+    Entries are ``(-estimate, push counter, task)``; the counter is unique, so
+    tasks themselves are never compared.
     """
 
-    __slots__ = ("hi", "lo", "n", "nonempty", "run", "rungs", "skip", "taken")
+    __slots__ = ("lo", "n", "run", "single", "skip")
 
     def __init__(self) -> None:
         self.run: list[_Entry] = []  # sorted, shortest first; live from `lo`
         self.lo = 0
         self.skip: dict[int, int] = {}  # taken run position -> a position to its left
-        self.hi: list[_Entry] = []
-        self.rungs: dict[int, list[_Entry]] = {}
-        self.nonempty: list[int] = []  # sorted rung indices that may hold entries
-        self.taken: set[int] = set()
+        self.single: SortedList = SortedList()
         self.n = 0
 
     # -- pushing ------------------------------------------------------------------
     def push(self, est: float, seq: int, task: TaskView) -> None:
-        entry = (-est, seq, task)
-        heapq.heappush(self.hi, entry)
-        heapq.heappush(self._rung_heap(_rung(est)), entry)
+        self.single.add((-est, seq, task))
         self.n += 1
-
-    def _rung_heap(self, r: int) -> list[_Entry]:
-        """The heap of rung ``r``, listed among the non-empty rungs (it is about to be)."""
-        heap = self.rungs.get(r)
-        if heap is None:
-            heap = self.rungs[r] = []
-        if not heap:
-            i = bisect.bisect_left(self.nonempty, r)
-            if i == len(self.nonempty) or self.nonempty[i] != r:
-                self.nonempty.insert(i, r)
-        return heap
 
     def push_many(self, entries: list[_Entry]) -> None:
         """Entries ``(-estimate, seq, task)`` in push order (seq increasing)."""
-        if self.lo < len(self.run):  # an older run still pending: move it to the heaps
+        if self.lo < len(self.run):  # an older run still pending: move it to `single`
             skip = self.skip
-            old = [e for j, e in enumerate(self.run) if j >= self.lo and j not in skip]
-            self.hi.extend(old)
-            heapq.heapify(self.hi)
-            by_rung: dict[int, list[_Entry]] = {}
-            for e in old:
-                by_rung.setdefault(_rung(-e[0]), []).append(e)
-            for r, group in by_rung.items():
-                heap = self._rung_heap(r)
-                heap.extend(group)
-                heapq.heapify(heap)
+            self.single.update(e for j, e in enumerate(self.run) if j >= self.lo and j not in skip)
         ordered = sorted(entries)  # longest first, then push order (seq is unique)
         ordered.reverse()
         self.run = ordered
@@ -187,38 +154,25 @@ class _Ladder:
             skip[p] = j
         return j
 
-    def _clean(self, heap: list[_Entry]) -> None:
-        taken = self.taken
-        while heap and heap[0][1] in taken:
-            taken.discard(heapq.heappop(heap)[1])
-
     # -- queries: (where, entry); `where` is what `take` needs --------------------
     def head(self) -> tuple[object, _Entry] | None:
         """The longest (ties: pushed first)."""
         top = self._run_top()
-        hi = self.hi
-        if hi:
-            self._clean(hi)
-            if hi and (top is None or hi[0][:2] < top[:2]):
-                return hi, hi[0]
+        single = self.single
+        if single and (top is None or single[0][:2] < top[:2]):
+            return single, single[0]
         return (_TOP, top) if top is not None else None
 
     def low(self) -> tuple[object, _Entry] | None:
-        """A short task: the shortest of the run or of the lowest rung."""
+        """The shortest (ties: either store's)."""
         bottom = self._run_bottom()
-        nonempty = self.nonempty
-        while nonempty:
-            heap = self.rungs[nonempty[0]]
-            self._clean(heap)
-            if heap:
-                if bottom is None or -heap[0][0] < -bottom[0]:
-                    return heap, heap[0]
-                break
-            del nonempty[0]
+        single = self.single
+        if single and (bottom is None or single[-1][0] > bottom[0]):
+            return single, single[-1]
         return (_BOTTOM, bottom) if bottom is not None else None
 
     def fit(self, limit: float) -> tuple[object, _Entry] | None:
-        """The longest task of at most ``limit`` (in the heaps: to within a rung)."""
+        """The longest task of at most ``limit`` (ties: pushed first)."""
         if limit <= 0:
             return None
         best: tuple[object, _Entry] | None = None
@@ -226,18 +180,12 @@ class _Ladder:
         j = self._live_left(bisect.bisect_right(run, limit, lo=self.lo, key=_est) - 1)
         if j >= self.lo:
             best = (j, run[j])
-        nonempty = self.nonempty
-        i = bisect.bisect_right(nonempty, _rung(limit)) - 1
-        while i >= 0:
-            heap = self.rungs[nonempty[i]]
-            self._clean(heap)
-            if not heap:
-                del nonempty[i]
-            elif -heap[0][0] <= limit:
-                if best is None or heap[0][:2] < best[1][:2]:
-                    best = (heap, heap[0])
-                break
-            i -= 1
+        single = self.single
+        k = single.bisect_left((-limit, -1))  # the first entry with estimate <= limit
+        if k < len(single):
+            e = single[k]
+            if best is None or e[:2] < best[1][:2]:
+                best = (single, e)
         return best
 
     def quantile(self, q: float) -> tuple[object, _Entry] | None:
@@ -257,9 +205,8 @@ class _Ladder:
             self.lo += 1
         elif isinstance(where, int):  # the middle of the run
             self.skip[where] = where - 1
-        else:  # hi or a rung heap: drop it lazily from the other
-            heapq.heappop(where)  # type: ignore[arg-type]
-            self.taken.add(entry[1])
+        else:
+            self.single.remove(entry)
         self.n -= 1
         return entry[2]
 
@@ -474,7 +421,7 @@ class NodeAware(Policy):
             if one is not None:  # the common case, inlined: longest first, one queue
                 run = one.run
                 j = len(run) - 1
-                if not one.hi and j >= one.lo and j not in one.skip:
+                if not one.single and j >= one.lo and j not in one.skip:
                     # nothing pushed singly, and the run's longest is live: take it
                     task = run.pop()[2]
                     one.n -= 1
@@ -511,12 +458,13 @@ class NodeAware(Policy):
         if found is None:
             return None
         q, where, entry = found
-        task = q.take(where, entry)
-        if not measured:
-            if where is _TOP or where is q.hi:
+        if not measured:  # count what measured it: the long end, or the short one
+            first = q.single[0] if q.single else None  # the longest singly pushed
+            if where is _TOP or entry is first:
                 st.heads += 1
             else:
                 st.lows += 1
+        task = q.take(where, entry)
         self._queued_work -= task.estimate * task.cores
         self._n -= 1
         return task
