@@ -42,10 +42,11 @@ on a nominal node would finish well before it: the long task that landed on
 the slow node at time zero is copied as soon as that node is measured slow, not
 30 hours later.
 
-Cost per decision: O(b log n) for b distinct core requests (double-ended
-priority queue with lazy deletion); O(1) to read speeds and the horizon;
-O(nodes) only when a node's believed speed moves by more than 20%.
-Ties: push order.
+Cost per decision: O(b log n) for b distinct core requests (a batch is a
+sorted run served from both ends, single pushes a sorted list; see
+``_Ladder``), O(1) on a measured nominal node with one core size; O(1) to read
+speeds and the horizon; O(nodes) only when the fastest node's belief moves
+up by more than 20%. Ties: push order.
 """
 
 from __future__ import annotations
