@@ -95,18 +95,22 @@ class _Ladder:
     tasks themselves are never compared.
     """
 
-    __slots__ = ("lo", "n", "run", "single", "skip")
+    __slots__ = ("lo", "n", "run", "single", "skip", "top")
 
     def __init__(self) -> None:
         self.run: list[_Entry] = []  # sorted, shortest first; live from `lo`
         self.lo = 0
         self.skip: dict[int, int] = {}  # taken run position -> a position to its left
         self.single: SortedList = SortedList()
+        self.top: _Entry | None = None  # single[0], cached: indexing a SortedList is slow
         self.n = 0
 
     # -- pushing ------------------------------------------------------------------
     def push(self, est: float, seq: int, task: TaskView) -> None:
-        self.single.add((-est, seq, task))
+        entry = (-est, seq, task)
+        self.single.add(entry)
+        if self.top is None or entry[:2] < self.top[:2]:
+            self.top = entry
         self.n += 1
 
     def push_many(self, entries: list[_Entry]) -> None:
@@ -114,6 +118,7 @@ class _Ladder:
         if self.lo < len(self.run):  # an older run still pending: move it to `single`
             skip = self.skip
             self.single.update(e for j, e in enumerate(self.run) if j >= self.lo and j not in skip)
+            self.top = self.single[0] if self.single else None
         ordered = sorted(entries)  # longest first, then push order (seq is unique)
         ordered.reverse()
         self.run = ordered
@@ -159,9 +164,9 @@ class _Ladder:
     def head(self) -> tuple[object, _Entry] | None:
         """The longest (ties: pushed first)."""
         top = self._run_top()
-        single = self.single
-        if single and (top is None or single[0][:2] < top[:2]):
-            return single, single[0]
+        first = self.top
+        if first is not None and (top is None or first[:2] < top[:2]):
+            return self.single, first
         return (_TOP, top) if top is not None else None
 
     def low(self) -> tuple[object, _Entry] | None:
@@ -207,7 +212,10 @@ class _Ladder:
         elif isinstance(where, int):  # the middle of the run
             self.skip[where] = where - 1
         else:
-            self.single.remove(entry)
+            single = self.single
+            single.remove(entry)
+            if entry is self.top:
+                self.top = single[0] if single else None
         self.n -= 1
         return entry[2]
 
@@ -422,13 +430,15 @@ class NodeAware(Policy):
             if one is not None:  # the common case, inlined: longest first, one queue
                 run = one.run
                 j = len(run) - 1
-                if not one.single and j >= one.lo and j not in one.skip:
-                    # nothing pushed singly, and the run's longest is live: take it
-                    task = run.pop()[2]
-                    one.n -= 1
-                    self._queued_work -= task.estimate
-                    self._n -= 1
-                    return task
+                if j >= one.lo and j not in one.skip:
+                    first = one.top
+                    if first is None or run[j][:2] < first[:2]:
+                        # the run's longest is live and longer than any single push
+                        task = run.pop()[2]
+                        one.n -= 1
+                        self._queued_work -= task.estimate
+                        self._n -= 1
+                        return task
                 got = one.head()
                 if got is None:
                     return None
@@ -460,8 +470,7 @@ class NodeAware(Policy):
             return None
         q, where, entry = found
         if not measured:  # count what measured it: the long end, or the short one
-            first = q.single[0] if q.single else None  # the longest singly pushed
-            if where is _TOP or entry is first:
+            if where is _TOP or entry is q.top:  # q.top: the longest singly pushed
                 st.heads += 1
             else:
                 st.lows += 1
