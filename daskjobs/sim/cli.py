@@ -129,9 +129,10 @@ def _progress(label: str, runs: int) -> Iterator[Callable[[str], None]]:
 
 
 def _run(
-    runner: Callable[..., Any], label: str, runs: int, seed: int, kwargs: dict[str, Any]
+    runner: Callable[..., Any], label: str, runs: int, seed: Any, kwargs: dict[str, Any]
 ) -> Any:
-    """Call a ``run_*`` function under a progress bar; bad workload input is a usage error."""
+    """Call a ``run_*`` function (``seed``: a seed, or a list of them for the
+    ``*_seeds`` reports) under a progress bar; bad workload input is a usage error."""
     with _progress(label, runs) as advance:
         try:
             return runner(seed, progress=advance, **kwargs)
@@ -296,11 +297,7 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any]) -> N
     from daskjobs.sim.report import CHAPTER_RUNS, chapter_seeds_report
 
     label = f"chapter sweep, {len(seeds)} seeds"
-    with _progress(label, len(seeds) * len(CHAPTER_RUNS)) as advance:
-        try:
-            report = chapter_seeds_report(seeds, progress=advance, **kwargs)
-        except ValueError as exc:
-            raise click.UsageError(f"invalid workload: {exc}") from None
+    report = _run(chapter_seeds_report, label, len(seeds) * len(CHAPTER_RUNS), seeds, kwargs)
     n = len(seeds)
 
     def spread(d: dict[str, float], fmt: str) -> str:
