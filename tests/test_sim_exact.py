@@ -680,3 +680,12 @@ def test_node_aware_measures_with_short_tasks_but_keeps_the_shortest():
     assert first_three(NodeAware(measure_quantile=0.0)) == [1.0, 2.0, 3.0]
     with pytest.raises(ValueError, match="measure_quantile"):
         NodeAware(measure_quantile=1.0)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0", True])
+def test_a_bad_seed_is_named(seed: object) -> None:
+    tasks, cluster = [Task("t", 1.0)], Cluster(1, 1, failure_rate=0.1)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        simulate(tasks, cluster, FIFO(), seed=seed)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        failure_bound(tasks, cluster, seed=seed)  # type: ignore[arg-type]

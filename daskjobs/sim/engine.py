@@ -58,7 +58,7 @@ import numpy as np
 
 from daskjobs.policies.base import Policy
 from daskjobs.policies.speculation import Speculation
-from daskjobs.sim.fates import FATES, draw_fates
+from daskjobs.sim.fates import FATES, check_seed, draw_fates
 from daskjobs.sim.model import Attempt, Cluster, Task
 from daskjobs.sim.schedule import Schedule
 
@@ -252,6 +252,7 @@ def _simulate(
         raise TypeError(
             f"policy must be a daskjobs policy object (e.g. LPT()), got {type(policy).__name__}"
         )
+    seed = check_seed(seed)
     if spec is not None and not isinstance(spec, Speculation):
         raise TypeError(f"spec must be a Speculation or None, got {type(spec).__name__}")
     index = _validate(tasks, cluster)

@@ -13,6 +13,14 @@ import numpy as np
 FATES = 3
 
 
+def check_seed(seed: object) -> int:
+    """``seed`` as an int, or a ValueError that names it (numpy's says only
+    "expected non-negative integer")."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
 def draw_fates(rng: np.random.Generator, n: int, rate: float) -> list[dict[int, float]]:
     """For attempt ``k < FATES`` of task ``i``: ``fates[k][i]`` is the fraction
     of its run at which it fails; tasks absent from ``fates[k]`` do not fail on

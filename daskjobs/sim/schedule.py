@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from daskjobs.sim.fates import draw_fates
+from daskjobs.sim.fates import check_seed, draw_fates
 from daskjobs.sim.model import Attempt, Cluster, Task
 
 __all__ = ["Schedule", "TaskRecord", "TeamStats", "lower_bound", "speed_bound", "utilisation"]
@@ -290,6 +290,7 @@ def failure_bound(tasks: Sequence[Task], cluster: Cluster, seed: int = 0) -> flo
     task failing that often (probability ``rate ** 3``) counts only those.
     For tasks without a cache (a cache prunes tasks and changes the draw).
     """
+    seed = check_seed(seed)
     tasks = list(tasks)
     base = speed_bound(tasks, cluster)
     rate = cluster.failure_rate
