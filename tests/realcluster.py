@@ -1,0 +1,267 @@
+"""A dask cluster of real processes for tests: ``dask scheduler`` and ``dask worker``.
+
+A ``LocalCluster`` in one process hides what a real deployment shows: pickling
+between processes, the active memory manager acting on real replicas, workers
+that die without saying goodbye, a scheduler restarted under the same address.
+:class:`RealCluster` starts the same commands an operator runs, on loopback,
+with dask's default configuration plus the state validation dask's own test
+suite uses (``distributed.scheduler.validate`` / ``distributed.worker.validate``),
+writes each process's output to a log file, and kills processes on cue
+(``SIGKILL``: no clean shutdown, as when a node is lost).
+
+Tests use it through the ``real_cluster`` fixture (``tests/conftest.py``) and are
+marked ``realcluster``: ``pytest -m "not realcluster"`` skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+
+#: Lines in a process log that mean dask's own invariants broke or a worker was lost.
+PROBLEMS = re.compile(
+    r"Traceback|RuntimeError|AssertionError|InvalidTransition|transition-failed|"
+    r"Cannot remove replica|This should be impossible|KeyError|"
+    r"daskjobs: .* failed|Worker .* failed to heartbeat|Restarting worker"
+)
+
+
+def _dask() -> list[str]:
+    exe = BIN / "dask"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+
+
+def _write_yaml(path: Path, config: Mapping[str, Any]) -> None:
+    # JSON is YAML: no dependency needed to write dask's config file
+    path.write_text(json.dumps(config, indent=1))
+
+
+class RealCluster:
+    """One ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on loopback.
+
+    ``preload`` is what ``dask scheduler --preload`` gets (``None`` for plain dask),
+    ``preload_args`` the options after it (``["--daskjobs-policy", "lpt"]``);
+    ``config`` is written to a dask YAML file the processes read (``DASK_CONFIG``);
+    ``env`` adds environment variables (``DASK_DASKJOBS__...``). Workers are named
+    ``w0``, ``w1``, ...; ``nanny=False`` (the default) makes a kill final.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        n_workers: int = 3,
+        nthreads: int = 2,
+        preload: str | None = "plugins/daskjobs_scheduler.py",
+        preload_args: Iterable[str] = (),
+        config: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        validate: bool = True,
+        nanny: bool = False,
+        worker_resources: str | None = None,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.n_workers = n_workers
+        self.nthreads = nthreads
+        self.preload = preload
+        self.preload_args = list(preload_args)
+        self.nanny = nanny
+        self.worker_resources = worker_resources
+        self.scheduler_file = self.workdir / "scheduler.json"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logfiles: dict[str, Path] = {}
+        self._port: int | None = None
+        self._restarts = 0
+        confdir = self.workdir / "dask-config"
+        confdir.mkdir(exist_ok=True)
+        base: dict[str, Any] = {}
+        if validate:
+            base["distributed"] = {
+                "scheduler": {"validate": True},
+                "worker": {"validate": True},
+            }
+        _write_yaml(confdir / "validate.yaml", base)
+        if config:
+            _write_yaml(confdir / "test.yaml", config)
+        self.env = dict(os.environ)
+        self.env["DASK_CONFIG"] = str(confdir)
+        # tasks defined in tests/ (e.g. tests/realtasks.py) import on the workers
+        path = [str(TESTS), str(ROOT)]
+        if self.env.get("PYTHONPATH"):
+            path.append(self.env["PYTHONPATH"])
+        self.env["PYTHONPATH"] = os.pathsep.join(path)
+        self.env["PYTHONUNBUFFERED"] = "1"
+        self.env.update(env or {})
+
+    # -- processes ---------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = self.workdir / f"{name}.log"
+        if name in self.logfiles:  # a restart appends to the same log
+            log = self.logfiles[name]
+        self.logfiles[name] = log
+        fh = open(log, "ab")  # noqa: SIM115 - closed when the process is reaped
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT, close_fds=True
+        )
+        fh.close()
+        self.procs[name] = proc
+        return proc
+
+    def start_scheduler(self, timeout: float = 60.0) -> str:
+        if self.scheduler_file.exists():
+            self.scheduler_file.unlink()
+        port = self._port or 0
+        args = [
+            *_dask(),
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dashboard-address",
+            "127.0.0.1:0",
+            "--scheduler-file",
+            str(self.scheduler_file),
+        ]
+        if self.preload:
+            args += ["--preload", self.preload, *self.preload_args]
+        proc = self._spawn("scheduler", args)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"dask scheduler exited with {proc.returncode}:\n{self.log('scheduler')}"
+                )
+            if self.scheduler_file.exists():
+                try:
+                    info = json.loads(self.scheduler_file.read_text())
+                except ValueError:
+                    info = None
+                if info and info.get("address"):
+                    self.address = str(info["address"])
+                    self._port = int(self.address.rsplit(":", 1)[1])
+                    return self.address
+            time.sleep(0.05)
+        raise TimeoutError(f"dask scheduler did not start:\n{self.log('scheduler')}")
+
+    def start_worker(self, name: str, nthreads: int | None = None) -> None:
+        args = [
+            *_dask(),
+            "worker",
+            "--scheduler-file",
+            str(self.scheduler_file),
+            "--host",
+            "127.0.0.1",
+            "--nthreads",
+            str(nthreads or self.nthreads),
+            "--name",
+            name,
+            "--no-dashboard",
+            "--death-timeout",
+            "60",
+            "--nanny" if self.nanny else "--no-nanny",
+        ]
+        if self.worker_resources:
+            args += ["--resources", self.worker_resources]
+        self._spawn(name, args)
+
+    def start(self, timeout: float = 90.0) -> RealCluster:
+        self.start_scheduler()
+        for i in range(self.n_workers):
+            self.start_worker(f"w{i}")
+        self.wait_for_workers(self.n_workers, timeout)
+        return self
+
+    def wait_for_workers(self, n: int, timeout: float = 90.0) -> None:
+        from distributed import Client
+
+        with Client(self.address, timeout=timeout) as c:
+            c.wait_for_workers(n, timeout=timeout)
+
+    def client(self, **kwargs: Any) -> Any:
+        from distributed import Client
+
+        kwargs.setdefault("timeout", 30)
+        return Client(self.address, **kwargs)
+
+    def worker_address(self, client: Any, name: str) -> str:
+        for addr, w in client.scheduler_info(n_workers=-1)["workers"].items():
+            if w["name"] == name:
+                return str(addr)
+        raise KeyError(f"no worker named {name!r}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill process ``name`` (``scheduler``, ``w0``, ...) and reap it."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+    def kill_worker(self, name: str) -> None:
+        self.kill(name)
+
+    def kill_scheduler(self) -> None:
+        self.kill("scheduler")
+
+    def restart_scheduler(self, timeout: float = 60.0) -> str:
+        """Kill the scheduler and start it again on the same port (workers reconnect)."""
+        self.kill("scheduler")
+        self._restarts += 1
+        return self.start_scheduler(timeout)
+
+    def alive(self, name: str) -> bool:
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    # -- logs ----------------------------------------------------------------------------
+    def log(self, name: str) -> str:
+        path = self.logfiles.get(name)
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+    def logs(self) -> dict[str, str]:
+        return {name: self.log(name) for name in self.logfiles}
+
+    def problems(self, ignore: Iterable[str] = ()) -> list[str]:
+        """Log lines that mean something broke (see :data:`PROBLEMS`), minus ``ignore``
+        patterns (regular expressions, e.g. the expected death of a killed worker)."""
+        skip = [re.compile(p) for p in ignore]
+        out = []
+        for name, text in self.logs().items():
+            for line in text.splitlines():
+                if PROBLEMS.search(line) and not any(p.search(line) for p in skip):
+                    out.append(f"{name}: {line}")
+        return out
+
+    def close(self) -> None:
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM if name != "scheduler" else signal.SIGINT)
+        deadline = time.time() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(deadline - time.time(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    def __enter__(self) -> RealCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,65 @@
+"""Task functions for tests on real worker processes (importable there: the
+harness puts tests/ on the workers' ``PYTHONPATH``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+#: Worker names that run every task this many times slower (set per test through
+#: the ``DASKJOBS_TEST_SLOW`` environment variable: ``"w0=4,w2=2"``).
+_SLOW: dict[str, float] | None = None
+
+
+def slowdown() -> float:
+    global _SLOW
+    if _SLOW is None:
+        _SLOW = {}
+        for part in os.environ.get("DASKJOBS_TEST_SLOW", "").split(","):
+            if "=" in part:
+                name, factor = part.split("=", 1)
+                _SLOW[name.strip()] = float(factor)
+    try:
+        from distributed import get_worker
+
+        return _SLOW.get(str(get_worker().name), 1.0)
+    except ValueError:
+        return 1.0
+
+
+def nap(i, seconds, *deps):
+    """Sleep ``seconds`` (times this worker's slowdown) and return ``i``."""
+    time.sleep(seconds * slowdown())
+    return i
+
+
+def where(i, seconds, *deps):
+    """Like :func:`nap`, and say which worker ran it."""
+    from distributed import get_worker
+
+    time.sleep(seconds * slowdown())
+    return (i, get_worker().name)
+
+
+def payload(i, nbytes=200_000):
+    """Some bytes, so that the result is a real replica the memory manager can move."""
+    return bytes([i % 251]) * nbytes
+
+
+def total(*parts):
+    return sum(len(p) if isinstance(p, bytes) else p for p in parts)
+
+
+# -- a sweep's stages (features read by many backtests), for tests/test_real_*.py ----------
+
+
+def features(slice):
+    """A feature table: ~200 kB, so the memory manager sees real replicas."""
+    time.sleep(0.02 * slowdown())
+    return bytes([slice % 251]) * 200_000
+
+
+def backtest(features, fast, seconds):
+    """Read the features and take ``seconds`` (times the worker's slowdown)."""
+    time.sleep(seconds * slowdown())
+    return {"sharpe": (len(features) % 997) / 1000 + fast, "first": features[0]}
