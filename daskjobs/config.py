@@ -4,23 +4,58 @@ Defaults live in ``daskjobs.yaml`` beside this module and are registered with
 :func:`dask.config.update_defaults` on import, so ``dask.config.get("daskjobs.policy")``
 works anywhere daskjobs is imported, and users override them the dask way (YAML under
 ``~/.config/dask``, ``DASK_DASKJOBS__...`` environment variables, ``dask.config.set``).
-Keys are kebab-case. :func:`settings` reads the section, applies keyword overrides
-(snake_case or kebab-case) and checks every value, naming the key of any bad one.
+
+Spelling
+--------
+Keys are kebab-case in the YAML (``late-factor``). dask treats ``_`` and ``-`` in a key
+alike, and its environment variables can only produce the snake_case spelling
+(``DASK_DASKJOBS__SPECULATION__LATE_FACTOR=2`` is read as ``late_factor: 2``). dask
+reads the environment and the user's YAML when it is imported, *before* daskjobs
+registers its defaults, and keeps the first spelling it saw: so the section it holds
+may say ``late_factor``. :func:`settings` therefore reads every key of the section in
+either spelling, and keyword overrides (``JobsPlugin(default_estimate="10s")``) the
+same way. Team names (the keys under ``teams.targets`` and ``teams.quotas``) are data,
+not keys, and keep their spelling (dask lower-cases those that come from the
+environment).
+
+Checks
+------
+Every value is checked, and a bad one is a :class:`ValueError` with one line naming
+the key, the value and what is expected (``daskjobs.teams.targets.a: expected a
+finite number > 0, got inf``); never a ``TypeError`` from deep inside the plugin.
+Booleans accept ``true/false``, ``yes/no``, ``on/off``, ``1/0`` (any case; dask's
+environment parsing turns only ``true``/``false`` into booleans). Numbers may be
+written as strings (``"2.5"``); durations as dask writes them (``"30s"``, ``"200ms"``,
+or seconds). Periodic work has a floor: ``speculation.interval`` is at least
+:data:`MIN_INTERVAL` (10 ms), since a periodic callback every microsecond keeps an
+idle scheduler's event loop busy. Sizes have ceilings that keep memory bounded
+(:data:`MAX_AUDIT_EVENTS`, :data:`MAX_HISTORY_SAMPLES`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import dask.config
 import yaml
 from dask.utils import parse_timedelta
 
-__all__ = ["POLICIES", "Settings", "SpeculationSettings", "TeamSettings", "settings"]
+__all__ = [
+    "MAX_AUDIT_EVENTS",
+    "MAX_HISTORY_SAMPLES",
+    "MIN_INTERVAL",
+    "POLICIES",
+    "Settings",
+    "SpeculationSettings",
+    "TeamSettings",
+    "settings",
+]
 
 _fn = os.path.join(os.path.dirname(__file__), "daskjobs.yaml")
 with open(_fn) as _f:
@@ -28,6 +63,18 @@ with open(_fn) as _f:
 dask.config.update_defaults(_defaults)
 
 POLICIES = ("fifo", "lpt", "critical-path", "fair-share", "node-aware")
+
+#: Shortest period (seconds) of the plugin's periodic work (``speculation.interval``).
+MIN_INTERVAL = 0.01
+#: Most policy decisions kept for ``explain`` (``audit-events``); each is a few hundred bytes.
+MAX_AUDIT_EVENTS = 10_000_000
+#: Most measured durations kept per stage (``history.samples``); the estimate is their median.
+MAX_HISTORY_SAMPLES = 100_000
+
+#: Keys whose values are mappings keyed by team name: their keys are data, kept as given.
+_TEAM_MAPPINGS = frozenset({"daskjobs.teams.targets", "daskjobs.teams.quotas"})
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
 
 
 @dataclass(frozen=True)
@@ -63,116 +110,260 @@ class Settings:
     speculation: SpeculationSettings = field(default_factory=lambda: SpeculationSettings())
 
 
-def _seconds(key: str, value: Any, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
+# -- messages ------------------------------------------------------------------------------------
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+_repr.maxlong = 40
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, shortened: junk in a config can be huge."""
     try:
-        seconds = parse_timedelta(value, default="seconds")
-    except (TypeError, ValueError, KeyError):
+        return _repr.repr(value)
+    except Exception:  # a repr that fails (an int past Python's digit limit, a broken object)
+        return f"<{type(value).__name__}>"
+
+
+def _bad(key: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"{key}: expected {expected}, got {_show(value)}")
+
+
+# -- reading the section in either spelling ------------------------------------------------------
+
+
+def _keys(key: str, given: Any, known: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` (a section) with its keys spelled as in ``known`` (kebab-case)."""
+    if not isinstance(given, Mapping):
+        raise _bad(key, "a mapping of settings", given)
+    out: dict[str, Any] = {}
+    spelled: dict[str, Any] = {}
+    unknown = []
+    for k, v in given.items():
+        name = k.replace("_", "-") if isinstance(k, str) else k
+        if name not in known:
+            plain = isinstance(k, str) and k.isprintable() and k and k.strip() == k
+            unknown.append(k if plain else _show(k))
+            continue
+        if name in out and out[name] != v:
+            raise ValueError(
+                f"{key}.{name}: given twice, as {spelled[name]!r} = {_show(out[name])} and "
+                f"{k!r} = {_show(v)}; expected one value (dask reads '_' and '-' alike)"
+            )
+        out[name], spelled[name] = v, k
+    if unknown:
         raise ValueError(
-            f"daskjobs.{key}: expected a duration such as '30s' or 2.5, got {value!r}"
-        ) from None
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"daskjobs.{key}: expected a non-negative duration, got {value!r}")
-    return float(seconds)
+            f"unknown key(s) in {key}: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    return out
 
 
-def _kebab(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    return {k.replace("_", "-"): v for k, v in mapping.items()}
-
-
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(key: str, base: dict[str, Any], over: Any, known: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` applied on ``base`` (both sections described by ``known``, the defaults)."""
     out = dict(base)
-    for k, v in _kebab(over).items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _merge(dict(out[k]), v)
+    for k, v in _keys(key, over, known).items():
+        sub = f"{key}.{k}"
+        if sub in _TEAM_MAPPINGS:
+            if v is None:
+                v = {}
+            if not isinstance(v, Mapping):
+                raise _bad(sub, "a mapping of team name to value", v)
+            out[k] = {**(out.get(k) or {}), **v}
+        elif isinstance(known[k], Mapping):
+            if v is not None:  # an empty section in YAML (`speculation:`) keeps the defaults
+                out[k] = _merge(sub, out.get(k) or {}, v, known[k])
         else:
             out[k] = v
     return out
 
 
-def _check_keys(section: str, given: Mapping[str, Any], known: Mapping[str, Any]) -> None:
-    unknown = sorted(set(given) - set(known))
-    if unknown:
+def _raw(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults, then dask's ``daskjobs`` section, then ``overrides``: kebab-case keys."""
+    known = _defaults["daskjobs"]
+    base = _merge("daskjobs", {}, known, known)
+    section = dask.config.get("daskjobs", default=None)
+    if section is not None:
+        base = _merge("daskjobs", base, section, known)
+    return _merge("daskjobs", base, overrides, known)
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+def _boolean(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise _bad(key, "true or false (also yes/no, on/off, 1/0)", value)
+
+
+def _number(key: str, value: Any, expected: str, ok: Any) -> float:
+    """A finite float for which ``ok(x)`` holds; numbers may be written as strings."""
+    x: float | None = None
+    if isinstance(value, str):
+        try:
+            x = float(value.strip())
+        except ValueError:
+            x = None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            x = float(value)
+        except OverflowError:
+            x = None
+    if x is None or not math.isfinite(x) or not ok(x):
+        raise _bad(key, expected, value)
+    return x
+
+
+def _integer(key: str, value: Any, lo: int, hi: float = math.inf) -> int:
+    expected = f"an integer >= {lo}" + (f" and <= {int(hi):_}" if math.isfinite(hi) else "")
+    n: int | None = None
+    if isinstance(value, str):
+        try:
+            n = int(value.strip())
+        except ValueError:  # also an integer of more digits than Python converts
+            n = None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    if n is None or not lo <= n <= hi:
+        raise _bad(key, expected, value)
+    return n
+
+
+def _seconds(key: str, value: Any, *, floor: float = 0.0, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if floor:
+        expected = f"a duration of at least {_duration_text(floor)}"
+    else:
+        expected = "a duration such as '30s' or 2.5 (seconds, >= 0)"
+    seconds: Any = None
+    if isinstance(value, str | int | float | timedelta) and not isinstance(value, bool):
+        try:
+            seconds = parse_timedelta(value, default="seconds")
+        except Exception:  # KeyError, ValueError, IndexError or OverflowError, by input
+            seconds = None
+    if (
+        not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+        or seconds < floor
+    ):
+        raise _bad(key, expected, value)
+    return float(seconds)
+
+
+def _duration_text(seconds: float) -> str:
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+def _path(key: str, value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise _bad(key, f"{what} (a non-empty string) or null", value)
+    return value
+
+
+def _team(key: str, name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise _bad(key, "team names as non-empty strings (quote numbers in YAML)", name)
+    return name
+
+
+def _teams(t: Mapping[str, Any]) -> TeamSettings:
+    key = "daskjobs.teams"
+    targets: dict[str, float] = {}
+    for team, share in t["targets"].items():
+        _team(f"{key}.targets", team)
+        targets[team] = _number(f"{key}.targets.{team}", share, "a finite number > 0", _positive)
+    if not math.isfinite(sum(targets.values())):
         raise ValueError(
-            f"unknown key(s) in {section}: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            f"{key}.targets: expected shares whose sum is finite, got shares summing to "
+            f"{sum(targets.values())} ({_show(targets)}); use smaller weights"
         )
+    quotas: dict[str, int] = {}
+    for team, q in t["quotas"].items():
+        _team(f"{key}.quotas", team)
+        quotas[team] = _integer(f"{key}.quotas.{team}", q, 1)
+    strict = _boolean(f"{key}.strict", t["strict"])
+    default = _team(f"{key}.default", t["default"])
+    if strict:
+        known = targets or {default: 1.0}
+        for team in quotas:
+            if team not in known:
+                raise ValueError(
+                    f"{key}.quotas.{team}: expected a team listed in {key}.targets "
+                    f"({', '.join(known)}) since {key}.strict is true, got {team!r}"
+                )
+    within = t["within"]
+    if within not in ("fifo", "lpt"):
+        raise _bad(f"{key}.within", "'fifo' or 'lpt'", within)
+    half_life = _seconds(f"{key}.half-life", t["half-life"], allow_none=True)
+    return TeamSettings(
+        default=default,
+        targets=targets,
+        quotas=quotas,
+        strict=strict,
+        half_life=half_life or None,  # 0 counts running slots only, as null does
+        within=within,
+    )
+
+
+def _speculation(sp: Mapping[str, Any]) -> SpeculationSettings:
+    key = "daskjobs.speculation"
+    return SpeculationSettings(
+        enabled=_boolean(f"{key}.enabled", sp["enabled"]),
+        late_factor=_number(
+            f"{key}.late-factor", sp["late-factor"], "a finite number > 1", lambda x: x > 1
+        ),
+        min_runtime=_seconds(f"{key}.min-runtime", sp["min-runtime"]) or 0.0,
+        max_fraction=_number(
+            f"{key}.max-fraction", sp["max-fraction"], "a number in (0, 1]", lambda x: 0 < x <= 1
+        ),
+        interval=_seconds(f"{key}.interval", sp["interval"], floor=MIN_INTERVAL) or MIN_INTERVAL,
+    )
+
+
+def _positive(x: float) -> bool:
+    return x > 0
 
 
 def settings(**overrides: Any) -> Settings:
-    """The ``daskjobs`` config section with ``overrides`` applied, checked."""
-    raw = _merge(dask.config.get("daskjobs", default={}) or {}, overrides)
-    _check_keys("daskjobs", raw, _defaults["daskjobs"])
-    policy = raw.get("policy")
-    if policy not in POLICIES:
-        raise ValueError(f"daskjobs.policy: unknown policy {policy!r}; choose one of {POLICIES}")
-    history = raw.get("history") or {}
-    _check_keys("daskjobs.history", history, _defaults["daskjobs"]["history"])
-    samples = history.get("samples", 64)
-    if not (isinstance(samples, int) and not isinstance(samples, bool) and samples >= 1):
-        raise ValueError(f"daskjobs.history.samples: expected an integer >= 1, got {samples!r}")
-    teams = raw.get("teams") or {}
-    _check_keys("daskjobs.teams", teams, _defaults["daskjobs"]["teams"])
-    targets = dict(teams.get("targets") or {})
-    for team, share in targets.items():
-        if not (isinstance(share, int | float) and not isinstance(share, bool) and share > 0):
-            raise ValueError(f"daskjobs.teams.targets.{team}: expected a share > 0, got {share!r}")
-    quotas = dict(teams.get("quotas") or {})
-    for team, q in quotas.items():
-        if not (isinstance(q, int) and not isinstance(q, bool) and q >= 1):
-            raise ValueError(f"daskjobs.teams.quotas.{team}: expected an integer >= 1, got {q!r}")
-    within = teams.get("within", "fifo")
-    if within not in ("fifo", "lpt"):
-        raise ValueError(f"daskjobs.teams.within: expected 'fifo' or 'lpt', got {within!r}")
-    half_life = _seconds("teams.half-life", teams.get("half-life"), allow_none=True)
-    if half_life == 0:
-        half_life = None
-    audit = raw.get("audit-events", 10_000)
-    if not (isinstance(audit, int) and not isinstance(audit, bool) and audit >= 0):
-        raise ValueError(f"daskjobs.audit-events: expected an integer >= 0, got {audit!r}")
-    default_estimate = _seconds("default-estimate", raw.get("default-estimate"))
-    assert default_estimate is not None
-    path = history.get("path")
-    spec = raw.get("speculation") or {}
-    _check_keys("daskjobs.speculation", spec, _defaults["daskjobs"]["speculation"])
-    late = spec.get("late-factor", 2.5)
-    if isinstance(late, bool) or not isinstance(late, int | float) or not late > 1:
-        raise ValueError(f"daskjobs.speculation.late-factor: expected a number > 1, got {late!r}")
-    fraction = spec.get("max-fraction", 0.1)
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+    """The ``daskjobs`` config section with ``overrides`` applied, checked.
+
+    Keys may be spelled kebab-case or snake_case, in dask's config and in
+    ``overrides`` alike; a bad value raises :class:`ValueError` naming its key.
+    """
+    raw = _raw(overrides)
+    policy = raw["policy"]
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(
-            f"daskjobs.speculation.max-fraction: expected a number in (0, 1], got {fraction!r}"
+            f"daskjobs.policy: unknown policy {_show(policy)}; "
+            f"expected one of {', '.join(POLICIES)}"
         )
-    min_runtime = _seconds("speculation.min-runtime", spec.get("min-runtime", "1s"))
-    interval = _seconds("speculation.interval", spec.get("interval", "200ms"))
-    if not interval:
-        raise ValueError("daskjobs.speculation.interval: expected a positive duration")
-    speculation = SpeculationSettings(
-        enabled=bool(spec.get("enabled", False)),
-        late_factor=float(late),
-        min_runtime=float(min_runtime or 0.0),
-        max_fraction=float(fraction),
-        interval=float(interval),
-    )
-    record = raw.get("record")
-    if record is not None and not (isinstance(record, str | os.PathLike) and os.fspath(record)):
-        raise ValueError(
-            f"daskjobs.record: expected the path of a trace file (a string) or null, got {record!r}"
-        )
+    history = raw["history"]
+    if raw["store"] != "":  # read by the sweep API, where "" means the default store
+        _path("daskjobs.store", raw["store"], "a directory or fsspec URL")
     return Settings(
         policy=policy,
-        default_estimate=default_estimate,
-        history_path=os.fspath(path) if path else None,
-        history_samples=samples,
-        teams=TeamSettings(
-            default=str(teams.get("default", "default")),
-            targets=targets,
-            quotas=quotas,
-            strict=bool(teams.get("strict", False)),
-            half_life=half_life,
-            within=within,
+        default_estimate=_seconds("daskjobs.default-estimate", raw["default-estimate"]) or 0.0,
+        history_path=_path("daskjobs.history.path", history["path"], "the path of a JSON file"),
+        history_samples=_integer(
+            "daskjobs.history.samples", history["samples"], 1, MAX_HISTORY_SAMPLES
         ),
-        audit_events=audit,
-        record=os.fspath(record) if record is not None else None,
-        speculation=speculation,
+        teams=_teams(raw["teams"]),
+        audit_events=_integer("daskjobs.audit-events", raw["audit-events"], 0, MAX_AUDIT_EVENTS),
+        record=_path("daskjobs.record", raw["record"], "the path of a trace file"),
+        speculation=_speculation(raw["speculation"]),
     )
