@@ -327,7 +327,8 @@ def test_truncated_trace_replays_what_it_has(lpt_trace, tmp_path):
 def test_malformed_line_is_named(lpt_trace, tmp_path):
     lines = _lines(lpt_trace)
     bad = tmp_path / "bad.jsonl"
-    lines[5] = '{"type": "finished", "time": 1.0, "outcome": "memory"}\n'  # no key
+    t = json.loads(lines[5])["time"]
+    lines[5] = f'{{"type": "finished", "time": {t!r}, "outcome": "memory"}}\n'  # no key
     bad.write_text("".join(lines))
     result = CliRunner().invoke(main, ["replay", str(bad)])
     assert result.exit_code == 2

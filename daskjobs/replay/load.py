@@ -86,11 +86,19 @@ import math
 import os
 import statistics
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from daskjobs.plugin.trace import Trace, TraceAttempt, TraceError, TraceTask, read_trace
+from daskjobs.plugin.trace import (
+    CLOCK_TOLERANCE,
+    MAX_SECONDS,
+    Trace,
+    TraceAttempt,
+    TraceError,
+    TraceTask,
+    read_trace,
+)
 from daskjobs.policies.speculation import Speculation
 from daskjobs.sim.model import Cluster, Task
 
@@ -299,7 +307,11 @@ def load(
         notes.append("its last line was cut short and was skipped")
     if trace.dropped:
         notes.append(f"the recorder dropped {trace.dropped} records: some attempts may be missing")
-    settings = dict(trace.header.get("settings") or {})
+    notes += trace.notes
+    if trace.skipped:
+        kinds = ", ".join(f"{k!r} x{n}" for k, n in sorted(trace.skipped.items()))
+        notes.append(f"records of types this reader does not know were skipped: {kinds}")
+    settings = _checked_settings(trace)
     default_estimate = float(settings.get("default_estimate") or 1.0)
     recorded_spec = _speculation(settings, notes)
 
@@ -354,6 +366,7 @@ def load(
                 lost.add(t.key)
                 changed = True
     ended = [x for x in ended if x[0].key in keep]
+    _refuse_cycles(path, ended)
     if unfinished:
         notes.append(
             f"{len(unfinished)} task(s) never finished in the trace and are left out "
@@ -376,9 +389,14 @@ def load(
     for a, _end in losers:  # a worker whose every task lost its race still ran them
         if a.worker is not None and a.key in keep:
             used.setdefault(a.worker, 0)
-    for addr in used:
-        if addr not in threads:
-            threads[addr] = 0
+    unannounced = sorted(a for a in used if a not in threads)
+    for addr in unannounced:
+        threads[addr] = 0
+    if unannounced and threads.keys() - set(unannounced):
+        notes.append(
+            f"{len(unannounced)} worker(s) ran tasks without a worker-added record "
+            f"(e.g. {unannounced[0]!r}): taken as nodes like the others"
+        )
     known_threads = [n for a, n in threads.items() if a in used and n > 0]
     if not known_threads:
         known_threads = [n for n in threads.values() if n > 0] or [1]
@@ -523,6 +541,12 @@ def load(
     dep_outside = sum(1 for t, _, _ in ended for x in t.deps if x not in known)
     if dep_outside:
         notes.append(f"{dep_outside} dependency(ies) on tasks outside the trace: taken as done")
+    longer = [t.key for t, _, d in ended if d > recorded.makespan + CLOCK_TOLERANCE]
+    if longer:
+        notes.append(
+            f"{len(longer)} task(s) computed longer than the recorded run (e.g. {longer[0]!r}): "
+            "they started before recording did"
+        )
     failure_rate = min(0.5, n_fail / n_att) if n_att else 0.0
     cluster = Cluster(len(workers), cpn, slow or None, failure_rate)
     return Loaded(
@@ -671,9 +695,87 @@ def _speculation(settings: dict[str, Any], notes: list[str]) -> Speculation | No
             min_runtime=float(spec.get("min_runtime") or 0.0),
             max_fraction=float(spec.get("max_fraction") or 0.1),
         )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         notes.append(f"the recorded speculation settings cannot be replayed ({exc}): off")
         return None
+
+
+def _checked_settings(trace: Trace) -> dict[str, Any]:
+    """The header's settings, with what the replay uses from them checked: the default
+    estimate and the fair-share targets, quotas and half-life (speculation settings that
+    cannot be replayed are noted and turned off, :func:`_speculation`)."""
+    settings = trace.header.get("settings") or {}
+    where = f"{trace.path}:{trace.header_line}: 'header' record: field 'settings."
+
+    def fail(name: str, expected: str, value: Any) -> TraceError:
+        r = repr(value)
+        r = r if len(r) <= 60 else f"{r[:40]}... ({len(r)} characters)"
+        return TraceError(f"{where}{name}' expected {expected}, got {r}")
+
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and _finite(v)
+
+    est = settings.get("default_estimate")
+    if est is not None and not (number(est) and 0 < est <= MAX_SECONDS):
+        raise fail("default_estimate", f"seconds > 0 and at most {MAX_SECONDS:g}", est)
+    teams = settings.get("teams")
+    if teams is None:
+        return dict(settings)
+    if not isinstance(teams, dict):
+        raise fail("teams", "a JSON object", teams)
+    targets = teams.get("targets")
+    if targets is not None and not (
+        isinstance(targets, dict) and all(number(v) and v > 0 for v in targets.values())
+    ):
+        raise fail("teams.targets", "an object of shares > 0", targets)
+    quotas = teams.get("quotas")
+    if quotas is not None and not (
+        isinstance(quotas, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in quotas.values())
+    ):
+        raise fail("teams.quotas", "an object of integers >= 1", quotas)
+    half_life = teams.get("half_life")
+    if half_life is not None and not (number(half_life) and half_life > 0):
+        raise fail("teams.half_life", "seconds > 0", half_life)
+    return dict(settings)
+
+
+def _finite(v: float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
+def _refuse_cycles(path: str, ended: list[tuple[TraceTask, TraceAttempt, float]]) -> None:
+    """A :class:`TraceError` naming a graph record on a dependency cycle (the recorded
+    graph cannot have one: dask refuses cyclic graphs). O(tasks + dependencies)."""
+    tasks = {t.key: t for t, _, _ in ended}
+    state: dict[Hashable, int] = {}  # 1: on the current path, 2: done
+    end = object()
+    for root in tasks:
+        if root in state:
+            continue
+        state[root] = 1
+        stack: list[tuple[Hashable, Iterator[Hashable]]] = [(root, iter(tasks[root].deps))]
+        while stack:
+            key, deps = stack[-1]
+            dep = next(deps, end)
+            if dep is end:
+                state[key] = 2
+                stack.pop()
+            elif dep in tasks and state.get(dep) == 1:
+                path_keys = [k for k, _ in stack]
+                cycle = [*path_keys[path_keys.index(dep) :], dep]
+                shown = " -> ".join(repr(k) for k in cycle[:6])
+                raise TraceError(
+                    f"{path}:{tasks[key].line or '?'}: 'graph' record: field 'deps' closes a "
+                    f"dependency cycle ({shown}{' ...' if len(cycle) > 6 else ''}): dask "
+                    "graphs have none"
+                )
+            elif dep in tasks and dep not in state:
+                state[dep] = 1
+                stack.append((dep, iter(tasks[dep].deps)))
 
 
 def _backup_counts(races: dict[Hashable, list[_Race]], started: int) -> dict[str, int]:

@@ -74,9 +74,9 @@ def read_task_stream(
     list of ``[key, [input, ...]]`` pairs for tuple keys)."""
     p = str(path)
     try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise ReplayError(f"{p}: not JSON: {exc}") from None
+        data = json.loads(Path(path).read_bytes())
+    except (ValueError, RecursionError) as exc:  # also not UTF-8, or nested too deeply
+        raise ReplayError(f"{p}: not JSON: {' '.join(str(exc).split())[:200]}") from None
     except OSError as exc:
         raise ReplayError(f"{p}: cannot read: {exc.strerror or exc}") from None
     deps: dict[Hashable, tuple[Hashable, ...]] | None = None
