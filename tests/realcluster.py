@@ -84,6 +84,7 @@ class RealCluster:
         self.logfiles: dict[str, Path] = {}
         self._port: int | None = None
         self._restarts = 0
+        self.lingered: list[str] = []  # processes that ignored SIGTERM at close
         confdir = self.workdir / "dask-config"
         confdir.mkdir(exist_ok=True)
         base: dict[str, Any] = {}
@@ -249,14 +250,22 @@ class RealCluster:
         return out
 
     def close(self) -> None:
-        for name, proc in list(self.procs.items()):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM if name != "scheduler" else signal.SIGINT)
-        deadline = time.time() + 15
-        for proc in self.procs.values():
+        """Stop workers, then the scheduler (SIGTERM, as a batch system would); a process
+        that has not exited within 5 s (a worker waits for its running threads) is killed."""
+        order = [n for n in self.procs if n != "scheduler"] + ["scheduler"]
+        for name in order:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 5
+        for name in order:
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
             try:
                 proc.wait(max(deadline - time.time(), 0.1))
             except subprocess.TimeoutExpired:
+                self.lingered.append(name)
                 proc.kill()
                 proc.wait(10)
 

@@ -337,3 +337,73 @@ def test_failed_attempts_count_as_waste_for_their_team():
         assert c.compute(x, sync=True) == 1
         waste = status(c)["speculation"]["waste_seconds"]
         assert waste.get("quant", 0) >= 0.09  # the failed first attempt's 0.1 s
+
+
+def feed(i):
+    """An input of ~100 kB: a real replica the memory manager could move."""
+    return bytes([i]) * 100_000
+
+
+def consume(data, seconds):
+    from distributed import get_worker
+
+    name = get_worker().name
+    time.sleep(seconds * (10 if name == 0 else 1))
+    return (len(data), name)
+
+
+def _race_state(dask_scheduler):
+    """The scheduler's own view of every running copy (for the test below)."""
+    plugin = dask_scheduler.plugins["daskjobs"]
+    out = {}
+    for key, race in plugin.speculator.races.items():
+        cts = dask_scheduler.tasks.get(race.copy)
+        if cts is None:
+            continue
+        out[str(key)] = {
+            "copy_state": cts.state,
+            "copy_on": cts.processing_on.address if cts.processing_on else None,
+            "race_worker": race.worker,
+            "in_processing": cts.processing_on is not None and cts in cts.processing_on.processing,
+            "pins_inputs": all(cts in (d.waiters or ()) for d in cts.dependencies),
+            "inputs": len(cts.dependencies),
+            "wanted_by": sorted(cs.client_key for cs in cts.who_wants or ()),
+        }
+    return out
+
+
+def test_a_copy_is_a_task_the_scheduler_knows_and_leaves_no_trace():
+    with dask.config.set(VALIDATE), cluster(n_workers=3) as cl, Client(cl) as c:
+        with dask.annotate(workers=[address_of(c, 1)], allow_other_workers=True):
+            data = dask.delayed(feed)(7, dask_key_name="feed-7")
+        with dask.annotate(workers=[address_of(c, 0)], allow_other_workers=True, estimate=0.2):
+            x = dask.delayed(consume)(data, 0.2, dask_key_name="consume-7")
+        fut = c.compute(x)
+        deadline = time.time() + 10
+        seen = {}
+        while time.time() < deadline and not seen.get("consume-7", {}).get("copy_on"):
+            seen = c.run_on_scheduler(_race_state)
+            time.sleep(0.02)
+        state = seen["consume-7"]
+        # the copy is an ordinary task: processing on its worker, counted in that worker's
+        # processing set, and a waiter of its input (so the memory manager keeps it there)
+        assert state["copy_state"] == "processing"
+        assert state["copy_on"] == state["race_worker"] != address_of(c, 0)
+        assert state["in_processing"] and state["pins_inputs"] and state["inputs"] == 1
+        assert state["wanted_by"] == ["daskjobs-copies"]
+        nbytes, ran_on = fut.result(timeout=30)
+        assert nbytes == 100_000 and ran_on != 0  # the copy's result, under the task's key
+        del fut
+
+        def leftovers(dask_scheduler):
+            cs = dask_scheduler.clients["daskjobs-copies"]
+            copies = [str(k) for k in dask_scheduler.tasks if "daskjobs-copy" in str(k)]
+            return [str(ts.key) for ts in cs.wants_what], copies
+
+        deadline = time.time() + 5
+        wants, copies = c.run_on_scheduler(leftovers)
+        while time.time() < deadline and copies:
+            time.sleep(0.05)
+            wants, copies = c.run_on_scheduler(leftovers)
+        assert wants == [] and copies == []  # settled copies are forgotten with their task
+        assert healthy(c, 3)["won"] == 1

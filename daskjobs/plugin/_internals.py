@@ -21,13 +21,52 @@ What is used, and why (see docs/plugin.md and the research notes):
   is about to be filled.
 * ``TaskState.annotations``, ``.dependencies``, ``.key``, ``.prefix.name``,
   ``.state``, ``.group`` - read only.
+
+Backup copies (:mod:`daskjobs.plugin.speculation`) are ordinary dask tasks, so
+that the scheduler's own state knows about them: their inputs are pinned on
+their worker while they run (the active memory manager never drops a replica a
+processing dependent needs), their thread is counted, work stealing and the
+dashboard see them. Two functions here change the task graph, both through the
+scheduler's own objects and transitions:
+
+* :func:`add_copy` - ``Scheduler.new_task`` for the copy's key with the task's
+  ``run_spec`` re-keyed (``GraphNode.substitute``), the same dependencies
+  (``TaskState.add_dependency``), a hard worker restriction and the task's
+  resource restrictions, a priority one step ahead of the task's; wanted by the
+  comm-less client :data:`COPIES_CLIENT` (``Scheduler.client_desires_keys``, as
+  dask does for published datasets) and sent on with ``Scheduler.transitions``; the spans extension
+  (``observe_tasks``) files it under a span, as workers report metrics per span.
+* :func:`redirect` - once the copy is in memory and the task is not, the task
+  becomes an ``Alias`` of the copy: its dependencies are replaced by the copy
+  (``dependencies``/``dependents``/``waiters``/``waiting_on``, as dask's own
+  transitions keep them), it is loosely restricted to the copy's worker, and
+  ``Scheduler.transitions`` releases it from its old worker (dask sends
+  ``free-keys``; a stale result from there is dropped by dask's ``run_id``
+  check) and runs the alias where the copy's result is. Inputs nobody else waits
+  for are released as dask releases them after a task finishes.
+  ``Scheduler.client_releases_keys`` drops the copies client's claim: the copy's
+  result stays while the alias needs it, then is released as an intermediate.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["REQUIRED_SCHEDULER_ATTRS", "DaskInternalsError", "check_scheduler"]
+if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed.scheduler import Recs, Scheduler, TaskState
+
+__all__ = [
+    "COPIES_CLIENT",
+    "REQUIRED_SCHEDULER_ATTRS",
+    "DaskInternalsError",
+    "add_copy",
+    "check_scheduler",
+    "redirect",
+]
+
+#: The (comm-less) client that wants backup copies while their race runs.
+COPIES_CLIENT = "daskjobs-copies"
 
 #: Scheduler attributes the plugin needs, with what it uses them for.
 REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
@@ -39,13 +78,28 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "periodic_callbacks": "periodic history saves",
     "queued": "fair share: promote the task the policy chose to the head of the queue",
     "idle_task_count": "fair share: are slots free right now?",
-    "stream_handlers": "speculation: settle task-finished / task-erred races",
-    "_task_to_msg": "speculation: the compute-task message for a backup copy",
-    "worker_send": "speculation: send a backup copy, release a losing copy",
-    "release_resources": "speculation: move a task to the worker whose copy won",
-    "acquire_resources": "speculation: move a task to the worker whose copy won",
-    "check_idle_saturated": "speculation: move a task to the worker whose copy won",
+    "new_task": "speculation: a backup copy is a task of its own",
+    "client_desires_keys": "speculation: the copies client wants a running copy",
+    "client_releases_keys": "speculation: a settled copy is no longer wanted",
+    "transitions": "speculation: run a copy; redirect a task to its winning copy",
+    "extensions": "speculation: move tasks off a worker whose thread a zombie holds",
 }
+
+#: TaskState attributes read or written by add_copy / redirect.
+REQUIRED_TASK_ATTRS = (
+    "run_spec",
+    "dependencies",
+    "dependents",
+    "waiters",
+    "waiting_on",
+    "worker_restrictions",
+    "loose_restrictions",
+    "resource_restrictions",
+    "priority",
+    "run_id",
+    "who_has",
+    "add_dependency",
+)
 
 
 class DaskInternalsError(RuntimeError):
@@ -59,6 +113,22 @@ def check_scheduler(scheduler: Any) -> None:
         for name, why in REQUIRED_SCHEDULER_ATTRS.items()
         if not hasattr(scheduler, name)
     ]
+    from distributed.scheduler import TaskState as _TS
+
+    slots = {s for c in _TS.__mro__ for s in getattr(c, "__slots__", ())}
+    missing += [
+        f"TaskState.{name} (speculation)"
+        for name in REQUIRED_TASK_ATTRS
+        if name not in slots and not hasattr(_TS, name)
+    ]
+    try:
+        from dask._task_spec import Alias, GraphNode
+
+        if not hasattr(GraphNode, "substitute"):
+            missing.append("dask._task_spec.GraphNode.substitute (speculation)")
+        del Alias
+    except ImportError:
+        missing.append("dask._task_spec.Alias (speculation)")
     if missing:
         import distributed
 
@@ -67,3 +137,75 @@ def check_scheduler(scheduler: Any) -> None:
             + "; ".join(missing)
             + ". Install a distributed version listed in daskjobs' pyproject.toml."
         )
+
+
+def add_copy(
+    sched: Scheduler,
+    ts: TaskState,
+    copy_key: Key,
+    worker: str,
+    stimulus_id: str,
+    annotations: dict[str, Any] | None = None,
+) -> TaskState:
+    """Create the backup copy of ``ts`` as a task ``copy_key`` that may run only on
+    ``worker``, and send it there (see the module docstring)."""
+    spec = ts.run_spec
+    assert spec is not None
+    cts = sched.new_task(copy_key, spec.substitute({}, key=copy_key), "released")
+    for dts in ts.dependencies:
+        cts.add_dependency(dts)
+    cts.annotations = dict(annotations or {})
+    cts.worker_restrictions = {worker}
+    cts.loose_restrictions = False
+    if ts.resource_restrictions:
+        cts.resource_restrictions = dict(ts.resource_restrictions)
+    p = ts.priority
+    assert p is not None
+    cts.priority = (p[0] - 1, *p[1:])  # ahead of the task on the copy's worker
+    spans = sched.extensions.get("spans")
+    if spans is not None:  # workers report metrics per span: the copy needs one
+        spans.observe_tasks([cts], code=(), span_metadata={})
+    sched.client_desires_keys(keys=[copy_key], client=COPIES_CLIENT)
+    sched.transitions({copy_key: "waiting"}, stimulus_id)
+    return cts
+
+
+def redirect(sched: Scheduler, ts: TaskState, cts: TaskState, stimulus_id: str) -> None:
+    """Make ``ts`` an alias of its copy ``cts`` (in memory) and run it where the copy's
+    result is (see the module docstring). ``ts`` is waiting, queued, no-worker or
+    processing; its former inputs stay with the copy (its lineage)."""
+    from dask._task_spec import Alias
+
+    assert cts.who_has, "the copy's result is not in memory"
+    state = ts.state
+    recs: Recs = {}
+    for dts in list(ts.dependencies):
+        if dts is cts:
+            continue
+        ts.dependencies.discard(dts)
+        dts.dependents.discard(ts)
+        if dts.waiters:
+            dts.waiters.discard(ts)
+        if ts.waiting_on:
+            ts.waiting_on.discard(dts)
+        if dts.state != "released" and not dts.waiters and not dts.who_wants:
+            recs[dts.key] = "released"  # nobody needs it now, as after a task's end
+    ts.add_dependency(cts)
+    if cts.waiters is None:
+        cts.waiters = set()
+    cts.waiters.add(ts)
+    ts.run_spec = Alias(ts.key, cts.key)
+    ts.worker_restrictions = {ws.address for ws in cts.who_has}
+    ts.loose_restrictions = True  # anywhere if that worker is gone
+    # the copy may be recomputed anywhere if its result is lost later
+    cts.worker_restrictions = None
+    cts.loose_restrictions = False
+    if state == "waiting":
+        if not ts.waiting_on:
+            recs[ts.key] = "processing"
+    else:
+        if state != "queued":
+            ts.priority = cts.priority  # first on the copy's worker
+        recs[ts.key] = "released"  # then waiting -> processing, by dask's own transitions
+    sched.transitions(recs, stimulus_id)
+    sched.client_releases_keys(keys=[cts.key], client=COPIES_CLIENT, stimulus_id=stimulus_id)

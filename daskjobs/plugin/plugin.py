@@ -85,7 +85,7 @@ from typing import Any, ClassVar
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs.config import Settings, settings
-from daskjobs.plugin._internals import check_scheduler
+from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler
 from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.recorder import TraceRecorder
@@ -308,6 +308,10 @@ class JobsPlugin(SchedulerPlugin):
                 Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction),
                 sp.interval,
             )
+            if COPIES_CLIENT not in scheduler.clients:
+                from distributed.scheduler import ClientState
+
+                scheduler.clients[COPIES_CLIENT] = ClientState(COPIES_CLIENT)
             self.speculator.start(scheduler)
             await self._ensure_reporter()
             self._event("speculation", late_factor=sp.late_factor, max_fraction=sp.max_fraction)
@@ -578,13 +582,24 @@ class JobsPlugin(SchedulerPlugin):
 
     # -- per-transition hook: O(1) ------------------------------------------------------
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        sp = self.speculator
         if self.recorder is not None and (finish == "processing" or start == "processing"):
             try:
-                self._record_transition(key, start, finish, kwargs)
+                as_key = sp.recorded_as(key, start, finish) if sp is not None else key
+                if as_key is not None:
+                    self._record_transition(as_key, start, finish, kwargs)
             except Exception:
                 self._failed("record", key)
+        learn = True
+        if sp is not None:
+            try:
+                # a copy, or a task standing in for its winning copy: nothing to learn
+                learn = not (sp.is_copy(key) or sp.is_alias(key))
+                sp.transition(key, start, finish, kwargs)
+            except Exception:
+                self._failed("speculation", key)
         try:
-            if start == "processing" and finish == "memory":
+            if learn and start == "processing" and finish == "memory":
                 v = self.tasks.get(key)
                 seconds = _compute_seconds(kwargs.get("startstops", ()))
                 if v is not None and seconds is not None and self.estimator is not None:
@@ -593,8 +608,6 @@ class JobsPlugin(SchedulerPlugin):
                         self._learn_speed(v, kwargs.get("worker"), seconds)
             if self.popper is not None:
                 self._fair_transition(key, start, finish)
-            if start == "processing" and self.speculator is not None:
-                self.speculator.left_processing(key, finish)
             if finish == "forgotten":
                 self.tasks.pop(key, None)
                 if self.policy is not None:
@@ -907,10 +920,13 @@ class JobsPlugin(SchedulerPlugin):
             self._failed("record", worker)
 
     def log_event(self, topic: str, msg: Any) -> None:
+        started_as = msg.get("key") if isinstance(msg, dict) else None
         if self.speculator is not None and isinstance(msg, dict):
             try:
                 if topic == STARTED_TOPIC:
-                    self.speculator.started(msg.get("key"), msg.get("worker"), msg.get("run_id"))
+                    started_as = self.speculator.started(
+                        msg.get("key"), msg.get("worker"), msg.get("run_id")
+                    )
                 elif topic == RETURNED_TOPIC:
                     self.speculator.returned(msg.get("key"), msg.get("worker"))
             except Exception:
@@ -919,12 +935,12 @@ class JobsPlugin(SchedulerPlugin):
         if rec is None:
             return
         try:
-            if topic == STARTED_TOPIC and isinstance(msg, dict):
+            if topic == STARTED_TOPIC and isinstance(msg, dict) and started_as is not None:
                 rec.emit(
                     {
                         "type": "started",
                         "time": time.time(),
-                        "key": msg.get("key"),
+                        "key": started_as,
                         "worker": msg.get("worker"),
                         "run_id": msg.get("run_id"),
                         "worker_time": msg.get("time"),

@@ -1,8 +1,8 @@
 """Backup copies of late tasks on a live dask cluster.
 
 dask keeps one ``TaskState`` per key with one ``processing_on`` worker and
-cannot stop a running thread, so there is no public way to run a task twice.
-This module does it the way the research prototype did, and guards every step:
+cannot stop a running thread. A backup copy is therefore a task of its own,
+created in the scheduler's state so that everything dask does keeps working:
 
 1. **True starts.** The :class:`~daskjobs.plugin.worker.StartReporter` worker
    plugin (installed by the scheduler plugin itself) reports when a task really
@@ -15,64 +15,97 @@ This module does it the way the research prototype did, and guards every step:
    learner), and at least ``min_runtime``. It is copied at once, deadline or
    not, when :meth:`NodeAware.urgent <daskjobs.policies.NodeAware.urgent>` says
    so: its worker is measured slow and a fresh copy on a nominal worker would
-   finish well before it (the simulator's rule; the live plugin keeps no
-   horizon, so "the run's end" is now, and an idle thread is the only price).
-   Tasks annotated ``speculate=False`` and tasks whose estimate is only the
-   configured default are never copied.
+   finish well before it. Tasks annotated ``speculate=False``, actors, tasks
+   whose estimate is only the configured default and copies are never copied.
 3. **Backup.** A late task gets one copy on another worker with an idle thread
    (another host where there is one; the fastest believed first), within a cap
-   of ``max_fraction`` of all threads: the scheduler's ``compute-task`` message
-   for the task, sent to that worker under the *same* ``run_id``. Scheduler
-   state is not touched.
-4. **First finisher wins.** The scheduler's ``task-finished`` and ``task-erred``
-   stream handlers are wrapped. If the backup finishes first the task is moved
-   to the backup's worker (as work stealing moves a task: ``processing_on``, the
-   workers' processing sets and resources) before dask's own handler sees the
-   result, so dependents and the client get the winner's data; the primary is
-   told to release the key. If the primary finishes first, the backup is
-   released. A failing backup never fails the task while the primary runs; a
-   primary that errs while its backup runs follows the task's retries and the
-   backup is released.
-5. **Losers.** dask cannot stop the losing thread: it runs to its end and its
-   result is dropped. Its elapsed time is counted as waste per team.
+   of ``max_fraction`` of all threads. The copy is the task ``("daskjobs-copy",
+   key)`` with the same function, arguments and inputs, restricted to that
+   worker, one priority step ahead of the task, wanted by the comm-less client
+   ``daskjobs-copies`` (:func:`~daskjobs.plugin._internals.add_copy`). The
+   scheduler sends it, counts its thread, and keeps its inputs on that worker
+   while it runs: the active memory manager never drops a replica that a
+   processing task needs, which is what a copy sent behind the scheduler's back
+   could not promise.
+4. **First finisher wins.** If the task finishes first, the copy is no longer
+   wanted and dask releases it (``free-keys`` to its worker). If the copy
+   finishes first, the task is redirected to it
+   (:func:`~daskjobs.plugin._internals.redirect`): it becomes an ``Alias`` of the
+   copy, released from its old worker and run, instantly, where the copy's
+   result is; dependents and clients then read the copy's result under the
+   task's key. dask's own ``run_id`` check drops the old worker's result if it
+   still arrives. Either way the result becomes visible once, under the task's
+   key. A failing copy never fails the task; a task that errs releases its
+   copy; a copy whose worker dies is dropped, and a copy that outlives its
+   task's worker still wins if it finishes first.
+5. **Losers.** dask cannot stop the losing thread: it runs to its end (or
+   returns early if it calls :func:`daskjobs.cancelled`) and its result is
+   dropped. Its elapsed time is counted as waste per team, and tasks queued on a
+   worker behind such a zombie thread are moved to idle workers.
 
-Private dask internals used here are listed in :mod:`daskjobs.plugin._internals`.
+Every private piece of dask used here is in :mod:`daskjobs.plugin._internals`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from daskjobs.plugin import _internals
 from daskjobs.policies import Speculation
+
+if TYPE_CHECKING:
+    from dask.typing import Key
 
 logger = logging.getLogger("daskjobs.plugin")
 
-__all__ = ["Speculator"]
+__all__ = ["COPY_PREFIX", "Race", "Speculator", "copy_key"]
+
+#: First element of a backup copy's key (its task prefix on the dashboard).
+COPY_PREFIX = "daskjobs-copy"
+
+
+def copy_key(key: Key) -> Key:
+    """The key of ``key``'s backup copy."""
+    return (COPY_PREFIX, key)
 
 
 @dataclass(slots=True)
-class _Backup:
+class Race:
+    """A task and its backup copy, from the copy's launch until one of them wins."""
+
+    key: Hashable  # the task
+    copy: Hashable  # the copy's key
     worker: str  # the copy's worker
     primary: str  # the task's worker when the copy was launched
-    run_id: int
     launched: float
     started: bool = False  # the copy's worker reported it executing
+    redirected: bool = False  # the copy won: the task is an alias of it until in memory
+    restrictions: tuple[Any, bool] = (None, False)  # the task's own, restored after
 
 
 class Speculator:
-    """Launch and settle backup copies for one :class:`~daskjobs.plugin.JobsPlugin`."""
+    """Launch and settle backup copies for one :class:`~daskjobs.plugin.JobsPlugin`.
+
+    State: ``starts`` {task key: (worker, start time, run_id)} of started primaries;
+    ``races`` {task key: :class:`Race`} while a copy exists; ``copies`` {copy key:
+    task key} for the hooks; ``zombies`` {worker: keys whose released thread still
+    runs}. Hooks are O(1) dict lookups; graph changes happen in callbacks on the
+    event loop, outside dask's transition loop.
+    """
 
     def __init__(self, plugin: Any, spec: Speculation, interval: float) -> None:
         self.plugin = plugin
         self.spec = spec
         self.interval = interval
-        self.starts: dict[Hashable, tuple[str, float, int]] = {}  # key -> (worker, t, run_id)
-        self.backups: dict[Hashable, _Backup] = {}
-        self.copied: set[Hashable] = set()  # one copy per task, whatever became of it
+        self.starts: dict[Hashable, tuple[str, float, int]] = {}
+        self.races: dict[Hashable, Race] = {}
+        self.copies: dict[Hashable, Hashable] = {}
+        self.copied: set[Hashable] = set()  # one copy per attempt, whatever became of it
         self.counts = {
             "launched": 0,
             "won": 0,
@@ -87,56 +120,85 @@ class Speculator:
         self.zombies: dict[str, set[Hashable]] = {}
         self._zombie_until: dict[tuple[str, Hashable], float] = {}
         self.moved = 0  # tasks moved off a worker whose thread a zombie holds
-        # copies whose primary's worker died: adopted if they finish first
-        self.orphans: dict[Hashable, _Backup] = {}
         self.waste: dict[str, float] = {}  # team -> seconds of losing copies
-        self._originals: dict[str, Callable[..., Any]] = {}
         self._pc: Any = None
+        self.scheduler: Any = None
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, scheduler: Any) -> None:
         from tornado.ioloop import PeriodicCallback
 
         self.scheduler = scheduler
-        for op, wrapper in (
-            ("task-finished", self._task_finished),
-            ("task-erred", self._task_erred),
-        ):
-            self._originals[op] = scheduler.stream_handlers[op]
-            scheduler.stream_handlers[op] = wrapper
         self._pc = PeriodicCallback(self._tick, self.interval * 1000)
         scheduler.periodic_callbacks["daskjobs-speculation"] = self._pc
         self._pc.start()
 
     def close(self) -> None:
-        sched = getattr(self, "scheduler", None)
+        sched = self.scheduler
         if sched is None:
             return
-        for op, original in self._originals.items():
-            sched.stream_handlers[op] = original
-        self._originals.clear()
         if self._pc is not None:
             self._pc.stop()
             sched.periodic_callbacks.pop("daskjobs-speculation", None)
+        for race in list(self.races.values()):
+            if not race.redirected:
+                self._drop(race, "abandoned", "daskjobs-speculation-closed")
+
+    @property
+    def backups(self) -> dict[Hashable, Race]:
+        """The races with a copy running (not yet settled)."""
+        return {k: r for k, r in self.races.items() if not r.redirected}
 
     def stats(self) -> dict[str, Any]:
         return {
             **self.counts,
             "zombies": sum(len(k) for k in self.zombies.values()),
             "moved_off_zombies": self.moved,
-            "running": len(self.backups),
+            "running": sum(1 for r in self.races.values() if not r.redirected),
             "peak": self.peak,
             "late_factor": self.spec.late_factor,
             "waste_seconds": dict(self.waste),
         }
 
+    # -- what the plugin asks ------------------------------------------------------
+    def is_copy(self, key: Hashable) -> bool:
+        return key in self.copies
+
+    def is_alias(self, key: Hashable) -> bool:
+        """``key`` runs as an alias of its winning copy (no real work: learn nothing)."""
+        race = self.races.get(key)
+        return race is not None and race.redirected
+
+    def recorded_as(self, key: Hashable, start: str, finish: str) -> Hashable | None:
+        """The key a transition is recorded under in a trace (docs/trace.md), or None.
+
+        The trace tells a race as it always has: the copy's start and, if it wins,
+        its end, under the task's key; the redirect and the alias are bookkeeping
+        and are not recorded; a losing copy's end is not recorded either.
+        """
+        task = self.copies.get(key)
+        if task is not None:
+            if start == "processing" and finish == "memory":
+                ts = self.scheduler.tasks.get(task)
+                if ts is not None and ts.state != "memory":
+                    return task
+            return None
+        race = self.races.get(key)
+        if race is not None and race.redirected:
+            return None
+        return key
+
     # -- observations ----------------------------------------------------------------
-    def started(self, key: Hashable, worker: str | None, run_id: Any) -> None:
-        """A worker reports that ``key`` really started executing."""
-        b = self.backups.get(key)
-        if b is not None and worker == b.worker:
-            b.started = True
-            return
+    def started(self, key: Hashable, worker: str | None, run_id: Any) -> Hashable | None:
+        """A worker reports that ``key`` really started executing. Returns the key the
+        start belongs to (the task's, for a copy), or None for a stale report."""
+        task = self.copies.get(key)
+        if task is not None:
+            race = self.races.get(task)
+            if race is not None and worker == race.worker:
+                race.started = True
+                return task
+            return None
         ts = self.scheduler.tasks.get(key)
         if (
             worker
@@ -146,34 +208,59 @@ class Speculator:
             and ts.processing_on.address == worker
             and run_id == ts.run_id
             and key not in self.starts
+            and key not in self.races
         ):
             self.starts[key] = (worker, time.time(), int(run_id))
+        return key
 
-    def left_processing(self, key: Hashable, finish: str) -> None:
-        """``key`` left ``processing`` (done, erred, released, ...): settle its copy."""
-        st = self.starts.pop(key, None)
-        if st is not None and finish != "memory":  # a failed or lost attempt: its time is waste
-            self._waste(key, time.time() - st[1])
-        self.copied.discard(key)
-        b = self.backups.pop(key, None)
-        sched = self.scheduler
-        if (
-            b is not None
-            and finish == "released"
-            and b.primary not in sched.workers
-            and b.worker in sched.workers
-        ):
-            # the primary's worker died mid-race: keep the copy running; if it finishes
-            # before dask's fresh attempt, its result is adopted (_settle_finished)
-            self.orphans[key] = b
-            self.plugin._event("backup-orphaned", key=str(key), backup=b.worker)
+    def transition(self, key: Hashable, start: str, finish: str, kwargs: dict[str, Any]) -> None:
+        """Every scheduler transition (O(1)): settle races as tasks and copies move."""
+        task = self.copies.get(key)
+        if task is not None:
+            self._copy_moved(task, key, start, finish, kwargs)
             return
-        o = self.orphans.pop(key, None) if finish != "waiting" else None
-        for stale in (b, o):
-            if stale is not None:  # settled elsewhere than in our handlers: release the copy
-                self._release(stale.worker, key, "daskjobs-backup-abandoned")
-                self.counts["abandoned"] += 1
-                self._waste(key, time.time() - stale.launched)
+        if start == "processing":
+            self.copied.discard(key)
+            st = self.starts.pop(key, None)
+            if st is not None and finish != "memory":  # a failed or lost attempt
+                self._waste(key, time.time() - st[1])
+        race = self.races.get(key)
+        if race is None:
+            return
+        if race.redirected:
+            if finish == "memory" or finish == "forgotten":
+                self._restore(race)
+            return
+        if finish == "memory":  # the task won (its primary, or dask's fresh attempt)
+            self._later(self._settle, race, "lost")
+        elif finish in ("erred", "forgotten") or (finish == "released" and not self._wanted(key)):
+            self._later(self._settle, race, "abandoned")
+
+    def _copy_moved(
+        self, task: Hashable, key: Hashable, start: str, finish: str, kwargs: dict[str, Any]
+    ) -> None:
+        if finish == "forgotten":
+            del self.copies[key]
+            return
+        race = self.races.get(task)
+        if race is None or race.redirected or start != "processing":
+            return
+        if finish == "memory":
+            self._later(self._settle, race, "won")
+            seconds = _compute_seconds(kwargs.get("startstops"))
+            v = self.plugin.tasks.get(task)
+            worker = kwargs.get("worker")
+            if seconds is not None and v is not None and worker:
+                self.plugin._learn_speed(v, worker, seconds)
+        elif finish == "erred":  # the task carries on alone
+            self._later(self._settle, race, "failed")
+        else:  # its worker died: the task carries on, and may be copied again elsewhere
+            self.copied.discard(task)
+            self._later(self._settle, race, "abandoned")
+
+    def _wanted(self, key: Hashable) -> bool:
+        ts = self.scheduler.tasks.get(key)
+        return ts is not None and bool(ts.who_wants or ts.waiters)
 
     def returned(self, key: Hashable, worker: str | None) -> None:
         """``worker`` reports that the thread of a released ``key`` has returned."""
@@ -184,9 +271,87 @@ class Speculator:
             if not keys:
                 del self.zombies[worker or ""]
 
+    def worker_removed(self, worker: str) -> None:
+        self.zombies.pop(worker, None)
+
+    # -- settling, outside dask's transition loop ------------------------------------
+    def _later(self, fn: Callable[..., None], *args: Any) -> None:
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                self.plugin._failed("speculation", args[0].key if args else None)
+
+        asyncio.get_running_loop().call_soon(run)
+
+    def _settle(self, race: Race, outcome: str) -> None:
+        if self.races.get(race.key) is not race or race.redirected:
+            return  # settled already
+        sched = self.scheduler
+        ts = sched.tasks.get(race.key)
+        cts = sched.tasks.get(race.copy)
+        now = time.time()
+        if (
+            outcome == "won"
+            and ts is not None
+            and cts is not None
+            and cts.state == "memory"
+            and ts.state in ("processing", "waiting", "queued", "no-worker")
+        ):
+            loser = ts.processing_on.address if ts.processing_on is not None else None
+            adopted = loser != race.primary
+            race.redirected = True
+            race.restrictions = (ts.worker_restrictions, ts.loose_restrictions)
+            if loser is not None:
+                self._learn_from_loser(race.key, loser, now)
+            self.starts.pop(race.key, None)
+            _internals.redirect(sched, ts, cts, f"daskjobs-backup-won-{now}")
+            self.counts["adopted" if adopted else "won"] += 1
+            if loser is not None:
+                self._zombie(loser, race.key)
+            self._waste(race.key, now - race.launched)  # the primary's time since launch
+            self.plugin._event(
+                "backup-adopted" if adopted else "backup-won",
+                key=str(race.key),
+                winner=race.worker,
+                loser=loser,
+            )
+            if ts.state == "memory":  # pragma: no cover - dask finished it in one go
+                self._restore(race)
+            return
+        if outcome == "won":  # the task got there first after all
+            outcome = "lost"
+        self._drop(race, outcome, f"daskjobs-backup-{outcome}-{now}")
+
+    def _drop(self, race: Race, outcome: str, stimulus_id: str) -> None:
+        """The race is over without the copy winning: forget the copy."""
+        self.races.pop(race.key, None)
+        sched = self.scheduler
+        cts = sched.tasks.get(race.copy)
+        if cts is not None and cts.state == "processing" and race.started:
+            self._zombie(race.worker, race.copy)  # its thread runs on
+        self.counts[outcome] += 1
+        self._waste(race.key, time.time() - race.launched)
+        if cts is not None:
+            sched.client_releases_keys(
+                keys=[race.copy], client=_internals.COPIES_CLIENT, stimulus_id=stimulus_id
+            )
+        self.plugin._event(
+            f"backup-{outcome}", key=str(race.key), worker=race.worker, primary=race.primary
+        )
+
+    def _restore(self, race: Race) -> None:
+        """The redirected task is done: its own restrictions back, the race over."""
+        self.races.pop(race.key, None)
+        ts = self.scheduler.tasks.get(race.key)
+        if ts is not None:
+            ts.worker_restrictions, ts.loose_restrictions = race.restrictions
+
+    # -- zombies -----------------------------------------------------------------------
     def _zombie(self, worker: str, key: Hashable) -> None:
         self.zombies.setdefault(worker, set()).add(key)
-        v = self.plugin.tasks.get(key)
+        task = self.copies.get(key, key)
+        v = self.plugin.tasks.get(task)
         # if the worker's "returned" report never comes, stop counting the thread as held
         self._zombie_until[(worker, key)] = time.time() + 60.0 + 3 * (v.estimate if v else 0.0)
 
@@ -217,7 +382,13 @@ class Speculator:
             started = sum(1 for ts in ws.processing if ts.key in self.starts)
             free = ws.nthreads - len(keys) - started
             waiting = sorted(
-                (ts for ts in ws.processing if ts.key not in self.starts),
+                (
+                    ts
+                    for ts in ws.processing
+                    if ts.key not in self.starts
+                    and ts.key not in self.copies
+                    and not ts.worker_restrictions
+                ),
                 key=lambda ts: ts.priority,
             )
             for ts in waiting[max(free, 0) :]:
@@ -228,16 +399,6 @@ class Speculator:
                 self.moved += 1
                 if len(thief.processing) + 1 >= thief.nthreads:
                     idle.pop(0)
-
-    def worker_removed(self, worker: str) -> None:
-        for key, o in list(self.orphans.items()):
-            if o.worker == worker:
-                del self.orphans[key]
-        for key, b in list(self.backups.items()):
-            if b.worker == worker:  # the copy's worker died: the primary carries on
-                del self.backups[key]
-                self.counts["abandoned"] += 1
-                self.plugin._event("backup-lost-worker", key=str(key), worker=worker)
 
     # -- late tasks ------------------------------------------------------------------
     def _tick(self) -> None:
@@ -251,19 +412,22 @@ class Speculator:
     def _slots(self) -> int:
         return sum(ws.nthreads for ws in self.scheduler.workers.values())
 
+    def _running(self) -> int:
+        return sum(1 for r in self.races.values() if not r.redirected)
+
     def _check(self, now: float) -> None:
         from daskjobs.plugin.plugin import LiveAttempt  # the plugin module imports this one
 
         if not self.starts:
             return
         cap = self.spec.cap(self._slots())
-        if len(self.backups) >= cap:
+        if self._running() >= cap:
             return
         plugin = self.plugin
         sched = self.scheduler
         horizon: float | None = None
         for key, (worker, t0, run_id) in list(self.starts.items()):
-            if key in self.copied:
+            if key in self.races or key in self.copied:
                 continue
             ts = sched.tasks.get(key)
             if ts is None or ts.state != "processing" or ts.run_id != run_id:
@@ -272,7 +436,7 @@ class Speculator:
             v = plugin.tasks.get(key)
             if v is None or v.source == "default":
                 continue  # no real estimate: nothing to be late against
-            if (ts.annotations or {}).get("speculate") is False:
+            if (ts.annotations or {}).get("speculate") is False or ts.actor:
                 continue
             node = plugin._node(worker)
             speed = plugin.speeds.speed(node)
@@ -292,7 +456,7 @@ class Speculator:
             if target is None:
                 continue
             self._launch(ts, target, now)
-            if len(self.backups) >= cap:
+            if self._running() >= cap:
                 return
 
     def _horizon(self, now: float) -> float:
@@ -322,15 +486,17 @@ class Speculator:
 
         With ``allow_busy`` (a task stuck on a worker measured slow) and no idle
         thread anywhere, a busy worker faster than the primary's will do, if it
-        holds no other copy: the copy carries the task's priority into that
-        worker's queue, so it starts at the worker's next free thread, ahead of
-        lower-priority work, instead of waiting for the tail of the run.
+        holds no other copy: the copy's priority puts it ahead of that worker's
+        queued work, so it starts at the worker's next free thread instead of
+        waiting for the tail of the run. Copies are tasks in ``ws.processing``, so
+        a worker's load counts them.
         """
         sched = self.scheduler
         pws = sched.workers.get(primary)
-        busy: dict[str, int] = {}
-        for b in self.backups.values():
-            busy[b.worker] = busy.get(b.worker, 0) + 1
+        copies: dict[str, int] = {}
+        for r in self.races.values():
+            if not r.redirected:
+                copies[r.worker] = copies.get(r.worker, 0) + 1
         best = None
         best_rank: tuple[Any, ...] | None = None
         speeds = self.plugin.speeds
@@ -338,16 +504,21 @@ class Speculator:
         for ws in sched.workers.values():
             if ws.address == primary or ws.status.name != "running":
                 continue
-            load = len(ws.processing) + busy.get(ws.address, 0)
+            load = len(ws.processing)
             idle = load < ws.nthreads
             if not idle:
-                if not allow_busy or busy.get(ws.address, 0):
+                if not allow_busy or copies.get(ws.address, 0):
                     continue
                 if speeds.speed(self.plugin._node(ws.address)) >= primary_speed:
                     continue
             if ts.resource_restrictions and any(
                 ws.resources.get(r, 0) < need for r, need in ts.resource_restrictions.items()
             ):
+                continue
+            strict = not ts.loose_restrictions
+            if strict and ts.worker_restrictions and ws.address not in ts.worker_restrictions:
+                continue
+            if strict and ts.host_restrictions and ws.host not in ts.host_restrictions:
                 continue
             same_host = pws is not None and ws.host == pws.host
             speed = speeds.speed(self.plugin._node(ws.address))
@@ -357,18 +528,28 @@ class Speculator:
         return best
 
     def _launch(self, ts: Any, ws: Any, now: float) -> None:
+        from dask._task_spec import Task
+
         sched = self.scheduler
-        run_id = ts.run_id
-        msg = sched._task_to_msg(ts)  # assigns a fresh run_id: put the current one back
-        ts.run_id = run_id
-        msg["run_id"] = run_id
-        msg["stimulus_id"] = f"daskjobs-backup-{now}"
+        ck = copy_key(ts.key)
+        if ck in sched.tasks or not isinstance(ts.run_spec, Task):
+            return  # an earlier copy is still known (lineage), or nothing to run twice
         primary = ts.processing_on.address
-        self.backups[ts.key] = _Backup(ws.address, primary, run_id, now)
+        race = Race(ts.key, ck, ws.address, primary, now)
+        self.races[ts.key] = race
+        self.copies[ck] = ts.key
         self.copied.add(ts.key)
-        self.peak = max(self.peak, len(self.backups))
-        sched.worker_send(ws.address, msg)
+        ann = ts.annotations or {}
+        _internals.add_copy(
+            sched,
+            ts,
+            ck,
+            ws.address,
+            f"daskjobs-backup-{now}",
+            annotations={k: ann[k] for k in ("stage", "team") if k in ann} | {"copy_of": ts.key},
+        )
         self.counts["launched"] += 1
+        self.peak = max(self.peak, self._running())
         self.plugin._event(
             "backup-launched",
             key=str(ts.key),
@@ -377,13 +558,7 @@ class Speculator:
             late_by=round(now - self.starts[ts.key][1], 3),
         )
 
-    # -- settling a race -------------------------------------------------------------
-    def _release(self, worker: str, key: Hashable, stimulus_id: str) -> None:
-        if worker in self.scheduler.workers:
-            self.scheduler.worker_send(
-                worker, {"op": "free-keys", "keys": [key], "stimulus_id": stimulus_id}
-            )
-
+    # -- accounting ------------------------------------------------------------------
     def _waste(self, key: Hashable, seconds: float) -> None:
         v = self.plugin.tasks.get(key)
         team = v.team if v is not None else "default"
@@ -394,119 +569,18 @@ class Speculator:
         learner, or a worker whose every task is rescued would never be measured."""
         start = self.starts.pop(key, None)
         v = self.plugin.tasks.get(key)
-        if start is None or v is None or not v.estimate > 0:
+        if start is None or v is None or not v.estimate > 0 or start[0] != worker:
             return
         elapsed = now - start[1]
         if elapsed > v.estimate:  # only as evidence of slowness (a lower bound)
             self.plugin._learn_speed(v, worker, elapsed)
 
-    def _rehome(self, ts: Any, new_ws: Any) -> None:
-        """Make ``new_ws`` the task's worker, as a confirmed steal would."""
-        sched = self.scheduler
-        old_ws = ts.processing_on
-        old_ws.remove_from_processing(ts)
-        sched.release_resources(ts, old_ws)
-        new_ws.add_to_processing(ts)
-        sched.acquire_resources(ts, new_ws)
-        ts.processing_on = new_ws
-        sched.check_idle_saturated(old_ws)
-        sched.check_idle_saturated(new_ws)
 
-    def _task_finished(self, key: Hashable, worker: str, stimulus_id: str, **msg: Any) -> None:
-        original = self._originals["task-finished"]
-        try:
-            self._settle_finished(key, worker, msg)
-        except Exception:
-            self.plugin._failed("speculation-finished", key)
-        return original(key=key, worker=worker, stimulus_id=stimulus_id, **msg)
-
-    def _settle_finished(self, key: Hashable, worker: str, msg: dict[str, Any]) -> None:
-        o = self.orphans.get(key)
-        if o is not None and worker == o.worker and msg.get("run_id") == o.run_id:
-            self._adopt(key, o, worker, msg)
-            return
-        b = self.backups.get(key)
-        if b is None:
-            return
-        sched = self.scheduler
-        ts = sched.tasks.get(key)
-        if ts is None or ts.state != "processing" or msg.get("run_id") != b.run_id:
-            return
-        now = time.time()
-        if (
-            worker == b.worker
-            and ts.processing_on is not None
-            and ts.processing_on.address != worker
-        ):
-            new_ws = sched.workers.get(worker)
-            if new_ws is None:
-                return
-            loser = ts.processing_on.address
-            self._rehome(ts, new_ws)
-            del self.backups[key]
-            self._release(loser, key, f"daskjobs-backup-won-{now}")
-            self._zombie(loser, key)
-            self.counts["won"] += 1
-            self._learn_from_loser(key, loser, now)
-            self._waste(key, now - b.launched)  # the primary ran at least this long, uselessly
-            self.plugin._event("backup-won", key=str(key), winner=worker, loser=loser)
-        elif ts.processing_on is not None and worker == ts.processing_on.address:
-            del self.backups[key]
-            self._release(b.worker, key, f"daskjobs-backup-lost-{now}")
-            if b.started:  # a copy still queued on its worker is simply dropped
-                self._zombie(b.worker, key)
-            self.counts["lost"] += 1
-            self._waste(key, now - b.launched)
-            self.plugin._event("backup-lost", key=str(key), winner=worker, loser=b.worker)
-
-    def _adopt(self, key: Hashable, o: _Backup, worker: str, msg: dict[str, Any]) -> None:
-        """A copy whose primary died finished: make it the task's result."""
-        sched = self.scheduler
-        del self.orphans[key]
-        ts = sched.tasks.get(key)
-        new_ws = sched.workers.get(worker)
-        if ts is None or new_ws is None or ts.state != "processing" or ts.processing_on is None:
-            return  # dask holds the task elsewhere (queued, waiting): its handler frees this
-        now = time.time()
-        loser = ts.processing_on.address
-        if loser != worker:
-            self._rehome(ts, new_ws)
-            self._release(loser, key, f"daskjobs-orphan-adopted-{now}")
-        msg["run_id"] = ts.run_id  # the result of the copy stands for the current attempt
-        self.counts["adopted"] += 1
-        self.plugin._event("backup-adopted", key=str(key), worker=worker, loser=loser)
-
-    def _task_erred(self, key: Hashable, stimulus_id: str, **msg: Any) -> None:
-        original = self._originals["task-erred"]
-        try:
-            if self._settle_erred(key, msg):
-                return None  # a failing backup: swallowed while the primary runs
-        except Exception:
-            self.plugin._failed("speculation-erred", key)
-        return original(key=key, stimulus_id=stimulus_id, **msg)
-
-    def _settle_erred(self, key: Hashable, msg: dict[str, Any]) -> bool:
-        o = self.orphans.get(key)
-        if o is not None and msg.get("worker") == o.worker:
-            del self.orphans[key]  # the orphaned copy failed: dask's fresh attempt goes on
-            self.counts["failed"] += 1
-            return True
-        b = self.backups.get(key)
-        if b is None:
-            return False
-        worker = msg.get("worker")
-        now = time.time()
-        if worker == b.worker:
-            del self.backups[key]
-            self._release(b.worker, key, f"daskjobs-backup-failed-{now}")
-            self.counts["failed"] += 1
-            self._waste(key, now - b.launched)
-            self.plugin._event("backup-failed", key=str(key), worker=worker)
-            return True
-        # the primary erred: the task follows its retries; the copy is released
-        del self.backups[key]
-        self.starts.pop(key, None)
-        self._release(b.worker, key, f"daskjobs-primary-erred-{now}")
-        self.counts["abandoned"] += 1
-        self._waste(key, now - b.launched)
-        return False
+def _compute_seconds(startstops: Any) -> float | None:
+    total = 0.0
+    seen = False
+    for ss in startstops or ():
+        if ss.get("action") == "compute":
+            total += ss["stop"] - ss["start"]
+            seen = True
+    return total if seen else None

@@ -1,0 +1,98 @@
+"""Backup copies on a cluster of real processes, with dask's defaults (the active
+memory manager on) and dask's state validation on: no worker may be lost, no
+transition may fail, and results match a run without speculation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import realtasks
+
+from daskjobs import Sweep, grid
+from daskjobs.plugin.client import status
+
+SPECULATION = {
+    # dask's default memory manager, run often so that a copy's inputs get judged
+    "distributed": {"scheduler": {"active-memory-manager": {"interval": "50ms"}}},
+    "daskjobs": {
+        "policy": "node-aware",
+        "speculation": {
+            "enabled": True,
+            "late-factor": 2,
+            "min-runtime": "50ms",
+            "interval": "50ms",
+        },
+    },
+}
+
+
+def sweep_of(n_slices=10, per_slice=20):
+    """``n_slices`` feature stages, each read by ``per_slice`` backtests (210 stages)."""
+    sweep = Sweep("real-spec")
+    feats = sweep.stage(realtasks.features, over=grid(slice=range(n_slices)), estimate=0.02)
+    sweep.stage(
+        realtasks.backtest,
+        inputs={"features": feats},
+        over=grid(fast=range(per_slice)),
+        params={"seconds": 0.05},
+        estimate=0.05,
+    )
+    return sweep
+
+
+def test_copies_on_real_workers_keep_every_worker_and_every_result(real_cluster, tmp_path):
+    rc = real_cluster(
+        n_workers=3,
+        nthreads=2,
+        config=SPECULATION,
+        env={"DASKJOBS_TEST_SLOW": "w0=4"},
+    )
+    with rc.client() as c:
+        result = sweep_of().run(c, store=str(tmp_path / "store"), progress=False)
+        assert result.ok, result.failures
+        assert len(result.records) == 200
+        st = status(c)
+        assert st["errors"] == {}, st["errors"]
+        assert st["speculation"]["launched"] > 0  # the slow worker's tasks were copied
+        assert len(c.scheduler_info()["workers"]) == 3
+    assert all(rc.alive(f"w{i}") for i in range(3))
+    assert rc.problems() == []
+    expected = {(r["slice"], r["fast"]): r["value"] for r in result.records}
+    assert expected[(3, 7)] == {"sharpe": (200_000 % 997) / 1000 + 7, "first": 3}
+
+
+def _races(dask_scheduler):
+    sp = dask_scheduler.plugins["daskjobs"].speculator
+    return {str(k): (r.worker, r.primary) for k, r in sp.races.items() if not r.redirected}
+
+
+@pytest.mark.parametrize("victim", ["copy", "primary"])
+def test_a_worker_killed_mid_race_leaves_the_task_completing(real_cluster, victim):
+    import dask
+
+    rc = real_cluster(
+        n_workers=3, nthreads=1, config=SPECULATION, env={"DASKJOBS_TEST_SLOW": "w0=8"}
+    )
+    with rc.client() as c:
+        with dask.annotate(
+            workers=[rc.worker_address(c, "w0")], allow_other_workers=True, estimate=0.5
+        ):
+            x = dask.delayed(realtasks.where)(1, 0.5, dask_key_name="race-1")
+        fut = c.compute(x)
+        deadline = time.time() + 30
+        races = {}
+        while time.time() < deadline and "race-1" not in races:
+            races = c.run_on_scheduler(_races)
+            time.sleep(0.02)
+        copy_worker, primary = races["race-1"]
+        names = {a: w["name"] for a, w in c.scheduler_info()["workers"].items()}
+        doomed = names[copy_worker if victim == "copy" else primary]
+        rc.kill_worker(doomed)
+        i, ran_on = fut.result(timeout=60)
+        assert i == 1 and ran_on != doomed
+        st = status(c)
+        assert st["errors"] == {}, st["errors"]
+        assert st["speculation"]["running"] == 0
+    # only the killed worker's departure may show in the logs
+    assert rc.problems() == []
