@@ -60,7 +60,31 @@ __all__ = [
 _fn = os.path.join(os.path.dirname(__file__), "daskjobs.yaml")
 with open(_fn) as _f:
     _defaults = yaml.safe_load(_f)
+
+
+def _not_mappings(key: str, given: Any, known: Mapping[str, Any]) -> dict[str, Any]:
+    """Values given where the defaults have a mapping (``teams: 3``), by key."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        return {key: given}
+    found: dict[str, Any] = {}
+    for k, v in given.items():
+        name = k.replace("_", "-") if isinstance(k, str) else k
+        if isinstance(known.get(name), Mapping):
+            found.update(_not_mappings(f"{key}.{name}", v, known[name]))
+    return found
+
+
+# dask read the operator's YAML and DASK_ variables when it was imported. update_defaults
+# silently replaces a value that is not a mapping where the defaults have one (`teams: 3`,
+# `targets: [1, 2]`) by the defaults: remember those values, and the mappings dask put in
+# their place, so that settings() names the operator's value while dask's config still
+# holds that stand-in (dask.config.set or refresh replace it, and are then checked as usual).
+_given = _not_mappings("daskjobs", dask.config.config.get("daskjobs"), _defaults["daskjobs"])
 dask.config.update_defaults(_defaults)
+#: key -> (the operator's value, the mapping dask's config holds in its place)
+_REPLACED = {key: (value, dask.config.get(key, default=None)) for key, value in _given.items()}
 
 POLICIES = ("fifo", "lpt", "critical-path", "fair-share", "node-aware")
 
@@ -339,12 +363,23 @@ def _positive(x: float) -> bool:
     return x > 0
 
 
+def _check_replaced() -> None:
+    for key, (value, stand_in) in _REPLACED.items():
+        if stand_in is not None and dask.config.get(key, default=None) is stand_in:
+            what = "team name to value" if key in _TEAM_MAPPINGS else "settings"
+            raise ValueError(
+                f"{_bad(key, f'a mapping of {what}', value)} (dask's config replaced it by the "
+                "defaults)"
+            )
+
+
 def settings(**overrides: Any) -> Settings:
     """The ``daskjobs`` config section with ``overrides`` applied, checked.
 
     Keys may be spelled kebab-case or snake_case, in dask's config and in
     ``overrides`` alike; a bad value raises :class:`ValueError` naming its key.
     """
+    _check_replaced()
     raw = _raw(overrides)
     policy = raw["policy"]
     if not isinstance(policy, str) or policy not in POLICIES:

@@ -130,6 +130,47 @@ def test_a_fresh_interpreter_reads_snake_case_environment_variables() -> None:
     assert got["teams"]["half_life"] is None and got["teams"]["targets"] == {"ml_a": 3.0}
 
 
+@pytest.mark.parametrize(
+    ("yaml_text", "env", "says"),
+    [
+        ("daskjobs:\n  teams: 3\n", {}, "daskjobs.teams: expected a mapping of settings, got 3"),
+        (
+            "daskjobs:\n  teams:\n    targets: [1, 2]\n",
+            {},
+            "daskjobs.teams.targets: expected a mapping of team name to value, got [1, 2]",
+        ),
+        (
+            "",
+            {"DASK_DASKJOBS__SPECULATION": "5"},
+            "daskjobs.speculation: expected a mapping of settings, got 5",
+        ),
+        ("daskjobs: 3\n", {}, "daskjobs: expected a mapping of settings, got 3"),
+    ],
+)
+def test_a_value_dask_replaces_by_the_defaults_is_still_an_error(
+    tmp_path: Path, yaml_text: str, env: dict[str, str], says: str
+) -> None:
+    """dask.config.update_defaults silently puts the defaults where an operator's file
+    has a non-mapping (``teams: 3``); daskjobs still names the operator's value."""
+    (tmp_path / "user.yaml").write_text(yaml_text)
+    code = (
+        "import daskjobs.config as c\n"
+        "try:\n    c.settings()\nexcept ValueError as e:\n    print(e)\n"
+        "else:\n    print('accepted')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"DASK_CONFIG": str(tmp_path), "PATH": "/usr/bin:/bin", **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(says), out.stdout
+    assert "replaced" in out.stdout  # says what dask did with it
+
+
 def test_snake_case_keys_in_dask_config_and_in_keywords(
     dask_section: Callable[[Any], None],
 ) -> None:
