@@ -141,3 +141,110 @@ def test_longest_first_within_a_team():
 def test_an_unknown_within_order_is_rejected():
     with pytest.raises(ValueError, match=r"daskjobs.teams.within: expected 'fifo' or 'lpt'"):
         JobsPlugin(policy="fair-share", teams={"within": "random"})
+
+
+# -- accounting that stays right (issue: fair share went negative) ---------------------------
+
+
+def settled_teams(c, timeout=5.0):
+    """The team rows once the scheduler has nothing running or queued."""
+    deadline = time.time() + timeout
+    rows = status(c)["teams"]
+    while time.time() < deadline and any(r["running"] or r["queued"] for r in rows):
+        time.sleep(0.05)
+        rows = status(c)["teams"]
+    return {r["team"]: r for r in rows}
+
+
+def job_after(team, i, seconds, dep):
+    return job(team, i, seconds)
+
+
+def chain(team, n, seconds):
+    """Tasks with an input each: dask sends them straight to a worker (never queued)."""
+    with dask.annotate(team=team, estimate=seconds):
+        root = dask.delayed(job)(team, -1, seconds, dask_key_name=f"{team}-root")
+        return [
+            dask.delayed(job_after)(team, i, seconds, root, dask_key_name=f"{team}-{i}")
+            for i in range(n)
+        ]
+
+
+def test_a_team_without_a_target_is_counted_from_its_first_task():
+    # default config: teams are not strict; team "zz" has no target and its tasks, having an
+    # input, start without ever waiting in dask's queue
+    plugin = JobsPlugin(policy="fair-share", teams={"targets": {"a": 1}, "half-life": "1h"})
+    with dask.config.set(VALIDATE), cluster(plugin, threads=2) as cl, Client(cl) as c:
+        c.compute(chain("zz", 6, 0.02) + mixed_graph({"a": 6}, 0.02), sync=True)
+        rows = settled_teams(c)
+        assert status(c)["errors"] == {}
+    assert rows["zz"]["running"] == 0 and rows["a"]["running"] == 0
+    assert rows["zz"]["usage"] > 0  # it ran, and its usage was counted, never negative
+    assert rows["zz"]["share"] is not None
+
+
+def test_tasks_dask_ran_past_a_quota_leave_the_team_queue():
+    plugin = JobsPlugin(
+        policy="fair-share",
+        teams={"targets": {"a": 1, "b": 1}, "quotas": {"a": 1}, "half-life": None},
+    )
+    with dask.config.set(VALIDATE), cluster(plugin, threads=4) as cl, Client(cl) as c:
+        c.compute(mixed_graph({"a": 40, "b": 2}, 0.01), sync=True)
+        rows = settled_teams(c)
+        port = cl.scheduler.http_server.port
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    assert rows["a"]["queued"] == 0 and rows["b"]["queued"] == 0
+    assert 'dask_daskjobs_team_queued_tasks{team="a"} 0.0' in text
+
+
+def test_a_failing_hook_leaves_the_accounting_reconciled():
+    plugin = JobsPlugin(policy="fair-share", teams={"targets": {"a": 1, "b": 1}, "half-life": None})
+    with dask.config.set(VALIDATE), cluster(plugin, threads=2) as cl, Client(cl) as c:
+        fair = cl.scheduler.plugins["daskjobs"].fair
+        original = fair.started
+        calls = {"n": 0}
+
+        def flaky_started(attempt, now):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected failure in a hook")
+            return original(attempt, now)
+
+        fair.started = flaky_started
+        c.compute(mixed_graph({"a": 10, "b": 10}, 0.02), sync=True)
+        rows = settled_teams(c)
+        st = status(c)
+    assert st["errors"].get("transition", 0) >= 1  # the failure was counted and logged
+    assert rows["a"]["running"] == 0 and rows["b"]["running"] == 0
+    assert rows["a"]["queued"] == 0 and rows["b"]["queued"] == 0
+
+
+def test_a_graph_is_ranked_entirely_or_not_at_all_and_the_warning_names_the_task(caplog):
+    plugin = JobsPlugin(policy="lpt")
+    parts = [dask.delayed(job)("a", i, 0.01, dask_key_name=f"r-{i}") for i in range(6)]
+    with dask.config.set(VALIDATE), cluster(plugin, threads=1) as cl, Client(cl) as c:
+        policy = cl.scheduler.plugins["daskjobs"].policy
+        original = policy.key
+
+        def key(v):
+            if v.tid == "r-3":
+                raise RuntimeError("injected failure ranking one task")
+            return original(v)
+
+        policy.key = key
+        with caplog.at_level("WARNING", logger="daskjobs.plugin"):
+            fut = c.compute(parts)
+            c.gather(fut)
+            prios = c.run_on_scheduler(
+                lambda dask_scheduler: {
+                    k: list(dask_scheduler.tasks[k].priority)
+                    for k in (f"r-{i}" for i in range(6))
+                    if k in dask_scheduler.tasks
+                }
+            )
+    assert {len(p) for p in prios.values()} == {3}  # dask's own order for the whole graph
+    warned = [r.getMessage() for r in caplog.records if "rank" in r.getMessage()]
+    assert warned and all("r-3" in m for m in warned), warned

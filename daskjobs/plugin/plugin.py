@@ -112,6 +112,14 @@ class UnknownTeam(ValueError):
     """A task's team has no target while teams are strict."""
 
 
+class _RankFailed(Exception):
+    """Ranking a graph failed on ``key``: the graph keeps dask's own order."""
+
+    def __init__(self, key: Hashable, what: str = "") -> None:
+        super().__init__(what or key)
+        self.key = key
+
+
 @dataclass(frozen=True, slots=True)
 class LiveTask:
     """A ``TaskState`` as the policies see it (a :class:`~daskjobs.policies.TaskView`)."""
@@ -235,6 +243,7 @@ class JobsPlugin(SchedulerPlugin):
         self.estimate_sources = {"annotation": 0, "history": 0, "default": 0}
         self.recorder: TraceRecorder | None = None
         self._rec_running: dict[Hashable, str | None] = {}  # key -> worker, while processing
+        self._reconcile_pending = False
 
     # -- pickling: only the configuration travels -------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -403,6 +412,8 @@ class JobsPlugin(SchedulerPlugin):
             return
         try:
             self._rank_new(new)
+        except _RankFailed as e:  # dask's own order for the whole graph
+            self._failed("rank", e.key)
         except (BadEstimate, UnknownTeam) as e:
             # the client's own input: fail its submission, naming the problem
             for ts in new:
@@ -417,17 +428,39 @@ class JobsPlugin(SchedulerPlugin):
             self._failed("rank", new[0].key)
 
     def _rank_new(self, new: list[Any]) -> None:
+        """Rank a new graph entirely or not at all: every view and key is computed
+        before any priority changes; a failure names the task it failed on."""
         policy = self.policy
         assert policy is not None
         now = time.time()
         new.sort(key=lambda ts: ts.priority[2])  # dask.order: dependencies first
-        views = [self._view(ts, now) for ts in new]
-        policy.add_graph(views)
+        views = []
+        for ts in new:
+            try:
+                views.append(self._view(ts, now))
+            except (BadEstimate, UnknownTeam):
+                raise
+            except Exception as e:
+                raise _RankFailed(ts.key) from e
+        try:
+            policy.add_graph(views)
+            if self.fair is not None:
+                self.fair.add_graph(views)  # every team known from its first task
+        except Exception as e:
+            raise _RankFailed(new[0].key, "the graph") from e
         key = policy.key if self.popper is None else self._held_key
-        sources = {"annotation": 0, "history": 0, "default": 0}
+        ranks = []
         for ts, v in zip(new, views, strict=True):
+            try:
+                ranks.append(float(key(v)))
+            except Exception as e:
+                for w in views:
+                    policy.forget(w.tid)
+                raise _RankFailed(ts.key) from e
+        sources = {"annotation": 0, "history": 0, "default": 0}
+        for ts, v, rank in zip(new, views, ranks, strict=True):
             p = ts.priority
-            ts.priority = (p[0], float(key(v)), p[1], p[2])
+            ts.priority = (p[0], rank, p[1], p[2])
             self.tasks[ts.key] = v
             sources[v.source] += 1
         self.ranked_graphs += 1
@@ -551,17 +584,19 @@ class JobsPlugin(SchedulerPlugin):
             fair.push(v)
             self._held.add(key)
         elif start == "queued":
-            self._held.discard(key)
             if key == self._released:
                 self._released = None
+            elif key in self._held:  # dask ran or dropped it without our release
+                fair.discard(v)
+            self._held.discard(key)
         slot_opened: Any = None
         if finish == "processing":
             ts = self.scheduler.tasks.get(key)
             ws = ts.processing_on if ts is not None else None
             node = self._node(ws.address) if ws else -1
             att = LiveAttempt(v, node, now)
-            self._attempts[key] = att
             fair.started(att, now)
+            self._attempts[key] = att  # only once the policy counted it
         elif start == "processing":
             ended = self._attempts.pop(key, None)
             if ended is not None:
@@ -579,6 +614,44 @@ class JobsPlugin(SchedulerPlugin):
             idle = self.scheduler.idle_task_count
             if slot_opened is not None or idle:
                 self._release(self._slot_view(slot_opened, idle))
+
+    def _schedule_reconcile(self) -> None:
+        """After a failed hook: rebuild the held set, the running attempts and the
+        policy's books from the scheduler's state, once, outside the transition."""
+        if self._reconcile_pending:
+            return
+        self._reconcile_pending = True
+        asyncio.get_running_loop().call_soon(self._guard("reconcile", self._reconcile))
+
+    def _reconcile(self) -> None:
+        """O(processing + queued log queued); runs only after a failure."""
+        self._reconcile_pending = False
+        sched = self.scheduler
+        now = time.time()
+        running: dict[str, int] = {}
+        attempts: dict[Hashable, LiveAttempt] = {}
+        for ws in sched.workers.values():
+            for ts in ws.processing:
+                v = self.tasks.get(ts.key)
+                if v is None:
+                    continue
+                running[v.team] = running.get(v.team, 0) + v.cores
+                old = self._attempts.get(ts.key)
+                attempts[ts.key] = old or LiveAttempt(v, self._node(ws.address), now)
+        self._attempts = attempts
+        if self._released is not None:
+            rts = sched.tasks.get(self._released)
+            if rts is None or rts.state != "queued":
+                self._released = None
+        queued = sorted(
+            (ts for ts in sched.queued if ts.key in self.tasks and ts.key != self._released),
+            key=lambda ts: ts.priority,
+        )
+        held = [self.tasks[ts.key] for ts in queued]
+        self._held = {v.tid for v in held}
+        if self.fair is not None:
+            self.fair.reconcile(running, held, now)
+        self._event("reconciled", running=running, held=len(held))
 
     # -- per-transition hook: O(1) ------------------------------------------------------
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -607,7 +680,11 @@ class JobsPlugin(SchedulerPlugin):
                     if v.source != "default" and v.estimate > 0:
                         self._learn_speed(v, kwargs.get("worker"), seconds)
             if self.popper is not None:
-                self._fair_transition(key, start, finish)
+                try:
+                    self._fair_transition(key, start, finish)
+                except Exception:
+                    self._failed("transition", key)
+                    self._schedule_reconcile()
             if finish == "forgotten":
                 self.tasks.pop(key, None)
                 if self.policy is not None:

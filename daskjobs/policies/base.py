@@ -141,6 +141,12 @@ class Policy:
         ``attempt.node`` changed enough that deadlines on it should be re-judged."""
         return False
 
+    def discard(self, task: TaskView) -> None:
+        """``task`` was pushed and left the queue without being popped (the live
+        scheduler ran or dropped it). Policies whose queue counts are reported
+        (fair share) drop its entry; the default keeps it, and a driver skips a
+        popped task it no longer holds."""
+
     def forget(self, tid: Hashable) -> None:
         """``tid`` is gone for good (the live scheduler forgot it): drop its state."""
 

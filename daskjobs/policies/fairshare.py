@@ -21,6 +21,13 @@ Usage comes in two flavours:
 Quotas (``quotas={team: max_cores}``) cap the cores a team may hold at once;
 they hold even while the rest of the cluster idles, as a quota should.
 
+Live bookkeeping: a team is known from its first task, whichever call sees it
+first (``add_graph``, ``push``, ``started``), so usage and running counts are
+right by construction; :meth:`FairShare.discard` drops a queued task that left
+without being popped (the live scheduler ran or dropped it), lazily, in O(1);
+:meth:`FairShare.reconcile` resets running counts and queues from the
+scheduler's state after a driver failed to report something.
+
 Starvation: every target is positive and usage of an idle team only decays, so
 a team with queued work is served once every busier team's usage per share
 rises above its own, which happens within one task length of each running
@@ -33,7 +40,7 @@ over tasks). Ties between teams: the order of ``targets``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from daskjobs.policies.base import AttemptView, HeapPolicy, NodeView, Policy, TaskView
@@ -102,6 +109,8 @@ class FairShare(Policy):
         self._stamp: dict[str, float] = {}
         self._lambda = math.log(2) / half_life if half_life else 0.0
         self._n = 0
+        # team -> ids discarded while still in the team's queue (dropped when they surface)
+        self._gone: dict[str, set[Hashable]] = {}
         for team in targets:
             self._add_team(team, targets[team])
 
@@ -154,7 +163,7 @@ class FairShare(Policy):
         return self._running[team]
 
     def queued(self, team: str) -> int:
-        return len(self._queues[team])
+        return len(self._queues[team]) - len(self._gone.get(team, ()))
 
     # -- the policy interface ---------------------------------------------------
     def add_graph(self, tasks: Sequence[TaskView]) -> None:
@@ -164,6 +173,28 @@ class FairShare(Policy):
     def push(self, task: TaskView) -> None:
         self._queues[self._team_of(task)].push(task)
         self._n += 1
+
+    def discard(self, task: TaskView) -> None:
+        """``task`` (pushed, not popped) left the queue some other way: the live
+        scheduler ran it (a quota's idle slots) or dropped it. O(1): its entry is
+        skipped when it reaches the head of its team's queue."""
+        team = task.team
+        if team not in self._queues:
+            return
+        gone = self._gone.setdefault(team, set())
+        if task.tid not in gone:
+            gone.add(task.tid)
+            self._n -= 1
+
+    def _head(self, team: str, free: int) -> TaskView | None:
+        q = self._queues[team]
+        head = q.peek(free)
+        gone = self._gone.get(team)
+        while head is not None and gone and head.tid in gone:
+            q.pop(_Free(free), 0.0)  # a discarded entry surfaced: drop it now
+            gone.discard(head.tid)
+            head = q.peek(free)
+        return head
 
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
@@ -175,7 +206,7 @@ class FairShare(Policy):
             if not q:
                 continue
             quota = self.quotas.get(team)
-            head = q.peek(node.free)
+            head = self._head(team, node.free)
             if head is None:
                 continue
             if quota is not None and self._running[team] + head.cores > quota:
@@ -189,17 +220,35 @@ class FairShare(Policy):
         return self._queues[best_team].pop(node, now)
 
     def started(self, attempt: AttemptView, now: float) -> None:
-        team = attempt.task.team
+        team = self._team_of(attempt.task)
         if self.half_life is not None:
             self._advance(team, now)
         self._running[team] += attempt.task.cores
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
-        team = attempt.task.team
+        team = self._team_of(attempt.task)
         if self.half_life is not None:
             self._advance(team, now)
-        self._running[team] -= attempt.task.cores
+        self._running[team] = max(self._running[team] - attempt.task.cores, 0)
         return False
+
+    def reconcile(self, running: Mapping[str, int], queued: Sequence[TaskView], now: float) -> None:
+        """Reset from the driver's ground truth: cores each team holds now and the
+        tasks waiting (in order). Usage integrated so far is kept. O(T + n log n)."""
+        for team in list(running):
+            if team not in self._queues:
+                self._team_of(_TeamOnly(team))
+        for t in queued:
+            self._team_of(t)
+        for team in self._teams:
+            if self.half_life is not None:
+                self._advance(team, now)
+            self._running[team] = int(running.get(team, 0))
+            self._queues[team] = _INNER[self.within]()
+        self._gone.clear()
+        self._n = 0
+        for t in queued:
+            self.push(t)
 
     def __len__(self) -> int:
         return self._n
@@ -212,3 +261,28 @@ class FairShare(Policy):
             "half_life": self.half_life,
             "quotas": dict(self.quotas),
         }
+
+
+class _Free:
+    """A node view with ``free`` slots (to drop a discarded queue head)."""
+
+    __slots__ = ("free",)
+    index = -1
+    cores = 1 << 30
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+
+
+class _TeamOnly:
+    """A task view that only names a team (for :meth:`FairShare.reconcile`)."""
+
+    __slots__ = ("team",)
+    tid = None
+    estimate = 0.0
+    cores = 1
+    submit = 0.0
+    deps = ()
+
+    def __init__(self, team: str) -> None:
+        self.team = team
