@@ -21,6 +21,9 @@ What is used, and why (see docs/plugin.md and the research notes):
   is about to be filled.
 * ``TaskState.annotations``, ``.dependencies``, ``.key``, ``.prefix.name``,
   ``.state``, ``.group`` - read only.
+* ``Scheduler.stream_handlers["log-event"]`` - wrapped (and passed through) so that
+  the start reporter's events are read with the address of the worker stream they
+  came on; a client's ``log_event`` on the same topic is not taken for one.
 
 Backup copies (:mod:`daskjobs.plugin.speculation`) are ordinary dask tasks, so
 that the scheduler's own state knows about them: their inputs are pinned on
@@ -78,6 +81,7 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "periodic_callbacks": "periodic history saves",
     "queued": "fair share: promote the task the policy chose to the head of the queue",
     "idle_task_count": "fair share: are slots free right now?",
+    "stream_handlers": "start reports read from the workers' own streams ('log-event')",
     "new_task": "speculation: a backup copy is a task of its own",
     "client_desires_keys": "speculation: the copies client wants a running copy",
     "client_releases_keys": "speculation: a settled copy is no longer wanted",

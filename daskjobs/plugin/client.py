@@ -33,11 +33,19 @@ _NOT_LOADED = (
 )
 
 
+_REMOVED = (
+    "the daskjobs plugin was removed from this scheduler (unregistered); register it "
+    "again with client.register_plugin(daskjobs.JobsPlugin()) to use it"
+)
+
+
 def _call(client: Any, handler: str, **kwargs: Any) -> Any:
     # a scheduler without the handler answers None (and logs the unknown operation)
     result = client.sync(getattr(client.scheduler, handler), **kwargs)
     if result is None:
         raise RuntimeError(_NOT_LOADED)
+    if isinstance(result, dict) and result.get("daskjobs") == "removed":
+        raise RuntimeError(_REMOVED)
     return result
 
 

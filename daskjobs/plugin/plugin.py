@@ -106,6 +106,7 @@ __all__ = ["JobsPlugin", "UnknownTeam"]
 logger = logging.getLogger("daskjobs.plugin")
 
 EVENT_TOPIC = "daskjobs"
+_WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC)
 
 
 class UnknownTeam(ValueError):
@@ -167,6 +168,9 @@ class _Slot:
     def __init__(self, index: int) -> None:
         self.index = index
 
+
+#: What the RPC handlers answer once the plugin was unregistered (dask keeps handlers).
+_REMOVED = {"daskjobs": "removed"}
 
 _RELEASED = -1e12  # released tasks sort before every held one (held keys are within +-1e11)
 _OUTCOME = {"memory": "done", "erred": "failed"}
@@ -244,6 +248,8 @@ class JobsPlugin(SchedulerPlugin):
         self.recorder: TraceRecorder | None = None
         self._rec_running: dict[Hashable, str | None] = {}  # key -> worker, while processing
         self._reconcile_pending = False
+        # the scheduler's "log-event" stream handler and the plugin's wrapper of it
+        self._log_event_original: tuple[Any, Any] | None = None
 
     # -- pickling: only the configuration travels -------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -300,6 +306,7 @@ class JobsPlugin(SchedulerPlugin):
         scheduler.handlers["daskjobs_explain"] = self._rpc_explain
         scheduler.handlers["daskjobs_status"] = self._rpc_status
         scheduler.handlers["daskjobs_record"] = self._rpc_record
+        self._install_worker_reports(scheduler)
         if s.history_path:
             from tornado.ioloop import PeriodicCallback
 
@@ -357,6 +364,7 @@ class JobsPlugin(SchedulerPlugin):
                 pc.stop()
         if sched is not None:
             uninstall_metrics(sched, self)
+            self._uninstall_worker_reports(sched)
 
     def _save_history(self) -> None:
         if self.estimator is not None and self.estimator.dirty:
@@ -380,12 +388,80 @@ class JobsPlugin(SchedulerPlugin):
         return guarded
 
     def _event(self, action: str, **msg: Any) -> None:
+        """An audit record: kept for explain/status, written to the trace while
+        recording, and published on dask's ``daskjobs`` topic for subscribers. The
+        trace and ``self.events`` take records from here only, never from the topic
+        (which any client may write to)."""
         msg = {"action": action, **msg}
-        self.events.append({"time": time.time(), **msg})
+        now = time.time()
+        self.events.append({"time": now, **msg})
+        rec = self.recorder
+        if rec is not None:
+            try:
+                rec.emit({"type": "event", "time": now, "event": dict(msg)})
+            except Exception:
+                self._failed("record")
         try:
             self.scheduler.log_event(EVENT_TOPIC, msg)
         except Exception:
             self._failed("log_event")
+
+    def _registered(self) -> bool:
+        sched = self.scheduler
+        return sched is not None and any(p is self for p in sched.plugins.values())
+
+    # -- reports from the plugin's own worker plugin ---------------------------------
+    def _install_worker_reports(self, scheduler: Any) -> None:
+        """Take the start reporter's events from the workers' own streams.
+
+        A worker's ``log_event`` arrives on its batched stream as a ``log-event``
+        message, handled with the worker's address (which a client cannot claim);
+        a client's ``log_event`` arrives as an RPC. The plugin reads its worker
+        topics here, before dask publishes them, and ignores them on the public
+        topic, so a client cannot forge a start or a returned thread.
+        """
+        original = scheduler.stream_handlers["log-event"]
+
+        def log_event_from_worker(worker: str, topic: Any, msg: Any, **kwargs: Any) -> Any:
+            if topic in _WORKER_TOPICS and isinstance(msg, dict):
+                if self._registered():
+                    try:
+                        self._worker_report(worker, topic, msg)
+                    except Exception:
+                        self._failed("worker-report", msg.get("key"))
+                elif scheduler.stream_handlers.get("log-event") is log_event_from_worker:
+                    scheduler.stream_handlers["log-event"] = original  # step aside
+            return original(worker=worker, topic=topic, msg=msg, **kwargs)
+
+        scheduler.stream_handlers["log-event"] = log_event_from_worker
+        self._log_event_original = (original, log_event_from_worker)
+
+    def _uninstall_worker_reports(self, scheduler: Any) -> None:
+        pair = getattr(self, "_log_event_original", None)
+        if pair is not None and scheduler.stream_handlers.get("log-event") is pair[1]:
+            scheduler.stream_handlers["log-event"] = pair[0]
+        self._log_event_original = None
+
+    def _worker_report(self, worker: str, topic: str, msg: dict[str, Any]) -> None:
+        key = msg.get("key")
+        started_as: Any = key
+        if self.speculator is not None:
+            if topic == STARTED_TOPIC:
+                started_as = self.speculator.started(key, worker, msg.get("run_id"))
+            else:
+                self.speculator.returned(key, worker)
+        rec = self.recorder
+        if rec is not None and topic == STARTED_TOPIC and started_as is not None:
+            rec.emit(
+                {
+                    "type": "started",
+                    "time": time.time(),
+                    "key": started_as,
+                    "worker": worker,
+                    "run_id": msg.get("run_id"),
+                    "worker_time": msg.get("time"),
+                }
+            )
 
     # -- ranking a new graph ----------------------------------------------------------
     def _view(self, ts: Any, now: float) -> LiveTask:
@@ -796,11 +872,15 @@ class JobsPlugin(SchedulerPlugin):
         }
 
     def _rpc_explain(self, key: Any = None) -> dict[str, Any]:
+        if not self._registered():
+            return _REMOVED
         if isinstance(key, list):  # tuple keys arrive as lists over msgpack
             key = tuple(key)
         return self.explain(key)
 
     def _rpc_status(self) -> dict[str, Any]:
+        if not self._registered():
+            return _REMOVED
         return self.status()
 
     # -- recording (docs/trace.md) ------------------------------------------------------
@@ -846,6 +926,8 @@ class JobsPlugin(SchedulerPlugin):
         return rec.stats()
 
     async def _rpc_record(self, action: str = "status", path: Any = None) -> dict[str, Any]:
+        if not self._registered():
+            return _REMOVED
         if action == "start":
             if not path:
                 raise ValueError("daskjobs.record: give the path of the trace file to write")
@@ -995,38 +1077,6 @@ class JobsPlugin(SchedulerPlugin):
             )
         except Exception:
             self._failed("record", worker)
-
-    def log_event(self, topic: str, msg: Any) -> None:
-        started_as = msg.get("key") if isinstance(msg, dict) else None
-        if self.speculator is not None and isinstance(msg, dict):
-            try:
-                if topic == STARTED_TOPIC:
-                    started_as = self.speculator.started(
-                        msg.get("key"), msg.get("worker"), msg.get("run_id")
-                    )
-                elif topic == RETURNED_TOPIC:
-                    self.speculator.returned(msg.get("key"), msg.get("worker"))
-            except Exception:
-                self._failed("speculation", msg.get("key"))
-        rec = self.recorder
-        if rec is None:
-            return
-        try:
-            if topic == STARTED_TOPIC and isinstance(msg, dict) and started_as is not None:
-                rec.emit(
-                    {
-                        "type": "started",
-                        "time": time.time(),
-                        "key": started_as,
-                        "worker": msg.get("worker"),
-                        "run_id": msg.get("run_id"),
-                        "worker_time": msg.get("time"),
-                    }
-                )
-            elif topic == EVENT_TOPIC and isinstance(msg, dict):
-                rec.emit({"type": "event", "time": time.time(), "event": dict(msg)})
-        except Exception:
-            self._failed("record", topic)
 
 
 def ranked(tasks: Sequence[LiveTask]) -> list[Hashable]:
