@@ -106,3 +106,72 @@ def test_cache_help_does_not_import_dask(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
     )
     assert out.stdout.strip() == "False"
+
+
+# -- faults: looks that must not touch, bad paths, read-only stores ---------------------------
+
+
+def _corrupt(store: ResultStore) -> None:
+    """An unreadable manifest (features-1) and a truncated payload (backtest-1)."""
+    (Path(store.root) / "entries" / "features-1.json").write_text('{"key": "features-1", "nb')
+    path = Path(store.root) / store.info("backtest-1").payload
+    path.write_bytes(path.read_bytes()[:-5])
+
+
+def test_ls_and_gc_dry_run_never_change_the_store(store: ResultStore, tmp_path: Path) -> None:
+    from test_store import snapshot
+
+    _corrupt(store)
+    before = snapshot(tmp_path)
+    code, out = invoke("cache", "ls", "--store", store.url)
+    assert code == 0 and "backtest-2" in out
+    assert "1 entry has an unreadable manifest" in out and "daskjobs cache verify" in out
+    code, out = invoke("cache", "ls", "--store", store.url, "--json")
+    assert code == 0 and json.loads(out)["unreadable"] == ["features-1"]
+    code, out = invoke(
+        "cache", "gc", "--store", store.url, "--older-than", "0", "--dry-run", "--json"
+    )
+    assert code == 0 and sorted(json.loads(out)["removed"]) == ["backtest-1", "backtest-2"]
+    code, out = invoke("cache", "verify", "--store", store.url, "--keep")
+    assert code == 1 and "corrupt: features-1 (kept)" in out
+    assert snapshot(tmp_path) == before
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    """Exit code and all output; an uncaught exception (a traceback) fails the test."""
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("command", [["ls"], ["info", "k-1"], ["gc"], ["verify"]])
+def test_a_store_path_that_is_a_file_or_missing_is_a_clear_error(
+    tmp_path: Path, command: list[str]
+) -> None:
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a store")
+    code, out = run_cli("cache", *command, "--store", str(afile))
+    assert code == 1 and f"{afile} is a file, not a store directory" in out
+    missing = tmp_path / "no-such-store"
+    code, out = run_cli("cache", *command, "--store", str(missing))
+    assert code == 1 and f"no store at {missing}: the directory does not exist" in out
+    assert not missing.exists()
+
+
+def test_a_read_only_store_is_listed_and_refuses_removal_clearly(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    from test_store import read_only, snapshot
+
+    path = Path(store.root) / store.info("backtest-1").payload
+    path.write_bytes(path.read_bytes()[:-5])
+    before = snapshot(tmp_path)
+    with read_only(tmp_path / "store"):
+        code, out = run_cli("cache", "ls", "--store", store.url)
+        assert code == 0 and "3 entries" in out
+        code, out = run_cli("cache", "verify", "--store", store.url)
+        assert code == 1 and "corrupt: backtest-1 (could not remove:" in out
+        code, out = run_cli("cache", "gc", "--store", store.url, "--older-than", "0")
+        assert code == 1 and "cannot remove entries from" in out and "read-only" in out
+        code, out = run_cli("cache", "gc", "--store", store.url, "--older-than", "0", "--dry-run")
+        assert code == 0 and "would remove 3 entries" in out
+    assert snapshot(tmp_path) == before

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
 import os
 import pickle
+import stat
 import subprocess
 import sys
 import threading
@@ -22,9 +24,50 @@ import pytest
 from daskjobs.cache.store import (
     CorruptEntryError,
     ResultStore,
+    StoreAccessError,
     default_store_url,
     serialize,
 )
+
+
+def _writable(directory: Path) -> bool:
+    probe = directory / f".probe-{uuid.uuid4().hex}"
+    try:
+        probe.write_bytes(b"")
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+@contextlib.contextmanager
+def read_only(root: Path) -> Iterator[None]:
+    """Make the tree under ``root`` read-only for every process, root included.
+
+    Permission bits are enough for an ordinary user; root ignores them, so as root the
+    tree is also made immutable (``chattr +i``), which binds root too.
+    """
+    paths = [root, *root.rglob("*")]
+    modes = {p: p.stat().st_mode for p in paths}
+    for p in paths:
+        p.chmod(stat.S_IMODE(modes[p]) & ~0o222)
+    immutable = False
+    try:
+        if _writable(root):
+            subprocess.run(["chattr", "-R", "+i", str(root)], check=True)
+            immutable = True
+        assert not _writable(root), f"could not make {root} read-only"
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-R", "-i", str(root)], check=True)
+        for p in paths:
+            p.chmod(stat.S_IMODE(modes[p]))
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` and its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -208,8 +251,9 @@ def test_verify_finds_and_removes_corrupt_entries(store: ResultStore) -> None:
     assert report.corrupt == ("v-1",) and report.ok == ("v-0", "v-2")
     assert store.contains("v-1")
     report = store.verify()
-    assert report.corrupt == ("v-1",)
+    assert report.corrupt == ("v-1",) and report.not_removed == {}
     assert store.keys() == ["v-0", "v-2"]
+    assert payload_files(store, "v-1") == []  # the corrupt payload went with its manifest
 
 
 def test_gc_by_age_and_by_size(store: ResultStore) -> None:
@@ -276,3 +320,96 @@ def test_manifest_is_json_with_the_documented_fields(tmp_path: Path) -> None:
         "payload",
     } <= set(manifest)
     assert manifest["params"] == {"a": [1, 2]}
+
+
+# -- faults: huge sizes, looks that must not touch, read-only stores --------------------------
+
+
+def _edit_manifest(store: ResultStore, key: str, **fields: object) -> None:
+    path = f"{store.root}/entries/{key}.json"
+    data = json.loads(store.fs.cat_file(path))
+    data.update(fields)
+    store.fs.pipe_file(path, json.dumps(data).encode())
+
+
+@pytest.mark.parametrize("nbytes", [10**15, 2**62, -5])
+def test_absurd_size_in_a_manifest_is_corruption_not_an_allocation(
+    store: ResultStore, nbytes: int
+) -> None:
+    store.put("huge-1", list(range(100)))
+    store.put("fine-1", "fine")
+    _edit_manifest(store, "huge-1", nbytes=nbytes)
+    report = store.verify(remove=False)  # MemoryError before the fix
+    assert report.corrupt == ("huge-1",) and report.ok == ("fine-1",)
+    with pytest.raises(CorruptEntryError):
+        store.get("huge-1")
+    assert store.get("fine-1") == "fine"
+
+
+def test_a_payload_path_outside_the_entry_is_corrupt_and_never_read(
+    tmp_path: Path,
+) -> None:
+    store = ResultStore(tmp_path / "store")
+    store.put("esc-1", 1)
+    secret = tmp_path / "outside.bin"
+    secret.write_bytes(b"not yours")
+    _edit_manifest(store, "esc-1", payload="../../outside.bin", nbytes=9)
+    with pytest.raises(CorruptEntryError):
+        store.get("esc-1")
+    assert secret.read_bytes() == b"not yours"  # removing the entry left it alone
+
+
+def test_looking_never_changes_the_store(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path / "store")
+    for i in range(3):
+        store.put(f"l-{i}", list(range(10 + i)))
+    store.fs.pipe_file(f"{store.root}/entries/l-0.json", b'{"key": "l-0", "nb')  # unreadable
+    payload = Path(store.root) / store.info("l-1").payload
+    payload.write_bytes(payload.read_bytes()[:-3])  # truncated
+    _edit_manifest(store, "l-2", nbytes=10**15)  # absurd
+    before = snapshot(tmp_path)
+
+    assert [e.key for e in store.ls()] == ["l-1", "l-2"]  # l-0's manifest cannot be read
+    with pytest.raises(CorruptEntryError):
+        store.info("l-0")
+    dry = store.gc(older_than=0, max_bytes=0, dry_run=True, now=time.time() + 10 * 3600)
+    assert set(dry.removed) == {"l-1", "l-2"} and dry.dry_run
+    assert set(store.verify(remove=False).corrupt) == {"l-0", "l-1", "l-2"}
+    assert snapshot(tmp_path) == before
+
+
+def test_a_corrupt_entry_in_a_read_only_store_is_a_miss_left_in_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ResultStore(tmp_path / "store")
+    store.put("ro-1", np.arange(1000))
+    store.put("ro-2", "sound")
+    payload = Path(store.root) / store.info("ro-1").payload
+    data = bytearray(payload.read_bytes())
+    data[-1] ^= 0xFF
+    payload.write_bytes(bytes(data))
+    before = snapshot(tmp_path)
+    with read_only(tmp_path / "store"), caplog.at_level(logging.WARNING, "daskjobs.cache"):
+        with pytest.raises(CorruptEntryError):  # a miss, not a PermissionError
+            store.get("ro-1")
+        assert store.get("ro-2") == "sound"
+        assert "could not remove corrupt entry ro-1" in caplog.text
+        report = store.verify()
+        assert report.corrupt == ("ro-1",) and set(report.not_removed) == {"ro-1"}
+        with pytest.raises(StoreAccessError, match=r"cannot remove entries from .*store"):
+            store.gc(older_than=0)
+        with pytest.raises(StoreAccessError, match=r"cannot write to .*store"):
+            store.put("ro-3", 3)
+    assert snapshot(tmp_path) == before
+
+
+def test_removing_an_entry_spares_a_new_payload_of_the_same_key(tmp_path: Path) -> None:
+    """gc removing an entry while a writer recomputes the same key must not delete the
+    writer's fresh payload (the new entry would point at nothing)."""
+    store = ResultStore(tmp_path / "store")
+    store.put("re-1", "old")
+    fresh = Path(store.root) / "data" / "re-1" / "fresh-writer.bin"
+    fresh.write_bytes(b"being written")  # a concurrent writer's payload, not committed yet
+    assert store.delete("re-1") is True
+    assert fresh.read_bytes() == b"being written"
+    assert not store.contains("re-1")

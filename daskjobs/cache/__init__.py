@@ -22,6 +22,7 @@ _LAZY = {
     "EntryInfo": "daskjobs.cache.store",
     "GCReport": "daskjobs.cache.store",
     "ResultStore": "daskjobs.cache.store",
+    "StoreAccessError": "daskjobs.cache.store",
     "VerifyReport": "daskjobs.cache.store",
     "default_store_url": "daskjobs.cache.store",
 }

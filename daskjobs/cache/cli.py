@@ -5,12 +5,18 @@ total size (and abandoned uncommitted payloads), ``verify`` re-reads every paylo
 its checksum, removing the corrupt ones. Every subcommand takes ``--store URL`` (default:
 ``$DASKJOBS_STORE``, the dask config key ``daskjobs.store``, then ``./.daskjobs-cache``) and
 ``--json`` for one JSON object on stdout.
+
+``ls``, ``info``, ``gc --dry-run`` and ``verify --keep`` only look: they never change the store,
+whatever they find. A store path that is a file or does not exist, and a store that cannot be
+written, are one-line errors (exit status 1), never tracebacks.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -18,9 +24,26 @@ import click
 
 
 def _store(url: str | None) -> Any:
+    """The store at ``url``, checked: a path that is a file or missing is a usage error."""
     from daskjobs.cache.store import ResultStore
 
-    return ResultStore(url)
+    store = ResultStore(url)
+    with _errors():
+        store.check_location()
+    return store
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Filesystem errors (a read-only store, a path that is a file) as one-line messages."""
+    from daskjobs.cache.store import StoreAccessError
+
+    try:
+        yield
+    except StoreAccessError as err:
+        raise click.ClickException(str(err)) from None
+    except OSError as err:
+        raise click.ClickException(f"{type(err).__name__}: {err}") from None
 
 
 store_option = click.option(
@@ -58,12 +81,19 @@ def cache() -> None:
 @click.option("--stage", default=None, metavar="NAME", help="Only entries of this stage.")
 @json_option
 def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
-    """List the entries of a store, oldest first."""
+    """List the entries of a store, oldest first (changes nothing, even if some are corrupt)."""
     store = _store(url)
-    entries = [e for e in store.ls() if stage is None or e.stage == stage]
+    with _errors():
+        found, unreadable = store.scan()
+    entries = [e for e in found if stage is None or e.stage == stage]
     total = sum(e.nbytes for e in entries)
     if as_json:
-        out = {"store": store.url, "entries": [asdict(e) for e in entries], "bytes": total}
+        out = {
+            "store": store.url,
+            "entries": [asdict(e) for e in entries],
+            "bytes": total,
+            "unreadable": unreadable,
+        }
         click.echo(json.dumps(out, default=str))
         return
     now = time.time()
@@ -74,6 +104,12 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
             f"{e.compute_seconds:>8.2f}s  {e.writer}"
         )
     click.echo(f"{len(entries)} entries, {_size(total)} in {store.url}")
+    if unreadable:
+        n = len(unreadable)
+        click.echo(
+            f"{n} {'entry has' if n == 1 else 'entries have'} an unreadable manifest: "
+            f"{', '.join(unreadable)} (`daskjobs cache verify` checks and removes them)"
+        )
 
 
 @cache.command("info")
@@ -81,10 +117,17 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
 @store_option
 def info_command(key: str, url: str | None) -> None:
     """Print the manifest (metadata) of the entry stored under KEY, as JSON."""
+    from daskjobs.cache.store import CorruptEntryError
+
     store = _store(url)
     try:
-        info = store.info(key)
-    except KeyError:
+        with _errors():
+            info = store.info(key)
+    except CorruptEntryError as err:
+        raise click.ClickException(
+            f"entry {key!r} in store {store.url} is corrupt: {err.reason}"
+        ) from None
+    except (KeyError, ValueError):
         raise click.ClickException(f"no entry {key!r} in store {store.url}") from None
     click.echo(json.dumps(info.to_json(), indent=2, sort_keys=True, default=str))
 
@@ -124,7 +167,8 @@ def gc_command(
             f"{max_size!r} is not a size (e.g. 10GB, 500MB)", param_hint="--max-size"
         ) from None
     store = _store(url)
-    report = store.gc(older_than=age, max_bytes=size, dry_run=dry_run)
+    with _errors():
+        report = store.gc(older_than=age, max_bytes=size, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps({"store": store.url, **asdict(report)}))
         return
@@ -148,13 +192,16 @@ def verify_command(url: str | None, keep: bool, as_json: bool) -> None:
     Exits with status 1 if any entry was corrupt.
     """
     store = _store(url)
-    report = store.verify(remove=not keep)
+    with _errors():
+        report = store.verify(remove=not keep)
     if as_json:
         click.echo(json.dumps({"store": store.url, **asdict(report)}))
     else:
         action = "kept" if keep else "removed"
         for key in report.corrupt:
-            click.echo(f"corrupt: {key} ({action})")
+            failure = report.not_removed.get(key)
+            done = action if failure is None else f"could not remove: {failure}"
+            click.echo(f"corrupt: {key} ({done})")
         click.echo(f"{len(report.ok)} entries ok, {len(report.corrupt)} corrupt in {store.url}")
     if report.corrupt:
         raise SystemExit(1)

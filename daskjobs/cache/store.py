@@ -23,14 +23,22 @@ Writing an entry
    there both leave complete entries and the later copy is the visible one.
 
 Until the manifest exists the entry does not exist, so a writer that dies between payload and
-commit leaves only an orphan payload, which :meth:`ResultStore.gc` removes later.
+commit leaves only an orphan payload, which :meth:`ResultStore.gc` removes later. Removing an
+entry removes its manifest, then only the payload that manifest names: a writer putting the same
+key again at that moment keeps its fresh payload.
 
 Reading an entry
 ----------------
-The manifest names the payload; the payload's checksum is recomputed on every read. A missing,
-truncated or altered payload, or an unreadable manifest, is logged as a warning, removed, and
-reported as a miss (:class:`CorruptEntryError`, a ``KeyError``), so the caller recomputes. A
-corrupt entry is never returned.
+The manifest names the payload; the payload's size is checked against the file before anything
+is allocated, and its checksum is recomputed on every read. A missing, truncated or altered
+payload, an absurd size or an unreadable manifest is logged as a warning, removed, and reported
+as a miss (:class:`CorruptEntryError`, a ``KeyError``), so the caller recomputes. A corrupt
+entry is never returned. In a store this process cannot write, the entry is left in place (with
+a warning) and is still a miss.
+
+Looking never changes the store: :meth:`ResultStore.info`, :meth:`~ResultStore.ls`,
+``verify(remove=False)`` and ``gc(dry_run=True)`` remove nothing, whatever they find. A store
+that cannot be written or listed raises :class:`StoreAccessError` (an ``OSError``) naming it.
 
 Trust
 -----
@@ -41,12 +49,14 @@ code in every process that reads from it: make a shared store writable only by p
 from __future__ import annotations
 
 import contextlib
+import errno
 import getpass
 import hashlib
 import json
 import logging
 import os
 import pickle
+import re
 import socket
 import struct
 import time
@@ -62,6 +72,7 @@ __all__ = [
     "EntryInfo",
     "GCReport",
     "ResultStore",
+    "StoreAccessError",
     "VerifyReport",
     "default_store_url",
 ]
@@ -76,8 +87,33 @@ _HEADER = struct.Struct("<4sIQ")  # magic, number of buffers, pickle length
 _ORPHAN_GRACE = 3600.0  # seconds before gc treats an uncommitted payload as abandoned
 
 
+_PAYLOAD_NAME = re.compile(r"[A-Za-z0-9_-]+\.bin")
+
+
 class CorruptEntryError(KeyError):
-    """A stored entry failed its checksum or could not be read; it has been removed."""
+    """A stored entry failed its checksum or could not be read: a miss, never a value.
+
+    ``reason`` says what is wrong. :meth:`ResultStore.get` removes the entry before raising;
+    if the store cannot be written, ``left`` says why it is still there (a new value cannot be
+    stored under the key until it is removed). Looking at it (``info``) removes nothing.
+    """
+
+    def __init__(self, key: str, reason: str = "", left: str | None = None) -> None:
+        super().__init__(key)
+        self.key = key
+        self.reason = reason
+        self.left = left
+
+
+class StoreAccessError(OSError):
+    """The store cannot be used as asked: its path is a file or missing, or it cannot be
+    written (read-only, full). The message names the store and the cause."""
+
+
+def _hint(err: BaseException) -> str:
+    if isinstance(err, PermissionError) or getattr(err, "errno", None) == errno.EROFS:
+        return " (the store is read-only here)"
+    return ""
 
 
 def default_store_url() -> str:
@@ -129,27 +165,41 @@ class EntryInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EntryInfo:
-        return cls(
+        """The manifest's fields; ``ValueError`` if one is missing, of the wrong type, or
+        impossible (a negative size, a payload outside ``data/<key>/``)."""
+        info = cls(
             key=str(data["key"]),
             stage=str(data["stage"]),
             params=dict(data["params"]),
             code_hash=str(data["code_hash"]),
             compute_seconds=float(data["compute_seconds"]),
-            nbytes=int(data["nbytes"]),
+            nbytes=data["nbytes"],
             created=float(data["created"]),
             writer=str(data["writer"]),
             checksum=str(data["checksum"]),
             payload=str(data["payload"]),
         )
+        if isinstance(info.nbytes, bool) or not isinstance(info.nbytes, int) or info.nbytes < 0:
+            raise ValueError(f"nbytes must be a whole number >= 0, got {info.nbytes!r}")
+        prefix = f"data/{info.key}/"
+        name = info.payload[len(prefix) :]
+        if not info.payload.startswith(prefix) or not _PAYLOAD_NAME.fullmatch(name):
+            raise ValueError(f"payload {info.payload!r} is not a file under {prefix}")
+        return info
 
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """What :meth:`ResultStore.verify` found: keys that passed and keys that failed."""
+    """What :meth:`ResultStore.verify` found: keys that passed and keys that failed.
+
+    ``removed`` says whether removal was asked for; ``not_removed`` maps the corrupt keys that
+    could not be removed (a read-only store) to the reason.
+    """
 
     ok: tuple[str, ...]
     corrupt: tuple[str, ...]
     removed: bool
+    not_removed: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -256,6 +306,7 @@ class ResultStore:
         self.url = url
         self.storage_options = dict(storage_options)
         self._fs: Any = None
+        self._base = ""
         self._root = ""
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -288,7 +339,8 @@ class ResultStore:
             from fsspec.core import url_to_fs
 
             fs, root = url_to_fs(self.url, **self.storage_options)
-            self._root = f"{root.rstrip('/')}/{_LAYOUT}"
+            self._base = root.rstrip("/")
+            self._root = f"{self._base}/{_LAYOUT}"
             self._fs = fs
         return self._fs
 
@@ -324,12 +376,31 @@ class ResultStore:
             return {k for k in wanted if self.contains(k)}
         return set(wanted) & set(self.keys())
 
+    def check_location(self) -> bool:
+        """Whether a store has been written at :attr:`url`.
+
+        ``False`` if the location exists (or, on an object store, may exist) but holds no
+        store yet; :class:`StoreAccessError` if it is a file or, on a local filesystem, does
+        not exist.
+        """
+        fs = self.fs
+        if fs.isfile(self._base) or fs.isfile(self._root):
+            where = self.url if fs.isfile(self._base) else self._root
+            raise StoreAccessError(f"{where} is a file, not a store directory")
+        if self._local and not fs.isdir(self._base):
+            raise StoreAccessError(f"no store at {self.url}: the directory does not exist")
+        return bool(fs.isdir(self._root))
+
     def keys(self) -> list[str]:
         """Keys of all committed entries."""
         try:
             names = self.fs.ls(f"{self.root}/entries", detail=False)
         except FileNotFoundError:
             return []
+        except OSError as err:  # e.g. the store's path is a file
+            raise StoreAccessError(
+                f"cannot list the daskjobs store {self.url}: {type(err).__name__}: {err}"
+            ) from err
         out = []
         for name in names:
             base = str(name).rstrip("/").rsplit("/", 1)[-1]
@@ -338,38 +409,28 @@ class ResultStore:
         return sorted(out)
 
     def info(self, key: str) -> EntryInfo:
-        """The manifest of ``key``; ``KeyError`` if absent, ``CorruptEntryError`` if unreadable."""
-        path = self._manifest_path(key)
-        try:
-            raw = self.fs.cat_file(path)
-        except FileNotFoundError:
-            raise KeyError(key) from None
-        try:
-            info = EntryInfo.from_json(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as err:
-            self._discard_corrupt(key, f"unreadable manifest ({err})")
-            raise CorruptEntryError(key) from err
-        if info.key != key:
-            self._discard_corrupt(key, f"manifest names key {info.key!r}")
-            raise CorruptEntryError(key)
+        """The manifest of ``key``; ``KeyError`` if absent, :class:`CorruptEntryError` if
+        unreadable (nothing is removed: looking never changes the store)."""
+        info, problem = self._manifest(key)
+        if info is None:
+            raise CorruptEntryError(key, problem or "unreadable manifest")
         return info
 
     def get(self, key: str) -> Any:
         """The value stored under ``key``.
 
         Raises ``KeyError`` if there is none, and :class:`CorruptEntryError` (a ``KeyError``)
-        if the entry fails its checksum; the corrupt entry is logged and removed first.
+        if the entry is corrupt; the corrupt entry is logged and removed first (or, if the
+        store cannot be written, logged and left in place).
         """
-        info = self.info(key)
-        try:
-            data, problem = self._read(f"{self.root}/{info.payload}", info.nbytes)
-        except FileNotFoundError:
-            problem = "payload missing"
-        if problem is None and _checksum(data) != info.checksum:
-            problem = "checksum mismatch"
-        if problem is not None:
-            self._discard_corrupt(key, problem)
-            raise CorruptEntryError(key)
+        info, problem = self._manifest(key)
+        data = None
+        if info is not None:
+            data, problem = self._payload(info)
+        if problem is not None or data is None:
+            problem = problem or "unreadable"
+            left = self._discard_corrupt(key, problem, info)
+            raise CorruptEntryError(key, problem, left)
         try:
             return deserialize(data)
         except Exception as err:
@@ -395,6 +456,24 @@ class ResultStore:
         removed and the existing entry is left untouched.
         """
         manifest = self._manifest_path(key)
+        try:
+            return self._put(manifest, key, value, stage, params, code_hash, compute_seconds)
+        except OSError as err:
+            raise StoreAccessError(
+                f"cannot write to the daskjobs store {self.url}: {type(err).__name__}: {err}"
+                f"{_hint(err)}"
+            ) from err
+
+    def _put(
+        self,
+        manifest: str,
+        key: str,
+        value: object,
+        stage: str,
+        params: Mapping[str, Any] | None,
+        code_hash: str,
+        compute_seconds: float,
+    ) -> bool:
         if self.fs.exists(manifest):
             return False
         chunks = serialize(value)
@@ -406,10 +485,16 @@ class ResultStore:
         nonce = uuid.uuid4().hex
         payload_rel = f"data/{key}/{nonce}.bin"
         payload = f"{self.root}/{payload_rel}"
-        self.fs.makedirs(f"{self.root}/data/{key}", exist_ok=True)
-        with self.fs.open(payload, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+        for attempt in (1, 2):
+            self.fs.makedirs(f"{self.root}/data/{key}", exist_ok=True)
+            try:
+                with self.fs.open(payload, "wb") as f:
+                    for chunk in chunks:
+                        f.write(chunk)
+                break
+            except FileNotFoundError:  # gc removed the emptied directory just now
+                if attempt == 2:
+                    raise
         info = EntryInfo(
             key=key,
             stage=stage,
@@ -430,42 +515,58 @@ class ResultStore:
         return won
 
     def delete(self, key: str) -> bool:
-        """Remove an entry (manifest first, so it stops being visible at once)."""
-        manifest = self._manifest_path(key)
+        """Remove an entry: its manifest first (so it stops being visible at once), then the
+        payload the manifest names. Other payload files under the key (a concurrent writer's,
+        or abandoned ones) are left for :meth:`gc`."""
         try:
-            self.fs.rm_file(manifest)
-            existed = True
-        except FileNotFoundError:
-            existed = False
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(f"{self.root}/data/{key}", recursive=True)
-        return existed
+            info, _ = self._manifest(key)
+        except KeyError:
+            return False
+        return self._delete(key, info)
 
     def ls(self) -> list[EntryInfo]:
-        """Manifests of all readable entries, oldest first."""
-        out = []
+        """Manifests of all readable entries, oldest first (see :meth:`scan`)."""
+        return self.scan()[0]
+
+    def scan(self) -> tuple[list[EntryInfo], list[str]]:
+        """Manifests of all readable entries, oldest first, and the keys whose manifest cannot
+        be read (left in place: ``verify`` removes them)."""
+        out, unreadable = [], []
         for key in self.keys():
-            with contextlib.suppress(KeyError):
-                out.append(self.info(key))
-        return sorted(out, key=lambda e: (e.created, e.key))
+            try:
+                info, _ = self._manifest(key)
+            except KeyError:  # removed since the listing
+                continue
+            if info is None:
+                unreadable.append(key)
+            else:
+                out.append(info)
+        return sorted(out, key=lambda e: (e.created, e.key)), unreadable
 
     def verify(self, keys: Iterable[str] | None = None, *, remove: bool = True) -> VerifyReport:
         """Re-read every entry (or ``keys``) and recompute its checksum.
 
-        Corrupt entries are removed unless ``remove=False``. Values are not unpickled.
+        Corrupt entries are removed unless ``remove=False``; those that cannot be removed (a
+        read-only store) are listed in :attr:`VerifyReport.not_removed`. Values are not
+        unpickled.
         """
         ok, bad = [], []
+        not_removed: dict[str, str] = {}
         for key in self.keys() if keys is None else keys:
-            problem = self._check(key)
+            info, problem = self._check(key)
             if problem is None:
                 ok.append(key)
                 continue
             bad.append(key)
             if remove:
-                self._discard_corrupt(key, problem)
+                failure = self._discard_corrupt(key, problem, info)
+                if failure is not None:
+                    not_removed[key] = failure
             else:
                 logger.warning("daskjobs store %s: entry %s is corrupt: %s", self.url, key, problem)
-        return VerifyReport(ok=tuple(ok), corrupt=tuple(bad), removed=remove)
+        return VerifyReport(
+            ok=tuple(ok), corrupt=tuple(bad), removed=remove, not_removed=not_removed
+        )
 
     def gc(
         self,
@@ -478,9 +579,13 @@ class ResultStore:
         """Remove entries created more than ``older_than`` seconds ago, then the oldest ones
         until the store holds at most ``max_bytes``; also removes abandoned uncommitted payloads
         (older than an hour) and stale temporary files.
+
+        ``dry_run`` reports and removes nothing. Entries whose manifest cannot be read are
+        left alone (``verify`` removes them). :class:`StoreAccessError` if the store cannot be
+        written (after removing what it could).
         """
         now = time.time() if now is None else now
-        entries = self.ls()
+        entries, unreadable = self.scan()
         reasons: dict[str, str] = {}
         if older_than is not None:
             for e in entries:
@@ -496,13 +601,25 @@ class ResultStore:
                     total -= e.nbytes
         removed = [e for e in entries if e.key in reasons]
         kept = [e for e in entries if e.key not in reasons]
-        orphans = self._orphans(now, {e.key: e.payload for e in kept})
+        # Payloads of listed entries are not orphans (those of removed ones go with them);
+        # an entry whose manifest cannot be read keeps all its files until verify removes it.
+        live = {e.key: e.payload for e in entries}
+        live.update(dict.fromkeys(unreadable, ""))
+        orphans = self._orphans(now, live)
         if not dry_run:
-            for e in removed:
-                self.delete(e.key)
-            for path in orphans:
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm(path, recursive=True)
+            done = 0
+            try:
+                for e in removed:
+                    self._delete(e.key, e)
+                    done += 1
+                for path in orphans:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm(path, recursive=True)
+            except OSError as err:
+                raise StoreAccessError(
+                    f"cannot remove entries from the daskjobs store {self.url} "
+                    f"({done} of {len(removed)} removed): {type(err).__name__}: {err}{_hint(err)}"
+                ) from err
         return GCReport(
             removed=tuple(e.key for e in removed),
             freed_bytes=sum(e.nbytes for e in removed),
@@ -515,38 +632,68 @@ class ResultStore:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _read(self, path: str, expected: int) -> tuple[bytearray, str | None]:
+    def _manifest(self, key: str) -> tuple[EntryInfo | None, str | None]:
+        """The manifest of ``key``, or ``None`` and why it cannot be read; ``KeyError`` if there
+        is none. Removes nothing."""
+        path = self._manifest_path(key)
+        try:
+            raw = self.fs.cat_file(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise KeyError(key) from None
+        try:
+            info = EntryInfo.from_json(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as err:
+            return None, f"unreadable manifest ({type(err).__name__}: {err})"
+        if info.key != key:
+            return None, f"manifest names key {info.key!r}"
+        return info, None
+
+    def _payload(self, info: EntryInfo) -> tuple[bytearray | None, str | None]:
+        """The payload's bytes if they match the manifest, else ``None`` and the problem."""
+        try:
+            data, problem = self._read(f"{self.root}/{info.payload}", info.nbytes)
+        except FileNotFoundError:
+            return None, "payload missing"
+        if data is not None and problem is None and _checksum(data) != info.checksum:
+            problem = "checksum mismatch"
+        return (data, None) if problem is None else (None, problem)
+
+    def _read(self, path: str, expected: int) -> tuple[bytearray | None, str | None]:
         """Read a payload into a writable buffer (numpy arrays become views of it).
 
-        Returns the buffer and a problem (``None`` if the size matches the manifest).
+        Returns the buffer and a problem (``None`` if the size matches the manifest). The file's
+        size is checked first, so a manifest claiming an absurd size allocates nothing.
         """
-        buf = bytearray(max(expected, 0))
+        size = self.fs.size(path)
+        if size is None:  # a filesystem that does not know: read what is there
+            data = bytearray(self.fs.cat_file(path))
+            if len(data) != expected:
+                return None, f"payload is {len(data)} bytes, its manifest records {expected}"
+            return data, None
+        if size < expected:
+            return None, f"payload truncated: {size} of {expected} bytes"
+        if size > expected:
+            return None, f"payload longer ({size} bytes) than the {expected} its manifest records"
+        buf = bytearray(expected)
         with self.fs.open(path, "rb") as f:
             n = f.readinto(buf) or 0
             longer = bool(f.read(1))
         if n < expected:
-            return buf, f"payload truncated: {n} of {expected} bytes"
+            return None, f"payload truncated: {n} of {expected} bytes"
         if longer:
-            return buf, f"payload longer than the {expected} bytes its manifest records"
+            return None, f"payload longer than the {expected} bytes its manifest records"
         return buf, None
 
-    def _check(self, key: str) -> str | None:
-        """Why the entry under ``key`` is corrupt, or ``None`` if it is sound. Removes nothing."""
+    def _check(self, key: str) -> tuple[EntryInfo | None, str | None]:
+        """The manifest of ``key`` (if readable) and why the entry is corrupt (``None`` if it
+        is sound). Removes nothing."""
         try:
-            info = EntryInfo.from_json(json.loads(self.fs.cat_file(self._manifest_path(key))))
-        except FileNotFoundError:
-            return "manifest missing"
-        except (ValueError, KeyError, TypeError) as err:
-            return f"unreadable manifest ({err})"
-        if info.key != key:
-            return f"manifest names key {info.key!r}"
-        try:
-            data, problem = self._read(f"{self.root}/{info.payload}", info.nbytes)
-        except FileNotFoundError:
-            return "payload missing"
-        if problem is None and _checksum(data) != info.checksum:
-            problem = "checksum mismatch"
-        return problem
+            info, problem = self._manifest(key)
+        except KeyError:
+            return None, "manifest missing"
+        if info is None:
+            return None, problem
+        return info, self._payload(info)[1]
 
     def _commit(self, manifest: str, body: bytes, nonce: str) -> bool:
         if self._local:
@@ -576,9 +723,37 @@ class ResultStore:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(tmp)
 
-    def _discard_corrupt(self, key: str, reason: str) -> None:
-        logger.warning("daskjobs store %s: removing corrupt entry %s: %s", self.url, key, reason)
-        self.delete(key)
+    def _delete(self, key: str, info: EntryInfo | None) -> bool:
+        """Remove the manifest of ``key``, then the payload ``info`` names (if known)."""
+        try:
+            self.fs.rm_file(self._manifest_path(key))
+            existed = True
+        except FileNotFoundError:
+            existed = False
+        if info is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(f"{self.root}/{info.payload}")
+            with contextlib.suppress(OSError):  # not empty: another writer's payload is there
+                self.fs.rmdir(f"{self.root}/data/{key}")
+        return existed
+
+    def _discard_corrupt(self, key: str, reason: str, info: EntryInfo | None = None) -> str | None:
+        """Remove a corrupt entry; ``None`` if done, else why it could not be (logged)."""
+        try:
+            self._delete(key, info)
+        except OSError as err:
+            failure = f"{type(err).__name__}: {err}{_hint(err)}"
+            logger.warning(
+                "daskjobs store %s: could not remove corrupt entry %s (%s): %s; "
+                "it is left in place and read as a miss",
+                self.url,
+                key,
+                reason,
+                failure,
+            )
+            return failure
+        logger.warning("daskjobs store %s: removed corrupt entry %s: %s", self.url, key, reason)
+        return None
 
     def _orphans(self, now: float, live: Mapping[str, str]) -> list[str]:
         """Payload directories and files with no committed manifest, older than the grace."""
