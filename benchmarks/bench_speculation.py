@@ -30,6 +30,16 @@ over that bound, on a fresh cluster per run, for:
    a task is late after ``late_factor x estimate x believed slow-down`` of its
    worker, and copies go to the fastest believed worker with an idle thread).
 
+With ``--real`` the same sweeps run on a cluster of real processes, as an operator
+runs it: ``dask scheduler --preload plugins/daskjobs_scheduler.py`` (the plugin
+configured through a dask YAML file) and 4 ``dask worker`` processes of 8 threads
+(``w0`` 4x slow), dask's default configuration (active memory manager on), a fresh
+cluster per run (``tests/realcluster.py``). Configurations: plain dask (no
+preload), plugin LPT, and the full plugin (node-aware + speculation). Each run also
+checks what a shared cluster needs: every worker alive at the end, no line in any
+process log showing a broken invariant (``realcluster.PROBLEMS``), no swallowed
+plugin error, and the sweep's values identical to plain dask's.
+
 Also reported: which worker ran the 4 long tasks (from the task results) and, for
 run 4, the plugin's ``status()["speculation"]`` (launched, won, lost, waste) and
 its backup events. Target (issue 5): run 4 at or below 1.10x the bound on every
@@ -75,6 +85,147 @@ def nap(seconds: float, slow_worker: int, slow_factor: float) -> tuple[float, fl
     t0 = time.time()
     time.sleep(seconds * factor)
     return t0, time.time(), str(name)
+
+
+def nap_value(
+    i: int, seconds: float, slow_worker: Any, slow_factor: float
+) -> tuple[int, float, float, str]:
+    """:func:`nap` with a value that depends only on the task (compared across runs)."""
+    t0, t1, name = nap(seconds, slow_worker, slow_factor)
+    return i * i + 7, t0, t1, name
+
+
+def real_graph(seed: int, n: int) -> tuple[list[Any], list[float]]:
+    """The sweep of :func:`sweep_graph` for real workers (named ``w0``..``w3``)."""
+    w = workloads.chapter(seed, n=n, n_long=N_LONG, median=0.1, sigma=0.76, estimate_noise=0.3)
+    parts, durations = [], []
+    last = len(w.tasks) - 1
+    for i, t in enumerate(w.tasks):
+        with dask.annotate(estimate=float(t.estimate)):
+            parts.append(
+                dask.delayed(nap_value)(
+                    i, float(t.duration), "w0", SLOW_FACTOR, dask_key_name=f"bt-{last - i:06d}"
+                )
+            )
+        durations.append(float(t.duration))
+    return parts, durations
+
+
+REAL_CONFIGS = ("plain", "lpt", "aware")
+
+
+def run_sweep_real(seed: int, n: int, config: str, workdir: str) -> dict[str, Any]:
+    """One sweep on real processes with dask's defaults; see the module docstring."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tests"))
+    from realcluster import RealCluster
+
+    workers, threads = SLOTS
+    daskjobs_conf: dict[str, Any] = {}
+    if config == "lpt":
+        daskjobs_conf = {"policy": "lpt"}
+    elif config == "aware":
+        spec = {k.replace("_", "-"): v for k, v in SPECULATION.items()}
+        daskjobs_conf = {"policy": "node-aware", "speculation": spec}
+    path = os.pathsep.join(
+        [str(root / "benchmarks"), str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")]
+    )
+    rc = RealCluster(
+        Path(workdir) / f"seed{seed}-{config}",
+        n_workers=workers,
+        nthreads=threads,
+        preload=None if config == "plain" else "plugins/daskjobs_scheduler.py",
+        config={"daskjobs": daskjobs_conf} if daskjobs_conf else None,
+        validate=False,  # dask's defaults, as on a production cluster
+        env={"PYTHONPATH": path},
+    )
+    parts, durations = real_graph(seed, n)
+    with rc:
+        with rc.client() as client:
+            t0 = time.time()
+            out = client.compute(parts, sync=True)
+            wall = time.time() - t0
+            status = client.run_on_scheduler(_status) if config != "plain" else None
+            alive_seen = len(client.scheduler_info()["workers"])
+        alive = sum(rc.alive(f"w{i}") for i in range(workers))
+    problems = rc.problems()
+    start = min(s for _, s, _, _ in out)
+    makespan = max(e for _, _, e, _ in out) - start
+    slots = (workers - 1) * threads + threads / SLOW_FACTOR
+    bound = max(sum(durations) / slots, max(durations))
+    result: dict[str, Any] = {
+        "makespan": makespan,
+        "wall": wall,
+        "bound": bound,
+        "ratio": makespan / bound,
+        "work": sum(durations),
+        "values": [v for v, _, _, _ in out],
+        "workers_alive": min(alive, alive_seen),
+        "problems": problems,
+        "errors": (status or {}).get("errors", {}),
+    }
+    if status is not None:
+        result["speculation"] = status.get("speculation")
+    return result
+
+
+def real_table(rows: list[dict[str, Any]], n: int) -> str:
+    workers, threads = SLOTS
+    out = [
+        "| seed | bound (s) | plain dask | plugin LPT | node-aware + speculation | "
+        "copies launched / won / lost / waste | workers alive | log problems | "
+        "plugin errors | values = plain dask's |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        cells = [str(r["seed"]), f"{r['plain']['bound']:.2f}"]
+        for c in REAL_CONFIGS:
+            cells.append(f"{r[c]['makespan']:.2f} s, {r[c]['ratio']:.2f}x")
+        a = r["aware"]
+        cells.append(_spec_cell(a))
+        cells.append(f"{min(r[c]['workers_alive'] for c in REAL_CONFIGS)} / {workers}")
+        cells.append(str(sum(len(r[c]["problems"]) for c in REAL_CONFIGS)))
+        cells.append(str(sum(sum(r[c]["errors"].values()) for c in REAL_CONFIGS)))
+        same = all(r[c]["values"] == r["plain"]["values"] for c in REAL_CONFIGS)
+        cells.append("yes" if same else "NO")
+        out.append("| " + " | ".join(cells) + " |")
+    med = {c: statistics.median(r[c]["ratio"] for r in rows) for c in REAL_CONFIGS}
+    worst = {c: max(r[c]["ratio"] for r in rows) for c in REAL_CONFIGS}
+    out.append(
+        f"\n{n:,} tasks per sweep on {workers} `dask worker` processes x {threads} threads "
+        f"(w0 {SLOW_FACTOR:g}x slow), `dask scheduler --preload plugins/daskjobs_scheduler.py`, "
+        "dask's default configuration. Makespan / bound, median (worst): "
+        + ", ".join(f"{c} {med[c]:.2f} ({worst[c]:.2f})" for c in REAL_CONFIGS)
+        + "."
+    )
+    for r in rows:
+        for c in REAL_CONFIGS:
+            for line in r[c]["problems"][:5]:
+                out.append(f"- seed {r['seed']} {c}: `{line}`")
+    return "\n".join(out)
+
+
+def sweep_real(seeds: list[int], n: int) -> list[dict[str, Any]]:
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-spec-real-") as tmp:
+        for seed in seeds:
+            row: dict[str, Any] = {"seed": seed}
+            for config in REAL_CONFIGS:
+                r = run_sweep_real(seed, n, config, tmp)
+                row[config] = r
+                print(
+                    f"  seed {seed} {config} (real processes): {r['makespan']:.2f} s, "
+                    f"{r['ratio']:.2f}x, workers alive {r['workers_alive']}, "
+                    f"problems {len(r['problems'])}",
+                    file=sys.stderr,
+                )
+            rows.append(row)
+    return rows
 
 
 def sweep_graph(
@@ -306,9 +457,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3)")
     ap.add_argument("--slow-worker", type=int, default=SLOW_WORKER, help="slow worker's name")
     ap.add_argument("--slow-factor", type=float, default=SLOW_FACTOR)
+    ap.add_argument(
+        "--real",
+        action="store_true",
+        help="also run on real dask scheduler/worker processes with dask's defaults",
+    )
+    ap.add_argument("--only-real", action="store_true", help="only the real-process runs")
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds or (1 if args.quick else 3)))
     n = args.sweep_tasks
+    if args.only_real:
+        real = sweep_real(seeds, n)
+        print("## Speculation on real processes\n")
+        print(machine())
+        print(revision())
+        print(f"- command: python benchmarks/bench_speculation.py {' '.join(sys.argv[1:])}")
+        print()
+        print(real_table(real, n))
+        return 0
     print(f"chapter sweep with a slow worker: {n} tasks, seeds {seeds} ...", file=sys.stderr)
     rows = sweep(seeds, n, args.slow_worker, args.slow_factor)
 
@@ -318,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- command: python benchmarks/bench_speculation.py {' '.join(sys.argv[1:])}".rstrip())
     print("\n### The chapter sweep on 32 slots, one worker 4x slow: makespan over the bound\n")
     print(table(rows, n, args.slow_worker, args.slow_factor))
+    if args.real:
+        real = sweep_real(seeds, n)
+        print("\n### The same sweeps on real processes, dask's default configuration\n")
+        print(real_table(real, n))
     return 0
 
 

@@ -85,6 +85,7 @@ class RealCluster:
         self._port: int | None = None
         self._restarts = 0
         self.lingered: list[str] = []  # processes that ignored SIGTERM at close
+        self._closed_at: dict[str, int] = {}  # log length per process when close() began
         confdir = self.workdir / "dask-config"
         confdir.mkdir(exist_ok=True)
         base: dict[str, Any] = {}
@@ -238,12 +239,15 @@ class RealCluster:
     def logs(self) -> dict[str, str]:
         return {name: self.log(name) for name in self.logfiles}
 
-    def problems(self, ignore: Iterable[str] = ()) -> list[str]:
+    def problems(self, ignore: Iterable[str] = (), shutdown: bool = False) -> list[str]:
         """Log lines that mean something broke (see :data:`PROBLEMS`), minus ``ignore``
-        patterns (regular expressions, e.g. the expected death of a killed worker)."""
+        patterns (regular expressions). Lines written after :meth:`close` began (a
+        worker stopped mid-connection says so) count only with ``shutdown=True``."""
         skip = [re.compile(p) for p in ignore]
         out = []
         for name, text in self.logs().items():
+            if not shutdown and name in self._closed_at:
+                text = text[: self._closed_at[name]]
             for line in text.splitlines():
                 if PROBLEMS.search(line) and not any(p.search(line) for p in skip):
                     out.append(f"{name}: {line}")
@@ -253,6 +257,7 @@ class RealCluster:
         """Stop workers, then the scheduler (SIGTERM, as a batch system would); a process
         that has not exited within 5 s (a worker waits for its running threads) is killed."""
         order = [n for n in self.procs if n != "scheduler"] + ["scheduler"]
+        self._closed_at = {name: len(self.log(name)) for name in self.logfiles}
         for name in order:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
