@@ -50,18 +50,46 @@ is stored becomes a *load* task with no dependencies, and every upstream node ne
 loads is left out of the graph. Computed nodes commit their result to the store from the worker
 that computed them. If a load finds its entry corrupt or gone, it is removed and the load task
 recomputes the value itself (loading or recomputing its inputs the same way), so a bad entry
-costs time, never a wrong or missing result.
+costs time, never a wrong or missing result. In a store the workers cannot write, a corrupt
+entry is recomputed all the same and not written back.
+
+A store that cannot be written never fails a stage: the value is returned, the worker logs the
+first failure (later ones at DEBUG), and :func:`run` warns once per sweep with the count
+(:attr:`SweepResult.store_errors`).
+
+Running on a cluster
+--------------------
+:func:`run` checks first that the scheduler and the workers can import the modules of the stage
+functions, and stops with :class:`ClusterImportError` naming them and the fix (install them on
+the cluster, or ``cloudpickle.register_pickle_by_value(module)``, which sweeps honour for stage
+functions and parameters) before anything is submitted: dask would otherwise leave a graph the
+scheduler cannot read pending forever, or lose every worker that receives a task it cannot
+unpickle. Then it waits until every output has settled, however often: an output whose worker
+died after it finished is recomputed by dask, and waited for. The counts in
+:class:`SweepResult` are what the workers report having done (through dask's event topic
+``daskjobs.cache``), not what was planned: a stage whose input failed, or that dask found
+already in memory, did not run and is not counted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
+import inspect
+import io
 import itertools
 import logging
+import math
 import os
+import pickle
+import sys
+import threading
 import time
 import traceback
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -78,6 +106,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = [
+    "ClusterImportError",
     "Grid",
     "Node",
     "Stage",
@@ -262,7 +291,12 @@ class StageError(Exception):
 
 @dataclass(frozen=True)
 class _Call:
-    """What a worker needs to run one node (pickled into the task)."""
+    """What a worker needs to run one node (pickled into the task).
+
+    With ``by_value`` the function and parameters travel as cloudpickle blobs: dask pickles a
+    graph with :mod:`pickle`, which ignores ``cloudpickle.register_pickle_by_value``, so this is
+    how a module registered there reaches a cluster that cannot import it.
+    """
 
     key: str
     stage: str
@@ -272,6 +306,79 @@ class _Call:
     input_names: tuple[str, ...]
     code: str
     cache: bool
+    by_value: bool = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        func: Any = self.func
+        params: Any = self.params
+        if self.by_value:
+            func = _shipped(func)
+            params = _ByValue(_cloudpickle_dumps(dict(params))) if params else params
+        fields = (self.key, self.stage, func, params, self.labels, self.input_names)
+        return (_Call, (*fields, self.code, self.cache, self.by_value))
+
+
+class _ByValue:
+    """A cloudpickle blob that unpickles as the object it holds."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (pickle.loads, (self.blob,))
+
+
+def _cloudpickle_dumps(obj: object) -> bytes:
+    import cloudpickle
+
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _shipped(func: Callable[..., Any]) -> _ByValue:
+    """One blob per function, so a graph's pickle holds it once (pickle memoizes by identity)."""
+    try:
+        return _shipped_cached(func)
+    except TypeError:  # an unhashable callable object
+        return _ByValue(_cloudpickle_dumps(func))
+
+
+@functools.lru_cache(maxsize=256)
+def _shipped_cached(func: Callable[..., Any]) -> _ByValue:
+    return _ByValue(_cloudpickle_dumps(func))
+
+
+def _registered_by_value(module: str) -> bool:
+    import cloudpickle
+
+    return any(
+        module == m or module.startswith(m + ".")
+        for m in cloudpickle.list_registry_pickle_by_value()
+    )
+
+
+def _module_by_reference(func: Any) -> str | None:
+    """The module a process must import to unpickle ``func``; ``None`` if it travels by value
+    (``__main__``, lambdas, local functions, modules registered with cloudpickle)."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    target: Any
+    if inspect.ismethod(func):
+        owner = func.__self__
+        target = owner if inspect.isclass(owner) else type(owner)
+    elif inspect.isfunction(func) or inspect.isclass(func) or inspect.isbuiltin(func):
+        target = func
+    else:
+        target = type(func)  # a callable object: its class
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or _registered_by_value(module):
+        return None
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return module if found is target else None
 
 
 @dataclass(frozen=True)
@@ -288,14 +395,42 @@ class _Context:
     run_id: str
 
 
-def _event(ctx: _Context, kind: str, key: str, detail: str = "") -> None:
-    msg = {"run": ctx.run_id, "kind": kind, "key": key, "detail": detail}
+def _event(ctx: _Context, kind: str, call: _Call, detail: str = "") -> None:
+    """Tell the client what this task did (kinds: ``computed``, ``loaded``, ``recomputed``,
+    ``recomputed-input``, ``store-error``); :class:`_RunLog` collects them."""
+    msg = {"run": ctx.run_id, "kind": kind, "key": call.key, "stage": call.stage, "detail": detail}
     try:
         from distributed import get_worker
 
         get_worker().log_event(EVENT_TOPIC, msg)
     except (ImportError, ValueError):
         pass  # not on a distributed worker (e.g. dask's threaded scheduler)
+
+
+_STORE_WARNED: dict[tuple[str, str], None] = {}  # (run, store) this process warned about
+_STORE_WARNED_LOCK = threading.Lock()
+
+
+def _store_failed(ctx: _Context, call: _Call, err: BaseException) -> None:
+    """A result could not be committed: the first failure of a run in a worker process is a
+    warning, the others DEBUG (the client warns once per run with the count)."""
+    assert ctx.store is not None
+    seen = (ctx.run_id, ctx.store.url)
+    with _STORE_WARNED_LOCK:
+        first = seen not in _STORE_WARNED
+        _STORE_WARNED[seen] = None
+        if len(_STORE_WARNED) > 256:  # forget the oldest runs
+            del _STORE_WARNED[next(iter(_STORE_WARNED))]
+    if first:
+        logger.warning(
+            "could not write to the daskjobs store %s (%r); results are still returned but not "
+            "stored; further failures of this sweep in this process are logged at DEBUG",
+            ctx.store.url,
+            err,
+        )
+    else:
+        logger.debug("could not store %s in %s: %r", call.key, ctx.store.url, err)
+    _event(ctx, "store-error", call, f"{type(err).__name__}: {err}")
 
 
 def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
@@ -313,6 +448,7 @@ def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
             traceback.format_exc(),
         ) from err
     seconds = time.perf_counter() - start
+    _event(ctx, "computed", call)
     if ctx.store is not None and call.cache:
         try:
             ctx.store.put(
@@ -324,8 +460,7 @@ def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
                 compute_seconds=seconds,
             )
         except Exception as err:  # a full disk must not lose the computed value
-            logger.warning("could not store %s in %s: %r", call.key, ctx.store.url, err)
-            _event(ctx, "store-error", call.key, repr(err))
+            _store_failed(ctx, call, err)
     return value
 
 
@@ -348,11 +483,17 @@ def _resolve(recipe: _Recipe, ctx: _Context, memo: dict[str, Any], top: bool = F
         try:
             value = ctx.store.get(key)
         except KeyError as err:
-            # Corrupt entries were reported and removed by the store; recompute below.
-            reason = type(err).__name__
+            # Corrupt entries were reported (and removed, if the store can be written) by the
+            # store; recompute below.
+            reason = getattr(err, "reason", "") or type(err).__name__
             logger.warning("store entry %s unusable (%s); recomputing it", key, reason)
-            _event(ctx, "recomputed" if top else "recomputed-input", key, reason)
+            _event(ctx, "recomputed" if top else "recomputed-input", recipe.call, reason)
+            left = getattr(err, "left", None)
+            if left:  # a read-only store: the new value cannot replace the corrupt entry
+                detail = f"corrupt entry could not be removed: {left}"
+                _event(ctx, "store-error", recipe.call, detail)
         else:
+            _event(ctx, "loaded", recipe.call)
             memo[key] = value
             return value
     values = [_resolve(sub, ctx, memo) for sub in recipe.inputs]
@@ -547,9 +688,14 @@ def _estimate(
     if estimate is None:
         return None
     value = estimate(params) if callable(estimate) else estimate
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise ValueError(
-            f"estimate of stage {stage!r} must be a number of seconds >= 0, got {value!r}"
+            f"estimate of stage {stage!r} must be a finite number of seconds >= 0, got {value!r}"
         )
     return float(value)
 
@@ -643,8 +789,26 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
             reachable[key] = None
             stack.extend(nodes[key].inputs.values())
     cacheable = [k for k in reachable if sweep.stages[nodes[k].stage].options.cache]
-    stored = store.contains_many(cacheable) if store is not None and cacheable else set()
+    stored: set[str] = set()
+    if store is not None and cacheable:
+        try:
+            stored = store.contains_many(cacheable)
+        except OSError as err:  # e.g. the store's path is a file: compute everything
+            warnings.warn(
+                f"cannot read the daskjobs store {store.url} ({err}); every stage is computed",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
+    import cloudpickle
+
+    # Modules registered with cloudpickle travel by value (see _Call); one may hide in a
+    # stage's function or in its parameters.
+    registry = bool(cloudpickle.list_registry_pickle_by_value())
+    ship_func = {
+        name: registry and _module_by_reference(stage.func) is None
+        for name, stage in sweep.stages.items()
+    }
     calls: dict[str, _Call] = {}
 
     def call_of(node: Node) -> _Call:
@@ -659,6 +823,7 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
                 input_names=tuple(node.inputs),
                 code=stage.code,
                 cache=stage.options.cache,
+                by_value=ship_func[node.stage] or (registry and bool(node.params)),
             )
         return calls[node.key]
 
@@ -707,6 +872,11 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
             )
             deps[name] = {layer_of[k] for n in stage_nodes if not load for k in n.inputs.values()}
     graph = HighLevelGraph(layers, deps)
+    modules: dict[str, list[str]] = {}
+    for stage in sweep.stages.values():
+        module = _module_by_reference(stage.func)
+        if module is not None and any(n.key in computed or n.key in loaded for n in stage.nodes):
+            modules.setdefault(module, []).append(stage.name)
     by_stage: dict[str, dict[str, int]] = {}
     for kind, chosen in (("computed", computed), ("hits", loaded)):
         for key in chosen:
@@ -721,14 +891,18 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
         by_stage=by_stage,
         store=store,
         run_id=ctx.run_id,
+        calls=tuple(calls.values()),
+        modules=modules,
     )
 
 
 class SweepGraph:
     """A planned sweep as a Dask collection; computing it gives the outputs' values in order.
 
-    ``keys`` are the output keys; ``computed`` and ``loaded`` the keys that will run and the
-    ones loaded from the store; ``pruned`` counts nodes left out because only loads needed them.
+    ``keys`` are the output keys; ``computed`` and ``loaded`` the keys planned to run and to be
+    loaded from the store; ``pruned`` counts nodes left out because only loads needed them;
+    ``modules`` maps each module the cluster must import (stage functions pickled by
+    reference) to the stages that need it.
     """
 
     def __init__(
@@ -742,6 +916,8 @@ class SweepGraph:
         by_stage: Mapping[str, Mapping[str, int]],
         store: ResultStore | None,
         run_id: str,
+        calls: tuple[_Call, ...] = (),
+        modules: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.graph = graph
         self.output_nodes = output_nodes
@@ -752,6 +928,8 @@ class SweepGraph:
         self.by_stage = {k: dict(v) for k, v in by_stage.items()}
         self.store = store
         self.run_id = run_id
+        self.modules = {m: list(stages) for m, stages in (modules or {}).items()}
+        self._calls = calls
 
     def __repr__(self) -> str:
         return (
@@ -815,9 +993,15 @@ class SweepResult:
     """The outcome of :func:`run`.
 
     ``records`` holds one dict per output node: its labels, ``stage``, ``value`` (``None`` if it
-    failed) and ``error`` (``None`` if it succeeded). ``computed``/``hits`` count stage nodes
-    run and loaded from the store (``recomputed`` of the hits were found unusable and recomputed
-    in their load task); ``seconds`` is the wall time of the run.
+    failed) and ``error`` (``None`` if it succeeded). The counts are what the workers did, not
+    what was planned (the plan is on :class:`SweepGraph`): ``computed`` counts the stage nodes
+    whose function ran to completion (once each, however often it ran), ``reruns`` the extra
+    runs (dask recomputing a result lost with its worker, or a backup copy), ``hits`` the nodes
+    loaded from the store; ``recomputed`` counts loads that found their entry unusable and
+    computed it instead; ``by_stage`` splits ``computed`` and ``hits`` by stage. ``pruned``
+    counts nodes left out of the graph because only loads needed them. ``store_errors`` counts
+    results that could not be written to the store (they are returned all the same).
+    ``seconds`` is the wall time of the run.
     """
 
     records: tuple[dict[str, Any], ...]
@@ -829,6 +1013,8 @@ class SweepResult:
     seconds: float
     by_stage: Mapping[str, Mapping[str, int]]
     store: str | None
+    reruns: int = 0
+    store_errors: int = 0
 
     @property
     def ok(self) -> bool:
@@ -854,8 +1040,6 @@ class SweepResult:
 
     def to_pandas(self, expand: bool = True) -> Any:
         """The table as a pandas DataFrame (pandas is optional; this needs it installed)."""
-        import importlib
-
         try:
             pd = importlib.import_module("pandas")
         except ImportError as err:
@@ -868,6 +1052,13 @@ class SweepResult:
             f"computed {self.computed} stages, loaded {self.hits} from the store "
             f"({self.pruned} upstream stages skipped); {self.seconds:.2f} s"
         ]
+        if self.reruns:
+            lines.append(f"  {self.reruns} stages ran again (results lost with a worker, copies)")
+        if self.store_errors:
+            lines.append(
+                f"  WARNING {self.store_errors} results could not be written to the store "
+                f"{self.store}"
+            )
         for name, counts in self.by_stage.items():
             lines.append(f"  {name}: computed {counts['computed']}, loaded {counts['hits']}")
         lines.extend(f"  FAILED {f}" for f in self.failures)
@@ -923,49 +1114,89 @@ def run(
 
 
 def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -> SweepResult:
-    from distributed import wait
-
     _warn_missing_resources(graph, client)
-    futures = client.get(graph.graph, graph.keys, sync=False)
-    if progress and futures:
-        from distributed import progress as show_progress
-
+    _check_importable(client, graph)  # before anything reaches the cluster
+    with _listen(client, graph.run_id) as log:
+        futures = client.get(graph.graph, graph.keys, sync=False)
         try:
-            show_progress(futures)  # a widget in notebooks, text in terminals
-        except ImportError:  # a notebook without ipywidgets
-            show_progress(futures, notebook=False)
-    wait(futures)
-    failures: dict[str, StageFailure] = {}
+            rejection = _await_accepted(client, futures)
+            if rejection is None:
+                if progress and futures:
+                    from distributed import progress as show_progress
+
+                    try:
+                        show_progress(futures)  # a widget in notebooks, text in terminals
+                    except ImportError:  # a notebook without ipywidgets
+                        show_progress(futures, notebook=False)
+                # gather waits for every output to settle, including one whose worker died
+                # after it finished (dask recomputes it: "lost", then "finished" again)
+                keyed = dict(zip(graph.keys, futures, strict=True))
+                values = client.gather(keyed, errors="skip")
+                del keyed
+                records, failures = _records(graph, futures, values)
+                errors = [f.exception for f in failures.values()]
+                rejection = next((e for e in errors if _rejected(e)), None)
+        finally:
+            # Before raising: the client's state of a key is shared by all its futures, and a
+            # future kept alive by a traceback would make the next run of the key look failed.
+            del futures
+        if rejection is not None:
+            _raise_rejected(client, graph, rejection)
+        counts = log.counts()
+    for failed in failures.values():
+        logger.error("stage failed: %s\n%s", failed.failure, failed.failure.traceback)
+    store_url = graph.store.url if graph.store is not None else None
+    if counts.store_errors:
+        n = len(counts.store_errors)
+        first = next(iter(counts.store_errors.values()))
+        warnings.warn(
+            f"could not write {n} result{'s' if n != 1 else ''} to the daskjobs store "
+            f"{store_url} ({first}); they are returned, but not stored, so the next run "
+            "computes them again",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return SweepResult(
+        records=tuple(records),
+        failures=tuple(f.failure for f in failures.values()),
+        computed=len(counts.computed),
+        hits=len(counts.loaded),
+        pruned=graph.pruned,
+        recomputed=len(counts.recomputed),
+        seconds=time.perf_counter() - start,
+        by_stage=counts.by_stage(graph.by_stage),
+        store=store_url,
+        reruns=sum(counts.computed.values()) - len(counts.computed),
+        store_errors=len(counts.store_errors),
+    )
+
+
+@dataclass(frozen=True)
+class _Failed:
+    failure: StageFailure
+    exception: BaseException | None
+
+
+def _records(
+    graph: SweepGraph, futures: Sequence[Any], values: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, _Failed]]:
+    """One record per output; a gathered value wins over a later status (the output may have
+    been lost again after it was gathered: the value is still the right one)."""
+    failures: dict[str, _Failed] = {}
     records: list[dict[str, Any]] = []
-    done = [f for f in futures if f.status == "finished"]
-    gathered = client.gather(done, errors="skip")
-    values = dict(zip([f.key for f in done], gathered, strict=True))
     for node, fut in zip(graph.output_nodes, futures, strict=True):
         record: dict[str, Any] = {**node.labels, "stage": node.stage}
-        if fut.status == "finished" and fut.key in values:
-            record["value"] = values[fut.key]
+        value = values.get(fut.key)
+        if value is not None or fut.status not in ("error", "cancelled"):
+            record["value"] = value
             record["error"] = None
         else:
-            failure = _failure_of(node, fut)
-            failures.setdefault(failure.key, failure)
+            failure, exc = _failure_of(node, fut)
+            failures.setdefault(failure.key, _Failed(failure, exc))
             record["value"] = None
             record["error"] = str(failure)
         records.append(record)
-    del futures, done
-    recomputed = _recomputed(client, graph.run_id)
-    for failure in failures.values():
-        logger.error("stage failed: %s\n%s", failure, failure.traceback)
-    return SweepResult(
-        records=tuple(records),
-        failures=tuple(failures.values()),
-        computed=len(graph.computed),
-        hits=len(graph.loaded),
-        pruned=graph.pruned,
-        recomputed=recomputed,
-        seconds=time.perf_counter() - start,
-        by_stage=graph.by_stage,
-        store=graph.store.url if graph.store is not None else None,
-    )
+    return records, failures
 
 
 def _warn_missing_resources(graph: SweepGraph, client: Client) -> None:
@@ -989,20 +1220,262 @@ def _warn_missing_resources(graph: SweepGraph, client: Client) -> None:
             )
 
 
-def _failure_of(node: Node, fut: Any) -> StageFailure:
+def _failure_of(node: Node, fut: Any) -> tuple[StageFailure, BaseException | None]:
+    """The failure of a settled output (erred or cancelled) and its exception."""
+    exc: BaseException | None
     try:
-        exc = fut.exception()
-    except Exception as err:  # cancelled, or lost with its worker
+        exc = fut.exception()  # settled: returns at once
+    except Exception as err:  # cancelled (the exception is the cancellation)
         exc = err
     if isinstance(exc, StageError):
-        return StageFailure(exc.stage, exc.key, exc.labels, exc.error, exc.traceback)
+        failure = StageFailure(exc.stage, exc.key, exc.labels, exc.error, exc.traceback)
+        return failure, exc
+    if exc is None:  # not an error after all: say what dask reported
+        error = f"no result: the output's status is {fut.status!r}"
+        return StageFailure(node.stage, node.key, dict(node.labels), error, ""), None
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return StageFailure(node.stage, node.key, dict(node.labels), f"{type(exc).__name__}: {exc}", tb)
+    error = f"{type(exc).__name__}: {exc}"
+    return StageFailure(node.stage, node.key, dict(node.labels), error, tb), exc
 
 
-def _recomputed(client: Client, run_id: str) -> int:
+# -- what the workers report: one event per stage run, load and store failure ----------------
+
+
+class _RunLog:
+    """The events of one run (:func:`_event`), collected on the client as they arrive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.computed: Counter[str] = Counter()  # key -> runs that returned
+        self.loaded: set[str] = set()
+        self.recomputed: set[str] = set()
+        self.store_errors: dict[str, str] = {}  # key -> the first error
+        self.stage_of: dict[str, str] = {}
+
+    def add(self, msg: Mapping[str, Any]) -> None:
+        kind, key = msg.get("kind"), str(msg.get("key"))
+        with self._lock:
+            self.stage_of.setdefault(key, str(msg.get("stage", "")))
+            if kind == "computed":
+                self.computed[key] += 1
+            elif kind == "loaded":
+                self.loaded.add(key)
+            elif kind == "recomputed":
+                self.recomputed.add(key)
+            elif kind == "store-error":
+                self.store_errors.setdefault(key, str(msg.get("detail", "")))
+
+    def counts(self) -> _RunLog:
+        """A copy, safe to read while late events still arrive."""
+        out = _RunLog()
+        with self._lock:
+            out.computed = Counter(self.computed)
+            out.loaded = set(self.loaded)
+            out.recomputed = set(self.recomputed)
+            out.store_errors = dict(self.store_errors)
+            out.stage_of = dict(self.stage_of)
+        return out
+
+    def by_stage(self, planned: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+        """``{stage: {"computed": n, "hits": n}}``, the planned stages first, in plan order."""
+        out = {stage: {"computed": 0, "hits": 0} for stage in planned}
+        for key in self.computed:
+            out.setdefault(self.stage_of[key], {"computed": 0, "hits": 0})["computed"] += 1
+        for key in self.loaded:
+            out.setdefault(self.stage_of[key], {"computed": 0, "hits": 0})["hits"] += 1
+        return out
+
+
+_RUNS: dict[str, _RunLog] = {}  # run id -> its log, while the run lasts
+_LISTENING: dict[str, int] = {}  # client id -> runs listening through it
+_RUNS_LOCK = threading.Lock()
+
+
+def _on_event(event: tuple[float, Any]) -> None:
+    msg = event[1]
+    if isinstance(msg, dict):
+        log = _RUNS.get(str(msg.get("run")))
+        if log is not None:
+            log.add(msg)
+
+
+@contextlib.contextmanager
+def _listen(client: Client, run_id: str) -> Iterator[_RunLog]:
+    """Collect the run's events while it lasts.
+
+    The subscription goes to the scheduler before the graph, on the same stream, so no event
+    is missed; a worker sends a task's events before the task's result, so the events of every
+    stage an output needed arrive before the output is known to be done. (dask keeps only the
+    last 1000 events of a topic for ``get_events``: a subscription sees them all.)
+    """
+    log = _RunLog()
+    with _RUNS_LOCK:
+        _RUNS[run_id] = log
+        if not _LISTENING.get(client.id):
+            client.subscribe_topic(EVENT_TOPIC, _on_event)
+        _LISTENING[client.id] = _LISTENING.get(client.id, 0) + 1
     try:
-        events = client.get_events(EVENT_TOPIC)
-    except Exception:  # events are informational
-        return 0
-    return sum(1 for _, msg in events if msg.get("run") == run_id and msg["kind"] == "recomputed")
+        yield log
+    finally:
+        with _RUNS_LOCK:
+            del _RUNS[run_id]
+            _LISTENING[client.id] -= 1
+            if not _LISTENING[client.id]:
+                del _LISTENING[client.id]
+                with contextlib.suppress(Exception):  # a closed client: nothing to undo
+                    client.unsubscribe_topic(EVENT_TOPIC)
+
+
+# -- a graph the cluster cannot import ----------------------------------------------------------
+
+
+class ClusterImportError(ImportError):
+    """Modules this sweep needs cannot be imported on the cluster's scheduler or workers.
+
+    ``modules`` lists them; the message says where each failed and how to fix it.
+    """
+
+    def __init__(self, message: str, modules: Sequence[str]) -> None:
+        super().__init__(message)
+        self.modules = list(modules)
+
+
+def _unimportable(modules: Sequence[str]) -> dict[str, str]:
+    """Run on the scheduler and the workers: the modules that fail to import there, and why."""
+    out = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as err:
+            out[name] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def _missing_on_cluster(client: Client, modules: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``{module: {"scheduler" or a worker's name: error}}`` for the modules that fail."""
+    out: dict[str, dict[str, str]] = {}
+    try:
+        found = client.run_on_scheduler(_unimportable, list(modules))
+    except Exception as err:  # the probe itself could not be read: daskjobs is missing there
+        found = {"daskjobs": f"{type(err).__name__}: {err}"}
+    for module, error in found.items():
+        out.setdefault(module, {})["scheduler"] = error
+    names = {
+        addr: str(w.get("name", addr))
+        for addr, w in client.scheduler_info(n_workers=-1).get("workers", {}).items()
+    }
+    per_worker = client.run(_unimportable, list(modules), on_error="return")
+    for addr, result in sorted(per_worker.items(), key=lambda item: names.get(item[0], item[0])):
+        if isinstance(result, BaseException):
+            result = {"daskjobs": f"{type(result).__name__}: {result}"}
+        for module, error in result.items():
+            out.setdefault(module, {})[names.get(addr, addr)] = error
+    return out
+
+
+def _import_message(
+    missing: Mapping[str, Mapping[str, str]], stages: Mapping[str, Sequence[str]], lead: str
+) -> str:
+    lines = [lead]
+    for module, where in missing.items():
+        workers = [w for w in where if w != "scheduler"]
+        at = ["the scheduler"] if "scheduler" in where else []
+        if workers:
+            at.append(f"worker{'s' if len(workers) > 1 else ''} {', '.join(workers)}")
+        used = stages.get(module)
+        by = f" (stage{'s' if len(used) > 1 else ''} {', '.join(map(repr, used))})" if used else ""
+        error = next(iter(where.values()))
+        lines.append(f"  module {module!r}{by} cannot be imported on {' and '.join(at)}: {error}")
+    example = next(iter(missing))
+    lines.append(
+        f"Fix: install {', '.join(missing)} where the scheduler and the workers run (the same "
+        "environment as this client), or send it with the sweep, by value (stage functions "
+        f"and parameters):\n    import cloudpickle, {example}\n"
+        f"    cloudpickle.register_pickle_by_value({example})"
+    )
+    return "\n".join(lines)
+
+
+def _check_importable(client: Client, graph: SweepGraph) -> None:
+    """Stop before submitting if the cluster cannot import a stage function's module: in dask
+    2026.8 a scheduler that cannot read a graph leaves it pending for ever under a progress
+    bar, and a worker that cannot unpickle a task dies of it."""
+    if not graph.modules:
+        return
+    missing = _missing_on_cluster(client, sorted(graph.modules))
+    if missing:
+        lead = "this sweep cannot run on this cluster; nothing was submitted:"
+        raise ClusterImportError(_import_message(missing, graph.modules, lead), list(missing))
+
+
+def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | None:
+    """Return once the scheduler holds the graph (``None``) or has rejected it (the error).
+
+    dask reports a graph it cannot deserialize as an error of every output, but its progress
+    bar waits for the outputs to appear on the scheduler, for ever: so wait for one or the
+    other first (a few round trips). Nothing is raised here (see :func:`_run_with`).
+    """
+    if not futures:
+        return None
+    first = futures[0]
+    scheduler = client.scheduler
+    assert scheduler is not None
+    delay = 0.002
+    while not first.done():
+        state = client.sync(scheduler.get_task_status, keys=[first.key])
+        if state.get(first.key) is not None:
+            return None
+        time.sleep(delay)
+        delay = min(2 * delay, 0.1)
+    if first.status == "error":
+        exc = first.exception()
+        return exc if _rejected(exc) else None
+    return None
+
+
+def _rejected(exc: BaseException | None) -> bool:
+    return isinstance(exc, RuntimeError) and "deserialization of the task graph" in str(exc)
+
+
+def _raise_rejected(client: Client, graph: SweepGraph, rejection: BaseException) -> None:
+    """Name the modules behind a graph the scheduler could not read (its error does not)."""
+    candidates = _referenced_modules(graph._calls)
+    missing = _missing_on_cluster(client, sorted(candidates)) if candidates else {}
+    lead = "the scheduler could not read this sweep's graph; nothing ran:"
+    if not missing:
+        raise ClusterImportError(
+            f"{lead}\n  {rejection}\nThe scheduler's log names the module it could not "
+            "import: install it there (the same environment as this client).",
+            [],
+        ) from rejection
+    message = _import_message(missing, graph.modules, lead)
+    raise ClusterImportError(message, list(missing)) from rejection
+
+
+class _Recorder(pickle.Unpickler):
+    """Unpickles, noting every module the stream imports from."""
+
+    def __init__(self, data: bytes, found: set[str]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.found = found
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.found.add(module)
+        return super().find_class(module, name)
+
+
+def _referenced_modules(calls: Iterable[_Call]) -> set[str]:
+    """Every module a process must import to unpickle these stage functions and parameters
+    as dask pickles them (plain pickle first)."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    for call in calls:
+        for obj in (call.func, call.params):
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            try:
+                _Recorder(pickle.dumps(obj, protocol=5), found).load()
+            except Exception:  # pickled by value (cloudpickle), or not at all: nothing to name
+                continue
+    return found

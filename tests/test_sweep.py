@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,6 +201,16 @@ def test_building_errors_name_the_problem() -> None:
         other.stage(_ident, inputs={"up": a}, name="e")
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), -1.0, True, "2s"])
+def test_estimates_must_be_finite_seconds(bad: Any) -> None:
+    sweep = Sweep()
+    with pytest.raises(ValueError, match="estimate of stage 'f' must be a finite number"):
+        sweep.stage(_ident, estimate=bad, name="f")
+    with pytest.raises(ValueError, match="estimate of stage 'g' must be a finite number"):
+        sweep.stage(_ident, over=grid(x=[1, 2]), estimate=lambda p: bad, name="g")
+    assert sweep.stages == {}
+
+
 # -- the graph reaches dask ----------------------------------------------------------------
 
 
@@ -361,6 +373,31 @@ def test_upstream_failure_names_the_failed_stage(client: Client, tmp_path: Path)
         assert (r["error"] is not None) == (r["slice"] in broken)
 
 
+def test_computed_counts_the_stages_that_ran(client: Client, tmp_path: Path) -> None:
+    sweep = Sweep()
+    prices = sweep.stage(make_prices, over=grid(slice=range(6)))
+    values = {n.labels["slice"]: int(make_prices(n.labels["slice"])[0] * 1000) % 7 for n in prices}
+    broken = sum(1 for v in values.values() if v == 1)
+    feats = sweep.stage(broken_features, inputs={"prices": prices}, name="features")
+    sweep.stage(
+        crossover,
+        inputs={"moving_averages": feats, "prices": prices},
+        over=grid(fast=[5], slow=[20, 50]),
+    )
+    planned = sweep.to_dask(store=tmp_path / "store")
+    assert len(planned.computed) == 6 + 6 + 12
+    result = run(planned, client, progress=False)
+    assert 0 < broken < 6 and len(result.failures) == broken
+    # The broken features raised and their backtests never ran: none of them is counted.
+    assert result.by_stage == {
+        "make_prices": {"computed": 6, "hits": 0},
+        "features": {"computed": 6 - broken, "hits": 0},
+        "crossover": {"computed": 2 * (6 - broken), "hits": 0},
+    }
+    assert result.computed == 6 + 3 * (6 - broken) and result.reruns == 0
+    assert len(ResultStore(tmp_path / "store").keys()) == result.computed
+
+
 def flaky(marker: str) -> str:
     path = Path(marker)
     if not path.exists():
@@ -389,6 +426,61 @@ def test_missing_resources_are_warned_about(client: Client) -> None:
     graph = sweep.to_dask(store=False)
     with pytest.warns(RuntimeWarning, match=r"stage 'needs_tpu' needs resources \{'TPU': 1\}"):
         _warn_missing_resources(graph, client)
+
+
+# -- stores that cannot be written ----------------------------------------------------------
+
+
+def _store_warnings(record: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in record if "daskjobs store" in str(w.message)]
+
+
+def test_corrupt_entry_in_a_read_only_store_is_recomputed_not_written(
+    client: Client, tmp_path: Path
+) -> None:
+    from test_store import read_only, snapshot
+
+    store = ResultStore(tmp_path / "store")
+    sweep = build(slow=[20])
+    first = sweep.run(client, store=store, progress=False)
+    key = sweep.stages["crossover"].nodes[1].key
+    path = Path(store.root) / store.info(key).payload
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    before = snapshot(tmp_path / "store")
+
+    with read_only(tmp_path / "store"), warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        second = build(slow=[20]).run(client, store=store, progress=False)
+    assert second.ok, second.failures  # the stage did not fail...
+    assert second.values == first.values and second.recomputed == 1  # ...it was recomputed
+    assert second.store_errors == 1
+    (message,) = _store_warnings(record)
+    assert "could not write 1 result" in message and str(tmp_path / "store") in message
+    assert snapshot(tmp_path / "store") == before  # and nothing was written or removed
+
+
+def test_a_store_that_cannot_be_written_is_reported_once_and_results_returned(
+    client: Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("not a directory")
+    sweep = build(slow=[20, 50])
+    with (
+        warnings.catch_warnings(record=True) as record,
+        caplog.at_level(logging.DEBUG, logger="daskjobs"),
+    ):
+        warnings.simplefilter("always")
+        result = sweep.run(client, store=afile, progress=False)
+    assert result.ok and len(result.records) == 12
+    assert result.computed == 18 and result.store_errors == 18
+    (message,) = _store_warnings(record)  # one warning for the run, not one per stage
+    assert f"could not write 18 results to the daskjobs store {afile}" in message
+    assert "NotADirectoryError" in message or "FileExistsError" in message
+    # Workers say it once too (one process here): the rest go to DEBUG.
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and "could not" in r.msg]
+    assert len(loud) == 1, [r.getMessage() for r in loud]
 
 
 # -- running without a client ------------------------------------------------------------
