@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import dask
@@ -204,19 +205,121 @@ def test_a_broken_recorder_never_breaks_the_run(tmp_path):
 # -- the recorder -------------------------------------------------------------------------------
 
 
-def test_the_recorder_never_blocks_and_counts_what_it_drops(tmp_path):
+class _StuckFile:
+    """A trace file whose writes block until ``release`` is set (a stalled disk)."""
+
+    def __init__(self, real):
+        self.real = real
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def writelines(self, lines):
+        self.entered.set()
+        assert self.release.wait(60), "the test never released the stuck disk"
+        self.real.writelines(lines)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def _warnings(caplog):
+    return [r for r in caplog.records if r.name == "daskjobs.plugin.recorder"]
+
+
+def test_the_recorder_never_blocks_and_counts_what_it_drops(tmp_path, caplog):
+    """With the writer stuck inside a write, emit still returns at once: 50,000 emits
+    finish while the disk is stalled (a blocking emit could only finish after the
+    release), at most ``max_queue`` wait, the rest are counted and logged once."""
     path = tmp_path / "q.jsonl"
-    rec = TraceRecorder(path, max_queue=10, flush_interval=60)  # the writer sleeps: queue fills
-    t0 = time.perf_counter()
+    rec = TraceRecorder(path, max_queue=10, flush_interval=0.01)
+    stuck = rec._file = _StuckFile(rec._file)
     now = time.time()
-    accepted = [rec.emit({"type": "event", "time": now, "event": {"i": i}}) for i in range(50_000)]
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0
+    assert rec.emit({"type": "event", "time": now, "event": {"i": -1}})
+    assert stuck.entered.wait(30)  # the writer took that record and is stuck writing it
+    accepted: list[bool] = []
+    emitter = threading.Thread(
+        target=lambda: accepted.extend(
+            rec.emit({"type": "event", "time": now, "event": {"i": i}}) for i in range(50_000)
+        )
+    )
+    emitter.start()
+    emitter.join(30)
+    done_while_stuck = not emitter.is_alive()
+    stuck.release.set()
+    emitter.join()
+    assert done_while_stuck, "emit waited for the writer"
     assert sum(accepted) == 10 and rec.dropped == 49_990
+    assert rec.stats()["dropped"] == 49_990
     rec.close()
     assert rec.emit({"type": "event", "time": now, "event": {}}) is False  # after close: dropped
     trace = read_trace(path)
-    assert trace.complete and trace.dropped == 49_990 and trace.records == 10
+    assert trace.complete and trace.dropped == 49_990 and trace.records == 11
+    # the loss is logged once, at WARNING, with the count
+    (warning,) = _warnings(caplog)
+    assert warning.levelname == "WARNING" and "49990 record(s) dropped" in warning.getMessage()
+
+
+def test_a_graph_of_100001_tasks_is_never_dropped(tmp_path, caplog):
+    """The plugin emits a graph's records inside one update_graph call, before the
+    writer can drain any: more than the queue's bound. All of them are written;
+    transition records beyond the bound are what a slow disk costs."""
+    path = tmp_path / "big.jsonl"
+    rec = TraceRecorder(path, flush_interval=3600)  # the writer drains only at close
+    assert rec.max_queue == 65_536
+    now = time.time()
+    n = 100_001
+    for i in range(n):
+        rec.emit({"type": "graph", "time": now, "key": f"t-{i}", "deps": [], "submit": now})
+    assert rec.dropped == 0 and rec.pending == n
+    queued = rec.emit_many(
+        {"type": "assigned", "time": now, "key": f"t-{i}", "worker": "tcp://w:1"}
+        for i in range(70_000)
+    )
+    assert queued == 65_536 and rec.dropped == 70_000 - 65_536
+    assert not _warnings(caplog)  # emit logs nothing: the writer does, once
+    rec.close()
+    trace = read_trace(path)
+    assert trace.complete and trace.dropped == 4_464
+    assert len(trace.tasks) == n and all(t.in_graph for t in trace.tasks.values())
+    assert sum(len(t.attempts) for t in trace.tasks.values()) == 65_536
+    assert list(trace.tasks)[:2] == ["t-0", "t-1"]  # written in the order emitted
+    (warning,) = _warnings(caplog)
+    assert "4464 record(s) dropped" in warning.getMessage()
+
+
+def _inc(x):
+    return x + 1
+
+
+def test_graph_records_through_the_plugin_survive_a_stalled_writer(tmp_path, monkeypatch, caplog):
+    """The same through a LocalCluster: the queue bound lowered to 1,000 and the writer
+    stalled until recording stops, a graph of 3,000 tasks that cannot run (no worker
+    has a GPU) and 600 that run. Every graph record is in the trace; the transitions
+    beyond the bound are dropped, counted in status() and the footer, logged once."""
+    from daskjobs.plugin import recorder
+
+    init = recorder.TraceRecorder.__init__
+
+    def stalled(self, path, **kwargs):
+        init(self, path, **{**kwargs, "max_queue": 1_000, "flush_interval": 3600})
+
+    monkeypatch.setattr(recorder.TraceRecorder, "__init__", stalled)
+    path = tmp_path / "plugin.jsonl"
+    with cluster(JobsPlugin(), n_workers=1) as cl, Client(cl) as c:
+        with daskjobs.record(c, path):
+            stuck = {f"gpu-{i}": (_inc, i) for i in range(3_000)}
+            held = c.get(stuck, list(stuck), sync=False, resources={"GPU": 1})
+            runs = {f"cpu-{i}": (_inc, i) for i in range(600)}
+            assert len(c.get(runs, list(runs))) == 600
+            seen = status(c)["recording"]
+            assert seen["dropped"] > 0
+        del held
+    trace = read_trace(path)
+    graph = {k for k, t in trace.tasks.items() if t.in_graph}
+    assert {f"gpu-{i}" for i in range(3_000)} | {f"cpu-{i}" for i in range(600)} <= graph
+    assert trace.dropped >= seen["dropped"] > 0
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "record(s) dropped" in warnings[0].getMessage()
 
 
 def test_values_json_cannot_hold_are_written_anyway(tmp_path):

@@ -1,13 +1,39 @@
 """Write a trace of a live run to a JSON Lines file, off the scheduler's hot path.
 
 The scheduler plugin hands small ``dict`` records to :meth:`TraceRecorder.emit`
-from the scheduler's event loop. ``emit`` only appends to a bounded in-memory
-queue: it never serialises, never touches the file, never waits for a lock held
-by the writer and never blocks. When the queue is full the record is dropped
-and counted (``dropped``), so memory stays bounded however slow the disk is.
+from the scheduler's event loop. ``emit`` only appends to an in-memory queue: it
+never serialises, never touches the file, never waits for a lock held by the
+writer and never blocks.
 
-A daemon thread wakes every ``flush_interval`` seconds, drains the queue, turns
-the records into JSON lines and flushes the file. :meth:`TraceRecorder.close`
+Which records may be dropped
+============================
+
+A trace without its graph cannot be replayed (no estimates, teams, dependencies
+or submission times), and the plugin emits a graph's records all at once, one per
+task, inside one ``update_graph`` call: the writer thread cannot drain any of
+them before the call returns. So **graph records are never dropped**: they do
+not count against the bound. They cost memory in proportion to the tasks the
+scheduler holds anyway (a ``TaskState`` each, much larger than a record), and
+only until the writer's next pass.
+
+The other records (one or two per transition, starts, workers, events) arrive
+spread over the run; at most ``max_queue`` of them wait for the writer. When
+more arrive before it has drained them (the disk is slower than the run, or the
+writer thread is starved of the GIL by a scheduler busy with a storm of
+transitions), the new ones are dropped and counted (``dropped``, the footer's
+``dropped``, :meth:`TraceRecorder.stats`), so memory stays bounded whatever the
+disk does. The writer logs one WARNING the first time it sees drops, with the
+count so far; the total is in the footer.
+
+Producer and consumer each keep their own counters (``emit`` the records it
+queued, the writer those it took), so the number of bounded records waiting is
+a difference of two integers each written by one thread only: no lock.
+
+A daemon thread wakes every ``flush_interval`` seconds, drains the queue in
+chunks (serialising a chunk, writing it, so a graph of a million records never
+becomes one string in memory), and flushes the file. Records are written in the
+order they were emitted: the scheduler's clock order that
+:func:`~daskjobs.plugin.trace.read_trace` checks. :meth:`TraceRecorder.close`
 drains what is left and writes the footer with the counts. A crashed run leaves
 a file without a footer (and possibly one unterminated last line), which
 :func:`daskjobs.plugin.trace.read_trace` reads and flags as incomplete.
@@ -27,7 +53,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["TRACE_VERSION", "TraceRecorder", "jsonable"]
@@ -36,6 +62,12 @@ logger = logging.getLogger("daskjobs.plugin.recorder")
 
 #: Version of the trace format written by this module (``docs/trace.md``).
 TRACE_VERSION = 1
+
+#: Record types that are never dropped (see the module docs).
+KEPT_TYPES = frozenset({"graph"})
+
+#: Records serialised and written per step of the writer.
+CHUNK = 8192
 
 
 def jsonable(value: Any) -> Any:
@@ -68,14 +100,14 @@ def _dumps(record: Mapping[str, Any]) -> str:
 class TraceRecorder:
     """Append JSON records to ``path`` from a background thread.
 
-    ``emit(record)`` is O(1) and never blocks; when more than ``max_queue``
-    records wait for the writer, new ones are dropped and counted in
-    ``dropped``. The file is opened (and truncated) and the header written when
-    the recorder is created, so a bad path fails here, with the path named.
-    ``header`` adds fields to the header line.
+    ``emit(record)`` is O(1) and never blocks. Graph records are always queued;
+    when ``max_queue`` other records wait for the writer, new ones are dropped
+    and counted in ``dropped`` (module docs). The file is opened (and truncated)
+    and the header written when the recorder is created, so a bad path fails
+    here, with the path named. ``header`` adds fields to the header line.
 
-    Meant for a single producer (the scheduler's event loop): the counters are
-    plain integers updated without locks.
+    Meant for a single producer (the scheduler's event loop): each counter is a
+    plain integer written by one thread only.
     """
 
     def __init__(
@@ -95,6 +127,9 @@ class TraceRecorder:
         self.flush_interval = float(flush_interval)
         self.accepted = 0  # records queued by emit
         self.dropped = 0  # records refused because the queue was full (or after close)
+        self._bounded_in = 0  # droppable records queued (written by emit only)
+        self._bounded_out = 0  # droppable records taken off the queue (by the writer only)
+        self._warned = False
         self.written = 0  # records written, header and footer excluded
         self.errors = 0  # records that could not be written (serialisation or I/O)
         self.failed: str | None = None  # the I/O error that stopped writing, if any
@@ -127,14 +162,25 @@ class TraceRecorder:
     def emit(self, record: Mapping[str, Any]) -> bool:
         """Queue ``record`` for writing; ``False`` (and counted) if it was dropped.
 
-        The record must not be changed afterwards: the writer thread reads it later.
+        A graph record is never dropped while recording; another one is when
+        ``max_queue`` others wait for the writer. The record must not be changed
+        afterwards: the writer thread reads it later.
         """
-        if self.closed or len(self._queue) >= self.max_queue:
+        if self.closed:
             self.dropped += 1
             return False
+        if record.get("type") not in KEPT_TYPES:
+            if self._bounded_in - self._bounded_out >= self.max_queue:
+                self.dropped += 1
+                return False
+            self._bounded_in += 1
         self._queue.append(record)
         self.accepted += 1
         return True
+
+    def emit_many(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """:meth:`emit` each of ``records``, in order; the number queued."""
+        return sum(self.emit(r) for r in records)
 
     @property
     def pending(self) -> int:
@@ -150,6 +196,7 @@ class TraceRecorder:
             "errors": self.errors,
             "failed": self.failed,
             "closed": self.closed,
+            "max_queue": self.max_queue,
         }
 
     # -- the writer thread --------------------------------------------------------------
@@ -160,27 +207,51 @@ class TraceRecorder:
 
     def _drain(self) -> None:
         q = self._queue
-        if not q:
-            return
-        lines: list[str] = []
+        wrote = False
         while q:
-            rec = q.popleft()
+            lines: list[str] = []
+            while q and len(lines) < CHUNK:
+                rec = q.popleft()
+                if rec.get("type") not in KEPT_TYPES:
+                    self._bounded_out += 1
+                try:
+                    lines.append(_dumps(rec) + "\n")
+                except Exception:
+                    self.errors += 1
+                    logger.warning("daskjobs trace: cannot serialise a %r record", rec.get("type"))
+            if self.failed is not None:
+                self.errors += len(lines)  # the file is unusable: keep memory bounded, count
+                continue
             try:
-                lines.append(_dumps(rec) + "\n")
-            except Exception:
-                self.errors += 1
-                logger.warning("daskjobs trace: cannot serialise a %r record", rec.get("type"))
-        if self.failed is not None:
-            self.errors += len(lines)  # the file is unusable: keep memory bounded, count
-            return
-        try:
-            self._file.writelines(lines)
-            self._file.flush()
-            self.written += len(lines)
-        except Exception as e:
-            self.failed = str(e)
-            self.errors += len(lines)
-            logger.warning("daskjobs trace: writing %s failed, recording stops: %s", self.path, e)
+                self._file.writelines(lines)
+                self.written += len(lines)
+                wrote = True
+            except Exception as e:
+                self.failed = str(e)
+                self.errors += len(lines)
+                logger.warning(
+                    "daskjobs trace: writing %s failed, recording stops: %s", self.path, e
+                )
+        if wrote and self.failed is None:
+            try:
+                self._file.flush()
+            except Exception as e:
+                self.failed = str(e)
+                logger.warning(
+                    "daskjobs trace: writing %s failed, recording stops: %s", self.path, e
+                )
+        if self.dropped and not self._warned:
+            self._warned = True
+            logger.warning(
+                "daskjobs trace: %d record(s) dropped so far while writing %s: more than "
+                "%d transition records waited for the writer (a disk slower than the run, "
+                "or a scheduler too busy to let the writer thread run); the trace has gaps. "
+                "Graph records are never dropped; the total is in the footer's 'dropped' "
+                "and daskjobs.status()['recording']",
+                self.dropped,
+                self.path,
+                self.max_queue,
+            )
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, then the footer, and close the file (idempotent).
