@@ -125,13 +125,14 @@ def test_ls_and_gc_dry_run_never_change_the_store(store: ResultStore, tmp_path: 
     before = snapshot(tmp_path)
     code, out = invoke("cache", "ls", "--store", store.url)
     assert code == 0 and "backtest-2" in out
-    assert "1 entry has an unreadable manifest" in out and "daskjobs cache verify" in out
+    assert "2 entries look corrupt" in out and "daskjobs cache verify" in out
     code, out = invoke("cache", "ls", "--store", store.url, "--json")
-    assert code == 0 and json.loads(out)["unreadable"] == ["features-1"]
+    assert code == 0 and json.loads(out)["corrupt"] == ["backtest-1", "features-1"]
+    assert [e["key"] for e in json.loads(out)["entries"]] == ["backtest-2"]
     code, out = invoke(
         "cache", "gc", "--store", store.url, "--older-than", "0", "--dry-run", "--json"
     )
-    assert code == 0 and sorted(json.loads(out)["removed"]) == ["backtest-1", "backtest-2"]
+    assert code == 0 and json.loads(out)["removed"] == ["backtest-2"]
     code, out = invoke("cache", "verify", "--store", store.url, "--keep")
     assert code == 1 and "corrupt: features-1 (kept)" in out
     assert snapshot(tmp_path) == before
@@ -167,11 +168,11 @@ def test_a_read_only_store_is_listed_and_refuses_removal_clearly(
     before = snapshot(tmp_path)
     with read_only(tmp_path / "store"):
         code, out = run_cli("cache", "ls", "--store", store.url)
-        assert code == 0 and "3 entries" in out
+        assert code == 0 and "2 entries" in out and "1 entry looks corrupt" in out
         code, out = run_cli("cache", "verify", "--store", store.url)
         assert code == 1 and "corrupt: backtest-1 (could not remove:" in out
         code, out = run_cli("cache", "gc", "--store", store.url, "--older-than", "0")
         assert code == 1 and "cannot remove entries from" in out and "read-only" in out
         code, out = run_cli("cache", "gc", "--store", store.url, "--older-than", "0", "--dry-run")
-        assert code == 0 and "would remove 3 entries" in out
+        assert code == 0 and "would remove 2 entries" in out
     assert snapshot(tmp_path) == before

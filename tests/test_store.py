@@ -369,13 +369,29 @@ def test_looking_never_changes_the_store(tmp_path: Path) -> None:
     _edit_manifest(store, "l-2", nbytes=10**15)  # absurd
     before = snapshot(tmp_path)
 
-    assert [e.key for e in store.ls()] == ["l-1", "l-2"]  # l-0's manifest cannot be read
+    store.put("l-3", "sound")
+    before = snapshot(tmp_path)
+
+    # l-0: unreadable manifest; l-1 and l-2: payload not the size recorded
+    assert store.scan() == (store.ls(), ["l-0", "l-1", "l-2"])
+    assert [e.key for e in store.ls()] == ["l-3"]
     with pytest.raises(CorruptEntryError):
         store.info("l-0")
     dry = store.gc(older_than=0, max_bytes=0, dry_run=True, now=time.time() + 10 * 3600)
-    assert set(dry.removed) == {"l-1", "l-2"} and dry.dry_run
+    assert dry.removed == ("l-3",) and dry.dry_run
     assert set(store.verify(remove=False).corrupt) == {"l-0", "l-1", "l-2"}
     assert snapshot(tmp_path) == before
+
+
+def test_gc_by_size_is_not_fooled_by_a_manifest_claiming_a_huge_size(store: ResultStore) -> None:
+    for i in range(4):
+        store.put(f"s-{i}", np.zeros(1000, dtype=np.uint8))
+        time.sleep(0.01)  # distinct creation times: s-0 is the oldest
+    budget = 3 * store.info("s-0").nbytes  # room for the three sound entries
+    _edit_manifest(store, "s-3", nbytes=10**15)  # the newest claims a petabyte
+    report = store.gc(max_bytes=budget, dry_run=True)
+    assert report.removed == () and report.kept == 3  # nothing sound is pushed out
+    assert [e.key for e in store.ls()] == ["s-0", "s-1", "s-2"]
 
 
 def test_a_corrupt_entry_in_a_read_only_store_is_a_miss_left_in_place(

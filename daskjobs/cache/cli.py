@@ -84,7 +84,7 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
     """List the entries of a store, oldest first (changes nothing, even if some are corrupt)."""
     store = _store(url)
     with _errors():
-        found, unreadable = store.scan()
+        found, corrupt = store.scan()
     entries = [e for e in found if stage is None or e.stage == stage]
     total = sum(e.nbytes for e in entries)
     if as_json:
@@ -92,7 +92,7 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
             "store": store.url,
             "entries": [asdict(e) for e in entries],
             "bytes": total,
-            "unreadable": unreadable,
+            "corrupt": corrupt,
         }
         click.echo(json.dumps(out, default=str))
         return
@@ -104,11 +104,12 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
             f"{e.compute_seconds:>8.2f}s  {e.writer}"
         )
     click.echo(f"{len(entries)} entries, {_size(total)} in {store.url}")
-    if unreadable:
-        n = len(unreadable)
+    if corrupt:
+        n = len(corrupt)
         click.echo(
-            f"{n} {'entry has' if n == 1 else 'entries have'} an unreadable manifest: "
-            f"{', '.join(unreadable)} (`daskjobs cache verify` checks and removes them)"
+            f"{n} {'entry looks' if n == 1 else 'entries look'} corrupt (an unreadable manifest, "
+            f"or a payload missing or not of the size recorded), not listed: {', '.join(corrupt)}"
+            " (`daskjobs cache verify` checks and removes them)"
         )
 
 

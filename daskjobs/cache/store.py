@@ -529,19 +529,44 @@ class ResultStore:
         return self.scan()[0]
 
     def scan(self) -> tuple[list[EntryInfo], list[str]]:
-        """Manifests of all readable entries, oldest first, and the keys whose manifest cannot
-        be read (left in place: ``verify`` removes them)."""
-        out, unreadable = [], []
+        """Manifests of all sound-looking entries, oldest first, and the keys of those that look
+        corrupt without reading a payload: a manifest that cannot be read, or a payload file
+        that is missing or not the size the manifest records (one listing of the payloads).
+        Nothing is removed (``verify`` removes them)."""
+        manifests: list[EntryInfo] = []
+        corrupt: list[str] = []
         for key in self.keys():
             try:
                 info, _ = self._manifest(key)
             except KeyError:  # removed since the listing
                 continue
             if info is None:
-                unreadable.append(key)
+                corrupt.append(key)
             else:
+                manifests.append(info)
+        # Listed after the manifests: a committed manifest's payload was written before it.
+        sizes = self._payload_sizes()
+        out = []
+        for info in manifests:
+            if sizes.get(info.payload) == info.nbytes:
                 out.append(info)
-        return sorted(out, key=lambda e: (e.created, e.key)), unreadable
+            else:
+                corrupt.append(info.key)
+        return sorted(out, key=lambda e: (e.created, e.key)), sorted(corrupt)
+
+    def _payload_sizes(self) -> dict[str, int]:
+        """``{"data/<key>/<name>.bin": size}`` of every payload file."""
+        try:
+            found = self.fs.find(f"{self.root}/data", detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for path, detail in found.items():
+            rel = "/".join(str(path).rstrip("/").rsplit("/", 3)[-3:])
+            size = detail.get("size")
+            if isinstance(size, int):
+                out[rel] = size
+        return out
 
     def verify(self, keys: Iterable[str] | None = None, *, remove: bool = True) -> VerifyReport:
         """Re-read every entry (or ``keys``) and recompute its checksum.
@@ -580,12 +605,13 @@ class ResultStore:
         until the store holds at most ``max_bytes``; also removes abandoned uncommitted payloads
         (older than an hour) and stale temporary files.
 
-        ``dry_run`` reports and removes nothing. Entries whose manifest cannot be read are
-        left alone (``verify`` removes them). :class:`StoreAccessError` if the store cannot be
-        written (after removing what it could).
+        ``dry_run`` reports and removes nothing. Entries that look corrupt (see :meth:`scan`)
+        are left alone and not counted towards ``max_bytes``: a manifest claiming a huge size
+        must not push sound entries out (``verify`` removes them). :class:`StoreAccessError` if
+        the store cannot be written (after removing what it could).
         """
         now = time.time() if now is None else now
-        entries, unreadable = self.scan()
+        entries, suspect = self.scan()
         reasons: dict[str, str] = {}
         if older_than is not None:
             for e in entries:
@@ -602,9 +628,9 @@ class ResultStore:
         removed = [e for e in entries if e.key in reasons]
         kept = [e for e in entries if e.key not in reasons]
         # Payloads of listed entries are not orphans (those of removed ones go with them);
-        # an entry whose manifest cannot be read keeps all its files until verify removes it.
+        # an entry that looks corrupt keeps all its files until verify removes it.
         live = {e.key: e.payload for e in entries}
-        live.update(dict.fromkeys(unreadable, ""))
+        live.update(dict.fromkeys(suspect, ""))
         orphans = self._orphans(now, live)
         if not dry_run:
             done = 0
