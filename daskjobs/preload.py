@@ -84,13 +84,14 @@ class _SetupCommand(click.Command):
     ) -> click.Context:
         # dask calls this while the scheduler starts and swallows what it raises (then
         # runs plain dask): hand the error to the callback instead, which refuses.
+        given = list(args)  # click consumes the list it parses
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.ClickException as e:
             ctx = click.Context(self, info_name=info_name, parent=parent, **extra)
             message = e.format_message()
             if isinstance(e, click.UsageError) and not message.startswith("daskjobs"):
-                message = f"daskjobs preload options {args}: {message}"
+                message = f"daskjobs preload options {' '.join(given)}: {message}"
             ctx.params = {_ERROR: message}
             return ctx
 

@@ -545,7 +545,11 @@ def test_a_scheduler_with_the_preload_runs_the_plugin(
     [
         ({"DASK_DASKJOBS__POLICY": "nope"}, [], r"daskjobs.policy: unknown policy 'nope'"),
         ({"DASK_DASKJOBS__TEAMS__TARGETS__A": "1e999"}, [], r"daskjobs.teams.targets.a"),
-        ({}, ["--daskjobs-policy", "nope"], r"--daskjobs-policy"),
+        (
+            {},
+            ["--daskjobs-policy", "nope"],
+            r"^daskjobs preload options --daskjobs-policy nope: Invalid value for '--daskjobs-pol",
+        ),
     ],
 )
 def test_a_scheduler_refuses_to_start_on_a_bad_config(
