@@ -485,7 +485,7 @@ def _resolve(recipe: _Recipe, ctx: _Context, memo: dict[str, Any], top: bool = F
         except KeyError as err:
             # Corrupt entries were reported (and removed, if the store can be written) by the
             # store; recompute below.
-            reason = getattr(err, "reason", "") or type(err).__name__
+            reason = getattr(err, "reason", "") or "gone: removed since the sweep was planned"
             logger.warning("store entry %s unusable (%s); recomputing it", key, reason)
             _event(ctx, "recomputed" if top else "recomputed-input", recipe.call, reason)
             left = getattr(err, "left", None)

@@ -314,6 +314,27 @@ def test_corrupt_entry_is_recomputed_never_returned(client: Client, tmp_path: Pa
     assert store.verify().corrupt == () and store.contains(key)
 
 
+def test_entry_removed_after_planning_is_recomputed(
+    client: Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``cache gc`` between planning and loading: the load recomputes, and says why."""
+    store = ResultStore(tmp_path / "store")
+    sweep = build(slow=[20])
+    first = sweep.run(client, store=store, progress=False)
+    graph = build(slow=[20]).to_dask(store=store)
+    assert len(graph.loaded) == 6
+    gone = graph.keys[2]
+    assert store.delete(gone)
+    with caplog.at_level(logging.WARNING, logger="daskjobs"):
+        second = run(graph, client, progress=False)
+    assert second.ok and second.values == first.values
+    assert second.recomputed == 1 and second.computed == 1 and second.hits == 5 + 2
+    assert f"store entry {gone} unusable (gone: removed since the sweep was planned)" in (
+        caplog.text
+    )
+    assert store.contains(gone)  # committed again
+
+
 def test_cache_false_stage_is_never_stored(client: Client, tmp_path: Path) -> None:
     store = ResultStore(tmp_path / "store")
     sweep = Sweep()
