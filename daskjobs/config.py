@@ -51,6 +51,7 @@ __all__ = [
     "MAX_HISTORY_SAMPLES",
     "MIN_INTERVAL",
     "POLICIES",
+    "ClientSettings",
     "Settings",
     "SpeculationSettings",
     "TeamSettings",
@@ -121,6 +122,14 @@ class SpeculationSettings:
 
 
 @dataclass(frozen=True)
+class ClientSettings:
+    """What clients may change on an operator's scheduler (docs/plugin.md#trust)."""
+
+    replace_plugin: bool = False
+    record: bool = True
+
+
+@dataclass(frozen=True)
 class Settings:
     """Checked plugin settings (seconds for every duration)."""
 
@@ -132,6 +141,8 @@ class Settings:
     audit_events: int = 10_000
     record: str | None = None
     speculation: SpeculationSettings = field(default_factory=lambda: SpeculationSettings())
+    record_dir: str | None = None
+    clients: ClientSettings = field(default_factory=ClientSettings)
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -401,4 +412,11 @@ def settings(**overrides: Any) -> Settings:
         audit_events=_integer("daskjobs.audit-events", raw["audit-events"], 0, MAX_AUDIT_EVENTS),
         record=_path("daskjobs.record", raw["record"], "the path of a trace file"),
         speculation=_speculation(raw["speculation"]),
+        record_dir=_path("daskjobs.record-dir", raw["record-dir"], "a directory"),
+        clients=ClientSettings(
+            replace_plugin=_boolean(
+                "daskjobs.clients.replace-plugin", raw["clients"]["replace-plugin"]
+            ),
+            record=_boolean("daskjobs.clients.record", raw["clients"]["record"]),
+        ),
     )

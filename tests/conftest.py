@@ -39,6 +39,16 @@ def plugin_cluster(plugin: Any = None, **kwargs: Any) -> Any:
     return LocalCluster(scheduler_kwargs={"plugins": plugins}, **kwargs)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _record_into_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Clients' recordings are confined to ``daskjobs.record-dir`` (the trust model):
+    in-process schedulers of this suite record into pytest's temporary directory."""
+    import dask
+
+    with dask.config.set({"daskjobs.record-dir": str(tmp_path_factory.getbasetemp())}):
+        yield
+
+
 @pytest.fixture
 def real_cluster(
     tmp_path: Path, request: pytest.FixtureRequest

@@ -60,9 +60,9 @@ def fetch_status(address: str, timeout: str) -> dict[str, Any]:
 def render(st: dict[str, Any], address: str) -> str:
     """The status as text: policy, teams, stages, counters, errors."""
     lines = [f"scheduler {address}", f"policy    {st.get('policy')}"]
-    settings = st.get("settings") or {}
-    if settings:
-        lines.append(f"overrides {json.dumps(settings, sort_keys=True, default=str)}")
+    overrides = st.get("overrides") or {}
+    if overrides:
+        lines.append(f"overrides {json.dumps(overrides, sort_keys=True, default=str)}")
     teams = st.get("teams") or []
     lines.append("")
     if teams:

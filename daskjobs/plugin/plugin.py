@@ -76,6 +76,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -216,12 +217,8 @@ class JobsPlugin(SchedulerPlugin):
 
     def __init__(self, **overrides: Any) -> None:
         self.overrides = dict(overrides)
-        self.settings: Settings = settings(**overrides)  # checked here, on the client
-        if self.settings.policy not in (*self._POLICIES, "fair-share", "node-aware"):
-            raise ValueError(
-                f"daskjobs.policy {self.settings.policy!r} is not available in the live plugin "
-                f"yet; choose one of {sorted(self._POLICIES)}"
-            )
+        # checked here, on the client (every name in daskjobs.config.POLICIES runs live)
+        self.settings: Settings = settings(**overrides)
         self.scheduler: Any = None
         self.policy: HeapPolicy | None = None
         self.fair: FairShare | None = None
@@ -250,6 +247,8 @@ class JobsPlugin(SchedulerPlugin):
         self._reconcile_pending = False
         # the scheduler's "log-event" stream handler and the plugin's wrapper of it
         self._log_event_original: tuple[Any, Any] | None = None
+        self.from_client = False  # set when unpickled: a client registered this plugin
+        self._recording_by_client = False
 
     # -- pickling: only the configuration travels -------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -257,10 +256,40 @@ class JobsPlugin(SchedulerPlugin):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state["overrides"])  # type: ignore[misc]
+        # it arrived pickled: a client registered it (client.register_plugin); the
+        # operator's plugin is made on the scheduler (preload, Scheduler(plugins=...))
+        self.from_client = True
 
     # -- lifecycle --------------------------------------------------------------------
+    def _apply_trust(self, scheduler: Any) -> None:
+        """The trust model (docs/plugin.md#trust): a client's plugin takes the settings
+        that guard the operator's setup from the scheduler's own config, and may
+        replace the operator's plugin only where the operator allows it."""
+        if not self.from_client:
+            return
+        trusted = settings()  # the scheduler's dask config, no client keywords
+        self.settings = dataclasses.replace(
+            self.settings, record_dir=trusted.record_dir, clients=trusted.clients
+        )
+        # one JobsPlugin steers a scheduler (whatever name it is registered under, it
+        # ranks every graph): a client's does not take over from the operator's
+        for name, existing in scheduler.plugins.items():
+            if (
+                isinstance(existing, JobsPlugin)
+                and not existing.from_client
+                and not existing.settings.clients.replace_plugin
+            ):
+                raise PermissionError(
+                    "daskjobs: this scheduler runs the daskjobs plugin its operator "
+                    f"configured (policy {existing.settings.policy!r}); a client's "
+                    "register_plugin does not replace it (daskjobs.clients.replace-plugin is "
+                    "false on the scheduler). Ask the operator, or remove theirs on purpose "
+                    f"first: client.unregister_scheduler_plugin({name!r})"
+                )
+
     async def start(self, scheduler: Any) -> None:
         check_scheduler(scheduler)
+        self._apply_trust(scheduler)
         if getattr(scheduler, "_daskjobs_wrapped", None) is not None:
             # a replaced registration: unwrap the previous plugin's hook first
             scheduler._set_priorities = scheduler._daskjobs_wrapped
@@ -316,7 +345,9 @@ class JobsPlugin(SchedulerPlugin):
         self._event("started", policy=s.policy, default_estimate=s.default_estimate)
         install_metrics(self, scheduler)  # never raises; a no-op without prometheus_client
         if s.record:
-            await self._start_recording(s.record)
+            # keywords of a client's plugin are the client's request: confined like one
+            client_path = self.from_client and "record" in self.overrides
+            await self._start_recording(s.record, by_client=client_path)
         if s.speculation.enabled:
             sp = s.speculation
             self.speculator = Speculator(
@@ -867,7 +898,9 @@ class JobsPlugin(SchedulerPlugin):
             "tasks": len(self.tasks),
             "errors": dict(self.errors),
             "stages": est.stages() if est else {},
-            "settings": self.overrides,
+            "settings": dataclasses.asdict(self.settings),  # what is in force
+            "overrides": dict(self.overrides),  # the keywords it was made with
+            "from_client": self.from_client,
             "recording": self.recorder.stats() if self.recorder is not None else None,
         }
 
@@ -884,14 +917,35 @@ class JobsPlugin(SchedulerPlugin):
         return self.status()
 
     # -- recording (docs/trace.md) ------------------------------------------------------
-    async def _start_recording(self, path: str) -> TraceRecorder:
+    def _client_trace_path(self, path: str) -> str:
+        """Where a client's recording goes: inside ``daskjobs.record-dir`` (default: the
+        scheduler's working directory), or a clear refusal."""
+        if not self.settings.clients.record:
+            raise PermissionError(
+                "daskjobs: clients may not record on this scheduler "
+                "(daskjobs.clients.record is false); ask the operator"
+            )
+        base = os.path.realpath(self.settings.record_dir or os.getcwd())
+        full = os.path.abspath(os.path.join(base, os.path.expanduser(path)))
+        parent = os.path.realpath(os.path.dirname(full))
+        if os.path.commonpath([base, parent]) != base or os.path.basename(full) in ("", ".", ".."):
+            raise PermissionError(
+                f"daskjobs: a client's trace must be written inside {base!r} "
+                f"(daskjobs.record-dir on the scheduler); {path!r} is outside it"
+            )
+        return os.path.join(parent, os.path.basename(full))
+
+    async def _start_recording(self, path: str, by_client: bool = False) -> TraceRecorder:
         if self.recorder is not None:
             raise RuntimeError(
                 f"daskjobs is already recording to {self.recorder.path!r}; stop that first"
             )
         sched = self.scheduler
+        if by_client:
+            path = self._client_trace_path(path)
         rec = TraceRecorder(
             path,
+            exclusive=by_client,
             header={
                 "policy": self.settings.policy,
                 "settings": dataclasses.asdict(self.settings),
@@ -900,6 +954,7 @@ class JobsPlugin(SchedulerPlugin):
             },
         )
         self.recorder = rec
+        self._recording_by_client = by_client
         now = time.time()
         for ws in list(sched.workers.values()):
             rec.emit(self._worker_record(ws, now, existing=True))
@@ -931,9 +986,14 @@ class JobsPlugin(SchedulerPlugin):
         if action == "start":
             if not path:
                 raise ValueError("daskjobs.record: give the path of the trace file to write")
-            rec = await self._start_recording(str(path))
+            rec = await self._start_recording(str(path), by_client=True)
             return {"recording": True, **rec.stats()}
         if action == "stop":
+            if self.recorder is not None and not self._recording_by_client:
+                raise PermissionError(
+                    f"daskjobs: the recording to {self.recorder.path!r} is the operator's "
+                    "(daskjobs.record); a client cannot stop it"
+                )
             return {"recording": False, "stats": await self._stop_recording()}
         if action == "status":
             cur = self.recorder

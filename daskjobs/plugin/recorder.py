@@ -117,6 +117,7 @@ class TraceRecorder:
         max_queue: int = 65_536,
         flush_interval: float = 0.2,
         header: Mapping[str, Any] | None = None,
+        exclusive: bool = False,
     ) -> None:
         if not (isinstance(max_queue, int) and not isinstance(max_queue, bool) and max_queue >= 1):
             raise ValueError(f"max_queue: expected an integer >= 1, got {max_queue!r}")
@@ -134,9 +135,29 @@ class TraceRecorder:
         self.errors = 0  # records that could not be written (serialisation or I/O)
         self.failed: str | None = None  # the I/O error that stopped writing, if any
         self.closed = False
+        # created 0640 (umask permitting), never through a symlink at the last component;
+        # with ``exclusive`` (a client's recording) an existing file is never overwritten
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        flags |= getattr(os, "O_CLOEXEC", 0) | (os.O_EXCL if exclusive else os.O_TRUNC)
         try:
-            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115  (closed in close())
+            fd = os.open(self.path, flags, 0o640)
+            self._file = os.fdopen(fd, "w", encoding="utf-8")  # closed in close()
+        except FileExistsError as e:
+            if os.path.islink(self.path):
+                raise OSError(
+                    f"cannot write the daskjobs trace to {self.path!r}: it is a symbolic link "
+                    "(traces are never written through one)"
+                ) from e
+            raise OSError(
+                f"cannot write the daskjobs trace to {self.path!r}: the file exists "
+                "(a recording never overwrites one; choose another name or remove it)"
+            ) from e
         except OSError as e:
+            if os.path.islink(self.path):
+                raise OSError(
+                    f"cannot write the daskjobs trace to {self.path!r}: it is a symbolic link "
+                    "(traces are never written through one)"
+                ) from e
             raise OSError(f"cannot write the daskjobs trace to {self.path!r}: {e}") from e
         import distributed
 
