@@ -1,0 +1,274 @@
+"""Faults on a cluster of real processes: what happens, and what the user sees.
+
+Usage::
+
+    python benchmarks/bench_chaos.py            # every fault, about two minutes
+    python benchmarks/bench_chaos.py --only scheduler-restart
+
+Each fault runs on a fresh cluster of real processes (``tests/realcluster.py``):
+``dask scheduler --preload plugins/daskjobs_scheduler.py`` and three ``dask worker``
+processes of two threads, dask's default configuration plus dask's state validation,
+a result store in a temporary directory. The sweep: 6 feature stages (200 kB each)
+read by 20 backtests each (126 stages). Faults are SIGKILLs (no clean shutdown, as
+when a node is lost). For each fault the script prints one row: the fault, what
+happened (measured: results returned, stages recomputed or loaded, workers alive,
+log lines that show a broken invariant) and what the user saw (the first line of
+``SweepResult.summary()`` or the exception). The rows go to ``docs/reliability.md``.
+A script, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import realtasks  # noqa: E402
+from realcluster import RealCluster  # noqa: E402
+
+from daskjobs import Sweep, grid  # noqa: E402
+from daskjobs.plugin.client import status  # noqa: E402
+
+SPECULATION = {
+    "daskjobs": {
+        "policy": "node-aware",
+        "speculation": {
+            "enabled": True,
+            "late-factor": 2,
+            "min-runtime": "50ms",
+            "interval": "50ms",
+        },
+    }
+}
+
+
+def sweep_of(seconds: float = 0.3) -> Sweep:
+    sweep = Sweep("chaos")
+    feats = sweep.stage(realtasks.features, over=grid(slice=range(6)), estimate=0.02)
+    sweep.stage(
+        realtasks.backtest,
+        inputs={"features": feats},
+        over=grid(fast=range(20)),
+        params={"seconds": seconds},
+        estimate=seconds,
+    )
+    return sweep
+
+
+def _run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as err:
+            box["error"] = err
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+
+
+def _seen(box: dict[str, Any]) -> str:
+    if "error" in box:
+        err = box["error"]
+        return f"`{type(err).__name__}: {str(err).splitlines()[0][:160]}`"
+    return f"`{box['result'].summary().splitlines()[0]}`"
+
+
+def _happened(rc: RealCluster, box: dict[str, Any], extra: str = "") -> str:
+    parts = []
+    if "result" in box:
+        r = box["result"]
+        parts.append(
+            f"{len(r.records) - len(r.failures)}/{len(r.records)} results, "
+            f"{r.computed} computed, {r.hits} loaded"
+        )
+    alive = sum(rc.alive(f"w{i}") for i in range(rc.n_workers))
+    parts.append(f"{alive}/{rc.n_workers} worker processes alive")
+    problems = rc.problems()
+    parts.append(f"{len(problems)} log lines showing a broken invariant")
+    if extra:
+        parts.append(extra)
+    return "; ".join(parts)
+
+
+def worker_killed_mid_sweep(work: Path) -> tuple[str, str, str]:
+    rc = RealCluster(work / "c", n_workers=3).start()
+    store = str(work / "store")
+    try:
+        with rc.client() as c:
+            t, box = _run_in_thread(lambda: sweep_of().run(c, store=store, progress=False))
+            time.sleep(1.5)
+            rc.kill_worker("w1")
+            t.join(180)
+        return (
+            "worker killed mid-sweep (SIGKILL, no nanny)",
+            _happened(rc, box),
+            _seen(box),
+        )
+    finally:
+        rc.close()
+
+
+def _race(rc: RealCluster, victim: str) -> tuple[str, str]:
+    import dask
+
+    with rc.client() as c:
+        w0 = rc.worker_address(c, "w0")
+        with dask.annotate(workers=[w0], allow_other_workers=True, estimate=0.5):
+            x = dask.delayed(realtasks.where)(1, 0.5, dask_key_name="race-1")
+        fut = c.compute(x)
+        deadline = time.time() + 30
+        races: dict[str, Any] = {}
+        while time.time() < deadline and "race-1" not in races:
+            races = c.run_on_scheduler(
+                lambda dask_scheduler: {
+                    str(k): (r.worker, r.primary)
+                    for k, r in dask_scheduler.plugins["daskjobs"].speculator.races.items()
+                    if not r.redirected
+                }
+            )
+            time.sleep(0.02)
+        copy_worker, primary = races["race-1"]
+        names = {a: w["name"] for a, w in c.scheduler_info()["workers"].items()}
+        doomed = names[copy_worker if victim == "copy" else primary]
+        t0 = time.time()
+        rc.kill_worker(doomed)
+        try:
+            value = fut.result(timeout=60)
+            seen = f"the task's result `{value!r}` {time.time() - t0:.1f} s after the kill"
+        except Exception as err:
+            seen = f"`{type(err).__name__}: {err}`"
+        sp = status(c)["speculation"]
+        happened = (
+            f"copies launched {sp['launched']}, won {sp['won']}, adopted {sp['adopted']}, "
+            f"abandoned {sp['abandoned']}; plugin errors {sum(status(c)['errors'].values())}"
+        )
+    return happened, seen
+
+
+def worker_killed_running_copy(work: Path) -> tuple[str, str, str]:
+    rc = RealCluster(
+        work / "c", n_workers=3, nthreads=1, config=SPECULATION, env={"DASKJOBS_TEST_SLOW": "w0=8"}
+    ).start()
+    try:
+        happened, seen = _race(rc, "copy")
+        return ("worker killed while running a backup copy", _happened(rc, {}, happened), seen)
+    finally:
+        rc.close()
+
+
+def worker_killed_running_primary(work: Path) -> tuple[str, str, str]:
+    rc = RealCluster(
+        work / "c", n_workers=3, nthreads=1, config=SPECULATION, env={"DASKJOBS_TEST_SLOW": "w0=8"}
+    ).start()
+    try:
+        happened, seen = _race(rc, "primary")
+        return (
+            "worker killed while running a task that has a copy",
+            _happened(rc, {}, happened),
+            seen,
+        )
+    finally:
+        rc.close()
+
+
+def speculation_sweep_with_amm(work: Path) -> tuple[str, str, str]:
+    rc = RealCluster(
+        work / "c",
+        n_workers=3,
+        config={
+            **SPECULATION,
+            "distributed": {"scheduler": {"active-memory-manager": {"interval": "50ms"}}},
+        },
+        env={"DASKJOBS_TEST_SLOW": "w0=4"},
+    ).start()
+    try:
+        with rc.client() as c:
+            _, box = _run_in_thread(
+                lambda: sweep_of(0.05).run(c, store=str(work / "store"), progress=False)
+            )
+            _.join(180)
+            sp = status(c)["speculation"]
+        return (
+            "backup copies with the active memory manager every 50 ms, one worker 4x slow",
+            _happened(rc, box, f"copies launched {sp['launched']}, won {sp['won']}"),
+            _seen(box),
+        )
+    finally:
+        rc.close()
+
+
+def scheduler_restart(work: Path) -> tuple[str, str, str]:
+    rc = RealCluster(work / "c", n_workers=3).start()
+    store = str(work / "store")
+    try:
+        with rc.client() as c:
+            t, box = _run_in_thread(lambda: sweep_of().run(c, store=store, progress=False))
+            time.sleep(2.0)
+            rc.restart_scheduler()
+            t.join(180)
+        alive_after = sum(rc.alive(f"w{i}") for i in range(3))
+        for i in range(3):  # dask workers do not reconnect: start new ones, as a deployment would
+            rc.kill(f"w{i}")
+            rc.start_worker(f"w{i}")
+        rc.wait_for_workers(3)
+        with rc.client() as c:
+            again = sweep_of().run(c, store=store, progress=False)
+        happened = (
+            f"{alive_after}/3 workers still running after the restart (dask workers shut down "
+            "when their scheduler goes; new ones were started); the next run: "
+            f"{again.computed} computed, {again.hits} loaded from the store, "
+            f"{len(again.failures)} failed"
+        )
+        return ("scheduler killed mid-sweep and restarted", happened, _seen(box))
+    finally:
+        rc.close()
+
+
+FAULTS: dict[str, Callable[[Path], tuple[str, str, str]]] = {
+    "worker-mid-sweep": worker_killed_mid_sweep,
+    "worker-running-copy": worker_killed_running_copy,
+    "worker-running-primary": worker_killed_running_primary,
+    "amm-and-copies": speculation_sweep_with_amm,
+    "scheduler-restart": scheduler_restart,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=sorted(FAULTS), action="append")
+    args = ap.parse_args(argv)
+    from bench_plugin import machine
+
+    rows = []
+    for name in args.only or list(FAULTS):
+        work = Path(tempfile.mkdtemp(prefix=f"chaos-{name}-"))
+        try:
+            t0 = time.time()
+            rows.append(FAULTS[name](work))
+            print(f"  {name}: {time.time() - t0:.1f} s", file=sys.stderr)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    print(machine())
+    print(f"- command: python benchmarks/bench_chaos.py {' '.join(sys.argv[1:])}".rstrip())
+    print()
+    print("| fault | what happens (measured) | what the user sees |")
+    print("|---|---|---|")
+    for fault, happened, seen in rows:
+        print(f"| {fault} | {happened} | {seen} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
