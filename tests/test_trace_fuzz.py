@@ -162,7 +162,7 @@ def test_three_hundred_mutations_are_refused_by_name_or_replayed_within_the_run(
             # refused: a one-line usage error naming the file and line, never a traceback
             assert isinstance(result.exception, SystemExit), (case, result.exc_info)
             assert result.exit_code == 2, (case, result.output)
-            message = result.output.strip().splitlines()[-1]
+            (message,) = result.output.strip().splitlines()
             assert REFUSAL.match(message), (case, result.output)
             outcomes["refused"] = outcomes.get("refused", 0) + 1
             continue
@@ -308,8 +308,8 @@ def test_each_fault_is_refused_naming_line_and_field(tmp_path, fault):
         load(path)
     result = CliRunner().invoke(main, ["replay", str(path)])
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
-    (message,) = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
-    assert re.search(rf"t\.jsonl:{line}: .*{match}", message), result.output
+    (message,) = result.output.splitlines()  # one line, no usage text, no traceback
+    assert re.match(rf"Error: cannot replay: \S*t\.jsonl:{line}: .*{match}", message), message
 
 
 def test_binary_garbage_and_a_cut_character(tmp_path):
@@ -330,6 +330,20 @@ def test_binary_garbage_and_a_cut_character(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(TraceError, match=r"empty\.jsonl:1: empty file"):
         read_trace(empty)
+
+
+def test_a_trace_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
+    import daskjobs.plugin.trace as trace_module
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(trace_module, "open", denied, raising=False)
+    path = tmp_path / "locked.jsonl"
+    path.write_bytes(SHIPPED.read_bytes())
+    result = CliRunner().invoke(main, ["replay", str(path)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert result.output == f"Error: cannot replay: cannot read {path}: Permission denied\n"
 
 
 def test_suspicious_but_possible_values_are_noted(tmp_path):

@@ -11,7 +11,9 @@ synthetic sweep of N tasks drawn from the trace's per-stage durations.
 JSON list of records, or ``{"task_stream": [...], "deps": ...}``); what a task
 stream lacks is printed as notes (``daskjobs.replay.stream``).
 
-A bad trace is a usage error naming the file, line and field.
+A bad trace is one line naming the file, line and field (``Error: cannot replay:
+run.jsonl:17: 'finished' record: field 'duration' ...``) and exit status 2, never
+a traceback; so is a file that cannot be read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from pathlib import Path
 import click
 
 from daskjobs.replay.run import POLICIES
+
+
+class BadTrace(click.ClickException):
+    """A trace that cannot be replayed: its one-line message, exit status 2."""
+
+    exit_code = 2
 
 
 def _speculation(value: str | None) -> float | None:
@@ -122,7 +130,9 @@ def replay(
         else:
             loaded = load(trace)
     except TraceError as exc:
-        raise click.UsageError(f"cannot replay: {exc}") from None
+        raise BadTrace(f"cannot replay: {exc}") from None
+    except OSError as exc:
+        raise BadTrace(f"cannot replay: cannot read {trace}: {exc.strerror or exc}") from None
     clusters: list[tuple[int | None, int | None, bool]] = [(None, None, False)]
     if nodes is not None or cores_per_node is not None or no_slow:
         clusters.append((nodes, cores_per_node, no_slow))
