@@ -37,6 +37,12 @@ KINDS = ("truncate", "delete", "duplicate", "move", "retype", "number", "garbage
 
 HUGE = [9.9e18, 1e308, 10**400, -(10**30), 2**63, 1e7 + 1.0, 5e9]
 NEGATIVE = [-1, -1.0, -0.001, -1e9, -1795941675.0]
+# fields whose huge or negative value cannot be true: refused, or at least noted
+MEASURED = {
+    *("time", "submit", "started", "finished", "worker_time", "compute_start"),
+    *("compute_stop", "duration", "transfer", "estimate", "nthreads", "run_id"),
+    *("nbytes", "memory_limit", "records", "dropped", "errors", "version"),
+}
 OTHER_TYPES: list[Any] = ["x", "1.5", "", [], [1, 2], {}, {"a": 1}, True, False, None, 0, 1.5]
 
 
@@ -65,34 +71,44 @@ def _get(rec: Any, path: tuple[Any, ...]) -> Any:
     return rec
 
 
-def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
-    """One random mutation of the trace ``data``: (a description, the mutated bytes)."""
+def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes, bool]:
+    """One random mutation of the trace ``data``: a description, the mutated bytes, and
+    whether the mutation must be refused or noted (a line lost, added or garbled, a
+    huge or negative measurement), not replayed silently."""
     lines = data.split(b"\n")[:-1]  # the file ends with a newline
     kind = rng.choice(KINDS)
     i = rng.randrange(len(lines))
     if kind == "truncate":
         cut = rng.randrange(len(data))
-        return f"truncate at byte {cut}", data[:cut]
+        return f"truncate at byte {cut}", data[:cut], True
     if kind == "delete":
         del lines[i]
-        return f"delete line {i + 1}", b"".join(ln + b"\n" for ln in lines)
+        return f"delete line {i + 1}", b"".join(ln + b"\n" for ln in lines), True
     if kind == "duplicate":
         j = rng.randrange(len(lines) + 1)
         lines.insert(j, lines[i])
-        return f"line {i + 1} copied before line {j + 1}", b"".join(ln + b"\n" for ln in lines)
-    if kind == "move":
+        what = f"line {i + 1} copied before line {j + 1}"
+        return what, b"".join(ln + b"\n" for ln in lines), True
+    if kind == "move":  # flagged only when the times say so (moved among equal times: fine)
         j = rng.randrange(len(lines))
         lines.insert(j, lines.pop(i))
-        return f"line {i + 1} moved to {j + 1}", b"".join(ln + b"\n" for ln in lines)
+        return f"line {i + 1} moved to {j + 1}", b"".join(ln + b"\n" for ln in lines), False
     if kind == "garbage":
         junk = bytes(rng.randrange(256) for _ in range(rng.randint(1, 24)))
-        if rng.random() < 0.5:
+        if rng.random() < 0.5:  # into a line: flagged unless it is printable text (then it
+            # may only rename a field, or change a string the replay takes as a label)
             at = rng.randrange(len(data))
-            return f"{len(junk)} random bytes at byte {at}", data[:at] + junk + data[at:]
+            try:
+                binary = not junk.decode("utf-8").isprintable()
+            except UnicodeDecodeError:
+                binary = True
+            return f"{len(junk)} random bytes at byte {at}", data[:at] + junk + data[at:], binary
         lines[i] = junk
-        return f"line {i + 1} replaced by random bytes", b"".join(ln + b"\n" for ln in lines)
+        what = f"line {i + 1} replaced by random bytes"
+        return what, b"".join(ln + b"\n" for ln in lines), True
     rec = json.loads(lines[i])
-    if kind == "retype":
+    flagged = False
+    if kind == "retype":  # flagged nowhere: many fields may be null, some are not used
         field = rng.choice(sorted(rec))
         value = rng.choice(OTHER_TYPES)
         rec[field] = value
@@ -110,10 +126,12 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
             value = rng.choice(NEGATIVE)
         else:  # a plausible-looking shift: off by minutes, hours or years
             value = old + rng.choice([-1, 1]) * rng.choice([30.0, 3600.0, 3e7])
+        # (annotations are the user's, recorded as given; the replay reads the fields)
+        flagged = choice < 0.7 and path[-1] in MEASURED and path[0] != "annotations"
         _set(rec, path, value)
         what = f"line {i + 1}: {'.'.join(map(str, path))} := {value!r}"
     lines[i] = json.dumps(rec).encode()
-    return what, b"".join(ln + b"\n" for ln in lines)
+    return what, b"".join(ln + b"\n" for ln in lines), flagged
 
 
 # -- the oracle ----------------------------------------------------------------------------------
@@ -154,7 +172,7 @@ def test_three_hundred_mutations_are_refused_by_name_or_replayed_within_the_run(
     bound = shipped["window"] + 2 * CLOCK_TOLERANCE
     outcomes: dict[str, int] = {}
     for n in range(MUTATIONS):
-        what, data = mutate(shipped["data"], rng)
+        what, data, flagged = mutate(shipped["data"], rng)
         path.write_bytes(data)
         result = CliRunner().invoke(main, ["replay", str(path), "--json"])
         case = f"mutation {n} ({what})"
@@ -173,6 +191,8 @@ def test_three_hundred_mutations_are_refused_by_name_or_replayed_within_the_run(
         assert 0 < replayed["makespan_s"] <= shipped["makespan"] + bound, (case, replayed)
         for row in report["what_if"]:
             assert math.isfinite(row["makespan_s"]) and row["makespan_s"] <= 100 * bound, case
+        # a lost, added or garbled line or an impossible number is never replayed silently
+        assert report["notes"] or not flagged, (case, "replayed without a note")
         outcomes["noted" if report["notes"] else "clean"] = (
             outcomes.get("noted" if report["notes"] else "clean", 0) + 1
         )
@@ -185,7 +205,7 @@ def test_the_reader_alone_raises_only_trace_errors(shipped, tmp_path):
     rng = random.Random(SEED + 1)
     path = tmp_path / "m.jsonl"
     for n in range(MUTATIONS):
-        what, data = mutate(shipped["data"], rng)
+        what, data, _ = mutate(shipped["data"], rng)
         path.write_bytes(data)
         try:
             load(path)
