@@ -11,7 +11,8 @@ import urllib.request
 import dask
 import pytest
 from click.testing import CliRunner
-from distributed import Client, LocalCluster
+from conftest import plugin_cluster
+from distributed import Client
 
 from daskjobs.cli import main
 from daskjobs.plugin import JobsPlugin
@@ -21,13 +22,7 @@ pytest.importorskip("prometheus_client")
 
 
 def cluster(plugin=None, threads=2):
-    return LocalCluster(
-        n_workers=1,
-        threads_per_worker=threads,
-        processes=False,
-        dashboard_address=":0",
-        scheduler_kwargs={"plugins": [plugin] if plugin else []},
-    )
+    return plugin_cluster(plugin, threads_per_worker=threads)
 
 
 def nap(i, seconds=0.3):

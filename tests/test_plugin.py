@@ -13,7 +13,8 @@ from pathlib import Path
 import dask
 import dask.array as da
 import pytest
-from distributed import Client, LocalCluster
+from conftest import VALIDATE, plugin_cluster
+from distributed import Client
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
@@ -21,7 +22,6 @@ from daskjobs.plugin._internals import DaskInternalsError, check_scheduler
 from daskjobs.plugin.client import explain, local_cluster, status
 
 ROOT = Path(__file__).resolve().parent.parent
-VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
 
 
 def stamp(i):
@@ -36,12 +36,7 @@ def start_order(results):
 
 
 def cluster(plugin=None, **kwargs):
-    kwargs.setdefault("n_workers", 1)
-    kwargs.setdefault("threads_per_worker", 1)
-    kwargs.setdefault("processes", False)
-    kwargs.setdefault("dashboard_address", ":0")
-    plugins = [plugin] if plugin is not None else []
-    return LocalCluster(scheduler_kwargs={"plugins": plugins}, **kwargs)
+    return plugin_cluster(plugin, **kwargs)
 
 
 def plugin_of(client):
@@ -429,7 +424,8 @@ def test_the_plugin_learns_which_worker_is_slow():
         names = {addr: w["name"] for addr, w in c.scheduler_info()["workers"].items()}
         speeds = {names[w["worker"]]: w for w in status(c)["workers"]}
         assert speeds[0]["speed"] > 2.0 and speeds[0]["samples"] >= 3
-        assert 0.7 < speeds[1]["speed"] < 1.5
+        # relative: a loaded machine stretches every sleep alike
+        assert speeds[0]["speed"] > 2.0 * speeds[1]["speed"]
         events = [e for _, e in c.get_events("daskjobs") if e["action"] == "worker-speed"]
         assert events  # the belief about the slow worker was announced
         done = explain(c, "s-0")

@@ -6,12 +6,12 @@ import time
 
 import dask
 import pytest
+from conftest import VALIDATE, plugin_cluster
 from distributed import Client, LocalCluster
 
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import status
 
-VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
 FAST = {"late_factor": 2.0, "min_runtime": "100ms", "interval": "50ms", "enabled": True}
 
 
@@ -28,13 +28,7 @@ def work(i, seconds, fail_on=None):
 
 def cluster(spec=None, n_workers=2, threads=1):
     plugin = JobsPlugin(policy="lpt", speculation={**FAST, **(spec or {})})
-    return LocalCluster(
-        n_workers=n_workers,
-        threads_per_worker=threads,
-        processes=False,
-        dashboard_address=":0",
-        scheduler_kwargs={"plugins": [plugin]},
-    )
+    return plugin_cluster(plugin, n_workers=n_workers, threads_per_worker=threads)
 
 
 def address_of(client, name):
@@ -61,9 +55,8 @@ def healthy(client, n_workers=2):
 
 def test_a_task_on_a_slow_worker_finishes_from_its_backup():
     with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
-        t0 = time.time()
+        # 2 s on the slow worker 0: the result comes from the copy on worker 1
         assert c.compute(pinned(c, 0, 1, 0.2, 0.2), sync=True) == (1, 1)
-        assert time.time() - t0 < 1.6  # 2 s on the slow worker; the copy took ~0.2 s
         sp = healthy(c)
         assert sp["launched"] == 1 and sp["won"] == 1 and sp["running"] == 0
         assert sp["waste_seconds"]["default"] > 0
@@ -164,11 +157,12 @@ def test_a_task_on_a_worker_measured_slow_is_copied_before_its_deadline():
         assert speeds[address_of(c, 0)] > 2
         # 0.3 s estimated, 3 s on the slow worker: the deadline (2 x 0.3 x slow-down) is
         # seconds away, but a copy on the fast worker finishes far sooner
-        t0 = time.time()
         assert c.compute(pinned(c, 0, 20, 0.3, 0.3), sync=True) == (20, 1)
-        assert time.time() - t0 < 2.0
         sp = healthy(c)
         assert sp["won"] >= 1
+        launched = [e for _, e in c.get_events("daskjobs") if e["action"] == "backup-launched"]
+        deadline = 2.0 * 0.3 * speeds[address_of(c, 0)]  # late_factor x estimate x slow-down
+        assert launched and launched[-1]["late_by"] < deadline  # copied for being on a slow worker
 
 
 STOPPED: list[tuple[object, int]] = []
@@ -266,36 +260,41 @@ def test_node_aware_keeps_long_tasks_off_a_worker_measured_slow():
             ) as cl,
             Client(cl) as c,
         ):
-            t0 = time.time()
             results = c.compute(parts, sync=True)
-            elapsed = time.time() - t0
             assert status(c)["errors"] == {}
-        return {i: name for i, name in results}, elapsed
+        return {i: name for i, name in results}
 
-    ran_on, elapsed = run("node-aware")
+    ran_on = run("node-aware")
     assert ran_on[40] == 1 and ran_on[41] == 1  # both long tasks on the fast worker
-    assert elapsed < 3.0  # a long task on the slow worker alone would take 5 s
-    ran_on_lpt, _ = run("lpt")
+    ran_on_lpt = run("lpt")
     assert 0 in (ran_on_lpt[40], ran_on_lpt[41])  # LPT starts them first, one per worker
+
+
+RACER_RETURNED: list[tuple[object, float]] = []
 
 
 def racer(steps):
     """Ten times slower on the worker named 0; never checks cancelled(): a zombie loser."""
     from distributed import get_worker
 
+    name = get_worker().name
     for _ in range(steps):
-        time.sleep(0.01 * (10 if get_worker().name == 0 else 1))
+        time.sleep(0.01 * (10 if name == 0 else 1))
+    RACER_RETURNED.append((name, time.time()))
     return "done"
 
 
 def napper(i):
+    from distributed import get_worker
+
     t0 = time.time()
     time.sleep(0.1)
-    return (i, t0, time.time())
+    return (i, t0, time.time(), get_worker().name)
 
 
 def test_tasks_waiting_behind_a_zombie_loser_move_to_idle_workers():
     spec = {"late_factor": 1.5}
+    RACER_RETURNED.clear()
     with dask.config.set(VALIDATE), cluster(spec) as cl, Client(cl) as c:
         with dask.annotate(workers=[address_of(c, 0)], allow_other_workers=True, estimate=0.3):
             r = dask.delayed(racer)(30, dask_key_name="race")
@@ -306,15 +305,17 @@ def test_tasks_waiting_behind_a_zombie_loser_move_to_idle_workers():
             with dask.annotate(estimate=0.1):
                 batch.append(dask.delayed(napper)(i, dask_key_name=f"b-{i:02d}"))
         res = c.compute(batch, sync=True)
-        makespan = max(e for _, _, e in res) - min(s for _, s, _ in res)
-        # one usable thread: ~1.2 s; tasks left behind the zombie would wait ~2.3 s
-        assert makespan < 1.8, makespan
         sp = healthy(c)
         assert sp["moved_off_zombies"] >= 1
-        deadline = time.time() + 5
+        deadline = time.time() + 10
         while status(c)["speculation"]["zombies"] and time.time() < deadline:
             time.sleep(0.05)
         assert status(c)["speculation"]["zombies"] == 0  # the worker said its thread returned
+    zombie_returned = max(t for name, t in RACER_RETURNED if name == 0)
+    # the batch did not wait behind the zombie thread: all of it (1.2 s of work on the one
+    # usable thread) was done before the zombie (2.4 s of its 3 s left) returned
+    assert max(e for _, _, e, _ in res) < zombie_returned
+    assert all(s >= zombie_returned for _, s, _, w in res if w == 0)
 
 
 FLAKY_SEEN: set[int] = set()
