@@ -429,3 +429,13 @@ def test_removing_an_entry_spares_a_new_payload_of_the_same_key(tmp_path: Path) 
     assert store.delete("re-1") is True
     assert fresh.read_bytes() == b"being written"
     assert not store.contains("re-1")
+
+
+def test_a_local_store_creates_its_files_for_the_writer_and_its_group(tmp_path):
+    """Store files are 0640 (umask permitting): a team shares a store, others do not read it."""
+    store = ResultStore(str(tmp_path / "store"))
+    store.put("k-0640", {"x": 1}, stage="s")
+    files = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_mode & 0o007 == 0 for p in files), [
+        (str(p), oct(p.stat().st_mode)) for p in files
+    ]

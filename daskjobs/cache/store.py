@@ -488,9 +488,12 @@ class ResultStore:
         for attempt in (1, 2):
             self.fs.makedirs(f"{self.root}/data/{key}", exist_ok=True)
             try:
-                with self.fs.open(payload, "wb") as f:
-                    for chunk in chunks:
-                        f.write(chunk)
+                if self._local:
+                    _write_new(payload, chunks)
+                else:
+                    with self.fs.open(payload, "wb") as f:
+                        for chunk in chunks:
+                            f.write(chunk)
                 break
             except FileNotFoundError:  # gc removed the emptied directory just now
                 if attempt == 2:
@@ -727,8 +730,7 @@ class ResultStore:
             os.makedirs(tmp_dir, exist_ok=True)
             os.makedirs(os.path.dirname(manifest), exist_ok=True)
             tmp = f"{tmp_dir}/{nonce}.json"
-            with open(tmp, "wb") as f:
-                f.write(body)
+            _write_new(tmp, [body])
             try:
                 os.link(tmp, manifest)  # atomic, and fails if the entry exists
                 return True
@@ -819,3 +821,18 @@ class ResultStore:
             if hasattr(value, "timestamp"):
                 return float(value.timestamp())
         return 0.0
+
+
+#: Mode of the files a local store creates (umask permitting): the writer and its group
+#: read them (a team shares a store), others do not.
+FILE_MODE = 0o640
+
+
+def _write_new(path: str, chunks: Iterable[Any]) -> None:
+    """Write a new local file (its name carries a nonce): created ``FILE_MODE``, never
+    over an existing file and never through a symbolic link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    with os.fdopen(fd, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)

@@ -1021,7 +1021,10 @@ class JobsPlugin(SchedulerPlugin):
             return
         now = time.time()
         default_team = self.settings.teams.default
+        sp = self.speculator
         for ts in new:
+            if sp is not None and sp.is_copy(ts.key):
+                continue  # a backup copy is told in the trace as its task's attempt
             try:
                 v = self.tasks.get(ts.key)
                 ann = ts.annotations or {}
