@@ -22,6 +22,7 @@ _LAZY = {
     "ClusterImportError": "daskjobs.sweep",
     "ResultStore": "daskjobs.cache.store",
     "StoreAccessError": "daskjobs.cache.store",
+    "SweepInterrupted": "daskjobs.sweep",
     "JobsPlugin": "daskjobs.plugin",
     "cancelled": "daskjobs.tasks",
     "explain": "daskjobs.plugin.client",

@@ -114,6 +114,7 @@ __all__ = [
     "StageFailure",
     "Sweep",
     "SweepGraph",
+    "SweepInterrupted",
     "SweepResult",
     "cases",
     "grid",
@@ -1143,9 +1144,11 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
         if rejection is not None:
             _raise_rejected(client, graph, rejection)
         counts = log.counts()
-    for failed in failures.values():
-        logger.error("stage failed: %s\n%s", failed.failure, failed.failure.traceback)
     store_url = graph.store.url if graph.store is not None else None
+    cancelled = [k for k, f in failures.items() if f.cancelled]
+    for failed in failures.values():
+        if not failed.cancelled:
+            logger.error("stage failed: %s\n%s", failed.failure, failed.failure.traceback)
     if counts.store_errors:
         n = len(counts.store_errors)
         first = next(iter(counts.store_errors.values()))
@@ -1156,7 +1159,7 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
             RuntimeWarning,
             stacklevel=3,
         )
-    return SweepResult(
+    result = SweepResult(
         records=tuple(records),
         failures=tuple(f.failure for f in failures.values()),
         computed=len(counts.computed),
@@ -1169,12 +1172,28 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
         reruns=sum(counts.computed.values()) - len(counts.computed),
         store_errors=len(counts.store_errors),
     )
+    if cancelled:
+        where = (
+            f"they were committed to the store {store_url}: run the sweep again and it loads them"
+            if store_url
+            else "this run had no store, so a new run computes them again"
+        )
+        raise SweepInterrupted(
+            f"{len(cancelled)} of {len(records)} outputs of sweep run {graph.run_id} were "
+            "cancelled before they finished: the scheduler was lost (killed or restarted, "
+            "or the client's connection dropped) or the futures were cancelled. "
+            f"{result.computed} stage(s) ran to completion and {where}. "
+            "SweepInterrupted.partial holds what was gathered.",
+            result,
+        )
+    return result
 
 
 @dataclass(frozen=True)
 class _Failed:
     failure: StageFailure
     exception: BaseException | None
+    cancelled: bool = False  # dask cancelled the output (not the stage's own error)
 
 
 def _records(
@@ -1192,7 +1211,9 @@ def _records(
             record["error"] = None
         else:
             failure, exc = _failure_of(node, fut)
-            failures.setdefault(failure.key, _Failed(failure, exc))
+            failures.setdefault(
+                failure.key, _Failed(failure, exc, cancelled=fut.status == "cancelled")
+            )
             record["value"] = None
             record["error"] = str(failure)
         records.append(record)
@@ -1327,6 +1348,17 @@ def _listen(client: Client, run_id: str) -> Iterator[_RunLog]:
 
 
 # -- a graph the cluster cannot import ----------------------------------------------------------
+
+
+class SweepInterrupted(RuntimeError):
+    """Outputs of the sweep were cancelled before they finished: the scheduler was lost
+    (killed, restarted, the client's connection dropped) or someone cancelled the
+    futures. ``partial`` is the :class:`SweepResult` of what was gathered; every stage
+    that finished was committed to the store, so running the sweep again loads it."""
+
+    def __init__(self, message: str, partial: SweepResult) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 class ClusterImportError(ImportError):

@@ -200,3 +200,54 @@ def test_a_parameter_the_scheduler_cannot_unpickle_fails_at_once_naming_its_modu
         ]
     )
     assert unexpected == []
+
+
+def test_a_scheduler_lost_mid_sweep_is_one_clear_error_and_the_next_run_loads_what_ran(
+    real_cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from daskjobs.sweep import SweepInterrupted
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sweep = Sweep("scheduler-lost")
+    shorts = sweep.stage(
+        realtasks_sweep.short, over=grid(x=range(12)), params={"marks": str(marks)}
+    )
+    longs = sweep.stage(realtasks_sweep.long, params={"marks": str(marks)})
+    store = tmp_path / "store"
+    rc = real_cluster(n_workers=2, nthreads=2)
+    with rc.client() as c:
+        thread, box = in_thread(lambda: sweep.run(c, store=store, progress=False))
+        poll(
+            "every short output stored while the long stage runs",
+            lambda: (
+                (marks / "long-started").exists()
+                and all(
+                    s == "memory"
+                    for s, _ in c.run_on_scheduler(
+                        realtasks_sweep.key_states, keys=shorts.keys
+                    ).values()
+                )
+            ),
+        )
+        with caplog.at_level("ERROR", logger="daskjobs.sweep"):
+            rc.restart_scheduler()  # the workers shut down with it: dask does not reconnect
+            thread.join(HANG)
+    assert not thread.is_alive(), "sweep.run did not return"
+    err = box.get("error")
+    assert isinstance(err, SweepInterrupted), repr(err)
+    msg = str(err)
+    assert "cancelled" in msg and "run the sweep again" in msg and str(store) in msg
+    assert err.partial.computed >= 12  # what ran before the loss is counted, and stored
+    assert not [r for r in caplog.records if "stage failed" in r.getMessage()]  # one error
+    # a fresh cluster (new workers) loads every short output from the store
+    for name in ("w0", "w1"):
+        rc.kill(name)
+        rc.start_worker(name)
+    rc.wait_for_workers(2)
+    (marks / "long-gate").touch()
+    with rc.client() as c:
+        again = sweep.run(c, store=store, progress=False)
+    assert again.ok and again.hits == 12 and again.computed == 1
+    assert [r["value"] for r in again.records if r["stage"] == "long"] == ["long done"]
+    del longs
