@@ -87,11 +87,11 @@ def _seen(box: dict[str, Any]) -> str:
 
 def _happened(rc: RealCluster, box: dict[str, Any], extra: str = "") -> str:
     parts = []
-    if "result" in box:
-        r = box["result"]
+    r = box.get("result") or getattr(box.get("error"), "partial", None)
+    if r is not None:
         parts.append(
             f"{len(r.records) - len(r.failures)}/{len(r.records)} results, "
-            f"{r.computed} computed, {r.hits} loaded"
+            f"{r.computed} stages computed ({r.reruns} ran twice), {r.hits} loaded"
         )
     alive = sum(rc.alive(f"w{i}") for i in range(rc.n_workers))
     parts.append(f"{alive}/{rc.n_workers} worker processes alive")
@@ -226,8 +226,9 @@ def scheduler_restart(work: Path) -> tuple[str, str, str]:
         with rc.client() as c:
             again = sweep_of().run(c, store=store, progress=False)
         happened = (
-            f"{alive_after}/3 workers still running after the restart (dask workers shut down "
-            "when their scheduler goes; new ones were started); the next run: "
+            _happened(rc, box).split("; ")[0]
+            + f"; {alive_after}/3 workers still running after the restart (dask workers shut "
+            "down when their scheduler goes; new ones were started); the next run: "
             f"{again.computed} computed, {again.hits} loaded from the store, "
             f"{len(again.failures)} failed"
         )
