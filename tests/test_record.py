@@ -8,7 +8,8 @@ import time
 
 import dask
 import pytest
-from distributed import Client, LocalCluster
+from conftest import VALIDATE, plugin_cluster
+from distributed import Client
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
@@ -17,15 +18,11 @@ from daskjobs.plugin.recorder import TraceRecorder
 from daskjobs.plugin.trace import TraceError, read_trace
 from daskjobs.plugin.worker import REPORTER_NAME
 
-VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
-
 
 def cluster(plugin=None, **kwargs):
     kwargs.setdefault("n_workers", 2)
     kwargs.setdefault("threads_per_worker", 2)
-    kwargs.setdefault("processes", False)
-    kwargs.setdefault("dashboard_address", ":0")
-    return LocalCluster(scheduler_kwargs={"plugins": [plugin] if plugin else []}, **kwargs)
+    return plugin_cluster(plugin, **kwargs)
 
 
 def step(x, *deps):

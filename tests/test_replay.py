@@ -10,6 +10,7 @@ import time
 import dask
 import pytest
 from click.testing import CliRunner
+from conftest import plugin_cluster
 from distributed import Client, LocalCluster, get_worker
 
 from daskjobs.cli import main
@@ -86,13 +87,7 @@ def _record(path, policy="lpt", fn=_work, n_workers=2, threads=2, **graph):
 
     plugin = JobsPlugin(policy=policy)
     with (
-        LocalCluster(
-            n_workers=n_workers,
-            threads_per_worker=threads,
-            processes=False,
-            dashboard_address=":0",
-            scheduler_kwargs={"plugins": [plugin]},
-        ) as cl,
+        plugin_cluster(plugin, n_workers=n_workers, threads_per_worker=threads) as cl,
         Client(cl) as c,
     ):
         # a warm cluster first: the recorded run is under a second, so a cold start's
@@ -140,13 +135,7 @@ def dag_trace(tmp_path_factory):
     path = tmp_path_factory.mktemp("replay") / "dag.jsonl"
     plugin = JobsPlugin(policy="critical-path", record=str(path))
     with (
-        LocalCluster(
-            n_workers=3,
-            threads_per_worker=2,
-            processes=False,
-            dashboard_address=":0",
-            scheduler_kwargs={"plugins": [plugin]},
-        ) as cl,
+        plugin_cluster(plugin, n_workers=3, threads_per_worker=2) as cl,
         Client(cl) as c,
     ):
         c.compute(_array_reduction(), sync=True)
@@ -536,13 +525,7 @@ def spec_trace(tmp_path_factory):
             graph.append(dask.delayed(_slow4_work)(i, d, dask_key_name=f"bt-{i}"))
     plugin = JobsPlugin(policy="lpt", record=str(path), speculation=SPECULATION)
     with (
-        LocalCluster(
-            n_workers=3,
-            threads_per_worker=2,
-            processes=False,
-            dashboard_address=":0",
-            scheduler_kwargs={"plugins": [plugin]},
-        ) as cl,
+        plugin_cluster(plugin, n_workers=3, threads_per_worker=2) as cl,
         Client(cl) as c,
     ):
         c.compute(graph, sync=True)
