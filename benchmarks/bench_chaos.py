@@ -23,7 +23,6 @@ import argparse
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,22 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import realtasks  # noqa: E402
-from realcluster import RealCluster  # noqa: E402
+from realcluster import SPECULATION_CONFIG, RealCluster, in_thread  # noqa: E402
 
 from daskjobs import Sweep, grid  # noqa: E402
 from daskjobs.plugin.client import status  # noqa: E402
 
-SPECULATION = {
-    "daskjobs": {
-        "policy": "node-aware",
-        "speculation": {
-            "enabled": True,
-            "late-factor": 2,
-            "min-runtime": "50ms",
-            "interval": "50ms",
-        },
-    }
-}
+SPECULATION = SPECULATION_CONFIG
 
 
 def sweep_of(seconds: float = 0.3) -> Sweep:
@@ -62,20 +51,6 @@ def sweep_of(seconds: float = 0.3) -> Sweep:
         estimate=seconds,
     )
     return sweep
-
-
-def _run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as err:
-            box["error"] = err
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    return t, box
 
 
 def _seen(box: dict[str, Any]) -> str:
@@ -107,7 +82,7 @@ def worker_killed_mid_sweep(work: Path) -> tuple[str, str, str]:
     store = str(work / "store")
     try:
         with rc.client() as c:
-            t, box = _run_in_thread(lambda: sweep_of().run(c, store=store, progress=False))
+            t, box = in_thread(lambda: sweep_of().run(c, store=store, progress=False))
             time.sleep(1.5)
             rc.kill_worker("w1")
             t.join(180)
@@ -195,7 +170,7 @@ def speculation_sweep_with_amm(work: Path) -> tuple[str, str, str]:
     ).start()
     try:
         with rc.client() as c:
-            _, box = _run_in_thread(
+            _, box = in_thread(
                 lambda: sweep_of(0.05).run(c, store=str(work / "store"), progress=False)
             )
             _.join(180)
@@ -214,7 +189,7 @@ def scheduler_restart(work: Path) -> tuple[str, str, str]:
     store = str(work / "store")
     try:
         with rc.client() as c:
-            t, box = _run_in_thread(lambda: sweep_of().run(c, store=store, progress=False))
+            t, box = in_thread(lambda: sweep_of().run(c, store=store, progress=False))
             time.sleep(2.0)
             rc.restart_scheduler()
             t.join(180)

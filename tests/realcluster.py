@@ -21,8 +21,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,36 @@ PROBLEMS = re.compile(
     r"Cannot remove replica|This should be impossible|KeyError|"
     r"daskjobs: .* failed|Worker .* failed to heartbeat|Restarting worker"
 )
+
+
+#: dask config for a scheduler that runs the full plugin with quick backup copies.
+SPECULATION_CONFIG: dict[str, Any] = {
+    "daskjobs": {
+        "policy": "node-aware",
+        "speculation": {
+            "enabled": True,
+            "late-factor": 2,
+            "min-runtime": "50ms",
+            "interval": "50ms",
+        },
+    }
+}
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` in a daemon thread; the returned box gets ``result`` or ``error``
+    (a client call can then block while the test kills things)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as err:
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
 
 
 def _dask() -> list[str]:

@@ -8,22 +8,15 @@ import time
 
 import pytest
 import realtasks
+from realcluster import SPECULATION_CONFIG
 
 from daskjobs import Sweep, grid
 from daskjobs.plugin.client import status
 
 SPECULATION = {
+    **SPECULATION_CONFIG,
     # dask's default memory manager, run often so that a copy's inputs get judged
     "distributed": {"scheduler": {"active-memory-manager": {"interval": "50ms"}}},
-    "daskjobs": {
-        "policy": "node-aware",
-        "speculation": {
-            "enabled": True,
-            "late-factor": 2,
-            "min-runtime": "50ms",
-            "interval": "50ms",
-        },
-    },
 }
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,26 +18,13 @@ from typing import Any
 import cloudpickle
 import pytest
 import realtasks_sweep
+from realcluster import in_thread
 
 from daskjobs import Sweep, grid
 from daskjobs.sweep import ClusterImportError, run
 
 #: Long enough for anything these tests do on a loaded 2-core machine; only a hang exceeds it.
 HANG = 90.0
-
-
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as err:
-            box["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, box
 
 
 def poll(what: str, check: Callable[[], Any]) -> Any:
@@ -52,16 +38,22 @@ def poll(what: str, check: Callable[[], Any]) -> Any:
     raise AssertionError(f"never happened: {what}")
 
 
-def test_outputs_lost_with_a_killed_worker_are_recomputed_and_returned(
-    real_cluster: Any, tmp_path: Path
-) -> None:
+def short_and_long(tmp_path: Path, name: str) -> tuple[Path, Sweep, Any, Any]:
+    """Twelve quick outputs and one long one, steered through gate files in ``marks``."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    sweep = Sweep("lost-outputs")
+    sweep = Sweep(name)
     shorts = sweep.stage(
         realtasks_sweep.short, over=grid(x=range(12)), params={"marks": str(marks)}
     )
     longs = sweep.stage(realtasks_sweep.long, params={"marks": str(marks)})
+    return marks, sweep, shorts, longs
+
+
+def test_outputs_lost_with_a_killed_worker_are_recomputed_and_returned(
+    real_cluster: Any, tmp_path: Path
+) -> None:
+    marks, sweep, shorts, longs = short_and_long(tmp_path, "lost-outputs")
     graph = sweep.to_dask(store=tmp_path / "store")
     short_keys = shorts.keys
     (long_key,) = longs.keys
@@ -207,13 +199,7 @@ def test_a_scheduler_lost_mid_sweep_is_one_clear_error_and_the_next_run_loads_wh
 ) -> None:
     from daskjobs.sweep import SweepInterrupted
 
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    sweep = Sweep("scheduler-lost")
-    shorts = sweep.stage(
-        realtasks_sweep.short, over=grid(x=range(12)), params={"marks": str(marks)}
-    )
-    longs = sweep.stage(realtasks_sweep.long, params={"marks": str(marks)})
+    marks, sweep, shorts, _ = short_and_long(tmp_path, "scheduler-lost")
     store = tmp_path / "store"
     rc = real_cluster(n_workers=2, nthreads=2)
     with rc.client() as c:
@@ -250,4 +236,3 @@ def test_a_scheduler_lost_mid_sweep_is_one_clear_error_and_the_next_run_loads_wh
         again = sweep.run(c, store=store, progress=False)
     assert again.ok and again.hits == 12 and again.computed == 1
     assert [r["value"] for r in again.records if r["stage"] == "long"] == ["long done"]
-    del longs

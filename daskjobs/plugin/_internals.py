@@ -65,6 +65,7 @@ __all__ = [
     "DaskInternalsError",
     "add_copy",
     "check_scheduler",
+    "compute_seconds",
     "redirect",
 ]
 
@@ -213,3 +214,16 @@ def redirect(sched: Scheduler, ts: TaskState, cts: TaskState, stimulus_id: str) 
         recs[ts.key] = "released"  # then waiting -> processing, by dask's own transitions
     sched.transitions(recs, stimulus_id)
     sched.client_releases_keys(keys=[cts.key], client=COPIES_CLIENT, stimulus_id=stimulus_id)
+
+
+def compute_seconds(startstops: Any) -> float | None:
+    """Seconds a finished attempt computed, from the ``startstops`` dask passes with the
+    ``processing -> memory`` transition (a list in process, a tuple over TCP); None if
+    it has no compute entry."""
+    total = 0.0
+    seen = False
+    for ss in startstops or ():
+        if ss.get("action") == "compute":
+            total += ss["stop"] - ss["start"]
+            seen = True
+    return total if seen else None

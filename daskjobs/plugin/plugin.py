@@ -86,7 +86,7 @@ from typing import Any, ClassVar
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs.config import Settings, settings
-from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler
+from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler, compute_seconds
 from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.recorder import TraceRecorder
@@ -182,16 +182,6 @@ def _stage(ts: Any) -> str:
     if ann and "stage" in ann:
         return str(ann["stage"])
     return str(ts.prefix.name)
-
-
-def _compute_seconds(startstops: Iterable[Any]) -> float | None:
-    total = 0.0
-    seen = False
-    for ss in startstops or ():
-        if ss.get("action") == "compute":
-            total += ss["stop"] - ss["start"]
-            seen = True
-    return total if seen else None
 
 
 class JobsPlugin(SchedulerPlugin):
@@ -781,7 +771,7 @@ class JobsPlugin(SchedulerPlugin):
         try:
             if learn and start == "processing" and finish == "memory":
                 v = self.tasks.get(key)
-                seconds = _compute_seconds(kwargs.get("startstops", ()))
+                seconds = compute_seconds(kwargs.get("startstops", ()))
                 if v is not None and seconds is not None and self.estimator is not None:
                     self.estimator.observe(v.stage, seconds)
                     if v.source != "default" and v.estimate > 0:

@@ -142,23 +142,14 @@ class TraceRecorder:
         try:
             fd = os.open(self.path, flags, 0o640)
             self._file = os.fdopen(fd, "w", encoding="utf-8")  # closed in close()
-        except FileExistsError as e:
-            if os.path.islink(self.path):
-                raise OSError(
-                    f"cannot write the daskjobs trace to {self.path!r}: it is a symbolic link "
-                    "(traces are never written through one)"
-                ) from e
-            raise OSError(
-                f"cannot write the daskjobs trace to {self.path!r}: the file exists "
-                "(a recording never overwrites one; choose another name or remove it)"
-            ) from e
         except OSError as e:
             if os.path.islink(self.path):
-                raise OSError(
-                    f"cannot write the daskjobs trace to {self.path!r}: it is a symbolic link "
-                    "(traces are never written through one)"
-                ) from e
-            raise OSError(f"cannot write the daskjobs trace to {self.path!r}: {e}") from e
+                why = "it is a symbolic link (traces are never written through one)"
+            elif isinstance(e, FileExistsError):
+                why = "the file exists (a recording never overwrites one; choose another name)"
+            else:
+                why = str(e)
+            raise OSError(f"cannot write the daskjobs trace to {self.path!r}: {why}") from e
         import distributed
 
         import daskjobs

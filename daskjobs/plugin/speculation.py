@@ -247,7 +247,7 @@ class Speculator:
             return
         if finish == "memory":
             self._later(self._settle, race, "won")
-            seconds = _compute_seconds(kwargs.get("startstops"))
+            seconds = _internals.compute_seconds(kwargs.get("startstops"))
             v = self.plugin.tasks.get(task)
             worker = kwargs.get("worker")
             if seconds is not None and v is not None and worker:
@@ -574,13 +574,3 @@ class Speculator:
         elapsed = now - start[1]
         if elapsed > v.estimate:  # only as evidence of slowness (a lower bound)
             self.plugin._learn_speed(v, worker, elapsed)
-
-
-def _compute_seconds(startstops: Any) -> float | None:
-    total = 0.0
-    seen = False
-    for ss in startstops or ():
-        if ss.get("action") == "compute":
-            total += ss["stop"] - ss["start"]
-            seen = True
-    return total if seen else None
