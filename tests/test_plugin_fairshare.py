@@ -243,3 +243,84 @@ def test_a_graph_is_ranked_entirely_or_not_at_all_and_the_warning_names_the_task
     assert {len(p) for p in prios.values()} == {3}  # dask's own order for the whole graph
     warned = [r.getMessage() for r in caplog.records if "rank" in r.getMessage()]
     assert warned and all("r-3" in m for m in warned), warned
+
+
+# -- one quota rule: the simulator and the live plugin start the same teams in the same order --
+
+GATES: dict[str, object] = {}
+STARTED: list[str] = []
+
+
+def gated(name):
+    """Say it started, then wait until the test lets it end."""
+    import threading
+
+    gate = GATES.setdefault(name, threading.Event())
+    STARTED.append(name)
+    assert gate.wait(60), f"{name} was never released"
+    return name
+
+
+def test_quotas_give_the_same_team_order_in_the_simulator_and_live():
+    from daskjobs.policies import FairShare
+    from daskjobs.sim import Cluster, Task, simulate
+
+    n, slots = 6, 2
+    # one dask task group per team (key prefixes "a", "b"), larger than 2 x threads, so that
+    # dask queues them as root tasks and the plugin holds and releases them
+    a_keys = [f"a-{i}" for i in range(n)]
+    b_keys = [f"b-{i}" for i in range(n)]
+    # simulator: a's graph at 0, b's once a holds both slots. Equal durations, but the two
+    # tasks of the first fill end apart, so that every end follows start order: the order
+    # in which the live test releases them
+    d, eps = 10.0, 0.01
+    tasks = [Task(k, d + (eps if i == 1 else 0.0), team="a") for i, k in enumerate(a_keys)]
+    tasks += [Task(k, d, team="b", submit=d / 2) for k in b_keys]
+    targets = {"a": 1, "b": 1}
+    s = simulate(tasks, Cluster(1, slots), FairShare(targets, quotas={"a": 1}))
+    sim_order = [a.task.tid for a in sorted(s.attempts, key=lambda a: (a.start, a.end))]
+
+    # live: one worker, two threads, dask runs exactly one task per thread
+    GATES.clear()
+    STARTED.clear()
+    plugin = JobsPlugin(
+        policy="fair-share", teams={"targets": targets, "quotas": {"a": 1}, "half-life": None}
+    )
+    config = {**VALIDATE, "distributed.scheduler.worker-saturation": 1.0}
+    with dask.config.set(config), cluster(plugin, threads=slots) as cl, Client(cl) as c:
+
+        def graph(team, keys):
+            with dask.annotate(team=team):
+                return [dask.delayed(gated)(k, dask_key_name=k) for k in keys]
+
+        def wait_started(count):
+            deadline = time.time() + 30
+            while len(STARTED) < count and time.time() < deadline:
+                time.sleep(0.005)
+            assert len(STARTED) >= count, STARTED
+
+        fa = c.compute(graph("a", a_keys))
+        wait_started(slots)  # a alone holds both slots (it borrows over its quota)
+        fb = c.compute(graph("b", b_keys))
+        deadline = time.time() + 30
+        while (
+            c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.queued)) < 2 * n - slots
+            and time.time() < deadline
+        ):
+            time.sleep(0.005)
+        released = 0
+        while released < 2 * n:
+            wait_started(min(released + slots, 2 * n))
+            GATES.setdefault(STARTED[released], __import__("threading").Event())
+            GATES[STARTED[released]].set()  # end the earliest started task still running
+            released += 1
+        c.gather(fa + fb)
+        assert status(c)["errors"] == {}
+    live_order = list(STARTED)
+    # the team of each start, in order, is the policy's decision: the same in both drivers
+    # (within a team, equal ranks keep dask's own order live, push order in the simulator)
+    assert [k[0] for k in live_order] == [k[0] for k in sim_order], (live_order, sim_order)
+    assert sorted(live_order) == sorted(sim_order)
+    # and it is the quota rule: a borrows both slots alone; once b waits, a holds one at most
+    # (two slots, a's quota 1: every slot a frees goes to b while b waits)
+    assert "".join(k[0] for k in sim_order) == "aabababababb"

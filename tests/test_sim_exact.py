@@ -256,26 +256,28 @@ def test_fair_share_without_competition_uses_whole_cluster():
     assert s.makespan == 20.0
 
 
-def test_fair_share_quota_caps_team_even_when_cluster_idles():
+def test_fair_share_quota_borrows_idle_slots_when_no_other_team_waits():
+    # work-conserving quotas: alone, a team over its quota uses the idle cluster
     tasks = [Task(i, 10.0, team="a") for i in range(6)]
     s = simulate(tasks, Cluster(1, 4), FairShare({"a": 1, "b": 1}, quotas={"a": 2}))
-    for t in (5.0, 15.0, 25.0):
-        assert running_at(s, t, "a") == 2
-    assert s.makespan == 30.0
-
-
-def test_fair_share_quota_leaves_room_to_other_team():
-    tasks = [Task(f"a{i}", 10.0, team="a") for i in range(8)]
-    tasks += [Task(f"b{i}", 10.0, team="b", submit=10.0) for i in range(4)]
-    s = simulate(tasks, Cluster(1, 4), FairShare({"a": 1, "b": 1}, quotas={"a": 3}))
-    # alone, a holds its quota of 3 and leaves the fourth core idle
-    assert running_at(s, 5.0, "a") == 3
-    assert running_at(s, 5.0) == 3
-    # at 10 both hold nothing: they alternate, 2 and 2
+    assert running_at(s, 5.0, "a") == 4
     assert running_at(s, 15.0, "a") == 2
-    assert running_at(s, 15.0, "b") == 2
-    starts = sorted({a.start for a in s.attempts})
-    assert max(running_at(s, t, "a") for t in starts) == 3
+    assert s.makespan == 20.0
+
+
+def test_fair_share_quota_holds_while_another_team_waits():
+    tasks = [Task(f"a{i}", 10.0, team="a") for i in range(8)]
+    tasks += [Task(f"b{i}", 10.0, team="b", submit=5.0) for i in range(8)]
+    s = simulate(tasks, Cluster(1, 4), FairShare({"a": 1, "b": 1}, quotas={"a": 1}))
+    # alone, a borrows all four cores
+    assert running_at(s, 2.0, "a") == 4
+    # at 10 b waits: a gets no slot beyond its quota of 1 until b's queue is empty
+    assert running_at(s, 15.0, "a") == 1 and running_at(s, 15.0, "b") == 3
+    b_last_start = max(x.start for x in s.attempts if x.task.team == "b")
+    starts = sorted({x.start for x in s.attempts if 10.0 <= x.start < b_last_start})
+    assert max(running_at(s, t, "a") for t in starts) == 1
+    # once b's last task has started, a borrows the slots b leaves
+    assert running_at(s, 35.0, "a") == 2 and s.makespan == 40.0
 
 
 def decay_case() -> list[Task]:

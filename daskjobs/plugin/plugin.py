@@ -41,9 +41,10 @@ of dask's queue. The choice is made when a slot is about to be filled (a task
 has just ended, or a worker has free slots), so it sees usage as it is then.
 Usage (running slots, decayed with the configured half-life) is kept by the
 policy from ``started``/``ended`` calls the plugin makes as tasks start and
-finish. Quotas hold while other teams wait: a team at its quota is never
-released; only when no other team has anything queued may dask run its held
-tasks (the cluster is not left idle for a quota). Tasks that do not wait in
+finish. The quota rule is the policy's (:class:`~daskjobs.policies.FairShare`):
+a team at its quota is not released while a team below its quota waits, and
+borrows the idle slot otherwise; the plugin releases exactly what ``pop``
+chooses, so the simulator and the live cluster follow one rule. Tasks that do not wait in
 dask's queue (tasks with inputs, or with resource restrictions, which dask sends
 to a worker as soon as they are runnable) are counted in usage but ordered by
 the held rank on their worker.
@@ -643,7 +644,7 @@ class JobsPlugin(SchedulerPlugin):
         while self._released is None and self._held:
             v = popper.pop(node, now)
             if v is None:
-                return  # every team with work is at its quota: dask's held order rules
+                return  # nothing the policy would run in this slot now
             if v.tid not in self._held:
                 continue  # dask already ran or dropped it (a stale queue entry)
             ts = sched.tasks.get(v.tid)

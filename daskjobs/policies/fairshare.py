@@ -18,8 +18,14 @@ Usage comes in two flavours:
   cores running and decay rate ``l = ln 2 / h``, ``dU/dt = R - l U``, so
   ``U(t) = R/l + (U0 - R/l) exp(-l (t - t0))``.
 
-Quotas (``quotas={team: max_cores}``) cap the cores a team may hold at once;
-they hold even while the rest of the cluster idles, as a quota should.
+Quotas (``quotas={team: max_cores}``) cap the cores a team holds *while another
+team waits*: a free slot never goes to a team at its quota if a team below its
+quota has a task that fits. When no such team waits, the team at its quota may
+*borrow* the idle slot (work-conserving, as Kueue lets a queue borrow a cohort's
+unused quota): a quota never leaves the cluster idle. Borrowed slots are not taken
+back from running tasks; they return to the other teams as those tasks end. This
+is the one quota rule, decided here in :meth:`FairShare.pop`, so the simulator and
+the live plugin (which releases exactly what ``pop`` chooses) enact the same one.
 
 Live bookkeeping: a team is known from its first task, whichever call sees it
 first (``add_graph``, ``push``, ``started``), so usage and running counts are
@@ -201,19 +207,25 @@ class FairShare(Policy):
             return None
         best_team = None
         best_score = math.inf
+        borrower = None  # the best team at its quota, if no team below it waits
+        borrower_score = math.inf
         for team in self._teams:
             q = self._queues[team]
             if not q:
                 continue
-            quota = self.quotas.get(team)
             head = self._head(team, node.free)
             if head is None:
                 continue
-            if quota is not None and self._running[team] + head.cores > quota:
-                continue
             score = self.usage(team, now) / self._share[team]
+            quota = self.quotas.get(team)
+            if quota is not None and self._running[team] + head.cores > quota:
+                if score < borrower_score:
+                    borrower, borrower_score = team, score
+                continue
             if score < best_score:
                 best_team, best_score = team, score
+        if best_team is None:
+            best_team = borrower  # nobody below quota waits: borrow the idle slot
         if best_team is None:
             return None
         self._n -= 1
