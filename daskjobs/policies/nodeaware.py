@@ -60,6 +60,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from daskjobs.policies.base import AttemptView, NodeView, Policy, TaskView
+from daskjobs.policies.speculation import expected_left, projected_end
 
 __all__ = ["NodeAware"]
 
@@ -346,7 +347,7 @@ class NodeAware(Policy):
         """Projected end of the run from what the policy knows now."""
         remaining = self._run_end_sum - now * self._run_cores
         work = self._queued_work + (remaining if remaining > 0 else 0.0)
-        return now + work / self._capacity if self._capacity > 0 else math.inf
+        return projected_end(now, work, self._capacity)
 
     # -- the queue --------------------------------------------------------------
     def _queue(self, cores: int) -> _Ladder:
@@ -493,28 +494,40 @@ class NodeAware(Policy):
         self._run_end_sum += c * end
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
+        """Close the books on ``attempt`` and learn its node's speed from it.
+
+        The one rule for what teaches a speed (the simulator, the plugin and replay all
+        call this): a finished attempt of a task with a real estimate (``estimated``,
+        True unless the estimate was only a configured default) gives the ratio
+        ``run time / estimate``; a primary beaten by its copy (``killed``, not itself a
+        copy) that had already run past its estimate gives that ratio as a lower
+        bound, or a node whose every task is rescued would never be measured.
+        """
         got = self._run.pop(id(attempt), None)
         if got is not None:
             self._run_cores -= got[0]
             self._run_end_sum -= got[0] * got[1]
-        if attempt.outcome == "done":
-            est = attempt.task.estimate
-            st = self._nodes.get(attempt.node)
-            if est > 0 and st is not None:
-                return self._learn(st, (now - attempt.start) / est)
-        return False
+        outcome = attempt.outcome
+        if outcome != "done" and outcome != "killed":
+            return False
+        task = attempt.task
+        est = task.estimate
+        if not est > 0 or not getattr(task, "estimated", True):
+            return False
+        elapsed = now - attempt.start
+        if outcome == "killed" and (attempt.backup or elapsed <= est):
+            return False
+        st = self._nodes.get(attempt.node)
+        if st is None:
+            return False
+        return self._learn(st, elapsed / est)
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
         st = self._nodes.get(attempt.node)
         if st is None or st.speed < self.slow_threshold:
             return False
-        s = st.speed
         est = attempt.task.estimate
-        # What is left: the estimate scaled to the node, less what has run, but
-        # never below half of it: an attempt past its expected end is not
-        # about to finish, it is evidence the node (or estimate) is worse.
-        left = max(attempt.start + est * s - now, 0.5 * est * s)
-        expected_end = now + left
+        expected_end = now + expected_left(attempt.start, est, st.speed, now)
         fresh_end = now + est * min(self._best, 1.0) * self.margin
         return expected_end > fresh_end and expected_end > self.horizon(now)
 

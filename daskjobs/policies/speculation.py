@@ -19,15 +19,70 @@ A policy may also ask for a backup before the deadline, through
 :meth:`~daskjobs.policies.base.Policy.urgent` (for instance when it has learned
 that the attempt's node is slow and a copy elsewhere would finish first).
 
-The same object drives the simulator and, later, the scheduler plugin.
+Every decision about copies is made here, and the simulator, the live plugin and
+replay only adapt their state and enact the answer:
+
+* :meth:`Speculation.may_copy` - which tasks may ever be copied: those not
+  annotated ``speculate=False`` whose estimate is real (an annotation or a measured
+  history, not a configured default: there is nothing to be late against).
+* :meth:`Speculation.verdict` - does a running attempt want a copy now, and why:
+  ``"late"`` (past its deadline) or ``"urgent"`` (the policy says so), else None.
+* :meth:`Speculation.may_queue` - may its copy wait on a busy node: only if the
+  attempt would otherwise end after the projected end of the run (the horizon).
+* :meth:`Speculation.choose` - where the copy goes: candidate nodes in (the driver
+  filters what cannot run it at all: resources, restrictions, dead workers), the
+  best one out, with a reason for each refusal.
+
+Cost: ``verdict`` and ``may_queue`` O(1); ``choose`` O(candidates).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["Speculation"]
+__all__ = ["SIMILAR", "Candidate", "Speculation", "expected_left", "projected_end"]
+
+#: Believed speeds within this factor of each other count as the same speed: the
+#: learner's own noise (a node believed 1.02 is not slower than one believed 1.0).
+SIMILAR = 1.2
+
+
+def expected_left(start: float, estimate: float, speed: float, now: float) -> float:
+    """What is left of an attempt: its estimate scaled to its node, less what has run,
+    but never below half of it (an attempt past its expected end is not about to
+    finish: it is evidence that the node, or the estimate, is worse)."""
+    scaled = estimate * speed
+    left = start + scaled - now
+    half = 0.5 * scaled
+    return left if left > half else half
+
+
+def projected_end(now: float, work: float, capacity: float) -> float:
+    """The horizon: the earliest the run could end, ``now + work / capacity``, with
+    ``work`` the queued and expected remaining running seconds and ``capacity`` the
+    effective cores (``sum(cores / believed slow-down)``)."""
+    return now + work / capacity if capacity > 0 else math.inf
+
+
+class Candidate(Protocol):
+    """A node a copy could go to, as the driver sees it now."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def free(self) -> int: ...  # free slots now
+    @property
+    def cores(self) -> int: ...
+    @property
+    def copies(self) -> int: ...  # copies running or queued there now
+    @property
+    def same_host(self) -> bool: ...  # on the primary's host (a worse place for a copy)
+
+
+C = TypeVar("C", bound=Candidate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +112,71 @@ class Speculation:
     def cap(self, total_slots: int) -> int:
         """Most backups running at once on a cluster of ``total_slots``."""
         return max(1, int(self.max_fraction * total_slots))
+
+    # -- the decisions ------------------------------------------------------------
+    @staticmethod
+    def may_copy(task: Any) -> bool:
+        """May ``task`` ever get a copy? Not if annotated ``speculate=False``, and not
+        if its estimate is only a configured default (``estimated`` False)."""
+        return getattr(task, "speculate", True) is not False and getattr(task, "estimated", True)
+
+    def verdict(self, attempt: Any, now: float, policy: Any) -> str | None:
+        """``"late"`` past the deadline (scaled by the node's believed slow-down),
+        ``"urgent"`` when the policy asks for a copy before it, else None."""
+        speed = policy.speed(attempt.node)
+        if now >= self.deadline(attempt.start, attempt.task.estimate, speed):
+            return "late"
+        if policy.urgent(attempt, now):
+            return "urgent"
+        return None
+
+    @staticmethod
+    def may_queue(attempt: Any, now: float, speed: float, horizon: float) -> bool:
+        """May the copy wait on a busy node? Only if the attempt would otherwise end
+        after the projected end of the run: then a copy queued ahead of that node's
+        work ends sooner than waiting for an idle one at the tail."""
+        return now + expected_left(attempt.start, attempt.task.estimate, speed, now) > horizon
+
+    def choose(
+        self,
+        attempt: Any,
+        candidates: Sequence[C],
+        policy: Any,
+        may_queue: bool = False,
+    ) -> tuple[C | None, str]:
+        """Where the copy of ``attempt`` goes: the best candidate and ``"ok"``, or None
+        and why nothing fits.
+
+        A candidate with free slots for the task qualifies unless it is the primary's
+        node or believed slower than the primary's (beyond :data:`SIMILAR`); a busy
+        one only with ``may_queue``, if it holds no other copy and is believed faster
+        than the primary's (the copy then waits for that node's next free slot, ahead
+        of its queued work). Best first: a free node before a busy one, another host
+        before the primary's, the fastest believed, the least loaded, the lowest index
+        (deterministic).
+        """
+        primary = policy.speed(attempt.node)
+        cores = attempt.task.cores
+        best = None
+        best_rank: tuple[Any, ...] | None = None
+        why = "no candidate node"
+        for c in candidates:
+            if c.index == attempt.node:
+                continue
+            speed = policy.speed(c.index)
+            busy = c.free < cores
+            if busy:
+                if not may_queue:
+                    why = "no free slot on a node as fast as the primary's"
+                    continue
+                if c.copies or not speed < primary:
+                    why = "no faster busy node without a copy"
+                    continue
+            elif speed > primary * SIMILAR:
+                why = "only nodes believed slower than the primary's are free"
+                continue
+            load = (c.cores - c.free) / c.cores if c.cores else 1.0
+            rank = (busy, c.same_host, speed, load, c.index)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = c, rank
+        return (best, "ok") if best is not None else (None, why)

@@ -531,6 +531,8 @@ def load(
                 team=t.team or "default",
                 submit=max(0.0, sub) + fit.startup,
                 speculate=spec if isinstance(spec, bool) else True,
+                # a default estimate teaches no speed and gets no copy, as live
+                estimated=t.estimate is not None and t.estimate_source != "default",
             )
         )
     missing_graph = sum(1 for t, _, _ in ended if not t.in_graph)

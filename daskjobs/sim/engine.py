@@ -119,6 +119,19 @@ def topological_order(tasks: Sequence[Task]) -> list[Task]:
     return order
 
 
+class _Offer:
+    """A free node offered to a pending copy (a ``Speculation.Candidate``)."""
+
+    __slots__ = ("cores", "free", "index")
+    copies = 0
+    same_host = False  # a simulated node is its own host
+
+    def __init__(self, index: int, free: int, cores: int) -> None:
+        self.index = index
+        self.free = free
+        self.cores = cores
+
+
 class _Node:
     """A node as the policy sees it when the driver offers its free cores."""
 
@@ -304,6 +317,13 @@ def _simulate(
     done = bytearray(n)
     running: list[list[Attempt] | None] = [None] * n if spec is not None else []
     backup_asked = bytearray(n)
+    # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
+    if spec is not None:
+        may_copy = spec.may_copy
+        copyable = bytearray(1 if may_copy(t) else 0 for t in tasks)
+    else:
+        copyable = bytearray(n)
+    choose = spec.choose if spec is not None else None
     # first start and end of the tasks that never run (cached); the others'
     # come from the attempts once the run is over
     t_start = array("d", [math.nan]) * n
@@ -405,7 +425,7 @@ def _simulate(
 
     def ask_backup(a: Attempt) -> None:
         i = a.ti
-        if backup_asked[i] or done[i] or not a.task.speculate:
+        if backup_asked[i] or done[i] or not copyable[i]:
             return
         backup_asked[i] = 1
         pending.append(a)
@@ -421,7 +441,7 @@ def _simulate(
         if spec is None:
             return
         for b in sorted(nodes[node].running, key=lambda x: x.aid):
-            if b.backup or not b.task.speculate:
+            if b.backup or not copyable[b.ti]:
                 continue
             d = spec.deadline(b.start, b.task.estimate, s)
             if d < b.check_at:
@@ -459,10 +479,12 @@ def _simulate(
             rejudge(a.node, now)
 
     def take_backup(nd: _Node) -> Attempt | None:
-        """A pending backup request that may run on ``nd``."""
+        """A pending backup request that may run on ``nd``: the oldest one for which
+        the policy's placement rule (``Speculation.choose``) accepts the node."""
         if backups_running >= cap:
             return None
-        s = p_speed(nd.index)
+        assert choose is not None
+        offer = (_Offer(nd.index, nd.free, nd.cores),)
         k = 0
         while k < len(pending):
             p = pending[k]
@@ -472,7 +494,7 @@ def _simulate(
                 if not done[i]:
                     backup_asked[i] = 0  # primary failed: it is retried, not backed up
                 continue
-            if p.node != nd.index and p.task.cores <= nd.free and s <= p_speed(p.node):
+            if choose(p, offer, policy)[0] is not None:
                 pending.pop(k)
                 return p
             k += 1
@@ -536,7 +558,7 @@ def _simulate(
             backups_launched += 1
         if started is not None:
             started(a, now)
-        if spec is not None and not backup and task.speculate:
+        if spec is not None and not backup and copyable[i]:
             speed = speed_hook(nd.index) if speed_hook is not None else 1.0
             if plain_spec:
                 late = late_factor * est[i] * speed
@@ -664,7 +686,7 @@ def _simulate(
         if spec is not None and suspects and not len(policy) and free_heap:
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 for b in sorted(nodes[k].running, key=lambda x: x.aid):
-                    if not b.backup and b.task.speculate and p_urgent(b, now):
+                    if not b.backup and copyable[b.ti] and p_urgent(b, now):
                         ask_backup(b)
             if pending:
                 dispatch(now)

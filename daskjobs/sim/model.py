@@ -37,7 +37,10 @@ class Task:
     policies); ``estimate`` what the scheduler believes (defaults to the
     duration); ``cores`` slots held while running, all on one node; ``deps``
     ids of tasks whose output it reads; ``submit`` when it is submitted.
-    ``speculate=False`` forbids backup copies (a task with side effects).
+    ``speculate=False`` forbids backup copies (a task with side effects);
+    ``estimated=False`` says the estimate is only a configured default (the
+    scheduler has nothing to judge lateness or speeds against: no copies, no
+    speed learning, the policies' rules).
     """
 
     tid: Hashable
@@ -48,6 +51,7 @@ class Task:
     team: str = "default"
     submit: float = 0.0
     speculate: bool = True
+    estimated: bool = True
     # where the running simulation keeps this task (simulator-internal, checked on use)
     _ti: int = field(default=-1, init=False, repr=False, compare=False)
 
