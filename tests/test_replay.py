@@ -625,3 +625,12 @@ def test_race_goes_to_the_winning_worker(tmp_path, winner):
     starts = sorted(s for s, _ in rec.intervals)
     assert starts == pytest.approx([0.1, 2.3])
     assert loaded.speculation is not None and loaded.speculation.late_factor == 2.0
+
+
+def test_a_task_without_a_stage_is_grouped_by_dasks_own_key_prefix():
+    from daskjobs.replay.load import _prefix
+
+    # a dask.delayed key carries a uuid with hyphens: it is one stage, "work"
+    assert _prefix("work-fcfcf0ab-ddfb-4b1f-9c3a-1234567890ab") == "work"
+    assert _prefix("fit-3") == "fit" and _prefix(("x", 0)) == "x"
+    assert _prefix("backtest-9a0fb0df42e43e1ee7a951338e5e0911") == "backtest"

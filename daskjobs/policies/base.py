@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -303,10 +303,6 @@ class HeapPolicy(Policy):
 
     def __len__(self) -> int:
         return self._n
-
-    def extend(self, tasks: Iterable[TaskView]) -> None:
-        for t in tasks:
-            self.push(t)
 
 
 _HEntry = tuple[Any, int, TaskView]  # (key, push counter, task)

@@ -803,18 +803,12 @@ def _order_key(item: tuple[TraceTask, TraceAttempt, float]) -> tuple[float, tupl
 
 
 def _prefix(key: Hashable) -> str:
-    """dask's key prefix: the name before the token (``"fit-3"`` -> ``"fit"``)."""
-    if isinstance(key, tuple) and key:
-        key = key[0]
-    s = str(key)
-    parts = s.split("-")
-    while len(parts) > 1 and (parts[-1].isdigit() or _hexlike(parts[-1])):
-        parts.pop()
-    return "-".join(parts)
+    """dask's own key prefix (``dask.utils.key_split``): ``"fit-3"`` -> ``"fit"``, a
+    ``dask.delayed`` key ``"work-fcfcf0ab-ddfb-..."`` -> ``"work"``, ``("x", 0)`` -> ``"x"``:
+    the stage the scheduler groups a task under."""
+    from dask.utils import key_split
 
-
-def _hexlike(s: str) -> bool:
-    return len(s) >= 8 and all(c in "0123456789abcdef" for c in s)
+    return str(key_split(key))
 
 
 def _begin(a: TraceAttempt) -> float | None:
