@@ -50,11 +50,12 @@ __all__ = [
     "MAX_AUDIT_EVENTS",
     "MAX_HISTORY_SAMPLES",
     "MIN_INTERVAL",
-    "POLICIES",
     "ClientSettings",
     "Settings",
     "SpeculationSettings",
     "TeamSettings",
+    "policy_names",
+    "policy_settings",
     "settings",
 ]
 
@@ -87,7 +88,22 @@ dask.config.update_defaults(_defaults)
 #: key -> (the operator's value, the mapping dask's config holds in its place)
 _REPLACED = {key: (value, dask.config.get(key, default=None)) for key, value in _given.items()}
 
-POLICIES = ("fifo", "lpt", "critical-path", "fair-share", "node-aware")
+
+def policy_names() -> tuple[str, ...]:
+    """The policies ``daskjobs.policy`` may name: every policy of the registry
+    (:mod:`daskjobs.policies.registry`) the plugin can run, built-in ones first."""
+    from daskjobs.policies import registry
+
+    return registry.names(live=True)
+
+
+def __getattr__(name: str) -> Any:
+    # POLICIES (kept for callers: policy_names()) reads the registry when asked for, so a
+    # policy registered later counts too
+    if name == "POLICIES":
+        return policy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Shortest period (seconds) of the plugin's periodic work (``speculation.interval``).
 MIN_INTERVAL = 0.01
@@ -98,6 +114,9 @@ MAX_HISTORY_SAMPLES = 100_000
 
 #: Keys whose values are mappings keyed by team name: their keys are data, kept as given.
 _TEAM_MAPPINGS = frozenset({"daskjobs.teams.targets", "daskjobs.teams.quotas"})
+#: The policy's own settings: keys are its keyword names, and a mapping given replaces
+#: the one below it (options belong to one policy: they are not merged across sources).
+_OPTIONS = "daskjobs.policy-options"
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -110,6 +129,16 @@ class TeamSettings:
     strict: bool = False
     half_life: float | None = 3600.0
     within: str = "fifo"
+
+    def policy_settings(self) -> dict[str, Any]:
+        """The keyword settings of the ``fair-share`` policy this section describes."""
+        return {
+            "targets": dict(self.targets) or {self.default: 1.0},
+            "within": self.within,
+            "half_life": self.half_life,
+            "quotas": dict(self.quotas),
+            "strict": self.strict,
+        }
 
 
 @dataclass(frozen=True)
@@ -134,6 +163,8 @@ class Settings:
     """Checked plugin settings (seconds for every duration)."""
 
     policy: str = "critical-path"
+    #: keyword settings of the policy's factory (snake_case), checked against it
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
     default_estimate: float = 1.0
     history_path: str | None = None
     history_samples: int = 64
@@ -199,7 +230,9 @@ def _merge(key: str, base: dict[str, Any], over: Any, known: Mapping[str, Any]) 
     out = dict(base)
     for k, v in _keys(key, over, known).items():
         sub = f"{key}.{k}"
-        if sub in _TEAM_MAPPINGS:
+        if sub == _OPTIONS:
+            out[k] = {} if v is None else v  # checked with the policy (_policy_options)
+        elif sub in _TEAM_MAPPINGS:
             if v is None:
                 v = {}
             if not isinstance(v, Mapping):
@@ -214,13 +247,20 @@ def _merge(key: str, base: dict[str, Any], over: Any, known: Mapping[str, Any]) 
 
 
 def _raw(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults, then dask's ``daskjobs`` section, then ``overrides``: kebab-case keys."""
+    """Defaults, then dask's ``daskjobs`` section, then ``overrides``: kebab-case keys.
+
+    Options follow their policy: overrides that name another policy than dask's config
+    and no ``policy-options`` start that policy from none (the config's are another's)."""
     known = _defaults["daskjobs"]
     base = _merge("daskjobs", {}, known, known)
     section = dask.config.get("daskjobs", default=None)
     if section is not None:
         base = _merge("daskjobs", base, section, known)
-    return _merge("daskjobs", base, overrides, known)
+    raw = _merge("daskjobs", base, overrides, known)
+    given = _keys("daskjobs", overrides, known)
+    if "policy" in given and "policy-options" not in given and raw["policy"] != base["policy"]:
+        raw["policy-options"] = {}
+    return raw
 
 
 # -- values --------------------------------------------------------------------------------------
@@ -370,6 +410,65 @@ def _speculation(sp: Mapping[str, Any]) -> SpeculationSettings:
     )
 
 
+def _policy(policy: Any) -> str:
+    from daskjobs.policies import registry
+
+    live = registry.names(live=True)
+    if isinstance(policy, str) and policy in live:
+        return policy
+    expected = f"expected one of {', '.join(live)}"
+    if isinstance(policy, str) and policy in registry.names():
+        raise ValueError(
+            f"daskjobs.policy: {policy!r} runs in the simulator only, not in the plugin "
+            f"(docs/policies.md); {expected}"
+        )
+    raise ValueError(f"daskjobs.policy: unknown policy {_show(policy)}; {expected}")
+
+
+def _policy_options(policy: str, value: Any, teams: TeamSettings) -> dict[str, Any]:
+    """``policy-options`` as the keywords of ``policy``'s factory: snake_case names it
+    takes (its values are checked by the policy itself, when it is made)."""
+    from daskjobs.policies import registry
+
+    key = _OPTIONS
+    if not isinstance(value, Mapping):
+        raise _bad(key, "a mapping of setting names to values", value)
+    options: dict[str, Any] = {}
+    for k, v in value.items():
+        if not (isinstance(k, str) and k.isprintable() and k.strip()):
+            raise _bad(key, "setting names as strings", k)
+        name = k.replace("-", "_")
+        if name in options and options[name] != v:
+            raise ValueError(
+                f"{key}.{name}: given twice, with values {_show(options[name])} and "
+                f"{_show(v)}; expected one value (dask reads '_' and '-' alike)"
+            )
+        options[name] = v
+    try:
+        spec = registry.get(policy)  # an entry point is imported here: errors name it
+    except ValueError as e:
+        raise ValueError(f"daskjobs.policy: {e}") from None
+    from_teams = teams.policy_settings() if policy == "fair-share" else {}
+    for name in options:
+        if name in from_teams:
+            raise ValueError(
+                f"{key}.{name}: fair-share takes it from daskjobs.teams "
+                f"(set daskjobs.teams.{name.replace('_', '-')}); expected other settings"
+            )
+    try:
+        registry.check_settings(spec, {**from_teams, **options})
+    except registry.PolicySettingError as e:
+        raise ValueError(f"{key}.{e.setting}: {e}") from None
+    return options
+
+
+def policy_settings(s: Settings) -> dict[str, Any]:
+    """The keywords the plugin makes ``s.policy`` with: ``policy-options``, and for
+    ``fair-share`` the ``teams`` section."""
+    from_teams = s.teams.policy_settings() if s.policy == "fair-share" else {}
+    return {**from_teams, **s.policy_options}
+
+
 def _positive(x: float) -> bool:
     return x > 0
 
@@ -392,23 +491,20 @@ def settings(**overrides: Any) -> Settings:
     """
     _check_replaced()
     raw = _raw(overrides)
-    policy = raw["policy"]
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise ValueError(
-            f"daskjobs.policy: unknown policy {_show(policy)}; "
-            f"expected one of {', '.join(POLICIES)}"
-        )
+    policy = _policy(raw["policy"])
+    teams = _teams(raw["teams"])
     history = raw["history"]
     if raw["store"] != "":  # read by the sweep API, where "" means the default store
         _path("daskjobs.store", raw["store"], "a directory or fsspec URL")
     return Settings(
         policy=policy,
+        policy_options=_policy_options(policy, raw["policy-options"], teams),
         default_estimate=_seconds("daskjobs.default-estimate", raw["default-estimate"]) or 0.0,
         history_path=_path("daskjobs.history.path", history["path"], "the path of a JSON file"),
         history_samples=_integer(
             "daskjobs.history.samples", history["samples"], 1, MAX_HISTORY_SAMPLES
         ),
-        teams=_teams(raw["teams"]),
+        teams=teams,
         audit_events=_integer("daskjobs.audit-events", raw["audit-events"], 0, MAX_AUDIT_EVENTS),
         record=_path("daskjobs.record", raw["record"], "the path of a trace file"),
         speculation=_speculation(raw["speculation"]),

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 import daskjobs.config
 from daskjobs.config import MIN_INTERVAL, POLICIES, settings
+from daskjobs.policies import HeapPolicy, registry
 from daskjobs.policies.fairshare import FairShare
 from daskjobs.policies.speculation import Speculation
 
@@ -348,6 +349,134 @@ def test_unknown_keys_are_still_named() -> None:
         settings(polcy="lpt")
 
 
+# -- the policy and its own settings: whatever the registry holds ------------------------------
+
+
+class Deepest(HeapPolicy):
+    """A user's policy: ``depth`` is its one setting."""
+
+    name = "deepest"
+
+    def __init__(self, depth: int = 1, *, mode: str = "x") -> None:
+        super().__init__()
+        self.depth, self.mode = depth, mode
+
+    def key(self, task: Any) -> float:
+        return -task.estimate * self.depth
+
+
+@pytest.fixture
+def deepest() -> Iterator[None]:
+    registry.register("deepest", Deepest)
+    try:
+        yield
+    finally:
+        registry.unregister("deepest")
+
+
+def test_the_policies_offered_are_the_registry_s_live_ones(deepest: None) -> None:
+    assert POLICIES == ("fifo", "lpt", "critical-path", "fair-share", "node-aware")
+    assert daskjobs.config.policy_names() == (*POLICIES, "deepest")
+    assert daskjobs.config.policy_names() == daskjobs.config.POLICIES
+
+
+def test_a_registered_policy_validates_and_an_unregistered_one_names_the_known_ones() -> None:
+    with pytest.raises(ValueError) as err:
+        settings(policy="deepest")
+    assert str(err.value) == (
+        "daskjobs.policy: unknown policy 'deepest'; expected one of fifo, lpt, critical-path, "
+        "fair-share, node-aware"
+    )
+    registry.register("deepest", Deepest)
+    try:
+        assert settings(policy="deepest").policy == "deepest"
+        with dask.config.set({"daskjobs.policy": "deepest"}):
+            assert settings().policy == "deepest"
+        with pytest.raises(ValueError, match=r"expected one of fifo, .*, node-aware, deepest$"):
+            settings(policy="nope")
+    finally:
+        registry.unregister("deepest")
+
+
+def test_a_simulator_only_policy_is_refused_saying_so() -> None:
+    with pytest.raises(ValueError) as err:
+        settings(policy="work-stealing")
+    msg = str(err.value)
+    assert msg.startswith("daskjobs.policy: 'work-stealing' runs in the simulator only"), msg
+    assert msg.endswith("expected one of fifo, lpt, critical-path, fair-share, node-aware"), msg
+
+
+def test_policy_options_default_to_none_and_reach_the_policy(deepest: None) -> None:
+    assert settings().policy_options == {}
+    s = settings(policy="deepest", policy_options={"depth": 3})
+    assert s.policy_options == {"depth": 3}
+    made = registry.make(s.policy, **daskjobs.config.policy_settings(s))
+    assert isinstance(made, Deepest) and made.depth == 3
+    # kebab-case as in the YAML, snake_case from DASK_ variables
+    assert settings(policy="node-aware", policy_options={"slow-threshold": 2}).policy_options == {
+        "slow_threshold": 2
+    }
+    section = dask_loads(
+        {"DASK_DASKJOBS__POLICY": "deepest", "DASK_DASKJOBS__POLICY_OPTIONS__DEPTH": "4"}
+    )
+    with dask.config.set({"daskjobs": section}):
+        assert settings().policy_options == {"depth": 4}
+
+
+def test_options_follow_their_policy(deepest: None) -> None:
+    with dask.config.set({"daskjobs.policy": "deepest", "daskjobs.policy-options": {"depth": 2}}):
+        assert settings().policy_options == {"depth": 2}
+        assert settings(policy="deepest").policy_options == {"depth": 2}
+        # a keyword that changes the policy does not hand it the other policy's options
+        assert settings(policy="lpt").policy_options == {}
+        assert settings(policy_options={"mode": "y"}).policy_options == {"mode": "y"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"policy_options": 3}, r"^daskjobs.policy-options: expected a mapping of setting names"),
+        ({"policy_options": [1]}, r"^daskjobs.policy-options: expected a mapping"),
+        (
+            {"policy_options": {"depth": 2}},
+            r"^daskjobs.policy-options.depth: policy 'critical-path' has no setting 'depth' "
+            r"\(it takes none\)",
+        ),
+        (
+            {"policy": "deepest", "policy_options": {"dept": 2}},
+            r"^daskjobs.policy-options.dept: policy 'deepest' has no setting 'dept' "
+            r"\(it takes: depth, mode\)",
+        ),
+        (
+            {"policy": "deepest", "policy_options": {3: 2}},
+            r"^daskjobs.policy-options: expected setting names as strings, got 3",
+        ),
+        (
+            {"policy": "fair-share", "policy_options": {"targets": {"a": 1}}},
+            r"^daskjobs.policy-options.targets: fair-share takes it from daskjobs.teams",
+        ),
+    ],
+)
+def test_bad_policy_options_are_named(deepest: None, overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        settings(**overrides)
+
+
+def test_fair_share_takes_its_settings_from_the_teams_section() -> None:
+    s = settings(
+        policy="fair-share",
+        teams={"targets": {"a": 2}, "quotas": {"a": 3}, "within": "lpt", "half_life": None},
+        policy_options={"default_share": 0.5},
+    )
+    made = registry.make("fair-share", **daskjobs.config.policy_settings(s))
+    assert isinstance(made, FairShare)
+    assert made.quotas == {"a": 3} and made.within == "lpt" and made.half_life is None
+    assert made.default_share == 0.5 and made.share("a") == 1.0
+    assert daskjobs.config.policy_settings(settings(policy="fair-share"))["targets"] == {
+        "default": 1.0
+    }
+
+
 # -- random junk anywhere: a ValueError naming the key, or settings the plugin can start with ---
 
 #: every key of the section, sections included (``("teams",)``, ``("teams", "quotas")``)
@@ -409,6 +538,7 @@ def named(msg: str, key: str) -> bool:
 def startable(s: daskjobs.config.Settings) -> None:
     """What JobsPlugin.start builds from the settings must accept them."""
     assert s.policy in POLICIES
+    registry.make(s.policy, **daskjobs.config.policy_settings(s))
     sp = s.speculation
     Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction)
     assert sp.interval >= MIN_INTERVAL and isinstance(sp.enabled, bool)

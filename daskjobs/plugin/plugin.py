@@ -82,11 +82,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskjobs.config import Settings, settings
+from daskjobs.config import Settings, policy_settings, settings
 from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler, compute_seconds
 from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
@@ -95,12 +95,13 @@ from daskjobs.plugin.speculation import Speculator
 from daskjobs.plugin.worker import REPORTER_NAME, RETURNED_TOPIC, STARTED_TOPIC, reporter_bytes
 from daskjobs.policies import (
     FIFO,
-    LPT,
-    CriticalPath,
     FairShare,
     HeapPolicy,
     NodeAware,
+    Policy,
     Speculation,
+    TaskView,
+    registry,
 )
 
 __all__ = ["JobsPlugin", "UnknownTeam"]
@@ -160,6 +161,24 @@ class _AnyNode:
 _ANY_NODE = _AnyNode()
 
 
+class _PopperGraphs(FIFO):
+    """What the ranking calls ``policy`` while a popper picks (fair-share, node-aware or
+    any policy that is not a HeapPolicy): it tells the popper of each new graph and of
+    each forgotten task, and names it in audit events. Its key is not used (held tasks
+    are ranked by ``JobsPlugin._held_key``)."""
+
+    def __init__(self, popper: Policy) -> None:
+        super().__init__()
+        self.popper = popper
+        self.name = popper.name
+
+    def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        self.popper.add_graph(tasks)
+
+    def forget(self, tid: Hashable) -> None:
+        self.popper.forget(tid)
+
+
 class _Slot:
     """One free thread on the worker the policies call node ``index``."""
 
@@ -200,22 +219,19 @@ class JobsPlugin(SchedulerPlugin):
 
     name = "daskjobs"
     idempotent = False
-    _POLICIES: ClassVar[dict[str, Callable[[], HeapPolicy]]] = {
-        "fifo": FIFO,
-        "lpt": LPT,
-        "critical-path": CriticalPath,
-    }
 
     def __init__(self, **overrides: Any) -> None:
         self.overrides = dict(overrides)
-        # checked here, on the client (every name in daskjobs.config.POLICIES runs live)
+        # checked here, on the client: the policy is one the registry holds and the plugin
+        # can run (daskjobs.config.policy_names()), with settings it takes
         self.settings: Settings = settings(**overrides)
         self.scheduler: Any = None
         self.policy: HeapPolicy | None = None
         self.fair: FairShare | None = None
-        # the policy that picks, slot by slot, which queued task runs next (fair share or
-        # node-aware); None for the static orders, which only set priorities
-        self.popper: FairShare | NodeAware | None = None
+        # the policy that picks, slot by slot, which queued task runs next (fair share,
+        # node-aware, any policy that is not a HeapPolicy); None for a HeapPolicy, whose
+        # key only sets priorities
+        self.popper: Policy | None = None
         self._t0 = time.time()
         self._held: set[Hashable] = set()  # queued in dask and in the fair-share queue
         self._released: Hashable | None = None
@@ -286,23 +302,20 @@ class JobsPlugin(SchedulerPlugin):
             scheduler._set_priorities = scheduler._daskjobs_wrapped
         self.scheduler = scheduler
         s = self.settings
-        if s.policy == "fair-share":
-            teams = s.teams
-            targets = dict(teams.targets) or {teams.default: 1.0}
-            self.fair = FairShare(
-                targets,
-                within=teams.within,
-                half_life=teams.half_life,
-                quotas=teams.quotas,
-                strict=teams.strict,
-            )
-            self.policy = FIFO()  # the held order within and across teams
-            self.popper = self.fair
-        elif s.policy == "node-aware":
-            self.policy = FIFO()  # unused for ranking: held tasks go shortest first
-            self.popper = self.speeds  # learns worker speeds and picks per freed slot
+        # The policy comes from the registry, by name, with the settings of its own
+        # (policy-options; fair-share's from the teams section): the object the simulator
+        # and replay make. A HeapPolicy ranks each new graph by its key; any other policy
+        # picks, slot by slot, which held root task dask runs next (docs/policies.md).
+        made = registry.make(s.policy, **policy_settings(s))
+        if isinstance(made, HeapPolicy):
+            self.policy = made
         else:
-            self.policy = self._POLICIES[s.policy]()
+            if isinstance(made, FairShare):
+                self.fair = made  # explain and status report its teams
+            if isinstance(made, NodeAware):
+                self.speeds = made  # the learner of worker speeds picks per freed slot
+            self.popper = made
+            self.policy = _PopperGraphs(made)
         self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
         original = scheduler._set_priorities
         scheduler._daskjobs_wrapped = original

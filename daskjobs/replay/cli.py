@@ -14,6 +14,10 @@ stream lacks is printed as notes (``daskjobs.replay.stream``).
 A bad trace is one line naming the file, line and field (``Error: cannot replay:
 run.jsonl:17: 'finished' record: field 'duration' ...``) and exit status 2, never
 a traceback; so is a file that cannot be read.
+
+``--policy`` takes any registered policy (``daskjobs.policies.registry``): the
+built-in ones, those of installed packages' ``daskjobs.policies`` entry points, and
+those a module or file given with ``--import`` registers (docs/policies.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 import click
 
 from daskjobs.replay.run import POLICIES
+from daskjobs.sim.cli import IMPORT_OPTION, policy_names
 
 
 class BadTrace(click.ClickException):
@@ -51,12 +56,15 @@ def _speculation(value: str | None) -> float | None:
 
 @click.command(short_help="Replay a recorded trace in the simulator; ask what-if questions.")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@IMPORT_OPTION
 @click.option(
     "--policy",
     "policies",
-    type=click.Choice(POLICIES),
     multiple=True,
-    help="Policy of the what-if rows (repeat for several; default: all of them).",
+    metavar="NAME",
+    callback=policy_names,
+    help="Policy of the what-if rows, any registered name (repeat for several; default: "
+    f"the built-in ones, {', '.join(POLICIES)}).",
 )
 @click.option(
     "--speculation",

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from daskjobs.plugin.trace import Trace
-from daskjobs.policies import FairShare, NodeAware, Policy, Speculation, make_policy
+from daskjobs.policies import NodeAware, Policy, Speculation, registry
 from daskjobs.policies.base import AttemptView, NodeView, TaskView
 from daskjobs.replay.load import SPEED_NOISE, Loaded, load
 from daskjobs.sim.engine import simulate
@@ -38,12 +38,14 @@ __all__ = [
     "ReplayResult",
     "make_cluster",
     "make_replay_policy",
+    "recorded_options",
     "replay",
     "what_ifs",
 ]
 
-#: Policies a trace can be replayed under.
-POLICIES = ("fifo", "lpt", "critical-path", "work-stealing", "node-aware", "fair-share")
+#: The policies ``daskjobs replay`` compares by default: daskjobs's own, from the
+#: registry. A trace can be replayed under any registered name (docs/policies.md).
+POLICIES = registry.names(builtin=True)
 
 #: ``replay(..., speculation=RECORDED)``: backups as the recorded run had them.
 RECORDED: Literal["recorded"] = "recorded"
@@ -193,9 +195,19 @@ class PluginSpeeds(Policy):
         return {**self.inner.describe(), "speeds": self.learner.describe()["speeds"]}
 
 
-def make_replay_policy(name: str, loaded: Loaded) -> Policy:
-    """A fresh policy by name; ``fair-share`` takes its targets from the trace's settings
-    (every team present weighing 1 if none were set)."""
+def make_replay_policy(
+    name: str, loaded: Loaded, options: Mapping[str, Any] | None = None
+) -> Policy:
+    """A fresh policy by its registered name, made as the plugin makes it.
+
+    ``options`` are the policy's own settings (keywords of its factory); by default the
+    recorded run's ``policy-options`` when ``name`` is the policy that ran, else none.
+    ``fair-share`` takes its teams from the trace's settings (every team present weighing
+    1 if none were set).
+    """
+    if options is None:
+        options = recorded_options(loaded) if name == loaded.policy else {}
+    settings = dict(options)
     if name == "fair-share":
         teams = loaded.settings.get("teams") or {}
         targets = dict(teams.get("targets") or {})
@@ -205,14 +217,26 @@ def make_replay_policy(name: str, loaded: Loaded) -> Policy:
         half_life = teams.get("half_life")
         quotas = {k: int(v) for k, v in (teams.get("quotas") or {}).items() if k in targets}
         within = teams.get("within")
-        return FairShare(
-            targets,
-            within=within if within in ("fifo", "lpt") else "fifo",
-            half_life=float(half_life) if half_life else None,
-            quotas=quotas or None,
-            strict=False,
+        settings = {
+            "targets": targets,
+            "within": within if within in ("fifo", "lpt") else "fifo",
+            "half_life": float(half_life) if half_life else None,
+            "quotas": quotas or None,
+            "strict": False,
+            **settings,
+        }
+    return registry.make(name, **settings)
+
+
+def recorded_options(loaded: Loaded) -> dict[str, Any]:
+    """The recorded run's ``policy-options`` (settings of the policy that ran)."""
+    options = loaded.settings.get("policy_options") or {}
+    if not (isinstance(options, Mapping) and all(isinstance(k, str) for k in options)):
+        raise ValueError(
+            f"{loaded.path}: the recorded policy_options are not a mapping of setting names: "
+            f"{options!r}"
         )
-    return make_policy(name)
+    return dict(options)
 
 
 def make_cluster(
@@ -245,6 +269,7 @@ def replay(
     cores_per_node: int | None = None,
     no_slow: bool = False,
     seed: int = 0,
+    options: Mapping[str, Any] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` under ``policy`` (default: the one recorded, else ``fifo``).
 
@@ -253,12 +278,14 @@ def replay(
     ``min_runtime``, ``max_fraction``; off if it ran without). With backups on, a
     policy that does not learn worker speeds itself judges lateness with the live
     plugin's learner (:class:`PluginSpeeds`). ``nodes``/``cores_per_node``/``no_slow``
-    change the cluster; ``seed`` seeds the simulator's failure draws.
+    change the cluster; ``seed`` seeds the simulator's failure draws. ``policy`` is any
+    registered name (:mod:`daskjobs.policies.registry`); ``options`` its own settings
+    (default: the recorded ones when it is the policy that ran, see
+    :func:`make_replay_policy`).
     """
     loaded = trace if isinstance(trace, Loaded) else load(trace)
     name = policy or _recorded_policy(loaded)
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
+    pol = make_replay_policy(name, loaded, options)
     cluster = make_cluster(loaded, nodes, cores_per_node, no_slow)
     spec: Speculation | None
     if speculation == RECORDED:
@@ -269,7 +296,6 @@ def replay(
         spec = Speculation(late_factor=float(speculation))
     else:
         raise ValueError(f"speculation must be a late factor, None or {RECORDED!r}")
-    pol = make_replay_policy(name, loaded)
     if spec is not None and type(pol).speed is Policy.speed:
         pol = PluginSpeeds(pol, loaded.fit.overhead)
     schedule = simulate(loaded.tasks, cluster, pol, spec=spec, seed=seed)
@@ -279,7 +305,15 @@ def replay(
 
 def _recorded_policy(loaded: Loaded) -> str:
     p = loaded.policy
-    return p if p in POLICIES else "fifo"
+    if p is None:
+        return "fifo"
+    if p not in registry.names():
+        raise ValueError(
+            f"the trace was recorded under policy {p!r}, which is not registered here: "
+            "register it (daskjobs.policies.register, or its package's entry point; "
+            "docs/policies.md) to replay it as recorded"
+        )
+    return p
 
 
 def what_ifs(

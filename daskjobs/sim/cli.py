@@ -6,6 +6,11 @@ figures beside the measured ones (``--json``: exactly one JSON object on
 stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
 extra). Progress goes to stderr, so stdout stays clean for pipes.
 
+``--policy NAME`` (repeat it) runs an experiment under those policies instead of
+the SPEC's: any name of the policy registry (:mod:`daskjobs.policies.registry`),
+including a user's, registered by an installed package's entry point or by a
+module given with ``daskjobs simulate --import MODULE|FILE`` (docs/policies.md).
+
 Follows dask's CLI conventions: click, ``-h/--help`` on every command, errors
 as click usage errors naming the bad option.
 """
@@ -81,6 +86,72 @@ def _common_options(f: F) -> F:
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def import_policies(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
+    """``--import MODULE|FILE``: register the policies it defines (before ``--policy``)."""
+    from daskjobs.policies import registry
+
+    for spec in value:
+        try:
+            registry.import_policies(spec)
+        except ValueError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+def policy_names(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    """``--policy NAME``: any registered name; an unknown one lists the known ones."""
+    from daskjobs.policies import registry
+
+    known = registry.names()
+    for name in value:
+        if name not in known:
+            raise click.BadParameter(
+                f"unknown policy {name!r}; choose one of: {', '.join(known)}",
+                ctx=ctx,
+                param=param,
+            )
+    return value
+
+
+IMPORT_OPTION = click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE|FILE",
+    is_eager=True,
+    expose_value=False,
+    callback=import_policies,
+    help="Import a module (or run a .py file) that registers policies; repeat for several.",
+)
+
+
+def _policy_option(f: F) -> F:
+    """--policy NAME (repeatable): any registered policy instead of the SPEC's set."""
+    option = click.option(
+        "--policy",
+        "policies",
+        multiple=True,
+        metavar="NAME",
+        callback=policy_names,
+        help="Run under this registered policy instead of the SPEC's set (repeat for several).",
+    )
+    return option(f)
+
+
+def _check_policies(policies: tuple[str, ...], make: Callable[[str], Any]) -> list[str] | None:
+    """The policies of --policy (None: the SPEC's), each made once so that a policy that
+    cannot be made here (one that needs settings) is a usage error naming it."""
+    if not policies:
+        return None
+    for name in policies:
+        try:
+            make(name)
+        except (TypeError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--policy") from None
+    return list(policies)
 
 
 def _workload_kwargs(
@@ -164,6 +235,7 @@ def _workload_line(report: dict[str, Any]) -> str:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@IMPORT_OPTION
 def simulate() -> None:
     """Run the SPEC's reference experiments in the offline simulator.
 
@@ -193,6 +265,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 @simulate.command(short_help="The chapter sweep under every policy, with and without backups.")
 @_common_options
+@_policy_option
 @click.option(
     "--seeds",
     "seed_list",
@@ -208,6 +281,7 @@ def chapter(
     slow_node: int | None,
     failure_rate: float | None,
     n_tasks: int | None,
+    policies: tuple[str, ...],
     seed_list: str | None,
 ) -> None:
     """The chapter sweep: 10,000 backtests on 384 cores, one node 4x slow.
@@ -216,20 +290,24 @@ def chapter(
     backup copies of late attempts, and lpt on the cluster without its slow
     node; prints makespan, node-hours, backups launched, wasted core-hours and
     the ratios to the lower, speed-weighted and failure-aware bounds, beside
-    the published makespan. With --seeds, the same over many seeds.
+    the published makespan. With --seeds, the same over many seeds. With
+    --policy, each of those policies without and with backups instead.
     """
-    from daskjobs.sim.report import CHAPTER_RUNS, run_chapter
+    from daskjobs.policies import make_policy
+    from daskjobs.sim.report import chapter_runs, run_chapter
 
-    kwargs = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    kwargs["policies"] = _check_policies(policies, make_policy)
+    runs = len(chapter_runs(kwargs["policies"]))
     if seed_list is not None:
         if plot_dir is not None:
             raise click.UsageError("--plot draws one seed's run: use it without --seeds")
         if seed:
             raise click.UsageError("give either --seed or --seeds, not both")
-        _chapter_seeds(_parse_seeds(seed_list), as_json, kwargs)
+        _chapter_seeds(_parse_seeds(seed_list), as_json, kwargs, runs)
         return
     _check_plotting(plot_dir)
-    report, schedules = _run(run_chapter, "chapter sweep", len(CHAPTER_RUNS), seed, kwargs)
+    report, schedules = _run(run_chapter, "chapter sweep", runs, seed, kwargs)
 
     figures: list[Path] = []
     if plot_dir is not None:
@@ -238,8 +316,9 @@ def chapter(
         candidates = [r for r in report["rows"] if r["policy"] != "lpt-no-slow-node"]
         best = min(candidates, key=lambda r: r["makespan_h"])
         best_label = best["policy"] + (" +backups" if best["backups"] else "")
-        lines = {"fifo": schedules[("fifo", False)]}
-        if (best["policy"], best["backups"]) != ("fifo", False):
+        first = report["rows"][0]["policy"]  # fifo, in the SPEC's table
+        lines = {first: schedules[(first, False)]}
+        if (best["policy"], best["backups"]) != (first, False):
             lines[best_label] = schedules[(best["policy"], best["backups"])]
         figures.append(plot.chapter_utilisation(lines, plot_dir / "chapter-utilisation.png"))
         figures.append(plot.chapter_makespans(report, plot_dir / "chapter-makespan.png"))
@@ -293,11 +372,11 @@ def chapter(
     _emit(report, as_json, text, figures)
 
 
-def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any]) -> None:
-    from daskjobs.sim.report import CHAPTER_RUNS, chapter_seeds_report
+def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs: int) -> None:
+    from daskjobs.sim.report import chapter_seeds_report
 
     label = f"chapter sweep, {len(seeds)} seeds"
-    report = _run(chapter_seeds_report, label, len(seeds) * len(CHAPTER_RUNS), seeds, kwargs)
+    report = _run(chapter_seeds_report, label, len(seeds) * runs, seeds, kwargs)
     n = len(seeds)
 
     def spread(d: dict[str, float], fmt: str) -> str:
@@ -343,6 +422,7 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any]) -> N
 
 @simulate.command(short_help="A second team an hour in: FIFO against fair share.")
 @_common_options
+@_policy_option
 def fairshare(
     seed: int,
     as_json: bool,
@@ -350,18 +430,21 @@ def fairshare(
     slow_node: int | None,
     failure_rate: float | None,
     n_tasks: int | None,
+    policies: tuple[str, ...],
 ) -> None:
     """Two teams: b submits 500 backtests an hour into a's chapter sweep.
 
     Compares FIFO with fair share at equal targets (no backups): team b's
     median and maximum wait from submission, and when team a's sweep ends.
-    --tasks sets the size of team a's sweep.
+    --tasks sets the size of team a's sweep; --policy runs those policies instead.
     """
-    from daskjobs.sim.report import FAIRSHARE_RUNS, run_fairshare
+    from daskjobs.sim.report import FAIRSHARE_RUNS, _make, run_fairshare
 
     _check_plotting(plot_dir)
-    kwargs = _workload_kwargs(slow_node, failure_rate, n_tasks)
-    report, _ = _run(run_fairshare, "fair share", len(FAIRSHARE_RUNS), seed, kwargs)
+    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    kwargs["policies"] = _check_policies(policies, _make)
+    runs = len(policies or FAIRSHARE_RUNS)
+    report, _ = _run(run_fairshare, "fair share", runs, seed, kwargs)
 
     figures: list[Path] = []
     if plot_dir is not None:
@@ -414,6 +497,7 @@ def fairshare(
 
 @simulate.command(short_help="Shared feature stages: recomputed, as a graph, cached.")
 @_common_options
+@_policy_option
 def graph(
     seed: int,
     as_json: bool,
@@ -421,17 +505,21 @@ def graph(
     slow_node: int | None,
     failure_rate: float | None,
     n_tasks: int | None,
+    policies: tuple[str, ...],
 ) -> None:
     """Shared feature stages: recomputed per backtest, as a graph, and cached.
 
     A hundred 20-minute feature stages, each read by a hundred backtests, under
     lpt, critical-path and node-aware with backups. Core-hours count every
-    attempt (useful work and waste). --tasks must be a multiple of 100.
+    attempt (useful work and waste). --tasks must be a multiple of 100; --policy
+    runs every mode under those policies instead.
     """
-    from daskjobs.sim.report import GRAPH_RUNS, run_graph
+    from daskjobs.policies import make_policy
+    from daskjobs.sim.report import graph_runs, run_graph
 
     _check_plotting(plot_dir)
-    kwargs = _workload_kwargs(slow_node, failure_rate, None)
+    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, None)
+    kwargs["policies"] = _check_policies(policies, make_policy)
     if n_tasks is not None:
         if n_tasks % _N_FEATURES:
             raise click.BadParameter(
@@ -441,7 +529,7 @@ def graph(
             )
         kwargs["readers"] = n_tasks // _N_FEATURES
         kwargs["n_long"] = round(n_tasks * _LONG_SHARE)
-    report, _ = _run(run_graph, "feature graph", len(GRAPH_RUNS), seed, kwargs)
+    report, _ = _run(run_graph, "feature graph", len(graph_runs(kwargs["policies"])), seed, kwargs)
 
     figures: list[Path] = []
     if plot_dir is not None:

@@ -37,9 +37,11 @@ __all__ = [
     "PUBLISHED_FAIRSHARE",
     "PUBLISHED_GRAPH",
     "chapter_report",
+    "chapter_runs",
     "chapter_seeds_report",
     "fairshare_report",
     "graph_report",
+    "graph_runs",
     "run_chapter",
     "run_fairshare",
     "run_graph",
@@ -63,6 +65,9 @@ CHAPTER_RUNS: tuple[tuple[str, str, bool, bool], ...] = (
 
 #: Fair-share runs: FIFO, then equal-target fair share (no backups, as published).
 FAIRSHARE_RUNS: tuple[str, ...] = ("fifo", "fair-share")
+
+#: Fair share's targets in the fair-share experiment (the SPEC's equal shares).
+FAIRSHARE_TARGETS = {"a": 1, "b": 1}
 
 #: Graph runs: (mode, policy), every one with backups.
 GRAPH_RUNS: tuple[tuple[str, str], ...] = tuple(
@@ -158,17 +163,36 @@ def _label(policy: str, backups: bool) -> str:
     return f"{policy}{' +backups' if backups else ''}"
 
 
+def chapter_runs(policies: Sequence[str] | None = None) -> tuple[tuple[str, str, bool, bool], ...]:
+    """:data:`CHAPTER_RUNS`, or each of ``policies`` (any registered name) without and
+    with backups."""
+    if policies is None:
+        return CHAPTER_RUNS
+    return tuple((p, p, backups, False) for p in policies for backups in (False, True))
+
+
+def _make(name: str) -> Any:
+    """A fresh policy of the fair-share experiment (fair share at equal targets)."""
+    if name == "fair-share":
+        return FairShare(FAIRSHARE_TARGETS)
+    return make_policy(name)
+
+
 def run_chapter(
-    seed: int = 0, progress: Progress | None = None, **workload_kwargs: Any
+    seed: int = 0,
+    progress: Progress | None = None,
+    policies: Sequence[str] | None = None,
+    **workload_kwargs: Any,
 ) -> tuple[dict[str, Any], dict[tuple[str, bool], Schedule]]:
-    """:func:`chapter_report` plus the schedule of each run, keyed by (row name, backups)."""
+    """:func:`chapter_report` plus the schedule of each run, keyed by (row name, backups).
+    ``policies``: rows for these (registered names) instead of the SPEC's table."""
     w = workloads.chapter(seed, **workload_kwargs)
     nominal = lower_bound(w.tasks, w.cluster.total_cores)
     weighted = speed_bound(w.tasks, w.cluster)
     with_failures = failure_bound(w.tasks, w.cluster, seed)
     rows: list[dict[str, Any]] = []
     schedules: dict[tuple[str, bool], Schedule] = {}
-    for row_name, policy, backups, no_slow in CHAPTER_RUNS:
+    for row_name, policy, backups, no_slow in chapter_runs(policies):
         cluster = w.cluster.without_slow() if no_slow else w.cluster
         s = simulate(
             w.tasks,
@@ -233,7 +257,10 @@ def chapter_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
 
 
 def chapter_seeds_report(
-    seeds: Sequence[int], progress: Progress | None = None, **workload_kwargs: Any
+    seeds: Sequence[int],
+    progress: Progress | None = None,
+    policies: Sequence[str] | None = None,
+    **workload_kwargs: Any,
 ) -> dict[str, Any]:
     """The chapter table over many seeds: how each row is distributed.
 
@@ -248,9 +275,12 @@ def chapter_seeds_report(
     seeds = list(seeds)
     if not seeds:
         raise ValueError("no seeds given")
-    per_seed = [run_chapter(seed, progress=progress, **workload_kwargs)[0] for seed in seeds]
+    per_seed = [
+        run_chapter(seed, progress=progress, policies=policies, **workload_kwargs)[0]
+        for seed in seeds
+    ]
     rows = []
-    for j, (row_name, _, backups, _) in enumerate(CHAPTER_RUNS):
+    for j, (row_name, _, backups, _) in enumerate(chapter_runs(policies)):
         got = [r["rows"][j] for r in per_seed]
 
         def spread(key: str, got: list[dict[str, Any]] = got) -> dict[str, float]:
@@ -292,15 +322,18 @@ def chapter_seeds_report(
 
 
 def run_fairshare(
-    seed: int = 0, progress: Progress | None = None, **workload_kwargs: Any
+    seed: int = 0,
+    progress: Progress | None = None,
+    policies: Sequence[str] | None = None,
+    **workload_kwargs: Any,
 ) -> tuple[dict[str, Any], dict[str, Schedule]]:
-    """:func:`fairshare_report` plus the schedule of each run, keyed by policy name."""
+    """:func:`fairshare_report` plus the schedule of each run, keyed by policy name.
+    ``policies``: these (registered names) instead of :data:`FAIRSHARE_RUNS`."""
     w = workloads.fairshare(seed, **workload_kwargs)
     rows: list[dict[str, Any]] = []
     schedules: dict[str, Schedule] = {}
-    for name in FAIRSHARE_RUNS:
-        policy = FairShare({"a": 1, "b": 1}) if name == "fair-share" else make_policy(name)
-        s = simulate(w.tasks, w.cluster, policy, seed=seed)
+    for name in FAIRSHARE_RUNS if policies is None else policies:
+        s = simulate(w.tasks, w.cluster, _make(name), seed=seed)
         schedules[name] = s
         teams = s.teams()
         rows.append(
@@ -332,7 +365,7 @@ def run_fairshare(
             "b": sum(t.team == "b" for t in w.tasks),
         },
         "b_submit_h": b_submit / _H,
-        "targets": {"a": 1, "b": 1},
+        "targets": dict(FAIRSHARE_TARGETS),
         "rows": rows,
         "published": PUBLISHED_FAIRSHARE,
     }
@@ -356,14 +389,25 @@ def _graph_bound(w: workloads.Workload) -> float:
     return lower_bound(tasks, w.cluster.total_cores)
 
 
+def graph_runs(policies: Sequence[str] | None = None) -> tuple[tuple[str, str], ...]:
+    """:data:`GRAPH_RUNS`, or every mode under each of ``policies`` (registered names)."""
+    if policies is None:
+        return GRAPH_RUNS
+    return tuple((mode, p) for mode in ("recompute", "graph", "cached") for p in policies)
+
+
 def run_graph(
-    seed: int = 0, progress: Progress | None = None, **workload_kwargs: Any
+    seed: int = 0,
+    progress: Progress | None = None,
+    policies: Sequence[str] | None = None,
+    **workload_kwargs: Any,
 ) -> tuple[dict[str, Any], dict[tuple[str, str], Schedule]]:
-    """:func:`graph_report` plus the schedule of each run, keyed by (mode, policy)."""
+    """:func:`graph_report` plus the schedule of each run, keyed by (mode, policy).
+    ``policies``: every mode under these (registered names) instead of :data:`GRAPH_RUNS`."""
     rows: list[dict[str, Any]] = []
     schedules: dict[tuple[str, str], Schedule] = {}
     built: dict[str, workloads.Workload] = {}
-    for mode, policy in GRAPH_RUNS:
+    for mode, policy in graph_runs(policies):
         w = built.get(mode)
         if w is None:
             w = built[mode] = workloads.feature_graph(seed, mode=mode, **workload_kwargs)
