@@ -27,7 +27,7 @@ import click
 import dask.config
 import pytest
 import yaml
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
@@ -532,7 +532,7 @@ def put(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 
 def named(msg: str, key: str) -> bool:
     """``msg`` names ``key`` (or a key inside it: a team, an unknown key)."""
-    return msg.startswith(key) or f"in {key}:" in msg
+    return msg.startswith(key) or f"in {key}:" in msg or f"in {key}." in msg
 
 
 def startable(s: daskjobs.config.Settings) -> None:
@@ -582,6 +582,7 @@ def test_random_junk_in_any_key_is_a_value_error_naming_it(
 
 @hsettings(max_examples=100, deadline=None)
 @given(JUNK)
+@example({"teams": {None: None}})  # "unknown key(s) in daskjobs.teams: None"
 def test_random_junk_as_the_whole_section_is_a_value_error(junk: Any) -> None:
     old = dask.config.config.get("daskjobs")
     dask.config.config["daskjobs"] = junk
