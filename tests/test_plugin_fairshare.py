@@ -324,3 +324,11 @@ def test_quotas_give_the_same_team_order_in_the_simulator_and_live():
     # and it is the quota rule: a borrows both slots alone; once b waits, a holds one at most
     # (two slots, a's quota 1: every slot a frees goes to b while b waits)
     assert "".join(k[0] for k in sim_order) == "aabababababb"
+
+
+def test_the_ranked_graph_event_names_the_configured_policy():
+    plugin = JobsPlugin(policy="fair-share", teams={"targets": {"a": 1}})
+    with cluster(plugin, threads=2) as cl, Client(cl) as c:
+        c.compute(mixed_graph({"a": 3}, 0.01), sync=True)
+        ranked = [e for _, e in c.get_events("daskjobs") if e["action"] == "ranked-graph"]
+    assert ranked and all(e["policy"] == "fair-share" for e in ranked)  # not the held FIFO

@@ -136,6 +136,12 @@ class LiveTask:
     deps: tuple[Hashable, ...]
     source: str  # where the estimate came from
     stage: str
+    speculate: bool = True  # the task's ``speculate`` annotation
+
+    @property
+    def estimated(self) -> bool:
+        """A real estimate (annotation or measured history), not the configured default."""
+        return self.source != "default"
 
 
 @dataclass(slots=True, eq=False)
@@ -511,7 +517,8 @@ class JobsPlugin(SchedulerPlugin):
                 f"(daskjobs.teams.targets has: {', '.join(sorted(teams.targets)) or 'no teams'})"
             )
         deps = tuple(d.key for d in ts.dependencies)
-        return LiveTask(ts.key, est, 1, team, now, deps, source, stage)
+        speculate = (ts.annotations or {}).get("speculate") is not False
+        return LiveTask(ts.key, est, 1, team, now, deps, source, stage, speculate)
 
     @staticmethod
     def _unranked(tasks: Iterable[Any]) -> list[Any]:
@@ -554,9 +561,7 @@ class JobsPlugin(SchedulerPlugin):
             except Exception as e:
                 raise _RankFailed(ts.key) from e
         try:
-            policy.add_graph(views)
-            if self.fair is not None:
-                self.fair.add_graph(views)  # every team known from its first task
+            policy.add_graph(views)  # a popper's too (fair share: every team known from here)
         except Exception as e:
             raise _RankFailed(new[0].key, "the graph") from e
         key = policy.key if self.popper is None else self._held_key
@@ -606,11 +611,15 @@ class JobsPlugin(SchedulerPlugin):
             self.speeds.add_node(node, int(ws.nthreads) if ws is not None else 1)
         return node
 
-    def _learn_speed(self, v: LiveTask, worker: str | None, seconds: float) -> None:
-        """A task with a real estimate finished on ``worker`` after ``seconds`` of compute."""
+    def _learn_speed(
+        self, v: LiveTask, worker: str | None, seconds: float, outcome: str = "done"
+    ) -> None:
+        """An attempt of ``v`` ran ``seconds`` on ``worker``: finished (``done``), or beaten
+        by its copy (``killed``). What teaches a speed is the learner's rule
+        (:meth:`NodeAware.ended <daskjobs.policies.NodeAware.ended>`), not the plugin's."""
         if not worker:
             return
-        att = LiveAttempt(v, self._node(worker), 0.0, seconds, "done")
+        att = LiveAttempt(v, self._node(worker), 0.0, seconds, outcome)
         if self.speeds.ended(att, seconds):  # the belief about this worker moved
             self._event(
                 "worker-speed",
@@ -788,8 +797,7 @@ class JobsPlugin(SchedulerPlugin):
                 seconds = compute_seconds(kwargs.get("startstops", ()))
                 if v is not None and seconds is not None and self.estimator is not None:
                     self.estimator.observe(v.stage, seconds)
-                    if v.source != "default" and v.estimate > 0:
-                        self._learn_speed(v, kwargs.get("worker"), seconds)
+                    self._learn_speed(v, kwargs.get("worker"), seconds)
             if self.popper is not None:
                 try:
                     self._fair_transition(key, start, finish)
@@ -862,6 +870,9 @@ class JobsPlugin(SchedulerPlugin):
         }
         if speeds:
             out["worker_speed"] = speeds
+        sp = self.speculator
+        if sp is not None and key in sp.reasons:  # the speculation driver's recorded reason
+            out["copy"] = sp.reasons[key]
         return out
 
     def _team_row(self, team: str) -> dict[str, Any]:
@@ -1144,8 +1155,3 @@ class JobsPlugin(SchedulerPlugin):
             )
         except Exception:
             self._failed("record", worker)
-
-
-def ranked(tasks: Sequence[LiveTask]) -> list[Hashable]:
-    """Keys of ``tasks`` in the order the plugin would run them (for tests and docs)."""
-    return [t.tid for t in tasks]

@@ -57,11 +57,27 @@ from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin import _internals
 from daskjobs.policies import Speculation
+from daskjobs.policies.speculation import projected_end
 
 if TYPE_CHECKING:
     from dask.typing import Key
 
 logger = logging.getLogger("daskjobs.plugin")
+#: Each copy decision and its reason, at DEBUG (as distributed's memory manager logs).
+decisions = logging.getLogger("daskjobs.decisions")
+
+
+@dataclass(slots=True)
+class _Worker:
+    """A worker as a candidate for a copy (a ``Speculation.Candidate``)."""
+
+    ws: Any
+    index: int
+    free: int
+    cores: int
+    copies: int
+    same_host: bool
+
 
 __all__ = ["COPY_PREFIX", "Race", "Speculator", "copy_key"]
 
@@ -106,6 +122,7 @@ class Speculator:
         self.races: dict[Hashable, Race] = {}
         self.copies: dict[Hashable, Hashable] = {}
         self.copied: set[Hashable] = set()  # one copy per attempt, whatever became of it
+        self.reasons: dict[Hashable, str] = {}  # the latest copy decision per task
         self.counts = {
             "launched": 0,
             "won": 0,
@@ -219,6 +236,8 @@ class Speculator:
         if task is not None:
             self._copy_moved(task, key, start, finish, kwargs)
             return
+        if finish == "forgotten":
+            self.reasons.pop(key, None)
         if start == "processing":
             self.copied.discard(key)
             st = self.starts.pop(key, None)
@@ -310,6 +329,7 @@ class Speculator:
             if loser is not None:
                 self._zombie(loser, race.key)
             self._waste(race.key, now - race.launched)  # the primary's time since launch
+            self._decided(race.key, f"copy on {race.worker} won; the task reads its result")
             self.plugin._event(
                 "backup-adopted" if adopted else "backup-won",
                 key=str(race.key),
@@ -331,6 +351,7 @@ class Speculator:
         if cts is not None and cts.state == "processing" and race.started:
             self._zombie(race.worker, race.copy)  # its thread runs on
         self.counts[outcome] += 1
+        self._decided(race.key, f"copy on {race.worker} {outcome}")
         self._waste(race.key, time.time() - race.launched)
         if cts is not None:
             sched.client_releases_keys(
@@ -416,14 +437,20 @@ class Speculator:
         return sum(1 for r in self.races.values() if not r.redirected)
 
     def _check(self, now: float) -> None:
+        """Every decision here is the policy's (:class:`~daskjobs.policies.Speculation`):
+        which tasks may be copied, whether one is late or urgent, whether its copy may
+        wait on a busy worker, and which worker takes it. This only adapts dask's state
+        (true starts, workers, the work the scheduler holds) and enacts the answer."""
         from daskjobs.plugin.plugin import LiveAttempt  # the plugin module imports this one
 
         if not self.starts:
             return
-        cap = self.spec.cap(self._slots())
+        spec = self.spec
+        cap = spec.cap(self._slots())
         if self._running() >= cap:
             return
         plugin = self.plugin
+        speeds = plugin.speeds
         sched = self.scheduler
         horizon: float | None = None
         for key, (worker, t0, run_id) in list(self.starts.items()):
@@ -434,35 +461,39 @@ class Speculator:
                 self.starts.pop(key, None)
                 continue
             v = plugin.tasks.get(key)
-            if v is None or v.source == "default":
-                continue  # no real estimate: nothing to be late against
-            if (ts.annotations or {}).get("speculate") is False or ts.actor:
+            if v is None or ts.actor or not spec.may_copy(v):
                 continue
             node = plugin._node(worker)
-            speed = plugin.speeds.speed(node)
-            late = now >= self.spec.deadline(t0, v.estimate, speed)
-            urgent = not late and plugin.speeds.urgent(LiveAttempt(v, node, t0), now)
-            if not (late or urgent):
+            attempt = LiveAttempt(v, node, t0)
+            why = spec.verdict(attempt, now, speeds)
+            if why is None:
                 continue
-            # a copy may queue on a busy worker only if the task would otherwise end
-            # after the projected end of the run (the simulator's horizon rule)
-            allow_busy = False
-            if urgent:
+            may_queue = False
+            if why == "urgent":
                 if horizon is None:
                     horizon = self._horizon(now)
-                left = max(t0 + v.estimate * speed - now, 0.5 * v.estimate * speed)
-                allow_busy = now + left > horizon
-            target = self._target(ts, worker, allow_busy=allow_busy)
+                may_queue = spec.may_queue(attempt, now, speeds.speed(node), horizon)
+            target, reason = spec.choose(attempt, self._candidates(ts, worker), speeds, may_queue)
             if target is None:
+                self._decided(key, f"{why}, not copied: {reason}")
                 continue
-            self._launch(ts, target, now)
+            self._decided(key, f"{why}: copied to {target.ws.address}")
+            self._launch(ts, target.ws, now, why)
             if self._running() >= cap:
                 return
 
+    def _decided(self, key: Hashable, reason: str) -> None:
+        """Keep the latest decision about ``key`` for explain, and log it at DEBUG."""
+        if self.reasons.get(key) != reason:
+            self.reasons[key] = reason
+            decisions.debug("%s: %s", key, reason)
+
     def _horizon(self, now: float) -> float:
-        """Projected end of the work the scheduler holds: estimated seconds of the queued
-        and running tasks over the workers' threads weighted by believed speed. O(tasks
-        queued or running), once per check that needs it."""
+        """The projected end of the work the scheduler holds (the policy's formula,
+        :func:`~daskjobs.policies.speculation.projected_end`): estimated seconds of the
+        queued tasks and about half of the running ones, over the workers' threads
+        weighted by believed speed. O(tasks queued or running), once per check that
+        needs it."""
         sched = self.scheduler
         plugin = self.plugin
         tasks = plugin.tasks
@@ -479,55 +510,43 @@ class Speculator:
                 v = tasks.get(ts.key)
                 if v is not None:
                     work += v.estimate * 0.5  # about half of a running task is left
-        return now + work / capacity if capacity > 0 else now
+        return projected_end(now, work, capacity)
 
-    def _target(self, ts: Any, primary: str, allow_busy: bool = False) -> Any:
-        """Another worker with an idle thread: another host first, then the fastest.
-
-        With ``allow_busy`` (a task stuck on a worker measured slow) and no idle
-        thread anywhere, a busy worker faster than the primary's will do, if it
-        holds no other copy: the copy's priority puts it ahead of that worker's
-        queued work, so it starts at the worker's next free thread instead of
-        waiting for the tail of the run. Copies are tasks in ``ws.processing``, so
-        a worker's load counts them.
-        """
+    def _candidates(self, ts: Any, primary: str) -> list[_Worker]:
+        """The workers that could run a copy of ``ts`` at all (running, with its
+        resources, within its hard restrictions), as the policy's candidates."""
         sched = self.scheduler
         pws = sched.workers.get(primary)
         copies: dict[str, int] = {}
         for r in self.races.values():
             if not r.redirected:
                 copies[r.worker] = copies.get(r.worker, 0) + 1
-        best = None
-        best_rank: tuple[Any, ...] | None = None
-        speeds = self.plugin.speeds
-        primary_speed = speeds.speed(self.plugin._node(primary))
+        out = []
+        strict = not ts.loose_restrictions
         for ws in sched.workers.values():
-            if ws.address == primary or ws.status.name != "running":
+            if ws.status.name != "running":
                 continue
-            load = len(ws.processing)
-            idle = load < ws.nthreads
-            if not idle:
-                if not allow_busy or copies.get(ws.address, 0):
-                    continue
-                if speeds.speed(self.plugin._node(ws.address)) >= primary_speed:
-                    continue
             if ts.resource_restrictions and any(
                 ws.resources.get(r, 0) < need for r, need in ts.resource_restrictions.items()
             ):
                 continue
-            strict = not ts.loose_restrictions
             if strict and ts.worker_restrictions and ws.address not in ts.worker_restrictions:
                 continue
             if strict and ts.host_restrictions and ws.host not in ts.host_restrictions:
                 continue
-            same_host = pws is not None and ws.host == pws.host
-            speed = speeds.speed(self.plugin._node(ws.address))
-            rank = (not idle, same_host, speed, load / ws.nthreads, ws.address)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = ws, rank
-        return best
+            out.append(
+                _Worker(
+                    ws,
+                    self.plugin._node(ws.address),
+                    max(ws.nthreads - len(ws.processing), 0),
+                    ws.nthreads,
+                    copies.get(ws.address, 0),
+                    pws is not None and ws.host == pws.host,
+                )
+            )
+        return out
 
-    def _launch(self, ts: Any, ws: Any, now: float) -> None:
+    def _launch(self, ts: Any, ws: Any, now: float, why: str = "late") -> None:
         from dask._task_spec import Task
 
         sched = self.scheduler
@@ -556,6 +575,7 @@ class Speculator:
             primary=primary,
             backup=ws.address,
             late_by=round(now - self.starts[ts.key][1], 3),
+            why=why,
         )
 
     # -- accounting ------------------------------------------------------------------
@@ -565,12 +585,10 @@ class Speculator:
         self.waste[team] = self.waste.get(team, 0.0) + max(seconds, 0.0)
 
     def _learn_from_loser(self, key: Hashable, worker: str, now: float) -> None:
-        """A primary beaten by its copy ran at least ``now - start``: tell the speed
-        learner, or a worker whose every task is rescued would never be measured."""
+        """A primary beaten by its copy ran ``now - start`` on ``worker``: the learner's
+        rule decides what that teaches (a lower bound, once past its estimate)."""
         start = self.starts.pop(key, None)
         v = self.plugin.tasks.get(key)
-        if start is None or v is None or not v.estimate > 0 or start[0] != worker:
+        if start is None or v is None or start[0] != worker:
             return
-        elapsed = now - start[1]
-        if elapsed > v.estimate:  # only as evidence of slowness (a lower bound)
-            self.plugin._learn_speed(v, worker, elapsed)
+        self.plugin._learn_speed(v, worker, now - start[1], outcome="killed")

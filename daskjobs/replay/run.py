@@ -26,7 +26,7 @@ import numpy as np
 from daskjobs.plugin.trace import Trace
 from daskjobs.policies import NodeAware, Policy, Speculation, registry
 from daskjobs.policies.base import AttemptView, NodeView, TaskView
-from daskjobs.replay.load import SPEED_NOISE, Loaded, load
+from daskjobs.replay.load import Loaded, load
 from daskjobs.sim.engine import simulate
 from daskjobs.sim.model import Cluster
 from daskjobs.sim.schedule import Schedule, speed_bound
@@ -107,28 +107,29 @@ class ReplayResult:
 
 @dataclass
 class _Seen:
-    """A primary that lost its race, as the live speed learner sees it: a lower bound."""
+    """A replayed attempt with its start moved past the fitted per-task overhead: the
+    live learner sees compute time, the replayed durations include the overhead."""
 
     task: TaskView
     node: int
     start: float
     end: float
-    outcome: str = "done"
+    outcome: str | None = "done"
     backup: bool = False
 
 
 class PluginSpeeds(Policy):
-    """A policy's order, with lateness judged as the live plugin judges it.
+    """A policy's order with the speed learner the live plugin runs beside it.
 
-    With speculation on, the plugin's :class:`~daskjobs.plugin.speculation.Speculator`
-    scales deadlines by each worker's believed slow-down and copies at once a task on
-    a worker measured slow (:meth:`NodeAware.urgent`), the beliefs coming from a
-    :class:`NodeAware` object that only learns: it is told of finished attempts and,
-    as a lower bound, of primaries beaten by their copy, never of starts or queued
-    work, so its horizon is "now". This wraps a policy that does not learn speeds
-    (fifo, lpt, critical-path, ...) with such a learner, so a replay of a run with
-    speculation launches the backups the run launched. As live, the urgent rule
-    copies only while nothing is queued (the plugin copies only to an idle thread).
+    The plugin keeps a :class:`NodeAware` object that only learns (it is told of
+    finished attempts, never of starts or queued work) and judges lateness and
+    urgency with it, whatever policy orders the tasks. This composes the same two
+    objects for a replay of a run with speculation: order from ``inner``, beliefs
+    from the learner. Which attempts teach a speed is the learner's own rule
+    (:meth:`NodeAware.ended`); where a copy may go is :meth:`Speculation.choose`.
+    One live constraint stays here because the simulator's engine cannot express it
+    yet: live, an urgent copy goes only to an idle worker, and with work queued no
+    worker is idle, so the urgent rule only rescues the tail.
     """
 
     def __init__(self, inner: Policy, overhead: float = 0.0) -> None:
@@ -162,30 +163,19 @@ class PluginSpeeds(Policy):
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         self.inner.ended(attempt, now)
+        start = attempt.start
         if attempt.outcome == "done":
-            start = min(attempt.start + self.overhead, now)
-            return self.learner.ended(_Seen(attempt.task, attempt.node, start, now), now)
-        est = attempt.task.estimate
-        # a primary beaten by its copy ran at least this long: a lower bound
-        if attempt.outcome == "killed" and not attempt.backup and now - attempt.start > est > 0:
-            seen = _Seen(attempt.task, attempt.node, attempt.start, now)
-            return self.learner.ended(seen, now)
-        return False
+            start = min(start + self.overhead, now)
+        seen = _Seen(attempt.task, attempt.node, start, now, attempt.outcome, attempt.backup)
+        return self.learner.ended(seen, now)
 
     def forget(self, tid: Hashable) -> None:
         self.inner.forget(tid)
 
     def speed(self, node: int) -> float:
-        # beliefs within the measurement noise are nominal: the simulator copies only
-        # to a node not believed slower than the primary's, the plugin to any idle
-        # worker, so a fast worker believed 1.02 must still take the copy of a task on
-        # a slow worker not measured yet (1.0)
-        s = self.learner.speed(node)
-        return s if (s > SPEED_NOISE or s < 1 / SPEED_NOISE) else 1.0
+        return self.learner.speed(node)
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
-        # live, a copy goes only to an idle thread, and with work queued no thread is
-        # idle: the urgent rule only rescues the tail
         return not len(self.inner) and self.learner.urgent(attempt, now)
 
     def __len__(self) -> int:
