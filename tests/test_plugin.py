@@ -240,7 +240,8 @@ def test_measured_history_ranks_unannotated_tasks_and_survives_a_restart(tmp_pat
     with dask.config.set(VALIDATE), cluster(JobsPlugin(**plugin_kwargs)) as cl, Client(cl) as c:
         parts = [dask.delayed(sleepy)(f"q{i}", 0.0, dask_key_name=f"quick-{i}") for i in range(3)]
         parts += [dask.delayed(sleepy)(f"s{i}", 0.01, dask_key_name=f"slow-{i}") for i in range(3)]
-        order = [x for _, x in sorted(c.compute(parts, sync=True))]
+        futs = c.compute(parts)  # held: explain reads the tasks' states
+        order = [x for _, x in sorted(c.gather(futs))]
         assert order[:3] == ["s0", "s1", "s2"] or sorted(order[:3]) == ["s0", "s1", "s2"]
         info = explain(c, "slow-0")
         assert info["estimate_source"] == "history" and info["stage"] == "slow"

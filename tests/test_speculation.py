@@ -113,27 +113,22 @@ def test_speculation_settings_are_checked():
         JobsPlugin(speculation={"late": 2})
 
 
-def _wait_for_backup(client, timeout=10.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        sp = status(client)["speculation"]
-        if sp["running"]:
-            return sp
-        time.sleep(0.02)
-    raise AssertionError("no backup was launched")
-
-
 @pytest.mark.parametrize("victim", ["backup", "primary"])
 def test_a_worker_dying_mid_race_leaves_the_task_completing(victim):
     with dask.config.set(VALIDATE), cluster(n_workers=3) as cl, Client(cl) as c:
-        fut = c.compute(pinned(c, 0, 8, 0.2, 0.2))  # 2 s on the slow worker 0
-        _wait_for_backup(c)
-        backups = c.run_on_scheduler(
-            lambda dask_scheduler: {
-                str(k): (b.worker, b.primary)
-                for k, b in dask_scheduler.plugins["daskjobs"].speculator.backups.items()
-            }
-        )
+        # 0.5 s of work estimated at 0.2 s: late at 0.4 s; the copy then runs 0.5 s
+        # (5 s on the slow worker 0), a window to catch the race in
+        fut = c.compute(pinned(c, 0, 8, 0.5, 0.2))
+        deadline = time.time() + 30
+        backups: dict = {}
+        while "w-8" not in backups and time.time() < deadline:
+            backups = c.run_on_scheduler(
+                lambda dask_scheduler: {
+                    str(k): (b.worker, b.primary)
+                    for k, b in dask_scheduler.plugins["daskjobs"].speculator.backups.items()
+                }
+            )
+            time.sleep(0.01)
         copy_worker, primary_worker = backups["w-8"]
         doomed = copy_worker if victim == "backup" else primary_worker
         names = {a: w["name"] for a, w in c.scheduler_info()["workers"].items()}

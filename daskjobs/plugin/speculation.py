@@ -51,11 +51,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin import _internals
+from daskjobs.plugin.audit import Audit
+from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.policies import Speculation
 from daskjobs.policies.speculation import projected_end
 
@@ -114,10 +117,19 @@ class Speculator:
     event loop, outside dask's transition loop.
     """
 
-    def __init__(self, plugin: Any, spec: Speculation, interval: float) -> None:
-        self.plugin = plugin
+    def __init__(
+        self,
+        spec: Speculation,
+        interval: float,
+        audit: Audit,
+        tasks: Mapping[Hashable, LiveTask],
+        speeds: WorkerSpeeds,
+    ) -> None:
         self.spec = spec
         self.interval = interval
+        self.audit = audit
+        self.tasks = tasks  # the ranked tasks' views
+        self.speeds = speeds  # workers as nodes, and the speed learner
         self.starts: dict[Hashable, tuple[str, float, int]] = {}
         self.races: dict[Hashable, Race] = {}
         self.copies: dict[Hashable, Hashable] = {}
@@ -267,10 +279,10 @@ class Speculator:
         if finish == "memory":
             self._later(self._settle, race, "won")
             seconds = _internals.compute_seconds(kwargs.get("startstops"))
-            v = self.plugin.tasks.get(task)
+            v = self.tasks.get(task)
             worker = kwargs.get("worker")
             if seconds is not None and v is not None and worker:
-                self.plugin._learn_speed(v, worker, seconds)
+                self.speeds.learn(v, worker, seconds)
         elif finish == "erred":  # the task carries on alone
             self._later(self._settle, race, "failed")
         else:  # its worker died: the task carries on, and may be copied again elsewhere
@@ -299,7 +311,7 @@ class Speculator:
             try:
                 fn(*args)
             except Exception:
-                self.plugin._failed("speculation", args[0].key if args else None)
+                self.audit.failed("speculation", args[0].key if args else None)
 
         asyncio.get_running_loop().call_soon(run)
 
@@ -330,7 +342,7 @@ class Speculator:
                 self._zombie(loser, race.key)
             self._waste(race.key, now - race.launched)  # the primary's time since launch
             self._decided(race.key, f"copy on {race.worker} won; the task reads its result")
-            self.plugin._event(
+            self.audit.event(
                 "backup-adopted" if adopted else "backup-won",
                 key=str(race.key),
                 winner=race.worker,
@@ -357,7 +369,7 @@ class Speculator:
             sched.client_releases_keys(
                 keys=[race.copy], client=_internals.COPIES_CLIENT, stimulus_id=stimulus_id
             )
-        self.plugin._event(
+        self.audit.event(
             f"backup-{outcome}", key=str(race.key), worker=race.worker, primary=race.primary
         )
 
@@ -372,7 +384,7 @@ class Speculator:
     def _zombie(self, worker: str, key: Hashable) -> None:
         self.zombies.setdefault(worker, set()).add(key)
         task = self.copies.get(key, key)
-        v = self.plugin.tasks.get(task)
+        v = self.tasks.get(task)
         # if the worker's "returned" report never comes, stop counting the thread as held
         self._zombie_until[(worker, key)] = time.time() + 60.0 + 3 * (v.estimate if v else 0.0)
 
@@ -428,7 +440,7 @@ class Speculator:
             if self.zombies:
                 self._drain_zombies()
         except Exception:
-            self.plugin._failed("speculation")
+            self.audit.failed("speculation")
 
     def _slots(self) -> int:
         return sum(ws.nthreads for ws in self.scheduler.workers.values())
@@ -441,16 +453,13 @@ class Speculator:
         which tasks may be copied, whether one is late or urgent, whether its copy may
         wait on a busy worker, and which worker takes it. This only adapts dask's state
         (true starts, workers, the work the scheduler holds) and enacts the answer."""
-        from daskjobs.plugin.plugin import LiveAttempt  # the plugin module imports this one
-
         if not self.starts:
             return
         spec = self.spec
         cap = spec.cap(self._slots())
         if self._running() >= cap:
             return
-        plugin = self.plugin
-        speeds = plugin.speeds
+        speeds = self.speeds.learner  # the beliefs the policy's decisions read
         sched = self.scheduler
         horizon: float | None = None
         for key, (worker, t0, run_id) in list(self.starts.items()):
@@ -460,10 +469,10 @@ class Speculator:
             if ts is None or ts.state != "processing" or ts.run_id != run_id:
                 self.starts.pop(key, None)
                 continue
-            v = plugin.tasks.get(key)
+            v = self.tasks.get(key)
             if v is None or ts.actor or not spec.may_copy(v):
                 continue
-            node = plugin._node(worker)
+            node = self.speeds.node(worker)
             attempt = LiveAttempt(v, node, t0)
             why = spec.verdict(attempt, now, speeds)
             if why is None:
@@ -495,8 +504,7 @@ class Speculator:
         weighted by believed speed. O(tasks queued or running), once per check that
         needs it."""
         sched = self.scheduler
-        plugin = self.plugin
-        tasks = plugin.tasks
+        tasks = self.tasks
         work = 0.0
         for ts in sched.queued:
             v = tasks.get(ts.key)
@@ -504,7 +512,7 @@ class Speculator:
                 work += v.estimate
         capacity = 0.0
         for ws in sched.workers.values():
-            speed = plugin.speeds.speed(plugin._node(ws.address))
+            speed = self.speeds.speed(ws.address)
             capacity += ws.nthreads / max(speed, 1e-9)
             for ts in ws.processing:
                 v = tasks.get(ts.key)
@@ -537,7 +545,7 @@ class Speculator:
             out.append(
                 _Worker(
                     ws,
-                    self.plugin._node(ws.address),
+                    self.speeds.node(ws.address),
                     max(ws.nthreads - len(ws.processing), 0),
                     ws.nthreads,
                     copies.get(ws.address, 0),
@@ -569,7 +577,7 @@ class Speculator:
         )
         self.counts["launched"] += 1
         self.peak = max(self.peak, self._running())
-        self.plugin._event(
+        self.audit.event(
             "backup-launched",
             key=str(ts.key),
             primary=primary,
@@ -580,7 +588,7 @@ class Speculator:
 
     # -- accounting ------------------------------------------------------------------
     def _waste(self, key: Hashable, seconds: float) -> None:
-        v = self.plugin.tasks.get(key)
+        v = self.tasks.get(key)
         team = v.team if v is not None else "default"
         self.waste[team] = self.waste.get(team, 0.0) + max(seconds, 0.0)
 
@@ -588,7 +596,7 @@ class Speculator:
         """A primary beaten by its copy ran ``now - start`` on ``worker``: the learner's
         rule decides what that teaches (a lower bound, once past its estimate)."""
         start = self.starts.pop(key, None)
-        v = self.plugin.tasks.get(key)
+        v = self.tasks.get(key)
         if start is None or v is None or start[0] != worker:
             return
-        self.plugin._learn_speed(v, worker, now - start[1], outcome="killed")
+        self.speeds.learn(v, worker, now - start[1], outcome="killed")

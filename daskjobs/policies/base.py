@@ -141,6 +141,12 @@ class Policy:
         ``attempt.node`` changed enough that deadlines on it should be re-judged."""
         return False
 
+    def hold_key(self, task: TaskView) -> float:
+        """Lower first: the order in which a driver that cannot ask :meth:`pop` for every
+        slot keeps this policy's waiting tasks (live, dask's own queue dispatches them
+        into slots the plugin did not see free). Default: submission order."""
+        return float(task.submit)
+
     def discard(self, task: TaskView) -> None:
         """``task`` was pushed and left the queue without being popped (the live
         scheduler ran or dropped it). Policies whose queue counts are reported

@@ -106,6 +106,7 @@ class FairShare(Policy):
         self.strict = strict
         self.default_share = float(default_share)
         self.quotas = dict(quotas or {})
+        self._inner_key = _INNER[within]().key
         self._raw_targets = dict(targets)
         self._teams: list[str] = []
         self._share: dict[str, float] = {}
@@ -168,6 +169,13 @@ class FairShare(Policy):
     def running(self, team: str) -> int:
         return self._running[team]
 
+    def teams(self) -> list[str]:
+        """The teams known so far, in the order they became known (targets first)."""
+        return list(self._teams)
+
+    def knows(self, team: str) -> bool:
+        return team in self._queues
+
     def queued(self, team: str) -> int:
         return len(self._queues[team]) - len(self._gone.get(team, ()))
 
@@ -179,6 +187,10 @@ class FairShare(Policy):
     def push(self, task: TaskView) -> None:
         self._queues[self._team_of(task)].push(task)
         self._n += 1
+
+    def hold_key(self, task: TaskView) -> float:
+        """The order inside a team (FIFO: submission; LPT: longest estimate first)."""
+        return float(self._inner_key(task))
 
     def discard(self, task: TaskView) -> None:
         """``task`` (pushed, not popped) left the queue some other way: the live

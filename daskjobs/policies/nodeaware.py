@@ -483,6 +483,11 @@ class NodeAware(Policy):
     def __len__(self) -> int:
         return self._n
 
+    def hold_key(self, task: TaskView) -> float:
+        """Shortest first: what an unmeasured or slow worker should take, when dask fills
+        a slot the plugin did not see free."""
+        return float(task.estimate)
+
     # -- attempts ---------------------------------------------------------------
     def started(self, attempt: AttemptView, now: float) -> None:
         t = attempt.task

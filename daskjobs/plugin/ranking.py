@@ -1,0 +1,209 @@
+"""Ranking each new graph: dask's ``TaskState.priority``, from the policy.
+
+dask runs the runnable task with the lowest ``TaskState.priority`` first: in the
+scheduler's queue of root-ish tasks and in each worker's ready heap. Its own
+priority is ``(-user_priority, generation, dask.order position)``. The ranker
+inserts the policy's rank after the user's priority::
+
+    (-user_priority, rank, generation, dask.order position)
+
+so a user's ``priority=`` still dominates, the policy decides everything else,
+and dask's order breaks ties. For a :class:`~daskjobs.policies.HeapPolicy` the
+rank is its ``key``; a policy that picks slot by slot (fair share, node-aware, any
+other) gives its :meth:`~daskjobs.policies.Policy.hold_key` (the order dask keeps
+its held tasks in) and the release gate (:mod:`daskjobs.plugin.release`) promotes
+what ``pop`` chooses.
+
+A graph is ranked entirely or not at all, right after dask prioritised it and
+before anything is dispatched (the plugin wraps ``Scheduler._set_priorities``,
+see :mod:`daskjobs.plugin._internals`). O(n log n) per graph. The only errors
+that reach a client are about its own input (a bad ``estimate``, an unknown
+team when teams are strict): they fail that submission, naming the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
+
+from daskjobs.config import Settings, policy_settings
+from daskjobs.plugin.audit import Audit
+from daskjobs.plugin.estimates import BadEstimate, Estimator
+from daskjobs.plugin.views import LiveTask, stage_of
+from daskjobs.policies import FIFO, FairShare, HeapPolicy, NodeAware, Policy, TaskView, registry
+
+__all__ = ["Ranker", "UnknownTeam"]
+
+
+class UnknownTeam(ValueError):
+    """A task's team has no target while teams are strict."""
+
+
+class _RankFailed(Exception):
+    """Ranking a graph failed on ``key``: the graph keeps dask's own order."""
+
+    def __init__(self, key: Hashable, what: str = "") -> None:
+        super().__init__(what or key)
+        self.key = key
+
+
+class _PopperGraphs(FIFO):
+    """What the ranking calls ``policy`` while a popper picks (fair-share, node-aware or
+    any policy that is not a HeapPolicy): it tells the popper of each new graph and of
+    each forgotten task, and names it in audit events; its rank is the popper's
+    ``hold_key``."""
+
+    def __init__(self, popper: Policy) -> None:
+        super().__init__()
+        self.popper = popper
+        self.name = popper.name
+
+    def key(self, task: TaskView) -> Any:
+        return self.popper.hold_key(task)
+
+    def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        self.popper.add_graph(tasks)
+
+    def forget(self, tid: Hashable) -> None:
+        self.popper.forget(tid)
+
+
+class Ranker:
+    """The policy the settings name, the task views, and the ranking of new graphs.
+
+    ``policy`` ranks (a HeapPolicy, or the popper's stand-in); ``popper`` is the policy
+    that picks slot by slot (None for a HeapPolicy); ``fair`` is it when it is fair
+    share (explain and status report its teams); ``tasks`` maps each ranked key to its
+    :class:`~daskjobs.plugin.views.LiveTask`.
+    """
+
+    def __init__(self, settings: Settings, audit: Audit) -> None:
+        self.settings = settings
+        self.audit = audit
+        self.scheduler: Any = None
+        s = settings
+        # The policy comes from the registry, by name, with the settings of its own
+        # (policy-options; fair-share's from the teams section): the object the simulator
+        # and replay make (docs/policies.md).
+        made = registry.make(s.policy, **policy_settings(s))
+        self.popper: Policy | None = None
+        self.fair: FairShare | None = None
+        self.learner: NodeAware | None = None  # the popper, when it learns speeds too
+        self.policy: HeapPolicy
+        if isinstance(made, HeapPolicy):
+            self.policy = made
+        else:
+            if isinstance(made, FairShare):
+                self.fair = made
+            if isinstance(made, NodeAware):
+                self.learner = made
+            self.popper = made
+            self.policy = _PopperGraphs(made)
+        self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
+        self.tasks: dict[Hashable, LiveTask] = {}
+        self.ranked_graphs = 0
+        self.ranked_tasks = 0
+        self.estimate_sources = {"annotation": 0, "history": 0, "default": 0}
+
+    def view(self, ts: Any, now: float) -> LiveTask:
+        stage = stage_of(ts)
+        est, source = self.estimator.estimate(ts.key, ts.annotations, stage)
+        teams = self.settings.teams
+        ann = ts.annotations or {}
+        team = str(ann.get("team", teams.default))
+        if teams.strict and team not in teams.targets:
+            raise UnknownTeam(
+                f"task {ts.key!r} belongs to team {team!r}, which is not configured "
+                f"(daskjobs.teams.targets has: {', '.join(sorted(teams.targets)) or 'no teams'})"
+            )
+        deps = tuple(d.key for d in ts.dependencies)
+        speculate = ann.get("speculate") is not False
+        return LiveTask(ts.key, est, 1, team, now, deps, source, stage, speculate)
+
+    @staticmethod
+    def unranked(tasks: Iterable[Any]) -> list[Any]:
+        return [ts for ts in tasks if ts.priority is not None and len(ts.priority) == 3]
+
+    def rank(self, tasks: Iterable[Any]) -> None:
+        new = self.unranked(tasks)
+        if not new:
+            return
+        try:
+            self._rank_new(new)
+        except _RankFailed as e:  # dask's own order for the whole graph
+            self.audit.failed("rank", e.key)
+        except (BadEstimate, UnknownTeam) as e:
+            # the client's own input: fail its submission, naming the problem
+            for ts in new:
+                self.tasks.pop(ts.key, None)
+            self.audit.event("rejected-graph", error=str(e), tasks=len(new))
+            keys = [ts.key for ts in new]
+            asyncio.get_running_loop().call_soon(
+                self.audit.guard("cleanup", self._forget_rejected), keys
+            )
+            raise
+        except Exception:
+            self.audit.failed("rank", new[0].key)
+
+    def _rank_new(self, new: list[Any]) -> None:
+        """Rank a new graph entirely or not at all: every view and key is computed
+        before any priority changes; a failure names the task it failed on."""
+        policy = self.policy
+        now = time.time()
+        new.sort(key=lambda ts: ts.priority[2])  # dask.order: dependencies first
+        views = []
+        for ts in new:
+            try:
+                views.append(self.view(ts, now))
+            except (BadEstimate, UnknownTeam):
+                raise
+            except Exception as e:
+                raise _RankFailed(ts.key) from e
+        try:
+            policy.add_graph(views)  # a popper's too (fair share: every team known from here)
+        except Exception as e:
+            raise _RankFailed(new[0].key, "the graph") from e
+        ranks = []
+        for ts, v in zip(new, views, strict=True):
+            try:
+                ranks.append(float(policy.key(v)))
+            except Exception as e:
+                for w in views:
+                    policy.forget(w.tid)
+                raise _RankFailed(ts.key) from e
+        sources = {"annotation": 0, "history": 0, "default": 0}
+        for ts, v, rank in zip(new, views, ranks, strict=True):
+            p = ts.priority
+            ts.priority = (p[0], rank, p[1], p[2])
+            self.tasks[ts.key] = v
+            sources[v.source] += 1
+        self.ranked_graphs += 1
+        self.ranked_tasks += len(new)
+        for src, count in sources.items():
+            self.estimate_sources[src] += count
+        self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
+
+    def _forget_rejected(self, keys: list[Hashable]) -> None:
+        """dask leaves the task states of a failed submission behind, released and
+        wanted by nobody: forget them so a rejected graph leaves no trace."""
+        sched = self.scheduler
+        keyset = set(keys)
+        recs: dict[Hashable, str] = {}
+        for k in keys:
+            ts = sched.tasks.get(k)
+            if (
+                ts is not None
+                and ts.state == "released"
+                and not ts.who_wants
+                and all(d.key in keyset for d in ts.dependents)
+            ):
+                recs[k] = "forgotten"
+        if recs:
+            sched.transitions(recs, stimulus_id=f"daskjobs-rejected-{time.time()}")
+
+    def forget(self, key: Hashable) -> None:
+        """``key`` was forgotten by the scheduler."""
+        self.tasks.pop(key, None)
+        self.policy.forget(key)

@@ -1,0 +1,191 @@
+"""The release gate: dask's free slots get the task the policy's ``pop`` chooses.
+
+Under a policy that picks slot by slot (fair share, node-aware, any policy that is
+not a :class:`~daskjobs.policies.HeapPolicy`), the decision "which waiting task
+gets the next free slot" is ``popper.pop``, the same call the simulator makes.
+dask hands free slots to the head of its queue of waiting root tasks
+(``scheduler.queued``, ordered by priority) one slot at a time, and calls the
+plugin's ``transition`` hook after each. The gate keeps every queued task *held*
+(ranked by the policy's ``hold_key``) and *releases* exactly one: the task
+``pop`` chooses, promoted to the head of dask's queue. The choice is made when a
+slot is about to be filled (a task has just ended, or a worker has free slots),
+so it sees usage as it is then. The policy keeps its books from the
+``started``/``ended`` calls the gate makes as tasks start and finish. Every rule
+(which team goes next, quotas, which task a slow worker takes) is the policy's.
+
+Tasks that do not wait in dask's queue (tasks with inputs, or with resource
+restrictions, which dask sends to a worker as soon as they are runnable) are
+counted in the policy's books but ordered by the held rank on their worker.
+
+Cost: O(1) per transition plus the policy's ``pop``; a reconcile from the
+scheduler's state, O(processing + queued log queued), only after a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from daskjobs.plugin.audit import Audit
+from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.views import ANY_NODE, OUTCOME, LiveAttempt, LiveTask, Slot
+from daskjobs.policies import FairShare, Policy
+
+__all__ = ["ReleaseGate"]
+
+#: A released task sorts before every held one (held ranks stay within +-1e11).
+_RELEASED = -1e12
+
+
+class ReleaseGate:
+    """Holds dask's queued root tasks and releases, slot by slot, what ``popper`` picks.
+
+    State: ``held`` (keys queued in dask and in the policy's queue), ``released``
+    (the one key promoted to the head of dask's queue, or None), ``attempts`` (the
+    running attempt per key, as the policy was told of it).
+    """
+
+    def __init__(
+        self,
+        popper: Policy,
+        tasks: Mapping[Hashable, LiveTask],
+        speeds: WorkerSpeeds,
+        audit: Audit,
+    ) -> None:
+        self.popper = popper
+        self.tasks = tasks
+        self.speeds = speeds
+        self.audit = audit
+        self.scheduler: Any = None
+        self.held: set[Hashable] = set()
+        self.released: Hashable | None = None
+        self._seq = 0
+        self.attempts: dict[Hashable, LiveAttempt] = {}
+        self._reconcile_pending = False
+
+    def _release(self, node: Any = ANY_NODE) -> None:
+        """Promote the task the policy chooses for ``node``'s free slot to the head of
+        dask's queue."""
+        popper = self.popper
+        sched = self.scheduler
+        now = time.time()
+        while self.released is None and self.held:
+            v = popper.pop(node, now)
+            if v is None:
+                return  # nothing the policy would run in this slot now
+            if v.tid not in self.held:
+                continue  # dask already ran or dropped it (a stale queue entry)
+            ts = sched.tasks.get(v.tid)
+            if ts is None or ts.state != "queued" or ts.priority is None:
+                self.held.discard(v.tid)
+                continue
+            self.held.discard(v.tid)
+            self._seq += 1
+            p = ts.priority
+            sched.queued.discard(ts)
+            ts.priority = (p[0], _RELEASED + self._seq, *p[2:])
+            sched.queued.add(ts)  # a promotion: safe with HeapSet's lazy deletion
+            self.released = v.tid
+
+    def _slot_view(self, node: int | None, idle: Any) -> Any:
+        """The slot about to be filled, as the policy sees it: the worker a task just
+        left, else one with free slots (only a policy that learns speeds cares which)."""
+        if self.popper is not self.speeds.learner:
+            return ANY_NODE
+        if node is None or node < 0:
+            ws = min(idle, key=lambda w: w.address) if idle else None
+            if ws is None:
+                return ANY_NODE
+            node = self.speeds.node(ws.address)
+        return Slot(node)
+
+    def transition(self, key: Hashable, start: str, finish: str) -> None:
+        """Every transition of a ranked task (O(1) plus ``pop``); after a failure the
+        books are rebuilt from the scheduler's state."""
+        try:
+            self._transition(key, start, finish)
+        except Exception:
+            self.audit.failed("transition", key)
+            self._schedule_reconcile()
+
+    def _transition(self, key: Hashable, start: str, finish: str) -> None:
+        popper = self.popper
+        v = self.tasks.get(key)
+        if v is None:
+            return
+        now = time.time()
+        if finish == "queued":
+            popper.push(v)
+            self.held.add(key)
+        elif start == "queued":
+            if key == self.released:
+                self.released = None
+            elif key in self.held:  # dask ran or dropped it without our release
+                popper.discard(v)
+            self.held.discard(key)
+        slot_opened: Any = None
+        if finish == "processing":
+            ts = self.scheduler.tasks.get(key)
+            ws = ts.processing_on if ts is not None else None
+            node = self.speeds.node(ws.address) if ws else -1
+            att = LiveAttempt(v, node, now)
+            popper.started(att, now)
+            self.attempts[key] = att  # only once the policy counted it
+        elif start == "processing":
+            ended = self.attempts.pop(key, None)
+            if ended is not None:
+                ended.end = now
+                # a learner of speeds learns from compute times (WorkerSpeeds.learn), not
+                # from assignment-to-finish here: it only closes its books on this attempt
+                learner = popper is self.speeds.learner
+                ended.outcome = None if learner else OUTCOME.get(finish, "killed")
+                popper.ended(ended, now)
+                slot_opened = ended.node
+            else:
+                slot_opened = -1
+        # Decide when a slot is about to be filled, with usage as it is now: a
+        # task just ended (dask fills its slot next), or slots are free already.
+        if self.released is None and self.held:
+            idle = self.scheduler.idle_task_count
+            if slot_opened is not None or idle:
+                self._release(self._slot_view(slot_opened, idle))
+
+    def _schedule_reconcile(self) -> None:
+        """After a failed hook: rebuild the held set, the running attempts and the
+        policy's books from the scheduler's state, once, outside the transition."""
+        if self._reconcile_pending:
+            return
+        self._reconcile_pending = True
+        asyncio.get_running_loop().call_soon(self.audit.guard("reconcile", self.reconcile))
+
+    def reconcile(self) -> None:
+        """O(processing + queued log queued); runs only after a failure."""
+        self._reconcile_pending = False
+        sched = self.scheduler
+        now = time.time()
+        running: dict[str, int] = {}
+        attempts: dict[Hashable, LiveAttempt] = {}
+        for ws in sched.workers.values():
+            for ts in ws.processing:
+                v = self.tasks.get(ts.key)
+                if v is None:
+                    continue
+                running[v.team] = running.get(v.team, 0) + v.cores
+                old = self.attempts.get(ts.key)
+                attempts[ts.key] = old or LiveAttempt(v, self.speeds.node(ws.address), now)
+        self.attempts = attempts
+        if self.released is not None:
+            rts = sched.tasks.get(self.released)
+            if rts is None or rts.state != "queued":
+                self.released = None
+        queued = sorted(
+            (ts for ts in sched.queued if ts.key in self.tasks and ts.key != self.released),
+            key=lambda ts: ts.priority,
+        )
+        held = [self.tasks[ts.key] for ts in queued]
+        self.held = {v.tid for v in held}
+        if isinstance(self.popper, FairShare):
+            self.popper.reconcile(running, held, now)
+        self.audit.event("reconciled", running=running, held=len(held))
