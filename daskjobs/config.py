@@ -43,8 +43,9 @@ from datetime import timedelta
 from typing import Any
 
 import dask.config
-import yaml
 from dask.utils import parse_timedelta
+
+from daskjobs import _defaults as _yaml
 
 __all__ = [
     "MAX_AUDIT_EVENTS",
@@ -59,9 +60,8 @@ __all__ = [
     "settings",
 ]
 
-_fn = os.path.join(os.path.dirname(__file__), "daskjobs.yaml")
-with open(_fn) as _f:
-    _defaults = yaml.safe_load(_f)
+# The defaults, as written in daskjobs.yaml (the one place a default is written).
+_defaults = _yaml.defaults()
 
 
 def _not_mappings(key: str, given: Any, known: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,14 +121,21 @@ _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
 
+# Every default of the dataclasses below is read from daskjobs.yaml (``_yaml.default``,
+# durations in seconds as settings() reads them): ``Settings()`` is what settings() makes
+# of the YAML alone (tests/test_defaults.py checks it), never a second copy of a value.
+_default = _yaml.default
+_default_seconds = _yaml.seconds
+
+
 @dataclass(frozen=True)
 class TeamSettings:
-    default: str = "default"
-    targets: Mapping[str, float] = field(default_factory=dict)
-    quotas: Mapping[str, int] = field(default_factory=dict)
-    strict: bool = False
-    half_life: float | None = 3600.0
-    within: str = "fifo"
+    default: str = _default("teams.default")
+    targets: Mapping[str, float] = field(default_factory=lambda: _default("teams.targets"))
+    quotas: Mapping[str, int] = field(default_factory=lambda: _default("teams.quotas"))
+    strict: bool = _default("teams.strict")
+    half_life: float | None = _default_seconds("teams.half-life")
+    within: str = _default("teams.within")
 
     def policy_settings(self) -> dict[str, Any]:
         """The keyword settings of the ``fair-share`` policy this section describes."""
@@ -143,36 +150,36 @@ class TeamSettings:
 
 @dataclass(frozen=True)
 class SpeculationSettings:
-    enabled: bool = False
-    late_factor: float = 2.5
-    min_runtime: float = 1.0
-    max_fraction: float = 0.1
-    interval: float = 0.2
+    enabled: bool = _default("speculation.enabled")
+    late_factor: float = float(_default("speculation.late-factor"))
+    min_runtime: float = _default_seconds("speculation.min-runtime") or 0.0
+    max_fraction: float = float(_default("speculation.max-fraction"))
+    interval: float = _default_seconds("speculation.interval") or MIN_INTERVAL
 
 
 @dataclass(frozen=True)
 class ClientSettings:
     """What clients may change on an operator's scheduler (docs/plugin.md#trust)."""
 
-    replace_plugin: bool = False
-    record: bool = True
+    replace_plugin: bool = _default("clients.replace-plugin")
+    record: bool = _default("clients.record")
 
 
 @dataclass(frozen=True)
 class Settings:
     """Checked plugin settings (seconds for every duration)."""
 
-    policy: str = "critical-path"
+    policy: str = _default("policy")
     #: keyword settings of the policy's factory (snake_case), checked against it
-    policy_options: Mapping[str, Any] = field(default_factory=dict)
-    default_estimate: float = 1.0
-    history_path: str | None = None
-    history_samples: int = 64
+    policy_options: Mapping[str, Any] = field(default_factory=lambda: _default("policy-options"))
+    default_estimate: float = _default_seconds("default-estimate") or 0.0
+    history_path: str | None = _default("history.path")
+    history_samples: int = _default("history.samples")
     teams: TeamSettings = field(default_factory=TeamSettings)
-    audit_events: int = 10_000
-    record: str | None = None
-    speculation: SpeculationSettings = field(default_factory=lambda: SpeculationSettings())
-    record_dir: str | None = None
+    audit_events: int = _default("audit-events")
+    record: str | None = _default("record")
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    record_dir: str | None = _default("record-dir")
     clients: ClientSettings = field(default_factory=ClientSettings)
 
 
@@ -356,12 +363,20 @@ def _team(key: str, name: Any) -> str:
     return name
 
 
+def _part(name: str) -> str:
+    """A team name as part of a key in a one-line message: as written, or its repr if
+    it would break the line (``daskjobs.teams.targets.'\\n': ...``)."""
+    return name if name.isprintable() else repr(name)
+
+
 def _teams(t: Mapping[str, Any]) -> TeamSettings:
     key = "daskjobs.teams"
     targets: dict[str, float] = {}
     for team, share in t["targets"].items():
         _team(f"{key}.targets", team)
-        targets[team] = _number(f"{key}.targets.{team}", share, "a finite number > 0", _positive)
+        targets[team] = _number(
+            f"{key}.targets.{_part(team)}", share, "a finite number > 0", _positive
+        )
     if not math.isfinite(sum(targets.values())):
         raise ValueError(
             f"{key}.targets: expected shares whose sum is finite, got shares summing to "
@@ -370,7 +385,7 @@ def _teams(t: Mapping[str, Any]) -> TeamSettings:
     quotas: dict[str, int] = {}
     for team, q in t["quotas"].items():
         _team(f"{key}.quotas", team)
-        quotas[team] = _integer(f"{key}.quotas.{team}", q, 1)
+        quotas[team] = _integer(f"{key}.quotas.{_part(team)}", q, 1)
     strict = _boolean(f"{key}.strict", t["strict"])
     default = _team(f"{key}.default", t["default"])
     if strict:
@@ -378,8 +393,8 @@ def _teams(t: Mapping[str, Any]) -> TeamSettings:
         for team in quotas:
             if team not in known:
                 raise ValueError(
-                    f"{key}.quotas.{team}: expected a team listed in {key}.targets "
-                    f"({', '.join(known)}) since {key}.strict is true, got {team!r}"
+                    f"{key}.quotas.{_part(team)}: expected a team listed in {key}.targets "
+                    f"({', '.join(map(_part, known))}) since {key}.strict is true, got {team!r}"
                 )
     within = t["within"]
     if within not in ("fifo", "lpt"):

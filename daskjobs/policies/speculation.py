@@ -43,7 +43,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from daskjobs import _defaults
+
 __all__ = ["SIMILAR", "Candidate", "Speculation", "expected_left", "projected_end"]
+
+# The defaults of late_factor and max_fraction are the plugin's, read from the one place
+# they are written (daskjobs.yaml, ``daskjobs.speculation``): a simulated or replayed
+# backup follows the live rule unless told otherwise. _defaults reads the YAML with
+# PyYAML only, so the policy core still imports neither distributed nor dask's config.
+_LATE_FACTOR = float(_defaults.default("speculation.late-factor"))
+_MAX_FRACTION = float(_defaults.default("speculation.max-fraction"))
 
 #: Believed speeds within this factor of each other count as the same speed: the
 #: learner's own noise (a node believed 1.02 is not slower than one believed 1.0).
@@ -87,11 +96,19 @@ C = TypeVar("C", bound=Candidate)
 
 @dataclass(frozen=True, slots=True)
 class Speculation:
-    """When to launch backup copies of late attempts."""
+    """When to launch backup copies of late attempts.
 
-    late_factor: float = 2.5
+    ``late_factor`` and ``max_fraction`` default to the plugin's defaults
+    (``daskjobs.speculation`` in daskjobs.yaml). ``min_runtime`` defaults to no floor,
+    not to the plugin's ``min-runtime``: that floor guards a live scheduler, whose starts
+    and deadlines are seen by a periodic check, against copying sub-second tasks;
+    simulated times are exact and often stand for hours. A replay of a recorded run
+    takes the run's floor (the plugin's default if the trace does not say).
+    """
+
+    late_factor: float = _LATE_FACTOR
     min_runtime: float = 0.0
-    max_fraction: float = 0.1
+    max_fraction: float = _MAX_FRACTION
 
     def __post_init__(self) -> None:
         for name in ("late_factor", "min_runtime", "max_fraction"):

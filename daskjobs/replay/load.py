@@ -86,10 +86,11 @@ import math
 import os
 import statistics
 from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from daskjobs import _defaults
 from daskjobs.plugin.trace import (
     CLOCK_TOLERANCE,
     MAX_SECONDS,
@@ -691,11 +692,18 @@ def _speculation(settings: dict[str, Any], notes: list[str]) -> Speculation | No
     spec = settings.get("speculation")
     if not isinstance(spec, dict) or not spec.get("enabled"):
         return None
+
+    def recorded(name: str, key: str, read: Callable[[str], Any] = _defaults.default) -> float:
+        # a setting the header leaves out (or null) is the plugin's default, read from the
+        # one place defaults are written (daskjobs.yaml)
+        value = spec.get(name)
+        return float(read(key) if value is None else value)
+
     try:
         return Speculation(
-            late_factor=float(spec.get("late_factor", 2.5)),
-            min_runtime=float(spec.get("min_runtime") or 0.0),
-            max_fraction=float(spec.get("max_fraction") or 0.1),
+            late_factor=recorded("late_factor", "speculation.late-factor"),
+            min_runtime=recorded("min_runtime", "speculation.min-runtime", _defaults.seconds),
+            max_fraction=recorded("max_fraction", "speculation.max-fraction"),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         notes.append(f"the recorded speculation settings cannot be replayed ({exc}): off")
