@@ -20,6 +20,11 @@ checked before the scheduler serves anyone:
   whole ``daskjobs`` configuration, so a bad option (click's ``Invalid value``
   message, exit code 2) or a bad setting (``Error: daskjobs.<key>: expected ...``,
   exit code 1) ends the command before the scheduler is created.
+  ``--daskjobs-policy`` takes any name and leaves the check to
+  :func:`daskjobs.config.settings`, which names the policies the plugin can run: dask
+  imports every ``--preload`` module before it parses these options, so a policy that
+  another preload registers, before or after this one, is known by then (a list of
+  names taken when this module was imported would refuse it).
 * a preload named in dask's config (``distributed.scheduler.preload``) or passed to
   ``Scheduler(preload=...)``: dask runs ``dask_setup`` while the scheduler starts and
   only *logs* an exception raised there (distributed 2026.8,
@@ -37,7 +42,7 @@ from typing import Any
 import click
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskjobs.config import POLICIES, settings
+from daskjobs.config import settings
 
 __all__ = ["dask_setup"]
 
@@ -72,7 +77,12 @@ class _SetupCommand(click.Command):
         try:
             settings(**_overrides(ctx.params))
         except ValueError as e:
-            raise click.ClickException(str(e)) from None
+            message = str(e)
+            if ctx.params.get("daskjobs_policy") and message.startswith("daskjobs.policy:"):
+                # the option names the policy (it overrides the config): its usage error
+                (param,) = [p for p in self.params if p.name == "daskjobs_policy"]
+                raise click.BadParameter(message, ctx=ctx, param=param) from None
+            raise click.ClickException(message) from None
         return rest
 
     def make_context(
@@ -111,9 +121,11 @@ class _Refusal(SchedulerPlugin):
 @click.command(cls=_SetupCommand)
 @click.option(
     "--daskjobs-policy",
-    type=click.Choice(POLICIES),
+    type=str,
     default=None,
-    help="how the scheduler orders runnable tasks (default: daskjobs.policy in dask's config)",
+    metavar="NAME",
+    help="how the scheduler orders runnable tasks: any registered policy the plugin can run "
+    "(default: daskjobs.policy in dask's config)",
 )
 @click.option(
     "--daskjobs-history",

@@ -598,11 +598,48 @@ def test_random_junk_as_the_whole_section_is_a_value_error(junk: Any) -> None:
 
 
 def test_the_preload_offers_every_policy() -> None:
+    """``--daskjobs-policy`` is no list taken at import: any policy the plugin runs."""
     from daskjobs.preload import dask_setup
 
     (option,) = [p for p in dask_setup.params if p.name == "daskjobs_policy"]
-    assert isinstance(option.type, click.Choice)
-    assert tuple(option.type.choices) == POLICIES
+    assert not isinstance(option.type, click.Choice)
+    for name in daskjobs.config.policy_names():
+        parse(["--daskjobs-policy", name])
+
+
+def test_the_preload_takes_a_policy_registered_after_it_was_imported(
+    dask_section: Callable[[Any], None],
+) -> None:
+    import daskjobs.preload  # noqa: F401 - imported first, as a first --preload is
+
+    dask_section(dask_loads({}))
+    with pytest.raises(click.BadParameter, match=r"unknown policy 'deepest'"):
+        parse(["--daskjobs-policy", "deepest"])
+    registry.register("deepest", Deepest)  # as another preload or a late entry point would
+    try:
+        parse(["--daskjobs-policy", "deepest"])
+        s = start_scheduler(
+            preload="daskjobs.preload", preload_argv=["--daskjobs-policy", "deepest"]
+        )
+        assert s is not None and s.policy == "deepest"
+    finally:
+        registry.unregister("deepest")
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("nope", "unknown policy 'nope'"),
+        ("work-stealing", "'work-stealing' runs in the simulator only, not in the plugin"),
+    ],
+)
+def test_a_bad_preload_policy_is_refused_naming_the_known_ones(name: str, says: str) -> None:
+    with pytest.raises(click.BadParameter) as err:
+        parse(["--daskjobs-policy", name])
+    assert err.value.exit_code == 2
+    message = err.value.format_message()
+    assert message.startswith(f"Invalid value for '--daskjobs-policy': daskjobs.policy: {says}")
+    assert message.endswith("expected one of fifo, lpt, critical-path, fair-share, node-aware")
 
 
 def test_the_shim_is_the_package_preload() -> None:

@@ -8,6 +8,8 @@ must reach the plugin.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,19 @@ def refused(tmp_path: Path, **kwargs: Any) -> tuple[int, str]:
     """Start a scheduler that must refuse to: its exit code and output."""
     rc = RealCluster(tmp_path, n_workers=0, **kwargs)
     try:
-        with pytest.raises(RuntimeError, match="dask scheduler exited"):
+        try:
             address = rc.start_scheduler(timeout=60)
-            # it started: say what it serves (today: plain dask, the plugin absent)
-            pytest.fail(f"the scheduler started at {address}:\n{rc.log('scheduler')[-3000:]}")
+        except RuntimeError as e:
+            assert "dask scheduler exited" in str(e), e
+        else:
+            # It wrote its address: a preload named in dask's config fails the start only
+            # after that (dask writes the scheduler file before it starts preloads and
+            # plugins), so the scheduler must exit now rather than serve.
+            try:
+                rc.procs["scheduler"].wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                log = rc.log("scheduler")[-3000:]
+                pytest.fail(f"the scheduler started at {address} and serves:\n{log}")
         code = rc.procs["scheduler"].returncode
         return code, rc.log("scheduler")
     finally:
@@ -63,8 +74,50 @@ def test_a_bad_setting_stops_the_scheduler(
 def test_a_bad_preload_option_is_a_usage_error(tmp_path: Path, preload: str) -> None:
     code, log = refused(tmp_path, preload=preload, preload_args=["--daskjobs-policy", "nope"])
     assert code == 2, log
-    assert "Invalid value for '--daskjobs-policy': 'nope' is not one of" in log, log
-    assert "'node-aware'" in log  # every policy is offered
+    assert (
+        "Error: Invalid value for '--daskjobs-policy': daskjobs.policy: unknown policy 'nope'; "
+        "expected one of fifo, lpt, critical-path, fair-share, node-aware"
+    ) in log, log
+
+
+#: A user's policy module, passed as a second --preload (it has no dask_setup).
+LATE_POLICIES = """
+from daskjobs.policies import HeapPolicy, register
+
+
+class ShortestFirst(HeapPolicy):
+    name = "shortest-first"
+
+    def key(self, task):
+        return task.estimate
+
+
+register("shortest-first", ShortestFirst)
+"""
+
+
+@pytest.mark.realcluster
+@pytest.mark.parametrize("preload", [SHIM, MODULE])
+def test_a_policy_another_preload_registers_after_daskjobs_s_is_taken(
+    real_cluster: Any, tmp_path: Path, preload: str
+) -> None:
+    """``--preload daskjobs.preload --preload mypolicies --daskjobs-policy NAME``: the
+    policy is registered after the daskjobs preload was imported, and still accepted."""
+    (tmp_path / "mypolicies.py").write_text(LATE_POLICIES)
+    path = [str(tmp_path), str(Path(__file__).parent), str(Path(__file__).parent.parent)]
+    rc = real_cluster(
+        n_workers=1,
+        preload=preload,
+        preload_args=["--preload", "mypolicies", "--daskjobs-policy", "shortest-first"],
+        env={"PYTHONPATH": os.pathsep.join(path)},
+    )
+    with rc.client() as c:
+        assert c.run_on_scheduler(scheduler_settings).policy == "shortest-first"
+        assert c.submit(sum, [1, 2, 3]).result() == 6
+        assert daskjobs.status(c)["policy"] == "shortest-first"
+        ranked = [e for _, e in c.get_events("daskjobs") if e.get("action") == "ranked-graph"]
+        assert ranked and ranked[-1]["policy"] == "shortest-first"  # the user's object ranked it
+    assert rc.problems() == []
 
 
 @pytest.mark.realcluster
