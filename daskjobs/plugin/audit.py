@@ -16,7 +16,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from distributed.scheduler import Scheduler
 
 __all__ = ["EVENT_TOPIC", "Audit", "guarded"]
 
@@ -35,7 +38,7 @@ class Audit:
     def __init__(self, maxlen: int) -> None:
         self.events: deque[dict[str, Any]] = deque(maxlen=maxlen)
         self.errors: dict[str, int] = {}
-        self.scheduler: Any = None
+        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         self.recorder: Any = None
 
     def event(self, action: str, **msg: Any) -> None:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dask.typing import Key
+
     from daskjobs.plugin.plugin import JobsPlugin
 
 __all__ = ["explain", "status", "team_row", "teams"]
 
 
-def explain(plugin: JobsPlugin, key: Hashable) -> dict[str, Any]:
+def explain(plugin: JobsPlugin, key: Key) -> dict[str, Any]:
     """Why ``key`` waits, or where it ran: estimate, priority, team, place in queue."""
     sched = plugin.scheduler
     ts = sched.tasks.get(key)

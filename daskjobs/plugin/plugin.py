@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -57,6 +56,9 @@ from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.plugin.worker import REPORTER_NAME, RETURNED_TOPIC, STARTED_TOPIC, reporter_bytes
 from daskjobs.policies import FairShare, HeapPolicy, Policy, Speculation
+
+if TYPE_CHECKING:
+    from dask.typing import Key
 
 __all__ = ["JobsPlugin", "LiveAttempt", "LiveTask", "UnknownTeam"]
 
@@ -110,7 +112,7 @@ class JobsPlugin(SchedulerPlugin):
 
     # -- the parts, as the rest of daskjobs and the tests read them -----------------------
     @property
-    def tasks(self) -> dict[Hashable, LiveTask]:
+    def tasks(self) -> dict[Key, LiveTask]:
         return self.ranker.tasks
 
     @property
@@ -349,6 +351,8 @@ class JobsPlugin(SchedulerPlugin):
     @guarded("worker-report")
     def _worker_report(self, worker: str, topic: str, msg: dict[str, Any]) -> None:
         key = msg.get("key")
+        if key is None:
+            return
         started_as: Any = key
         if self.speculator is not None:
             if topic == STARTED_TOPIC:
@@ -359,7 +363,7 @@ class JobsPlugin(SchedulerPlugin):
             self.recording.started(started_as, worker, msg)
 
     # -- per-transition hook: O(1) ------------------------------------------------------
-    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+    def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         sp = self.speculator
         if self.recorder is not None and (finish == "processing" or start == "processing"):
             self._record_transition(key, start, finish, kwargs)
@@ -369,14 +373,14 @@ class JobsPlugin(SchedulerPlugin):
         self._task_transition(key, start, finish, kwargs, learn)
 
     @guarded("record", key_arg=0)
-    def _record_transition(self, key: Hashable, start: str, finish: str, kwargs: Any) -> None:
+    def _record_transition(self, key: Key, start: str, finish: str, kwargs: Any) -> None:
         sp = self.speculator
         as_key = sp.recorded_as(key, start, finish) if sp is not None else key
         if as_key is not None:
             self.recording.transition(as_key, start, finish, kwargs)
 
     def _speculation_transition(
-        self, key: Hashable, start: str, finish: str, kwargs: dict[str, Any]
+        self, key: Key, start: str, finish: str, kwargs: dict[str, Any]
     ) -> bool:
         """Tell the speculation driver; False for a copy, or a task standing in for its
         winning copy (nothing to learn from those)."""
@@ -392,7 +396,7 @@ class JobsPlugin(SchedulerPlugin):
 
     @guarded("transition", key_arg=0)
     def _task_transition(
-        self, key: Hashable, start: str, finish: str, kwargs: dict[str, Any], learn: bool
+        self, key: Key, start: str, finish: str, kwargs: dict[str, Any], learn: bool
     ) -> None:
         if learn and start == "processing" and finish == "memory":
             v = self.ranker.tasks.get(key)
@@ -425,7 +429,7 @@ class JobsPlugin(SchedulerPlugin):
         self.recording.worker_removed(worker, stimulus_id)
 
     # -- explain and status (daskjobs.plugin.explain) ---------------------------------
-    def explain(self, key: Hashable) -> dict[str, Any]:
+    def explain(self, key: Key) -> dict[str, Any]:
         """Why ``key`` waits, or where it ran: estimate, priority, team, place in queue."""
         return _explain.explain(self, key)
 

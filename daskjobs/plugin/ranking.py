@@ -25,14 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings, policy_settings
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, FairShare, HeapPolicy, NodeAware, Policy, TaskView, registry
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from dask.typing import Key
+    from distributed.scheduler import Recs, Scheduler
 
 __all__ = ["Ranker", "UnknownTeam"]
 
@@ -44,7 +50,7 @@ class UnknownTeam(ValueError):
 class _RankFailed(Exception):
     """Ranking a graph failed on ``key``: the graph keeps dask's own order."""
 
-    def __init__(self, key: Hashable, what: str = "") -> None:
+    def __init__(self, key: Key, what: str = "") -> None:
         super().__init__(what or key)
         self.key = key
 
@@ -82,7 +88,7 @@ class Ranker:
     def __init__(self, settings: Settings, audit: Audit) -> None:
         self.settings = settings
         self.audit = audit
-        self.scheduler: Any = None
+        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         s = settings
         # The policy comes from the registry, by name, with the settings of its own
         # (policy-options; fair-share's from the teams section): the object the simulator
@@ -102,7 +108,7 @@ class Ranker:
             self.popper = made
             self.policy = _PopperGraphs(made)
         self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
-        self.tasks: dict[Hashable, LiveTask] = {}
+        self.tasks: dict[Key, LiveTask] = {}
         self.ranked_graphs = 0
         self.ranked_tasks = 0
         self.estimate_sources = {"annotation": 0, "history": 0, "default": 0}
@@ -185,12 +191,12 @@ class Ranker:
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
 
-    def _forget_rejected(self, keys: list[Hashable]) -> None:
+    def _forget_rejected(self, keys: list[Key]) -> None:
         """dask leaves the task states of a failed submission behind, released and
         wanted by nobody: forget them so a rejected graph leaves no trace."""
         sched = self.scheduler
         keyset = set(keys)
-        recs: dict[Hashable, str] = {}
+        recs: Recs = {}
         for k in keys:
             ts = sched.tasks.get(k)
             if (
@@ -203,7 +209,7 @@ class Ranker:
         if recs:
             sched.transitions(recs, stimulus_id=f"daskjobs-rejected-{time.time()}")
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: Key) -> None:
         """``key`` was forgotten by the scheduler."""
         self.tasks.pop(key, None)
         self.policy.forget(key)

@@ -15,13 +15,17 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.recorder import TraceRecorder
 from daskjobs.plugin.views import LiveTask, stage_of
+
+if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed.scheduler import Scheduler
 
 __all__ = ["Recording"]
 
@@ -37,7 +41,7 @@ class Recording:
         self,
         settings: Settings,
         audit: Audit,
-        tasks: Mapping[Hashable, LiveTask],
+        tasks: Mapping[Key, LiveTask],
         ensure_reporter: Callable[[], Awaitable[None]],
         drop_reporter: Callable[[], Awaitable[None]],
     ) -> None:
@@ -46,11 +50,11 @@ class Recording:
         self.tasks = tasks
         self.ensure_reporter = ensure_reporter
         self.drop_reporter = drop_reporter
-        self.scheduler: Any = None
+        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         self.recorder: TraceRecorder | None = None
         self.by_client = False
-        self.is_copy: Callable[[Hashable], bool] = lambda key: False
-        self._running: dict[Hashable, str | None] = {}  # key -> worker, while processing
+        self.is_copy: Callable[[Key], bool] = lambda key: False
+        self._running: dict[Key, str | None] = {}  # key -> worker, while processing
 
     # -- starting and stopping ------------------------------------------------------
     def client_path(self, path: str) -> str:
@@ -163,7 +167,7 @@ class Recording:
             except Exception:
                 self.audit.failed("record", ts.key)
 
-    def transition(self, key: Hashable, start: str, finish: str, kwargs: dict[str, Any]) -> None:
+    def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
         rec = self.recorder
         assert rec is not None
         now = time.time()
@@ -218,7 +222,7 @@ class Recording:
             r["error"] = str(kwargs["exception_text"])[:500]
         rec.emit(r)
 
-    def started(self, key: Hashable, worker: str, msg: Mapping[str, Any]) -> None:
+    def started(self, key: Key, worker: str, msg: Mapping[str, Any]) -> None:
         rec = self.recorder
         if rec is None:
             return

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import ANY_NODE, OUTCOME, LiveAttempt, LiveTask, Slot
 from daskjobs.policies import FairShare, Policy
+
+if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed.scheduler import Scheduler
 
 __all__ = ["ReleaseGate"]
 
@@ -50,7 +54,7 @@ class ReleaseGate:
     def __init__(
         self,
         popper: Policy,
-        tasks: Mapping[Hashable, LiveTask],
+        tasks: Mapping[Key, LiveTask],
         speeds: WorkerSpeeds,
         audit: Audit,
     ) -> None:
@@ -58,11 +62,11 @@ class ReleaseGate:
         self.tasks = tasks
         self.speeds = speeds
         self.audit = audit
-        self.scheduler: Any = None
-        self.held: set[Hashable] = set()
-        self.released: Hashable | None = None
+        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
+        self.held: set[Key] = set()
+        self.released: Key | None = None
         self._seq = 0
-        self.attempts: dict[Hashable, LiveAttempt] = {}
+        self.attempts: dict[Key, LiveAttempt] = {}
         self._reconcile_pending = False
 
     def _release(self, node: Any = ANY_NODE) -> None:
@@ -101,7 +105,7 @@ class ReleaseGate:
             node = self.speeds.node(ws.address)
         return Slot(node)
 
-    def transition(self, key: Hashable, start: str, finish: str) -> None:
+    def transition(self, key: Key, start: str, finish: str) -> None:
         """Every transition of a ranked task (O(1) plus ``pop``); after a failure the
         books are rebuilt from the scheduler's state."""
         try:
@@ -110,7 +114,7 @@ class ReleaseGate:
             self.audit.failed("transition", key)
             self._schedule_reconcile()
 
-    def _transition(self, key: Hashable, start: str, finish: str) -> None:
+    def _transition(self, key: Key, start: str, finish: str) -> None:
         popper = self.popper
         v = self.tasks.get(key)
         if v is None:
@@ -166,7 +170,7 @@ class ReleaseGate:
         sched = self.scheduler
         now = time.time()
         running: dict[str, int] = {}
-        attempts: dict[Hashable, LiveAttempt] = {}
+        attempts: dict[Key, LiveAttempt] = {}
         for ws in sched.workers.values():
             for ts in ws.processing:
                 v = self.tasks.get(ts.key)
@@ -182,7 +186,7 @@ class ReleaseGate:
                 self.released = None
         queued = sorted(
             (ts for ts in sched.queued if ts.key in self.tasks and ts.key != self.released),
-            key=lambda ts: ts.priority,
+            key=lambda ts: ts.priority or (),
         )
         held = [self.tasks[ts.key] for ts in queued]
         self.held = {v.tid for v in held}

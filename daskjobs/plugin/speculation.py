@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,7 @@ from daskjobs.policies.speculation import projected_end
 
 if TYPE_CHECKING:
     from dask.typing import Key
+    from distributed.scheduler import Scheduler
 
 logger = logging.getLogger("daskjobs.plugin")
 #: Each copy decision and its reason, at DEBUG (as distributed's memory manager logs).
@@ -97,8 +98,8 @@ def copy_key(key: Key) -> Key:
 class Race:
     """A task and its backup copy, from the copy's launch until one of them wins."""
 
-    key: Hashable  # the task
-    copy: Hashable  # the copy's key
+    key: Key  # the task
+    copy: Key  # the copy's key
     worker: str  # the copy's worker
     primary: str  # the task's worker when the copy was launched
     launched: float
@@ -122,7 +123,7 @@ class Speculator:
         spec: Speculation,
         interval: float,
         audit: Audit,
-        tasks: Mapping[Hashable, LiveTask],
+        tasks: Mapping[Key, LiveTask],
         speeds: WorkerSpeeds,
     ) -> None:
         self.spec = spec
@@ -130,11 +131,11 @@ class Speculator:
         self.audit = audit
         self.tasks = tasks  # the ranked tasks' views
         self.speeds = speeds  # workers as nodes, and the speed learner
-        self.starts: dict[Hashable, tuple[str, float, int]] = {}
-        self.races: dict[Hashable, Race] = {}
-        self.copies: dict[Hashable, Hashable] = {}
-        self.copied: set[Hashable] = set()  # one copy per attempt, whatever became of it
-        self.reasons: dict[Hashable, str] = {}  # the latest copy decision per task
+        self.starts: dict[Key, tuple[str, float, int]] = {}
+        self.races: dict[Key, Race] = {}
+        self.copies: dict[Key, Key] = {}
+        self.copied: set[Key] = set()  # one copy per attempt, whatever became of it
+        self.reasons: dict[Key, str] = {}  # the latest copy decision per task
         self.counts = {
             "launched": 0,
             "won": 0,
@@ -146,12 +147,12 @@ class Speculator:
         self.peak = 0  # most copies running at once
         # released losers whose threads still run: worker -> keys (until the worker says
         # the thread returned); the scheduler offers those threads as free
-        self.zombies: dict[str, set[Hashable]] = {}
-        self._zombie_until: dict[tuple[str, Hashable], float] = {}
+        self.zombies: dict[str, set[Key]] = {}
+        self._zombie_until: dict[tuple[str, Key], float] = {}
         self.moved = 0  # tasks moved off a worker whose thread a zombie holds
         self.waste: dict[str, float] = {}  # team -> seconds of losing copies
         self._pc: Any = None
-        self.scheduler: Any = None
+        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, scheduler: Any) -> None:
@@ -174,7 +175,7 @@ class Speculator:
                 self._drop(race, "abandoned", "daskjobs-speculation-closed")
 
     @property
-    def backups(self) -> dict[Hashable, Race]:
+    def backups(self) -> dict[Key, Race]:
         """The races with a copy running (not yet settled)."""
         return {k: r for k, r in self.races.items() if not r.redirected}
 
@@ -190,15 +191,15 @@ class Speculator:
         }
 
     # -- what the plugin asks ------------------------------------------------------
-    def is_copy(self, key: Hashable) -> bool:
+    def is_copy(self, key: Key) -> bool:
         return key in self.copies
 
-    def is_alias(self, key: Hashable) -> bool:
+    def is_alias(self, key: Key) -> bool:
         """``key`` runs as an alias of its winning copy (no real work: learn nothing)."""
         race = self.races.get(key)
         return race is not None and race.redirected
 
-    def recorded_as(self, key: Hashable, start: str, finish: str) -> Hashable | None:
+    def recorded_as(self, key: Key, start: str, finish: str) -> Key | None:
         """The key a transition is recorded under in a trace (docs/trace.md), or None.
 
         The trace tells a race as it always has: the copy's start and, if it wins,
@@ -218,7 +219,7 @@ class Speculator:
         return key
 
     # -- observations ----------------------------------------------------------------
-    def started(self, key: Hashable, worker: str | None, run_id: Any) -> Hashable | None:
+    def started(self, key: Key, worker: str | None, run_id: Any) -> Key | None:
         """A worker reports that ``key`` really started executing. Returns the key the
         start belongs to (the task's, for a copy), or None for a stale report."""
         task = self.copies.get(key)
@@ -242,7 +243,7 @@ class Speculator:
             self.starts[key] = (worker, time.time(), int(run_id))
         return key
 
-    def transition(self, key: Hashable, start: str, finish: str, kwargs: dict[str, Any]) -> None:
+    def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
         """Every scheduler transition (O(1)): settle races as tasks and copies move."""
         task = self.copies.get(key)
         if task is not None:
@@ -268,7 +269,7 @@ class Speculator:
             self._later(self._settle, race, "abandoned")
 
     def _copy_moved(
-        self, task: Hashable, key: Hashable, start: str, finish: str, kwargs: dict[str, Any]
+        self, task: Key, key: Key, start: str, finish: str, kwargs: dict[str, Any]
     ) -> None:
         if finish == "forgotten":
             del self.copies[key]
@@ -289,11 +290,11 @@ class Speculator:
             self.copied.discard(task)
             self._later(self._settle, race, "abandoned")
 
-    def _wanted(self, key: Hashable) -> bool:
+    def _wanted(self, key: Key) -> bool:
         ts = self.scheduler.tasks.get(key)
         return ts is not None and bool(ts.who_wants or ts.waiters)
 
-    def returned(self, key: Hashable, worker: str | None) -> None:
+    def returned(self, key: Key, worker: str | None) -> None:
         """``worker`` reports that the thread of a released ``key`` has returned."""
         keys = self.zombies.get(worker or "")
         self._zombie_until.pop((worker or "", key), None)
@@ -381,7 +382,7 @@ class Speculator:
             ts.worker_restrictions, ts.loose_restrictions = race.restrictions
 
     # -- zombies -----------------------------------------------------------------------
-    def _zombie(self, worker: str, key: Hashable) -> None:
+    def _zombie(self, worker: str, key: Key) -> None:
         self.zombies.setdefault(worker, set()).add(key)
         task = self.copies.get(key, key)
         v = self.tasks.get(task)
@@ -422,7 +423,7 @@ class Speculator:
                     and ts.key not in self.copies
                     and not ts.worker_restrictions
                 ),
-                key=lambda ts: ts.priority,
+                key=lambda ts: ts.priority or (),
             )
             for ts in waiting[max(free, 0) :]:
                 if not idle:
@@ -491,7 +492,7 @@ class Speculator:
             if self._running() >= cap:
                 return
 
-    def _decided(self, key: Hashable, reason: str) -> None:
+    def _decided(self, key: Key, reason: str) -> None:
         """Keep the latest decision about ``key`` for explain, and log it at DEBUG."""
         if self.reasons.get(key) != reason:
             self.reasons[key] = reason
@@ -587,12 +588,12 @@ class Speculator:
         )
 
     # -- accounting ------------------------------------------------------------------
-    def _waste(self, key: Hashable, seconds: float) -> None:
+    def _waste(self, key: Key, seconds: float) -> None:
         v = self.tasks.get(key)
         team = v.team if v is not None else "default"
         self.waste[team] = self.waste.get(team, 0.0) + max(seconds, 0.0)
 
-    def _learn_from_loser(self, key: Hashable, worker: str, now: float) -> None:
+    def _learn_from_loser(self, key: Key, worker: str, now: float) -> None:
         """A primary beaten by its copy ran ``now - start`` on ``worker``: the learner's
         rule decides what that teaches (a lower bound, once past its estimate)."""
         start = self.starts.pop(key, None)

@@ -9,11 +9,14 @@ only maps worker addresses to node indices and announces belief changes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.policies import NodeAware
+
+if TYPE_CHECKING:
+    from distributed.scheduler import Scheduler
 
 __all__ = ["WorkerSpeeds"]
 
@@ -25,7 +28,7 @@ class WorkerSpeeds:
         self.audit = audit
         self.learner = learner if learner is not None else NodeAware()
         self.nodes: dict[str, int] = {}  # worker address -> node index of the policies
-        self.scheduler: Any = None
+        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
 
     def node(self, address: str) -> int:
         """The policies' index of the worker at ``address`` (new workers are added)."""

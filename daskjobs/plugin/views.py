@@ -8,9 +8,11 @@ to a node view; the policies never see dask's objects.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dask.typing import Key
 
 __all__ = ["ANY_NODE", "OUTCOME", "LiveAttempt", "LiveTask", "Slot", "stage_of"]
 
@@ -19,12 +21,12 @@ __all__ = ["ANY_NODE", "OUTCOME", "LiveAttempt", "LiveTask", "Slot", "stage_of"]
 class LiveTask:
     """A ``TaskState`` as the policies see it (a :class:`~daskjobs.policies.TaskView`)."""
 
-    tid: Hashable
+    tid: Key
     estimate: float
     cores: int
     team: str
     submit: float
-    deps: tuple[Hashable, ...]
+    deps: tuple[Key, ...]
     source: str  # where the estimate came from
     stage: str
     speculate: bool = True  # the task's ``speculate`` annotation
