@@ -155,6 +155,7 @@ class SpeculationSettings:
     min_runtime: float = _default_seconds("speculation.min-runtime") or 0.0
     max_fraction: float = float(_default("speculation.max-fraction"))
     interval: float = _default_seconds("speculation.interval") or MIN_INTERVAL
+    ahead: str = _default("speculation.ahead")
 
 
 @dataclass(frozen=True)
@@ -411,6 +412,8 @@ def _teams(t: Mapping[str, Any]) -> TeamSettings:
 
 
 def _speculation(sp: Mapping[str, Any]) -> SpeculationSettings:
+    from daskjobs.policies.speculation import AHEAD  # the policy's own list of choices
+
     key = "daskjobs.speculation"
     return SpeculationSettings(
         enabled=_boolean(f"{key}.enabled", sp["enabled"]),
@@ -422,7 +425,14 @@ def _speculation(sp: Mapping[str, Any]) -> SpeculationSettings:
             f"{key}.max-fraction", sp["max-fraction"], "a number in (0, 1]", lambda x: 0 < x <= 1
         ),
         interval=_seconds(f"{key}.interval", sp["interval"], floor=MIN_INTERVAL) or MIN_INTERVAL,
+        ahead=_choice(f"{key}.ahead", sp["ahead"], AHEAD),
     )
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if isinstance(value, str) and value in choices:
+        return value
+    raise _bad(key, f"one of {', '.join(choices)}", value)
 
 
 def _policy(policy: Any) -> str:

@@ -100,7 +100,10 @@ def chapter(
         for i, (d, e) in enumerate(zip(dur.tolist(), est.tolist(), strict=True))
     ]
     cluster = _cluster(nodes, cores_per_node, slow_node, slow_factor, failure_rate)
-    return Workload("chapter", tasks, cluster, Speculation(late_factor=late_factor), seed=seed)
+    # the published model starts a backup as soon as an attempt is late, ahead of queued
+    # work, and kills the loser at once (the simulator can; dask cannot stop a thread)
+    spec = Speculation(late_factor=late_factor, ahead="always")
+    return Workload("chapter", tasks, cluster, spec, seed=seed)
 
 
 def fairshare(

@@ -96,7 +96,7 @@ def test_chapter_cluster_is_24_by_16_with_last_node_4x_slow(chapter0):
     assert c.speeds == (1.0,) * 23 + (4.0,)
     assert c.effective_cores == 23 * 16 + 16 / 4 == 372
     assert c.failure_rate == 0.01
-    assert chapter0.spec == Speculation(late_factor=2.5)
+    assert chapter0.spec == Speculation(late_factor=2.5, ahead="always")
 
 
 def test_chapter_bounds_match_spec(chapter0):

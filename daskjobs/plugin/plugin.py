@@ -243,7 +243,7 @@ class JobsPlugin(SchedulerPlugin):
         if s.speculation.enabled:
             sp = s.speculation
             self.speculator = Speculator(
-                Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction),
+                Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction, sp.ahead),
                 sp.interval,
                 self.audit,
                 self.ranker.tasks,
@@ -415,9 +415,14 @@ class JobsPlugin(SchedulerPlugin):
         self.recording.worker_added(scheduler.workers.get(worker))
 
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **kw: Any) -> None:
+        self._speeds_worker_removed(worker)
         if self.speculator is not None:
             self._speculation_worker_removed(worker)
         self._record_worker_removed(worker, stimulus_id)
+
+    @guarded("speeds", key_arg=0)
+    def _speeds_worker_removed(self, worker: str) -> None:
+        self.speeds.forget(worker)
 
     @guarded("speculation", key_arg=0)
     def _speculation_worker_removed(self, worker: str) -> None:

@@ -60,7 +60,7 @@ from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.policies import Speculation
-from daskjobs.policies.speculation import projected_end
+from daskjobs.policies.speculation import Horizon
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -131,6 +131,7 @@ class Speculator:
         self.audit = audit
         self.tasks = tasks  # the ranked tasks' views
         self.speeds = speeds  # workers as nodes, and the speed learner
+        self.sums = Horizon()  # the projected end's sums, fed by every transition
         self.starts: dict[Key, tuple[str, float, int]] = {}
         self.races: dict[Key, Race] = {}
         self.copies: dict[Key, Key] = {}
@@ -244,7 +245,22 @@ class Speculator:
         return key
 
     def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
-        """Every scheduler transition (O(1)): settle races as tasks and copies move."""
+        """Every scheduler transition (O(1)): keep the horizon's sums, and settle races
+        as tasks and copies move."""
+        v = self.tasks.get(key)
+        if v is not None:
+            sums = self.sums
+            if finish == "queued":
+                sums.push(v.estimate, v.cores)
+            elif start == "queued":
+                sums.pop(v.estimate, v.cores)
+            if finish == "processing":
+                ts = self.scheduler.tasks.get(key)
+                ws = ts.processing_on if ts is not None else None
+                speed = self.speeds.speed(ws.address) if ws is not None else 1.0
+                sums.started(key, v.cores, time.time() + v.estimate * speed)
+            elif start == "processing":
+                sums.ended(key)
         task = self.copies.get(key)
         if task is not None:
             self._copy_moved(task, key, start, finish, kwargs)
@@ -478,11 +494,9 @@ class Speculator:
             why = spec.verdict(attempt, now, speeds)
             if why is None:
                 continue
-            may_queue = False
-            if why == "urgent":
-                if horizon is None:
-                    horizon = self._horizon(now)
-                may_queue = spec.may_queue(attempt, now, speeds.speed(node), horizon)
+            if horizon is None:
+                horizon = self._horizon(now)
+            may_queue = spec.may_queue(attempt, now, speeds.speed(node), horizon)
             target, reason = spec.choose(attempt, self._candidates(ts, worker), speeds, may_queue)
             if target is None:
                 self._decided(key, f"{why}, not copied: {reason}")
@@ -499,27 +513,10 @@ class Speculator:
             decisions.debug("%s: %s", key, reason)
 
     def _horizon(self, now: float) -> float:
-        """The projected end of the work the scheduler holds (the policy's formula,
-        :func:`~daskjobs.policies.speculation.projected_end`): estimated seconds of the
-        queued tasks and about half of the running ones, over the workers' threads
-        weighted by believed speed. O(tasks queued or running), once per check that
-        needs it."""
-        sched = self.scheduler
-        tasks = self.tasks
-        work = 0.0
-        for ts in sched.queued:
-            v = tasks.get(ts.key)
-            if v is not None:
-                work += v.estimate
-        capacity = 0.0
-        for ws in sched.workers.values():
-            speed = self.speeds.speed(ws.address)
-            capacity += ws.nthreads / max(speed, 1e-9)
-            for ts in ws.processing:
-                v = tasks.get(ts.key)
-                if v is not None:
-                    work += v.estimate * 0.5  # about half of a running task is left
-        return projected_end(now, work, capacity)
+        """The projected end of the work the scheduler holds: the policy's sums
+        (:class:`~daskjobs.policies.speculation.Horizon`, fed by every transition, as
+        replay feeds them) over the learner's effective capacity. O(1)."""
+        return self.sums.value(now, self.speeds.learner.capacity())
 
     def _candidates(self, ts: Any, primary: str) -> list[_Worker]:
         """The workers that could run a copy of ``ts`` at all (running, with its

@@ -28,17 +28,27 @@ class WorkerSpeeds:
         self.audit = audit
         self.learner = learner if learner is not None else NodeAware()
         self.nodes: dict[str, int] = {}  # worker address -> node index of the policies
+        self._next = 0  # node indices are never reused
+        self.gone: dict[str, int] = {}  # workers that left: their index, for status rows
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
 
     def node(self, address: str) -> int:
         """The policies' index of the worker at ``address`` (new workers are added)."""
         node = self.nodes.get(address)
         if node is None:
-            node = self.nodes[address] = len(self.nodes)
+            node = self.nodes[address] = self._next
+            self._next += 1
             sched = self.scheduler
             ws = sched.workers.get(address) if sched is not None else None
             self.learner.add_node(node, int(ws.nthreads) if ws is not None else 1)
         return node
+
+    def forget(self, address: str) -> None:
+        """The worker left: its slots no longer count in the learner's capacity."""
+        node = self.nodes.pop(address, None)
+        if node is not None:
+            self.gone[address] = node
+            self.learner.remove_node(node)
 
     def speed(self, address: str) -> float:
         return self.learner.speed(self.node(address))
@@ -61,7 +71,7 @@ class WorkerSpeeds:
         """Per worker: believed slow-down (1.0 nominal) and the attempts it rests on."""
         sched = self.scheduler
         out = []
-        for address, node in sorted(self.nodes.items()):
+        for address, node in sorted({**self.gone, **self.nodes}.items()):
             ws = sched.workers.get(address) if sched is not None else None
             out.append(
                 {

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -159,6 +160,12 @@ class Policy:
     def speed(self, node: int) -> float:
         """Believed slow-down factor of ``node`` (1.0 = nominal)."""
         return 1.0
+
+    def horizon(self, now: float) -> float:
+        """The projected end of the run, as far as the policy knows (see
+        :func:`~daskjobs.policies.speculation.projected_end`); ``inf`` when it does not
+        keep the sums (nothing then counts as ending past it)."""
+        return math.inf
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
         """Should ``attempt`` get a backup copy now, whatever its deadline says?"""

@@ -343,6 +343,10 @@ class NodeAware(Policy):
             default=(1.0, None),
         )
 
+    def capacity(self) -> float:
+        """Effective cores: ``sum(cores / believed slow-down)`` of the known nodes."""
+        return self._capacity
+
     def horizon(self, now: float) -> float:
         """Projected end of the run from what the policy knows now."""
         remaining = self._run_end_sum - now * self._run_cores

@@ -45,7 +45,15 @@ from typing import Any, Protocol, TypeVar
 
 from daskjobs import _defaults
 
-__all__ = ["SIMILAR", "Candidate", "Speculation", "expected_left", "projected_end"]
+__all__ = [
+    "AHEAD",
+    "SIMILAR",
+    "Candidate",
+    "Horizon",
+    "Speculation",
+    "expected_left",
+    "projected_end",
+]
 
 # The defaults of late_factor and max_fraction are the plugin's, read from the one place
 # they are written (daskjobs.yaml, ``daskjobs.speculation``): a simulated or replayed
@@ -53,6 +61,9 @@ __all__ = ["SIMILAR", "Candidate", "Speculation", "expected_left", "projected_en
 # PyYAML only, so the policy core still imports neither distributed nor dask's config.
 _LATE_FACTOR = float(_defaults.default("speculation.late-factor"))
 _MAX_FRACTION = float(_defaults.default("speculation.max-fraction"))
+_AHEAD = str(_defaults.default("speculation.ahead"))
+#: The values of ``Speculation.ahead``.
+AHEAD = ("past-horizon", "always")
 
 #: Believed speeds within this factor of each other count as the same speed: the
 #: learner's own noise (a node believed 1.02 is not slower than one believed 1.0).
@@ -74,6 +85,43 @@ def projected_end(now: float, work: float, capacity: float) -> float:
     ``work`` the queued and expected remaining running seconds and ``capacity`` the
     effective cores (``sum(cores / believed slow-down)``)."""
     return now + work / capacity if capacity > 0 else math.inf
+
+
+class Horizon:
+    """The sums behind :func:`projected_end`, kept in O(1) per event, for a driver or a
+    wrapper policy that sees tasks queue, start and end (the live plugin, replay): the
+    estimated work queued, and for each running attempt its cores and expected end
+    (start + estimate x the node's believed slow-down). :class:`NodeAware` keeps the
+    same sums inside its own queue."""
+
+    __slots__ = ("_run", "queued", "run_cores", "run_end")
+
+    def __init__(self) -> None:
+        self.queued = 0.0  # estimated core-seconds queued
+        self.run_cores = 0
+        self.run_end = 0.0  # sum of cores x expected end of the running attempts
+        self._run: dict[Any, tuple[int, float]] = {}
+
+    def push(self, estimate: float, cores: int = 1) -> None:
+        self.queued += estimate * cores
+
+    def pop(self, estimate: float, cores: int = 1) -> None:
+        self.queued = max(self.queued - estimate * cores, 0.0)
+
+    def started(self, attempt: Any, cores: int, end: float) -> None:
+        self._run[attempt] = (cores, end)
+        self.run_cores += cores
+        self.run_end += cores * end
+
+    def ended(self, attempt: Any) -> None:
+        got = self._run.pop(attempt, None)
+        if got is not None:
+            self.run_cores -= got[0]
+            self.run_end -= got[0] * got[1]
+
+    def value(self, now: float, capacity: float) -> float:
+        remaining = self.run_end - now * self.run_cores
+        return projected_end(now, self.queued + (remaining if remaining > 0 else 0.0), capacity)
 
 
 class Candidate(Protocol):
@@ -109,8 +157,12 @@ class Speculation:
     late_factor: float = _LATE_FACTOR
     min_runtime: float = 0.0
     max_fraction: float = _MAX_FRACTION
+    #: When a copy may go ahead of queued work: "past-horizon" or "always" (see may_queue).
+    ahead: str = _AHEAD
 
     def __post_init__(self) -> None:
+        if self.ahead not in AHEAD:
+            raise ValueError(f"ahead must be one of {', '.join(AHEAD)}, got {self.ahead!r}")
         for name in ("late_factor", "min_runtime", "max_fraction"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool):
@@ -147,11 +199,16 @@ class Speculation:
             return "urgent"
         return None
 
-    @staticmethod
-    def may_queue(attempt: Any, now: float, speed: float, horizon: float) -> bool:
-        """May the copy wait on a busy node? Only if the attempt would otherwise end
-        after the projected end of the run: then a copy queued ahead of that node's
-        work ends sooner than waiting for an idle one at the tail."""
+    def may_queue(self, attempt: Any, now: float, speed: float, horizon: float) -> bool:
+        """May the copy go ahead of queued work (wait for a busy node's next slot before
+        the tasks queued there)? With ``ahead="always"`` yes: the published model, which
+        starts a backup as soon as an attempt is late and kills the loser. With
+        ``"past-horizon"`` only if the attempt would otherwise end after the projected end
+        of the run; other copies take slots no queued task wants. The live default is
+        ``past-horizon`` because dask cannot stop a thread: a copy run ahead of queued work
+        leaves the loser holding its thread until it ends."""
+        if self.ahead == "always":
+            return True
         return now + expected_left(attempt.start, attempt.task.estimate, speed, now) > horizon
 
     def choose(

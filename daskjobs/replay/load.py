@@ -704,6 +704,8 @@ def _speculation(settings: dict[str, Any], notes: list[str]) -> Speculation | No
             late_factor=recorded("late_factor", "speculation.late-factor"),
             min_runtime=recorded("min_runtime", "speculation.min-runtime", _defaults.seconds),
             max_fraction=recorded("max_fraction", "speculation.max-fraction"),
+            # a trace from before the setting existed ran the live rule, past-horizon
+            ahead=str(spec.get("ahead") or _defaults.default("speculation.ahead")),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         notes.append(f"the recorded speculation settings cannot be replayed ({exc}): off")

@@ -26,6 +26,7 @@ import numpy as np
 from daskjobs.plugin.trace import Trace
 from daskjobs.policies import NodeAware, Policy, Speculation, registry
 from daskjobs.policies.base import AttemptView, NodeView, TaskView
+from daskjobs.policies.speculation import Horizon
 from daskjobs.replay.load import Loaded, load
 from daskjobs.sim.engine import simulate
 from daskjobs.sim.model import Cluster
@@ -137,6 +138,7 @@ class PluginSpeeds(Policy):
         self.learner = NodeAware()
         self.name = inner.name
         self.overhead = overhead  # replayed per task; the live learner sees compute time
+        self.sums = Horizon()  # the horizon's sums, fed as the live plugin feeds its own
 
     def add_node(self, index: int, cores: int) -> None:
         self.inner.add_node(index, cores)
@@ -151,18 +153,28 @@ class PluginSpeeds(Policy):
 
     def push(self, task: TaskView) -> None:
         self.inner.push(task)
+        self.sums.push(task.estimate, task.cores)
 
     def push_many(self, tasks: Sequence[TaskView]) -> None:
         self.inner.push_many(tasks)
+        for t in tasks:
+            self.sums.push(t.estimate, t.cores)
 
     def pop(self, node: NodeView, now: float) -> TaskView | None:
-        return self.inner.pop(node, now)
+        task = self.inner.pop(node, now)
+        if task is not None:
+            self.sums.pop(task.estimate, task.cores)
+        return task
 
     def started(self, attempt: AttemptView, now: float) -> None:
         self.inner.started(attempt, now)
+        t = attempt.task
+        if not attempt.backup:  # live, a copy is a task of its own that was never queued
+            self.sums.started(id(attempt), t.cores, now + t.estimate * self.speed(attempt.node))
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         self.inner.ended(attempt, now)
+        self.sums.ended(id(attempt))
         start = attempt.start
         if attempt.outcome == "done":
             start = min(start + self.overhead, now)
@@ -176,7 +188,10 @@ class PluginSpeeds(Policy):
         return self.learner.speed(node)
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
-        return not len(self.inner) and self.learner.urgent(attempt, now)
+        return self.learner.urgent(attempt, now)
+
+    def horizon(self, now: float) -> float:
+        return self.sums.value(now, self.learner.capacity())
 
     def __len__(self) -> int:
         return len(self.inner)

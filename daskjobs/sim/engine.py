@@ -324,6 +324,9 @@ def _simulate(
     else:
         copyable = bytearray(n)
     choose = spec.choose if spec is not None else None
+    may_queue = spec.may_queue if spec is not None else None
+    p_horizon = policy.horizon
+    ahead: set[Attempt] = set()  # pending copies allowed ahead of queued work
     # first start and end of the tasks that never run (cached); the others'
     # come from the attempts once the run is over
     t_start = array("d", [math.nan]) * n
@@ -423,11 +426,17 @@ def _simulate(
         else:
             push(tasks[i])
 
-    def ask_backup(a: Attempt) -> None:
+    def ask_backup(a: Attempt, now: float) -> None:
+        """Ask for a copy of ``a``. Whether it goes ahead of queued work is the policy's
+        rule (``Speculation.may_queue``: always, or only past the projected end of the
+        run); otherwise it takes a slot no queued task wants. Where it goes is
+        ``Speculation.choose``."""
         i = a.ti
         if backup_asked[i] or done[i] or not copyable[i]:
             return
         backup_asked[i] = 1
+        if may_queue is not None and may_queue(a, now, p_speed(a.node), p_horizon(now)):
+            ahead.add(a)
         pending.append(a)
 
     def rejudge(node: int, now: float) -> None:
@@ -449,7 +458,7 @@ def _simulate(
                 seq += 1
                 post(b.check_at, (_CHECK, seq, b))
             if p_urgent(b, now):
-                ask_backup(b)
+                ask_backup(b, now)
 
     def finish(a: Attempt, now: float, outcome: str) -> None:
         nonlocal backups_running
@@ -478,10 +487,11 @@ def _simulate(
         if ended is not None and ended(a, now):
             rejudge(a.node, now)
 
-    def take_backup(nd: _Node) -> Attempt | None:
+    def take_backup(nd: _Node, ahead_only: bool) -> Attempt | None:
         """A pending backup request that may run on ``nd``: the oldest one for which
-        the policy's placement rule (``Speculation.choose``) accepts the node."""
-        if backups_running >= cap:
+        the policy's placement rule (``Speculation.choose``) accepts the node; with
+        ``ahead_only`` (queued work wants the slot) only one allowed ahead of it."""
+        if backups_running >= cap or (ahead_only and not ahead):
             return None
         assert choose is not None
         offer = (_Offer(nd.index, nd.free, nd.cores),)
@@ -491,11 +501,13 @@ def _simulate(
             i = p.ti
             if p.outcome is not None or done[i]:
                 pending.pop(k)
+                ahead.discard(p)
                 if not done[i]:
                     backup_asked[i] = 0  # primary failed: it is retried, not backed up
                 continue
-            if choose(p, offer, policy)[0] is not None:
+            if (not ahead_only or p in ahead) and choose(p, offer, policy)[0] is not None:
                 pending.pop(k)
+                ahead.discard(p)
                 return p
             k += 1
         return None
@@ -573,7 +585,7 @@ def _simulate(
                 seq += 1
                 post(a.check_at, (_CHECK, seq, a))
             if urgent_hook is not None and urgent_hook(a, now):
-                ask_backup(a)
+                ask_backup(a, now)
 
     def dispatch(now: float) -> None:
         declined: list[int] = []
@@ -588,12 +600,17 @@ def _simulate(
                 in_heap[k] = False
                 continue
             if pending:
-                p = take_backup(nd)
+                p = take_backup(nd, queued > 0)
                 if p is not None:
                     start(p.ti, p.task, nd, now, True)
                     continue
             tv = pop(nd, now) if queued else None
             if tv is None:
+                if queued and pending:  # a slot no queued task wants: a copy may take it
+                    p = take_backup(nd, False)
+                    if p is not None:
+                        start(p.ti, p.task, nd, now, True)
+                        continue
                 heappop(free_heap)
                 declined.append(k)
                 continue
@@ -681,13 +698,13 @@ def _simulate(
                     seq += 1
                     post(d, (_CHECK, seq, a))
                 else:
-                    ask_backup(a)
+                    ask_backup(a, now)
         dispatch(now)
         if spec is not None and suspects and not len(policy) and free_heap:
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 for b in sorted(nodes[k].running, key=lambda x: x.aid):
                     if not b.backup and copyable[b.ti] and p_urgent(b, now):
-                        ask_backup(b)
+                        ask_backup(b, now)
             if pending:
                 dispatch(now)
 
