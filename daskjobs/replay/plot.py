@@ -16,14 +16,7 @@ from daskjobs.sim.plot import require_matplotlib
 __all__ = ["busy_slots", "what_if_bars"]
 
 
-def _save(fig: Any, out: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+from daskjobs.sim.plot import _save  # one way to write a figure
 
 
 def busy_slots(loaded: Loaded, result: ReplayResult, out: Path | str) -> Path:
