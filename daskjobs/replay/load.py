@@ -190,6 +190,8 @@ class Loaded:
     compute: dict[Hashable, float] = field(default_factory=dict, repr=False)  # nominal seconds
     # the recorded run's speculation settings (None: off), replayed as recorded
     speculation: Speculation | None = None
+    # where each task's first attempt ran and when it started: (node, start), by tid
+    placement: dict[Hashable, tuple[int, float]] = field(default_factory=dict, repr=False)
 
     @property
     def nodes(self) -> int:
@@ -511,6 +513,16 @@ def load(
         backups=_backup_counts(races, copies_started),
     )
 
+    # -- where dask put each task: its first attempt's worker, and when it started there ---
+    node_of = {w.address: w.node for w in workers}
+    placement: dict[Hashable, tuple[int, float]] = {}
+    for t, a, _d in ended:
+        first = t.attempts[0] if t.attempts else a
+        node = node_of.get(first.worker or "")
+        when = first.started if first.started is not None else first.assigned
+        if node is not None and when is not None:
+            placement[t.key] = (node, when - t0)
+
     # -- simulator tasks, in the order dask ran ties: the recorded priority ---------------
     ended.sort(key=_order_key)
     sim_tasks: list[Task] = []
@@ -566,6 +578,7 @@ def load(
         stages=stage_of,
         compute=compute,
         speculation=recorded_spec,
+        placement=placement,
     )
 
 

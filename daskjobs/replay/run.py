@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -200,6 +201,90 @@ class PluginSpeeds(Policy):
         return {**self.inner.describe(), "speeds": self.learner.describe()["speeds"]}
 
 
+class Placed(Policy):
+    """Replay dask's placement as recorded: each task's first attempt runs on the node
+    (worker) it ran on, in the order it started there; the policy ``inner`` decides the
+    rest (retries, tasks the trace does not place, and everything but placement:
+    speeds, lateness, the horizon, books).
+
+    Which task goes to which worker is dask's decision, not a daskjobs policy's (the
+    first free thread takes the next task); a simulated replay makes that decision
+    itself, and a few milliseconds of difference send other tasks to a slow worker.
+    Following the record makes a replay of the run that was recorded comparable race by
+    race (the same tasks on the slow worker get copies); what-ifs under other policies
+    keep the simulated placement. O(1) per push and pop (per-node queues in recorded
+    order).
+    """
+
+    def __init__(self, inner: Policy, placement: Mapping[Hashable, tuple[int, float]]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        order: dict[int, list[tuple[float, Hashable]]] = {}
+        for tid, (node, when) in placement.items():
+            order.setdefault(node, []).append((when, tid))
+        self.queues = {n: deque(t for _, t in sorted(ts, key=_first)) for n, ts in order.items()}
+        self.placed = set(placement)
+        self.ready: dict[Hashable, TaskView] = {}  # placed, runnable, not yet started
+        self.taken: set[Hashable] = set()  # placed tasks already popped once
+
+    def add_node(self, index: int, cores: int) -> None:
+        self.inner.add_node(index, cores)
+
+    def remove_node(self, index: int) -> None:
+        self.inner.remove_node(index)
+
+    def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        self.inner.add_graph(tasks)
+
+    def push(self, task: TaskView) -> None:
+        if task.tid in self.placed and task.tid not in self.taken:
+            self.ready[task.tid] = task
+        else:  # a retry, or a task the trace does not place: the policy's to place
+            self.inner.push(task)
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        q = self.queues.get(node.index)
+        if q:
+            head = q[0]
+            task = self.ready.get(head)
+            if task is not None and task.cores <= node.free:
+                q.popleft()
+                del self.ready[head]
+                self.taken.add(head)
+                return task
+            if task is None and head in self.taken:  # pragma: no cover - defensive
+                q.popleft()
+        return self.inner.pop(node, now) if len(self.inner) else None
+
+    def started(self, attempt: AttemptView, now: float) -> None:
+        self.inner.started(attempt, now)
+
+    def ended(self, attempt: AttemptView, now: float) -> bool:
+        return self.inner.ended(attempt, now)
+
+    def forget(self, tid: Hashable) -> None:
+        self.inner.forget(tid)
+
+    def speed(self, node: int) -> float:
+        return self.inner.speed(node)
+
+    def urgent(self, attempt: AttemptView, now: float) -> bool:
+        return self.inner.urgent(attempt, now)
+
+    def horizon(self, now: float) -> float:
+        return self.inner.horizon(now)
+
+    def __len__(self) -> int:
+        return len(self.ready) + len(self.inner)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "placement": "recorded"}
+
+
+def _first(pair: tuple[float, Any]) -> float:
+    return pair[0]
+
+
 def make_replay_policy(
     name: str, loaded: Loaded, options: Mapping[str, Any] | None = None
 ) -> Policy:
@@ -275,8 +360,14 @@ def replay(
     no_slow: bool = False,
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
+    placement: Literal["simulated", "recorded"] = "simulated",
 ) -> ReplayResult:
     """Replay ``trace`` under ``policy`` (default: the one recorded, else ``fifo``).
+
+    ``placement="recorded"`` runs each task's first attempt on the worker, and in the
+    order, the trace recorded (:class:`Placed`): a replay of the run that was recorded,
+    comparable race by race; it needs the recorded cluster (no ``nodes``,
+    ``cores_per_node`` or ``no_slow``). The default simulates dask's placement.
 
     ``speculation`` is a late factor (e.g. 2.5), ``None`` for no backups, or
     :data:`RECORDED` (the default): the recorded run's settings (late factor,
@@ -301,7 +392,17 @@ def replay(
         spec = Speculation(late_factor=float(speculation))
     else:
         raise ValueError(f"speculation must be a late factor, None or {RECORDED!r}")
-    if spec is not None and type(pol).speed is Policy.speed:
+    learns = type(pol).speed is not Policy.speed
+    if placement == "recorded":
+        if nodes is not None or cores_per_node is not None or no_slow:
+            raise ValueError(
+                "placement='recorded' replays the recorded cluster: drop nodes, "
+                "cores_per_node and no_slow, or use placement='simulated'"
+            )
+        pol = Placed(pol, loaded.placement)  # inside PluginSpeeds: its sums see every push
+    elif placement != "simulated":
+        raise ValueError(f"placement must be 'simulated' or 'recorded', got {placement!r}")
+    if spec is not None and not learns:
         pol = PluginSpeeds(pol, loaded.fit.overhead)
     schedule = simulate(loaded.tasks, cluster, pol, spec=spec, seed=seed)
     factor = spec.late_factor if spec is not None else None
