@@ -7,6 +7,9 @@ two-session rolling median and quantile band of the price (the expensive part). 
 moving-average crossover backtest runs for every (fast, slow, cost) point of the grid,
 volatility-targeted, with transaction costs, and reports its annualised Sharpe ratio.
 
+The stage functions live in :mod:`daskjobs.examples`, so a notebook can import them
+(``from daskjobs.examples import build_sweep``) and gets the same content keys as this script.
+
 The sweep is a Dask graph whose keys are content keys, so the feature stage of a slice is one
 task however many backtests read it, and results are committed to the store as they finish::
 
@@ -31,90 +34,7 @@ import time
 
 import numpy as np
 
-BARS_PER_DAY = 78  # 5-minute bars in a 6.5-hour session
-BARS_PER_YEAR = 252 * BARS_PER_DAY
-TREND_WINDOW = 2 * BARS_PER_DAY  # two sessions
-
-
-def synthetic_prices(slice: int, bars: int) -> np.ndarray:
-    """5-minute closes of one synthetic instrument: drift and volatility change by regime."""
-    rng = np.random.default_rng([2024, slice])
-    regime = 20 * BARS_PER_DAY
-    drift = np.repeat(rng.normal(0.0, 1.5e-5, size=bars // regime + 1), regime)[:bars]
-    vol = np.repeat(rng.uniform(6e-4, 2.5e-3, size=bars // BARS_PER_DAY + 1), BARS_PER_DAY)
-    returns = drift + vol[:bars] * rng.standard_t(df=4, size=bars) / np.sqrt(2)
-    return 100.0 * np.exp(np.cumsum(returns))
-
-
-def _rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
-    """Trailing mean; NaN until a full window is available."""
-    c = np.cumsum(np.insert(x, 0, 0.0))
-    out = np.full(x.shape, np.nan)
-    out[window - 1 :] = (c[window:] - c[:-window]) / window
-    return out
-
-
-def rolling_features(prices: np.ndarray, windows: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """Everything the backtests of one slice share (computed once per slice)."""
-    logret = np.diff(np.log(prices), prepend=np.log(prices[0]))
-    features: dict[str, np.ndarray] = {f"ma{w}": _rolling_mean(prices, w) for w in windows}
-    var = _rolling_mean(logret**2, TREND_WINDOW) - _rolling_mean(logret, TREND_WINDOW) ** 2
-    features["vol"] = np.sqrt(np.maximum(var, 0.0) * BARS_PER_YEAR)
-    view = np.lib.stride_tricks.sliding_window_view(prices, TREND_WINDOW)
-    band = np.quantile(view, [0.2, 0.5, 0.8], axis=1)
-    for name, row in zip(("band_lo", "trend", "band_hi"), band, strict=True):
-        series = np.full(prices.shape, np.nan)
-        series[TREND_WINDOW - 1 :] = row
-        features[name] = series
-    features["logret"] = logret
-    return {name: series.astype(np.float32) for name, series in features.items()}
-
-
-def crossover_backtest(
-    features: dict[str, np.ndarray], fast: int, slow: int, cost_bps: float
-) -> dict[str, float]:
-    """Long when the fast average is above the slow one and the price is above its one-day
-    two-session median, short when both are below, flat inside the 20-80% band; sized to 10% annual
-    volatility; costs in basis points on every change of position."""
-    ma_fast, ma_slow = features[f"ma{fast}"], features[f"ma{slow}"]
-    above_trend = np.sign(features["ma5"] - features["trend"])
-    raw = np.where(np.sign(ma_fast - ma_slow) == above_trend, above_trend, 0.0)
-    inside = (features["ma5"] > features["band_lo"]) & (features["ma5"] < features["band_hi"])
-    raw = np.where(inside, 0.0, raw)
-    size = np.clip(0.10 / np.maximum(features["vol"], 1e-3), 0.0, 3.0)
-    position = np.nan_to_num(raw * size)
-    position = np.concatenate([[0.0], position[:-1]])  # trade on the next day's return
-    costs = np.abs(np.diff(position, prepend=0.0)) * cost_bps / 1e4
-    pnl = position * features["logret"].astype(np.float64) - costs
-    equity = np.cumsum(pnl)
-    drawdown = float(np.max(np.maximum.accumulate(equity) - equity))
-    std = pnl.std()
-    sharpe = float(pnl.mean() / std * np.sqrt(BARS_PER_YEAR)) if std > 0 else 0.0
-    return {
-        "sharpe": round(sharpe, 4),
-        "annual_return": round(float(pnl.mean() * BARS_PER_YEAR), 4),
-        "max_drawdown": round(drawdown, 4),
-    }
-
-
-def build_sweep(slices: int, bars: int, fast: list[int], slow: list[int], costs: list[float]):
-    from daskjobs import Sweep, grid
-
-    windows = tuple(sorted({5, *fast, *slow}))
-    sweep = Sweep("ma-crossover")
-    prices = sweep.stage(
-        synthetic_prices, over=grid(slice=range(slices)), params={"bars": bars}, estimate=0.05
-    )
-    features = sweep.stage(
-        rolling_features, inputs={"prices": prices}, params={"windows": windows}, estimate=0.5
-    )
-    sweep.stage(
-        crossover_backtest,
-        inputs={"features": features},
-        over=grid(fast=fast, slow=slow, cost_bps=costs),
-        estimate=0.01,
-    )
-    return sweep
+from daskjobs.examples import build_sweep
 
 
 def _ints(text: str) -> list[int]:
