@@ -5,11 +5,18 @@
 * ``real_cluster`` - a factory of real ``dask scheduler`` / ``dask worker``
   processes (:class:`realcluster.RealCluster`); tests that use it are marked
   ``realcluster`` and their process logs are printed when they fail.
+* ``ledger_url`` - a fresh, empty jobs ledger, once as an SQLite file and once as a
+  PostgreSQL database (``DASKJOBS_TEST_POSTGRES``, default the development and CI
+  server ``postgresql+psycopg://postgres@127.0.0.1:5432``): the same tests run on both
+  backends. Without a server the PostgreSQL half is skipped, unless
+  ``DASKJOBS_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that a failure.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -85,3 +92,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "real_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.realcluster)
+
+
+POSTGRES = os.environ.get("DASKJOBS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
+
+
+def _postgres_database() -> tuple[str, Callable[[], None]]:
+    """A new, empty database on the test server: its URL and a function dropping it."""
+    import sqlalchemy as sa
+
+    name = "daskjobs_test_" + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(POSTGRES + "/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    except Exception as e:
+        admin.dispose()
+        if os.environ.get("DASKJOBS_REQUIRE_POSTGRES") == "1":
+            raise RuntimeError(f"the PostgreSQL test server {POSTGRES} is required: {e}") from e
+        pytest.skip(f"no PostgreSQL server at {POSTGRES} ({type(e).__name__})")
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+    return f"{POSTGRES}/{name}", drop
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a fresh, empty ledger database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+        return
+    url, drop = _postgres_database()
+    try:
+        yield url
+    finally:
+        drop()

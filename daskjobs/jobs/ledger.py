@@ -1,0 +1,729 @@
+"""The jobs ledger: durable job and attempt state that outlives the scheduler process.
+
+dask keeps every task's state in the scheduler's memory; when that process dies,
+every job, attempt and decision dies with it. The ledger keeps jobs, their parts,
+attempts, committed outputs and every transition in a database through SQLAlchemy
+2 Core: an SQLite file by default (embedded, nothing to run; ``sqlite:///path``),
+PostgreSQL for a shared deployment (``postgresql+psycopg://user@host/db``).
+
+Every change is a **conditional update** applied once: ``UPDATE ... WHERE state =
+:expected`` (and, for an attempt, ``AND token = :token``). A change that already
+happened is a no-op (idempotent: a retried write after a timeout does no harm); a
+change whose precondition no longer holds raises :class:`StaleTransition` naming
+what was found. Three guards make a result visible at most once:
+
+* **fencing tokens** - each attempt of a part gets the part's next token; an output
+  is committed only with the part's current token, once per part
+  (:meth:`Ledger.commit_output`);
+* **leases** - a running attempt holds a lease renewed by its heartbeats; one whose
+  lease expired is marked ``lost`` (:meth:`Ledger.expire`) and its token is stale as
+  soon as the next attempt starts;
+* **scheduler epochs** - a scheduler takes the next epoch when it starts on a ledger
+  (:meth:`Ledger.acquire_epoch`); every write names the writer's epoch and is refused
+  (:class:`Fenced`) if a newer scheduler took over.
+
+The schema is versioned (``meta.schema_version``) and brought up to date by
+:meth:`Ledger.migrate`, one numbered step at a time.
+
+Costs: each call is one short transaction (a handful of statements on indexed
+keys). On SQLite, write transactions begin ``IMMEDIATE`` (writers queue on the file
+lock instead of failing mid-transaction) in WAL mode; on PostgreSQL a write takes a
+shared lock on the epoch row (an epoch change takes it exclusively), so writes run
+concurrently and a takeover waits for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from daskjobs.jobs.model import (
+    ATTEMPT_MOVES,
+    JOB_MOVES,
+    LIVE_ATTEMPTS,
+    AttemptRecord,
+    JobRecord,
+    JobSpec,
+    StaleTransition,
+)
+
+__all__ = ["SCHEMA_VERSION", "Fenced", "Ledger", "LedgerError"]
+
+#: The schema this code writes; :meth:`Ledger.migrate` brings older ledgers up to it.
+SCHEMA_VERSION = 1
+
+
+class LedgerError(RuntimeError):
+    """The ledger cannot do what was asked (a bad URL, a newer schema, an unknown job)."""
+
+
+class Fenced(LedgerError):
+    """A newer scheduler took over this ledger: the writer's epoch is stale."""
+
+    def __init__(self, epoch: int, current: int) -> None:
+        self.epoch = epoch
+        self.current = current
+        super().__init__(
+            f"the ledger's scheduler epoch is {current}, this writer holds {epoch}: "
+            "a newer scheduler took over, so this one may no longer write"
+        )
+
+
+_md = sa.MetaData()
+meta_t = sa.Table(
+    "daskjobs_meta",
+    _md,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+jobs_t = sa.Table(
+    "daskjobs_jobs",
+    _md,
+    sa.Column("job_id", sa.String(255), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("team", sa.String(200), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("submitted", sa.Float, nullable=False),
+    sa.Column("updated", sa.Float, nullable=False),
+    sa.Column("reason", sa.Text),
+)
+parts_t = sa.Table(
+    "daskjobs_parts",
+    _md,
+    sa.Column("job_id", sa.String(255), primary_key=True),
+    sa.Column("part", sa.Integer, primary_key=True),
+    sa.Column("token", sa.Integer, nullable=False),  # the latest attempt's token (0: none yet)
+)
+attempts_t = sa.Table(
+    "daskjobs_attempts",
+    _md,
+    sa.Column("attempt_id", sa.String(64), primary_key=True),
+    sa.Column("job_id", sa.String(255), nullable=False, index=True),
+    sa.Column("part", sa.Integer, nullable=False),
+    sa.Column("token", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("worker", sa.String(255)),
+    sa.Column("lease_until", sa.Float),
+    sa.Column("started", sa.Float, nullable=False),
+    sa.Column("updated", sa.Float, nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("reason", sa.Text),
+)
+outputs_t = sa.Table(
+    "daskjobs_outputs",
+    _md,
+    sa.Column("job_id", sa.String(255), primary_key=True),
+    sa.Column("part", sa.Integer, primary_key=True),
+    sa.Column("token", sa.Integer, nullable=False),
+    sa.Column("location", sa.Text, nullable=False),
+    sa.Column("committed", sa.Float, nullable=False),
+)
+transitions_t = sa.Table(
+    "daskjobs_transitions",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),  # job | attempt | output | epoch
+    sa.Column("ref", sa.String(255), nullable=False, index=True),
+    sa.Column("from_state", sa.String(16)),
+    sa.Column("to_state", sa.String(16)),
+    sa.Column("reason", sa.Text),
+    sa.Column("epoch", sa.Integer, nullable=False),
+)
+
+#: Numbered schema steps: ``MIGRATIONS[n]`` brings version ``n`` to ``n + 1``.
+MIGRATIONS: Sequence[Callable[[Connection], None]] = (
+    lambda conn: _md.create_all(conn),  # 0 -> 1: the first schema
+)
+
+
+def default_url(store_root: str | os.PathLike[str] = ".daskjobs-cache") -> str:
+    """The default ledger: an SQLite file beside the result store."""
+    return "sqlite:///" + os.path.abspath(os.path.join(os.fspath(store_root), "ledger.sqlite"))
+
+
+class Ledger:
+    """Jobs, parts, attempts, outputs and transitions in a database (module docs).
+
+    ``url`` is an SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg://...``);
+    ``clock`` gives the time (seconds since the epoch; tests pass their own).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        migrate: bool = True,
+    ) -> None:
+        self.url = url or default_url()
+        self.clock = clock
+        try:
+            self.engine: Engine = _engine(self.url)
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as e:
+            raise LedgerError(
+                f"daskjobs ledger: cannot use {self.url!r}: {e} (expected sqlite:///PATH or "
+                "postgresql+psycopg://USER@HOST/DB)"
+            ) from e
+        self._ready = False
+        if migrate:
+            self.migrate()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema -----------------------------------------------------------------------
+    def version(self) -> int:
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(meta_t.name):
+                return 0
+            v = conn.execute(
+                sa.select(meta_t.c.value).where(meta_t.c.key == "schema_version")
+            ).scalar()
+            return int(v) if v is not None else 0
+
+    def migrate(self) -> int:
+        """Bring the schema up to :data:`SCHEMA_VERSION`, one step at a time (each in its
+        own transaction); a ledger written by a newer daskjobs is refused. The version."""
+        current = self.version()
+        if current > SCHEMA_VERSION:
+            raise LedgerError(
+                f"daskjobs ledger {self.url}: schema version {current} is newer than this "
+                f"daskjobs understands ({SCHEMA_VERSION}); upgrade daskjobs"
+            )
+        while current < SCHEMA_VERSION:
+            with self.engine.begin() as conn:
+                MIGRATIONS[current](conn)
+                current += 1
+                _put_meta(conn, "schema_version", str(current))
+                if current == 1:
+                    _put_meta(conn, "epoch", "0")
+        self._ready = True
+        return current
+
+    # -- schedulers ---------------------------------------------------------------------
+    def epoch(self) -> int:
+        with self.engine.connect() as conn:
+            return _epoch(conn)
+
+    def acquire_epoch(self, owner: str = "") -> int:
+        """Take the next scheduler epoch: every writer holding an older one is fenced."""
+        with self._write() as conn:
+            new = _epoch(conn, exclusive=True) + 1
+            conn.execute(meta_t.update().where(meta_t.c.key == "epoch").values(value=str(new)))
+            self._log(conn, "epoch", owner or "scheduler", None, str(new), "took over", new)
+            return new
+
+    # -- jobs -----------------------------------------------------------------------------
+    def submit(self, spec: JobSpec, epoch: int) -> JobRecord:
+        """Record ``spec`` as a queued job, or return the job already recorded under its
+        identity (submitting the same job twice is one job)."""
+        now = self.clock()
+        job_id = spec.job_id
+        with self._write(epoch) as conn:
+            row = conn.execute(sa.select(jobs_t).where(jobs_t.c.job_id == job_id)).first()
+            if row is None:
+                conn.execute(
+                    jobs_t.insert().values(
+                        job_id=job_id,
+                        name=spec.name,
+                        team=spec.team,
+                        kind=spec.kind,
+                        spec=json.dumps(spec.to_json(), sort_keys=True),
+                        state="queued",
+                        submitted=now,
+                        updated=now,
+                    )
+                )
+                conn.execute(
+                    parts_t.insert(),
+                    [{"job_id": job_id, "part": p, "token": 0} for p in range(spec.parts)],
+                )
+                self._log(conn, "job", job_id, None, "queued", "submitted", epoch)
+                row = conn.execute(sa.select(jobs_t).where(jobs_t.c.job_id == job_id)).one()
+        return _job(row)
+
+    def job(self, job_id: str) -> JobRecord:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs_t).where(jobs_t.c.job_id == job_id)).first()
+        if row is None:
+            raise LedgerError(f"daskjobs ledger: no job {job_id!r}")
+        return _job(row)
+
+    def jobs(self, *, team: str | None = None, state: str | None = None) -> list[JobRecord]:
+        q = sa.select(jobs_t).order_by(jobs_t.c.submitted, jobs_t.c.job_id)
+        if team is not None:
+            q = q.where(jobs_t.c.team == team)
+        if state is not None:
+            q = q.where(jobs_t.c.state == state)
+        with self.engine.connect() as conn:
+            return [_job(r) for r in conn.execute(q)]
+
+    def move_job(self, job_id: str, expected: str, new: str, epoch: int, reason: str = "") -> bool:
+        """``expected -> new``; True if it moved now, False if it was already ``new``
+        (idempotent); :class:`StaleTransition` if it is elsewhere."""
+        if new not in JOB_MOVES.get(expected, frozenset()):
+            raise ValueError(f"a job cannot move from {expected!r} to {new!r}")
+        with self._write(epoch) as conn:
+            res = conn.execute(
+                jobs_t.update()
+                .where(jobs_t.c.job_id == job_id, jobs_t.c.state == expected)
+                .values(state=new, updated=self.clock(), reason=reason or None)
+            )
+            if res.rowcount == 1:
+                self._log(conn, "job", job_id, expected, new, reason, epoch)
+                return True
+            current = conn.execute(
+                sa.select(jobs_t.c.state).where(jobs_t.c.job_id == job_id)
+            ).scalar()
+        if current == new:
+            return False
+        raise StaleTransition(f"job {job_id!r}", expected, current)
+
+    # -- attempts -------------------------------------------------------------------------
+    def start_attempt(
+        self,
+        job_id: str,
+        part: int,
+        worker: str | None,
+        lease: float,
+        epoch: int,
+        *,
+        state: str = "launching",
+    ) -> AttemptRecord:
+        """A new attempt of ``part`` with the part's next fencing token and a lease of
+        ``lease`` seconds. Refused (:class:`StaleTransition`) while another attempt of
+        the part is live (launching, running, or unknown: a launch whose outcome is not
+        known is reconciled before a second one starts), or once the part's output is
+        committed."""
+        if state not in ("launching", "running"):
+            raise ValueError(f"an attempt starts launching or running, not {state!r}")
+        now = self.clock()
+        with self._write(epoch) as conn:
+            # taking the part's next token first locks the part's row: concurrent starts
+            # (and commits) of one part queue here, so the checks below see their writes;
+            # a refusal rolls the token back with the rest of the transaction
+            token = conn.execute(
+                parts_t.update()
+                .where(parts_t.c.job_id == job_id, parts_t.c.part == part)
+                .values(token=parts_t.c.token + 1)
+                .returning(parts_t.c.token)
+            ).scalar()
+            if token is None:
+                raise LedgerError(f"daskjobs ledger: job {job_id!r} has no part {part}")
+            live = conn.execute(
+                sa.select(attempts_t.c.attempt_id, attempts_t.c.state).where(
+                    attempts_t.c.job_id == job_id,
+                    attempts_t.c.part == part,
+                    attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
+                )
+            ).first()
+            if live is not None:
+                raise StaleTransition(
+                    f"part {part} of job {job_id!r}",
+                    "no live attempt",
+                    live.state,
+                    f"attempt {live.attempt_id} holds it; reconcile it first",
+                )
+            done = conn.execute(
+                sa.select(outputs_t.c.token).where(
+                    outputs_t.c.job_id == job_id, outputs_t.c.part == part
+                )
+            ).first()
+            if done is not None:
+                raise StaleTransition(
+                    f"part {part} of job {job_id!r}", "not committed", "committed"
+                )
+            attempt_id = uuid.uuid4().hex
+            conn.execute(
+                attempts_t.insert().values(
+                    attempt_id=attempt_id,
+                    job_id=job_id,
+                    part=part,
+                    token=token,
+                    state=state,
+                    worker=worker,
+                    lease_until=now + lease,
+                    started=now,
+                    updated=now,
+                    epoch=epoch,
+                )
+            )
+            self._log(conn, "attempt", attempt_id, None, state, f"part {part} token {token}", epoch)
+            row = conn.execute(
+                sa.select(attempts_t).where(attempts_t.c.attempt_id == attempt_id)
+            ).one()
+        return _attempt(row)
+
+    def move_attempt(
+        self,
+        attempt_id: str,
+        token: int,
+        expected: str,
+        new: str,
+        epoch: int,
+        reason: str = "",
+        *,
+        worker: str | None = None,
+    ) -> bool:
+        """``expected -> new`` for the attempt holding ``token``; idempotent as
+        :meth:`move_job`."""
+        if new not in ATTEMPT_MOVES.get(expected, frozenset()):
+            raise ValueError(f"an attempt cannot move from {expected!r} to {new!r}")
+        values: dict[str, Any] = {"state": new, "updated": self.clock(), "reason": reason or None}
+        if worker is not None:
+            values["worker"] = worker
+        with self._write(epoch) as conn:
+            res = conn.execute(
+                attempts_t.update()
+                .where(
+                    attempts_t.c.attempt_id == attempt_id,
+                    attempts_t.c.token == token,
+                    attempts_t.c.state == expected,
+                )
+                .values(**values)
+            )
+            if res.rowcount == 1:
+                self._log(conn, "attempt", attempt_id, expected, new, reason, epoch)
+                return True
+            row = conn.execute(
+                sa.select(attempts_t.c.state, attempts_t.c.token).where(
+                    attempts_t.c.attempt_id == attempt_id
+                )
+            ).first()
+        if row is not None and row.token == token and row.state == new:
+            return False
+        raise StaleTransition(
+            f"attempt {attempt_id}",
+            expected,
+            row.state if row is not None else None,
+            "" if row is None or row.token == token else f"token {token} is stale",
+        )
+
+    def renew(self, attempt_id: str, token: int, lease: float, epoch: int) -> bool:
+        """Extend a running (or launching) attempt's lease; False if it is no longer live
+        under ``token`` (lost, fenced, finished): its owner should stop."""
+        with self._write(epoch) as conn:
+            res = conn.execute(
+                attempts_t.update()
+                .where(
+                    attempts_t.c.attempt_id == attempt_id,
+                    attempts_t.c.token == token,
+                    attempts_t.c.state.in_(("launching", "running")),
+                )
+                .values(lease_until=self.clock() + lease, updated=self.clock())
+            )
+            return res.rowcount == 1
+
+    def expire(self, epoch: int, now: float | None = None) -> list[AttemptRecord]:
+        """Mark every launching or running attempt whose lease ran out ``lost``; the
+        attempts marked. (``unknown`` ones are left to reconciliation.)"""
+        now = self.clock() if now is None else now
+        with self._write(epoch) as conn:
+            rows = conn.execute(
+                sa.select(attempts_t).where(
+                    attempts_t.c.state.in_(("launching", "running")),
+                    attempts_t.c.lease_until < now,
+                )
+            ).all()
+            out = []
+            for r in rows:
+                res = conn.execute(
+                    attempts_t.update()
+                    .where(
+                        attempts_t.c.attempt_id == r.attempt_id,
+                        attempts_t.c.state == r.state,
+                        attempts_t.c.token == r.token,
+                    )
+                    .values(state="lost", updated=now, reason="lease expired")
+                )
+                if res.rowcount == 1:
+                    self._log(
+                        conn, "attempt", r.attempt_id, r.state, "lost", "lease expired", epoch
+                    )
+                    out.append(r)
+        return [dataclasses.replace(_attempt(r), state="lost", reason="lease expired") for r in out]
+
+    def attempts(self, job_id: str) -> list[AttemptRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(attempts_t)
+                .where(attempts_t.c.job_id == job_id)
+                .order_by(attempts_t.c.part, attempts_t.c.token)
+            ).all()
+        return [_attempt(r) for r in rows]
+
+    def live_attempts(self) -> list[AttemptRecord]:
+        """Attempts that hold (or may hold) a part: launching, running, unknown."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(attempts_t).where(attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)))
+            ).all()
+        return [_attempt(r) for r in rows]
+
+    # -- outputs --------------------------------------------------------------------------
+    def commit_output(
+        self, job_id: str, part: int, token: int, location: str, epoch: int | None = None
+    ) -> bool:
+        """Make ``part``'s output at ``location`` visible, once, and mark the attempt
+        holding ``token`` succeeded (one transaction). True if this call committed it;
+        False if the same token committed it already (a repeated call); refused
+        (:class:`StaleTransition`) if ``token`` is not the part's current one (a newer
+        attempt exists), its attempt is no longer live (its lease expired: ``lost``; or
+        ``fenced``, ``cancelled``), or another attempt's output was committed first.
+        When the last part is committed a running job moves to ``succeeded``.
+
+        ``epoch`` is None for a worker's commit (workers are fenced by their token, not by
+        the scheduler's epoch)."""
+        now = self.clock()
+        what = f"output of part {part} of job {job_id!r}"
+        with self._write(epoch) as conn:
+            # the part's row is the lock every writer of this part takes (start_attempt
+            # updates it), so the token read here stays current until the commit ends
+            q = sa.select(parts_t.c.token).where(parts_t.c.job_id == job_id, parts_t.c.part == part)
+            if conn.dialect.name == "postgresql":
+                q = q.with_for_update()
+            current = conn.execute(q).scalar()
+            if current is None:
+                raise LedgerError(f"daskjobs ledger: job {job_id!r} has no part {part}")
+            existing = conn.execute(
+                sa.select(outputs_t.c.token).where(
+                    outputs_t.c.job_id == job_id, outputs_t.c.part == part
+                )
+            ).scalar()
+            if existing is not None:
+                if existing == token:
+                    return False
+                raise StaleTransition(
+                    what,
+                    "not committed",
+                    "committed",
+                    f"token {existing} committed it; token {token} may not",
+                )
+            if token != current:
+                raise StaleTransition(
+                    what,
+                    f"token {current}",
+                    f"token {token}",
+                    "a newer attempt holds the part: this one's output is stale",
+                )
+            holder = conn.execute(
+                sa.select(attempts_t.c.attempt_id, attempts_t.c.state).where(
+                    attempts_t.c.job_id == job_id,
+                    attempts_t.c.part == part,
+                    attempts_t.c.token == token,
+                )
+            ).first()
+            if holder is None or holder.state not in LIVE_ATTEMPTS:
+                raise StaleTransition(
+                    what,
+                    "a live attempt",
+                    holder.state if holder is not None else None,
+                    f"the attempt holding token {token} may no longer commit",
+                )
+            res = conn.execute(
+                attempts_t.update()
+                .where(
+                    attempts_t.c.attempt_id == holder.attempt_id,
+                    attempts_t.c.state == holder.state,  # an expiry between read and write wins
+                )
+                .values(state="succeeded", updated=now, reason="output committed")
+            )
+            if res.rowcount != 1:
+                raise StaleTransition(
+                    what, holder.state, None, "the attempt moved while committing"
+                )
+            conn.execute(
+                outputs_t.insert().values(
+                    job_id=job_id, part=part, token=token, location=location, committed=now
+                )
+            )
+            self._log(
+                conn,
+                "attempt",
+                holder.attempt_id,
+                holder.state,
+                "succeeded",
+                "output committed",
+                epoch or 0,
+            )
+            self._log(
+                conn, "output", f"{job_id}/{part}", None, "committed", f"token {token}", epoch or 0
+            )
+            missing = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(
+                    parts_t.outerjoin(
+                        outputs_t,
+                        sa.and_(
+                            outputs_t.c.job_id == parts_t.c.job_id,
+                            outputs_t.c.part == parts_t.c.part,
+                        ),
+                    )
+                )
+                .where(parts_t.c.job_id == job_id, outputs_t.c.token.is_(None))
+            ).scalar()
+            if not missing:
+                done = conn.execute(
+                    jobs_t.update()
+                    .where(jobs_t.c.job_id == job_id, jobs_t.c.state == "running")
+                    .values(state="succeeded", updated=now, reason="every part committed")
+                )
+                if done.rowcount == 1:
+                    self._log(
+                        conn,
+                        "job",
+                        job_id,
+                        "running",
+                        "succeeded",
+                        "every part committed",
+                        epoch or 0,
+                    )
+        return True
+
+    def outputs(self, job_id: str) -> dict[int, str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(outputs_t.c.part, outputs_t.c.location).where(
+                    outputs_t.c.job_id == job_id
+                )
+            ).all()
+        return {r.part: r.location for r in rows}
+
+    def missing_parts(self, job_id: str) -> list[int]:
+        """Parts of ``job_id`` with no committed output (what a resubmission must run)."""
+        with self.engine.connect() as conn:
+            parts = conn.execute(
+                sa.select(parts_t.c.part).where(parts_t.c.job_id == job_id).order_by(parts_t.c.part)
+            ).scalars()
+            done = set(
+                conn.execute(
+                    sa.select(outputs_t.c.part).where(outputs_t.c.job_id == job_id)
+                ).scalars()
+            )
+            return [p for p in parts if p not in done]
+
+    def history(self, ref: str | None = None) -> list[dict[str, Any]]:
+        """The transitions (of one job, attempt or ``job/part`` output), oldest first."""
+        q = sa.select(transitions_t).order_by(transitions_t.c.id)
+        if ref is not None:
+            q = q.where(transitions_t.c.ref == ref)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
+    # -- plumbing -------------------------------------------------------------------------
+    @contextmanager
+    def _write(self, epoch: int | None = None) -> Iterator[Connection]:
+        """A write transaction; with ``epoch``, refused if a newer scheduler took over."""
+        if not self._ready:
+            current = self.version()
+            if current != SCHEMA_VERSION:
+                raise LedgerError(
+                    f"daskjobs ledger {self.url}: schema version {current}, this daskjobs "
+                    f"writes {SCHEMA_VERSION}: call Ledger.migrate() (or `daskjobs jobs migrate`)"
+                )
+            self._ready = True
+        with self.engine.begin() as conn:
+            if epoch is not None:
+                current = _epoch(conn)
+                if current != epoch:
+                    raise Fenced(epoch, current)
+            yield conn
+
+    def _log(
+        self,
+        conn: Connection,
+        kind: str,
+        ref: str,
+        before: str | None,
+        after: str | None,
+        reason: str,
+        epoch: int,
+    ) -> None:
+        conn.execute(
+            transitions_t.insert().values(
+                at=self.clock(),
+                kind=kind,
+                ref=ref,
+                from_state=before,
+                to_state=after,
+                reason=reason or None,
+                epoch=epoch,
+            )
+        )
+
+
+def _engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = sa.engine.make_url(url).database
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _connect(dbapi_conn: Any, record: Any) -> None:
+            dbapi_conn.isolation_level = None  # transactions begun explicitly, below
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # writers queue on the lock up front
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def _epoch(conn: Connection, exclusive: bool = False) -> int:
+    q = sa.select(meta_t.c.value).where(meta_t.c.key == "epoch")
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update(read=not exclusive)
+    v = conn.execute(q).scalar()
+    if v is None:
+        raise LedgerError("daskjobs ledger: no schema yet; call Ledger.migrate() first")
+    return int(v)
+
+
+def _put_meta(conn: Connection, key: str, value: str) -> None:
+    res = conn.execute(meta_t.update().where(meta_t.c.key == key).values(value=value))
+    if res.rowcount == 0:
+        conn.execute(meta_t.insert().values(key=key, value=value))
+
+
+def _job(row: Any) -> JobRecord:
+    return JobRecord(
+        job_id=row.job_id,
+        spec=JobSpec.from_json(json.loads(row.spec)),
+        state=row.state,
+        submitted=row.submitted,
+        updated=row.updated,
+        reason=row.reason,
+    )
+
+
+def _attempt(row: Any) -> AttemptRecord:
+    return AttemptRecord(
+        attempt_id=row.attempt_id,
+        job_id=row.job_id,
+        part=row.part,
+        token=row.token,
+        state=row.state,
+        worker=row.worker,
+        lease_until=row.lease_until,
+        started=row.started,
+        updated=row.updated,
+        reason=row.reason,
+    )

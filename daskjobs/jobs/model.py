@@ -1,0 +1,220 @@
+"""Jobs and attempts: identities, immutable specifications and the state machines.
+
+A **job** is what a user submits: an immutable :class:`JobSpec` (its name, team,
+kind, resources, priority, deadline, retries, checkpoint policy, and what to run)
+with an identity derived from its content, so that resubmitting the same job gives
+the same identity back and only what is missing runs. A job has one or more
+**parts** (the single task of a training or evaluation job, the partitions of a
+batch-inference job). An **attempt** is one execution of one part on one worker:
+mutable, with its own id, a lease and a **fencing token**. Every attempt of a part
+gets a higher token than the one before; an output is committed with its attempt's
+token and refused if a later attempt exists, so a worker that finishes after its
+part was given to another cannot make its output visible (Kleppmann, "How to do
+distributed locking", 2016; Temporal fences stale owners the same way).
+
+The state machines (every change is a conditional update in the ledger, applied
+once; repeating a change that already happened is a no-op)::
+
+    job:      queued ──> running ──> succeeded
+                 │          │ └────> failed ──> queued   (retry)
+                 │          └──────> queued               (a part lost, re-queued)
+                 └──> cancelled <────┘ (from queued or running)    cancelled ──> queued
+
+    attempt:  launching ──> running ──> succeeded | failed | lost | fenced | cancelled
+                  │ └──> unknown ──> running | lost      (a launch whose reply was lost:
+                  └──> lost | cancelled                   reconciled before any retry)
+
+``unknown`` is the state of a launch that timed out: its outcome is not known, so
+no second attempt of that part starts until it is reconciled (asked the worker,
+read the ledger and the store). ``fenced`` is an attempt whose owner lost its
+right to write (a newer scheduler epoch, or a newer attempt of its part).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ATTEMPT_MOVES",
+    "ATTEMPT_STATES",
+    "JOB_MOVES",
+    "JOB_STATES",
+    "KINDS",
+    "AttemptRecord",
+    "JobRecord",
+    "JobSpec",
+    "StaleTransition",
+]
+
+#: What a job does: a gang of workers with checkpoints, replayable partitions, or
+#: low-priority evaluation.
+KINDS = ("training", "inference", "evaluation")
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+#: Allowed job transitions: state -> states it may move to.
+JOB_MOVES: Mapping[str, frozenset[str]] = {
+    "queued": frozenset({"running", "cancelled"}),
+    "running": frozenset({"succeeded", "failed", "queued", "cancelled"}),
+    "failed": frozenset({"queued"}),
+    "cancelled": frozenset({"queued"}),
+    "succeeded": frozenset(),
+}
+
+ATTEMPT_STATES = (
+    "launching",
+    "running",
+    "unknown",
+    "succeeded",
+    "failed",
+    "lost",
+    "fenced",
+    "cancelled",
+)
+ATTEMPT_MOVES: Mapping[str, frozenset[str]] = {
+    "launching": frozenset({"running", "unknown", "lost", "cancelled", "fenced", "failed"}),
+    "unknown": frozenset({"running", "lost", "fenced", "cancelled"}),
+    "running": frozenset({"succeeded", "failed", "lost", "fenced", "cancelled"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "lost": frozenset(),
+    "fenced": frozenset(),
+    "cancelled": frozenset(),
+}
+#: Attempt states that still hold (or may hold) a part: no second attempt may start.
+LIVE_ATTEMPTS = frozenset({"launching", "running", "unknown"})
+
+
+class StaleTransition(RuntimeError):
+    """A conditional transition did not apply: the record is not in the expected state
+    (someone else moved it), or the caller's token or epoch is stale."""
+
+    def __init__(self, what: str, expected: str, current: str | None, detail: str = "") -> None:
+        self.what = what
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            f"{what}: expected state {expected!r}, found {current!r}"
+            + (f" ({detail})" if detail else "")
+        )
+
+
+def _json(value: Any) -> Any:
+    """``value`` as plain JSON (sorted keys), for identities and the ledger's columns."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user asks to run; never changes once submitted.
+
+    ``name`` names the job for people and, with the rest of the spec, makes its
+    identity (:attr:`job_id`). ``parts`` is the number of parts (1 for training and
+    evaluation, the partitions of an inference job). ``target`` says what runs: a
+    string the runner resolves (``"module:function"``), kept as text so that the
+    ledger never stores pickles. ``params`` are its JSON-able arguments.
+    """
+
+    name: str
+    kind: str = "evaluation"
+    team: str = "default"
+    parts: int = 1
+    target: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    resources: Mapping[str, float] = field(default_factory=dict)
+    priority: int = 0
+    deadline: float | None = None  # seconds since the epoch
+    retries: int = 2
+    checkpoint_every: float | None = None  # seconds of work between checkpoints
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
+            raise ValueError(f"JobSpec.name: expected a non-empty name, got {self.name!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"JobSpec.kind: expected one of {', '.join(KINDS)}, got {self.kind!r}")
+        if not isinstance(self.team, str) or not self.team:
+            raise ValueError(f"JobSpec.team: expected a team name, got {self.team!r}")
+        if isinstance(self.parts, bool) or not isinstance(self.parts, int) or self.parts < 1:
+            raise ValueError(f"JobSpec.parts: expected an integer >= 1, got {self.parts!r}")
+        if self.kind != "inference" and self.parts != 1:
+            raise ValueError(f"JobSpec.parts: a {self.kind} job has one part, got {self.parts}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"JobSpec.retries: expected an integer >= 0, got {self.retries!r}")
+        for name, value in (
+            ("deadline", self.deadline),
+            ("checkpoint_every", self.checkpoint_every),
+        ):
+            if value is not None and not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
+                raise ValueError(
+                    f"JobSpec.{name}: expected a positive number or None, got {value!r}"
+                )
+        for key, amount in self.resources.items():
+            if not (isinstance(amount, int | float) and math.isfinite(amount) and amount >= 0):
+                raise ValueError(
+                    f"JobSpec.resources[{key!r}]: expected a number >= 0, got {amount!r}"
+                )
+        try:
+            json.dumps(dict(self.params), sort_keys=True)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"JobSpec.params: expected JSON-able values ({e})") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "team": self.team,
+            "parts": self.parts,
+            "target": self.target,
+            "params": _json(dict(self.params)),
+            "resources": _json(dict(self.resources)),
+            "priority": self.priority,
+            "deadline": self.deadline,
+            "retries": self.retries,
+            "checkpoint_every": self.checkpoint_every,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        return cls(**dict(data))
+
+    @property
+    def job_id(self) -> str:
+        """``name-<hash of the whole spec>``: the same spec is the same job."""
+        digest = hashlib.blake2b(
+            json.dumps(self.to_json(), sort_keys=True).encode(), digest_size=8
+        ).hexdigest()
+        return f"{self.name}-{digest}"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job as the ledger holds it now."""
+
+    job_id: str
+    spec: JobSpec
+    state: str
+    submitted: float
+    updated: float
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt as the ledger holds it now."""
+
+    attempt_id: str
+    job_id: str
+    part: int
+    token: int  # the fencing token: higher than every earlier attempt of this part
+    state: str
+    worker: str | None
+    lease_until: float | None
+    started: float
+    updated: float
+    reason: str | None = None

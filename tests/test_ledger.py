@@ -1,0 +1,432 @@
+"""The jobs ledger on both backends (an SQLite file and a PostgreSQL database): the
+state machines as conditional updates, idempotent repeats, fencing tokens, leases,
+scheduler epochs, committed outputs exactly once, migrations, and races between
+writers holding their own connections."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from daskjobs.jobs import (
+    ATTEMPT_MOVES,
+    JOB_MOVES,
+    SCHEMA_VERSION,
+    Fenced,
+    JobSpec,
+    Ledger,
+    LedgerError,
+    StaleTransition,
+)
+
+
+class Clock:
+    def __init__(self, t: float = 1_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def ledger(ledger_url: str, clock: Clock) -> Iterator[Ledger]:
+    led = Ledger(ledger_url, clock=clock)
+    yield led
+    led.close()
+
+
+def infer(parts: int = 3, **kw: Any) -> JobSpec:
+    return JobSpec("score", kind="inference", parts=parts, target="m:f", **kw)
+
+
+# -- specification ---------------------------------------------------------------------
+
+
+def test_job_identity_is_its_content() -> None:
+    a = JobSpec("train", kind="training", params={"lr": 0.1, "layers": 4})
+    b = JobSpec("train", kind="training", params={"layers": 4, "lr": 0.1})
+    c = JobSpec("train", kind="training", params={"layers": 4, "lr": 0.2})
+    assert a.job_id == b.job_id != c.job_id
+    assert a.job_id.startswith("train-")
+    assert JobSpec.from_json(a.to_json()) == a
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": ""}, "JobSpec.name"),
+        ({"kind": "batch"}, "expected one of training, inference, evaluation"),
+        ({"kind": "training", "parts": 2}, "a training job has one part"),
+        ({"kind": "inference", "parts": 0}, "JobSpec.parts"),
+        ({"retries": -1}, "JobSpec.retries"),
+        ({"deadline": float("nan")}, "JobSpec.deadline"),
+        ({"checkpoint_every": 0}, "JobSpec.checkpoint_every"),
+        ({"resources": {"GPU": float("inf")}}, "JobSpec.resources['GPU']"),
+        ({"params": {"f": object()}}, "JSON-able"),
+        ({"team": ""}, "JobSpec.team"),
+    ],
+)
+def test_bad_specifications_are_named(kwargs: dict[str, Any], message: str) -> None:
+    kwargs = {"name": "j", **kwargs}
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        JobSpec(**kwargs)
+
+
+# -- schema ------------------------------------------------------------------------------
+
+
+def test_migrate_is_idempotent_and_versioned(ledger_url: str) -> None:
+    led = Ledger(ledger_url, migrate=False)
+    assert led.version() == 0
+    assert led.migrate() == SCHEMA_VERSION
+    assert led.migrate() == SCHEMA_VERSION  # twice: nothing to do
+    assert led.version() == SCHEMA_VERSION
+    assert led.epoch() == 0
+    led.close()
+
+
+def test_a_newer_schema_is_refused(ledger: Ledger) -> None:
+    with ledger.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE daskjobs_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(LedgerError, match="schema version 99 is newer .* upgrade daskjobs"):
+        ledger.migrate()
+    with pytest.raises(LedgerError, match="schema version 99 is newer .* upgrade daskjobs"):
+        Ledger(ledger.url)
+
+
+def test_unmigrated_ledger_says_so(ledger_url: str) -> None:
+    led = Ledger(ledger_url, migrate=False)
+    with pytest.raises(LedgerError, match=r"schema version 0, .* call Ledger.migrate\(\)"):
+        led.acquire_epoch()
+    assert led.version() == 0  # nothing written
+    led.close()
+
+
+def test_bad_url_is_named() -> None:
+    with pytest.raises(LedgerError, match="cannot use 'nosuchdb://x'.*expected sqlite"):
+        Ledger("nosuchdb://x")
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def test_submit_twice_is_one_job(ledger: Ledger, clock: Clock) -> None:
+    e = ledger.acquire_epoch("s1")
+    spec = infer()
+    first = ledger.submit(spec, e)
+    clock.t += 5
+    again = ledger.submit(spec, e)
+    assert first == again
+    assert first.state == "queued" and first.spec == spec
+    assert [j.job_id for j in ledger.jobs()] == [spec.job_id]
+    assert ledger.missing_parts(spec.job_id) == [0, 1, 2]
+    assert [h["to_state"] for h in ledger.history(spec.job_id)] == ["queued"]
+
+
+def test_job_moves_are_conditional_and_idempotent(ledger: Ledger) -> None:
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(), e).job_id
+    assert ledger.move_job(job, "queued", "running", e, "started") is True
+    assert ledger.move_job(job, "queued", "running", e) is False  # repeated: a no-op
+    assert ledger.move_job(job, "running", "cancelled", e, "user") is True
+    with pytest.raises(StaleTransition, match="expected state 'queued', found 'cancelled'"):
+        ledger.move_job(job, "queued", "running", e)
+    with pytest.raises(ValueError, match="cannot move from 'succeeded' to 'queued'"):
+        ledger.move_job(job, "succeeded", "queued", e)
+    with pytest.raises(StaleTransition, match="found None"):
+        ledger.move_job("nope", "queued", "running", e)
+    states = [(h["from_state"], h["to_state"]) for h in ledger.history(job)]
+    assert states == [(None, "queued"), ("queued", "running"), ("running", "cancelled")]
+
+
+def test_state_machines_are_closed() -> None:
+    for moves in (JOB_MOVES, ATTEMPT_MOVES):
+        for targets in moves.values():
+            assert targets <= set(moves)
+
+
+# -- attempts, tokens, outputs ---------------------------------------------------------------
+
+
+def test_each_attempt_gets_a_higher_token(ledger: Ledger, clock: Clock) -> None:
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(), e).job_id
+    a1 = ledger.start_attempt(job, 1, "w1", 10, e)
+    assert (a1.token, a1.state, a1.lease_until) == (1, "launching", clock.t + 10)
+    with pytest.raises(StaleTransition, match=f"attempt {a1.attempt_id} holds it"):
+        ledger.start_attempt(job, 1, "w2", 10, e)
+    ledger.move_attempt(a1.attempt_id, a1.token, "launching", "running", e)
+    ledger.move_attempt(a1.attempt_id, a1.token, "running", "failed", e, "ValueError")
+    a2 = ledger.start_attempt(job, 1, "w2", 10, e)
+    assert a2.token == 2
+    other = ledger.start_attempt(job, 0, "w1", 10, e)
+    assert other.token == 1  # tokens count per part
+    with pytest.raises(LedgerError, match="has no part 7"):
+        ledger.start_attempt(job, 7, "w1", 10, e)
+
+
+def test_attempt_moves_check_the_token(ledger: Ledger) -> None:
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(), e).job_id
+    a = ledger.start_attempt(job, 0, "w1", 10, e)
+    with pytest.raises(StaleTransition, match="token 5 is stale"):
+        ledger.move_attempt(a.attempt_id, 5, "launching", "running", e)
+    assert ledger.move_attempt(a.attempt_id, a.token, "launching", "running", e) is True
+    assert ledger.move_attempt(a.attempt_id, a.token, "launching", "running", e) is False
+    with pytest.raises(ValueError, match="cannot move from 'lost' to 'running'"):
+        ledger.move_attempt(a.attempt_id, a.token, "lost", "running", e)
+
+
+def test_outputs_are_committed_once(ledger: Ledger) -> None:
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=2), e).job_id
+    ledger.move_job(job, "queued", "running", e)
+    a = ledger.start_attempt(job, 0, "w1", 10, e, state="running")
+    assert ledger.commit_output(job, 0, a.token, "file:///out/0") is True
+    assert ledger.commit_output(job, 0, a.token, "file:///out/0") is False  # a retried call
+    assert [x.state for x in ledger.attempts(job)] == ["succeeded"]
+    with pytest.raises(StaleTransition, match="committed"):
+        ledger.start_attempt(job, 0, "w2", 10, e)
+    assert ledger.job(job).state == "running"
+    assert ledger.missing_parts(job) == [1]
+    b = ledger.start_attempt(job, 1, "w2", 10, e, state="running")
+    assert ledger.commit_output(job, 1, b.token, "file:///out/1") is True
+    assert ledger.outputs(job) == {0: "file:///out/0", 1: "file:///out/1"}
+    assert ledger.job(job).state == "succeeded"
+    assert ledger.missing_parts(job) == []
+
+
+def test_a_lost_attempt_cannot_commit(ledger: Ledger, clock: Clock) -> None:
+    """The paused worker: its lease expires, its part goes to another attempt; the old
+    attempt's commit is refused whether or not the new one has started or finished."""
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=1), e).job_id
+    ledger.move_job(job, "queued", "running", e)
+    old = ledger.start_attempt(job, 0, "w1", 10, e, state="running")
+    clock.t += 5
+    assert ledger.renew(old.attempt_id, old.token, 10, e) is True  # lease to t+15
+    clock.t += 9
+    assert ledger.expire(e) == []  # still within the renewed lease
+    clock.t += 5
+    [lost] = ledger.expire(e)
+    assert (lost.attempt_id, lost.state, lost.reason) == (old.attempt_id, "lost", "lease expired")
+    assert ledger.renew(old.attempt_id, old.token, 10, e) is False  # its owner should stop
+    with pytest.raises(StaleTransition, match="token 1 may no longer commit"):
+        ledger.commit_output(job, 0, old.token, "file:///late")
+    new = ledger.start_attempt(job, 0, "w2", 10, e, state="running")
+    assert new.token == old.token + 1
+    with pytest.raises(StaleTransition, match="a newer attempt holds the part"):
+        ledger.commit_output(job, 0, old.token, "file:///late")
+    assert ledger.commit_output(job, 0, new.token, "file:///good") is True
+    with pytest.raises(StaleTransition, match="token 2 committed it; token 1 may not"):
+        ledger.commit_output(job, 0, old.token, "file:///late")
+    assert ledger.outputs(job) == {0: "file:///good"}
+    reasons = [
+        (h["from_state"], h["to_state"], h["reason"]) for h in ledger.history(old.attempt_id)
+    ]
+    assert reasons == [(None, "running", "part 0 token 1"), ("running", "lost", "lease expired")]
+
+
+def test_unknown_launches_hold_their_part(ledger: Ledger, clock: Clock) -> None:
+    """A launch whose reply was lost is ``unknown``: leases do not expire it and no second
+    attempt starts until it is reconciled; if it did run, its commit is accepted."""
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=1), e).job_id
+    a = ledger.start_attempt(job, 0, "w1", 1, e)
+    ledger.move_attempt(a.attempt_id, a.token, "launching", "unknown", e, "launch timed out")
+    clock.t += 100
+    assert ledger.expire(e) == []
+    with pytest.raises(StaleTransition, match="found 'unknown'"):
+        ledger.start_attempt(job, 0, "w2", 10, e)
+    assert ledger.live_attempts() == [ledger.attempts(job)[0]]
+    assert ledger.commit_output(job, 0, a.token, "file:///it-ran") is True
+
+
+def test_a_newer_scheduler_fences_the_older(ledger_url: str, clock: Clock) -> None:
+    first = Ledger(ledger_url, clock=clock)
+    e1 = first.acquire_epoch("scheduler-1")
+    job = first.submit(infer(parts=1), e1).job_id
+    a = first.start_attempt(job, 0, "w1", 10, e1, state="running")
+    second = Ledger(ledger_url, clock=clock)
+    e2 = second.acquire_epoch("scheduler-2")
+    assert e2 == e1 + 1
+    for write in (
+        lambda: first.move_job(job, "queued", "running", e1),
+        lambda: first.start_attempt(job, 0, "w1", 10, e1),
+        lambda: first.expire(e1),
+        lambda: first.submit(infer(parts=2), e1),
+    ):
+        with pytest.raises(Fenced, match=f"epoch is {e2}, this writer holds {e1}"):
+            write()
+    # a worker's commit is fenced by its token, not by the scheduler's epoch
+    assert second.commit_output(job, 0, a.token, "file:///x") is True
+    epochs = [(h["to_state"], h["reason"]) for h in second.history() if h["kind"] == "epoch"]
+    assert epochs == [("1", "took over"), ("2", "took over")]
+    assert [h["ref"] for h in second.history() if h["kind"] == "epoch"] == [
+        "scheduler-1",
+        "scheduler-2",
+    ]
+    first.close()
+    second.close()
+
+
+# -- races between writers ---------------------------------------------------------------------
+
+
+def _race(url: str, n: int, work: Callable[[Ledger, int], Any], clock: Clock) -> list[Any]:
+    """Run ``work(ledger, i)`` in ``n`` threads at once, each with its own ledger
+    (engine, connections); the results or exceptions in order."""
+    ledgers = [Ledger(url, clock=clock) for _ in range(n)]
+    barrier = threading.Barrier(n)
+    out: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            out[i] = work(ledgers[i], i)
+        except Exception as e:
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for led in ledgers:
+        led.close()
+    return out
+
+
+def test_racing_starts_give_one_attempt(ledger: Ledger, clock: Clock) -> None:
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=1), e).job_id
+    results = _race(ledger.url, 6, lambda led, i: led.start_attempt(job, 0, f"w{i}", 10, e), clock)
+    started = [r for r in results if not isinstance(r, Exception)]
+    refused = [r for r in results if isinstance(r, StaleTransition)]
+    assert len(started) == 1 and len(refused) == 5, results
+    assert [a.token for a in ledger.attempts(job)] == [1]
+
+
+def test_racing_commits_make_one_output_visible(ledger: Ledger, clock: Clock) -> None:
+    """Attempts 1..4 of one part, each lost but the last; all four commit at once (and
+    the expiry sweeper runs beside them): only the current token's output is visible."""
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=1), e).job_id
+    tokens = []
+    for _ in range(4):
+        a = ledger.start_attempt(job, 0, "w", 10, e, state="running")
+        tokens.append(a.token)
+        if len(tokens) < 4:
+            ledger.move_attempt(a.attempt_id, a.token, "running", "lost", e, "worker left")
+
+    def work(led: Ledger, i: int) -> Any:
+        if i == 4:
+            return led.expire(e)
+        return led.commit_output(job, 0, tokens[i], f"file:///out/{tokens[i]}")
+
+    results = _race(ledger.url, 5, work, clock)
+    assert results[3] is True, results
+    assert all(isinstance(r, StaleTransition) for r in results[:3]), results
+    assert ledger.outputs(job) == {0: "file:///out/4"}
+
+
+def test_takeover_during_writes(ledger: Ledger, clock: Clock) -> None:
+    """A new epoch taken while writers run: every write either lands before the
+    takeover (with the old epoch) or is fenced; none lands after it."""
+    e = ledger.acquire_epoch("old")
+    specs = [JobSpec(f"job{i}", kind="evaluation") for i in range(20)]
+
+    def work(led: Ledger, i: int) -> Any:
+        if i == 0:
+            return led.acquire_epoch("new")
+        done = []
+        for spec in specs[(i - 1) * 5 : i * 5]:
+            try:
+                led.submit(spec, e)
+                done.append(spec.job_id)
+            except Fenced:
+                break
+        return done
+
+    results = _race(ledger.url, 5, work, clock)
+    new_epoch = results[0]
+    assert new_epoch == e + 1
+    history = ledger.history()
+    takeover = next(h["id"] for h in history if h["kind"] == "epoch" and h["to_state"] == "2")
+    for h in history:
+        if h["kind"] == "job":
+            assert h["epoch"] == e and h["id"] < takeover, h
+    submitted = {j for r in results[1:] for j in r}
+    assert {j.job_id for j in ledger.jobs()} == submitted
+
+
+def test_random_operations_keep_the_invariants(ledger: Ledger, clock: Clock) -> None:
+    """Random starts, moves, renewals, expiries and commits (stale ones included) on a
+    few parts: at most one live attempt and at most one output per part, the output's
+    token is the highest issued for that part, and a refused call changed nothing."""
+    rng = random.Random(7)
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=3), e).job_id
+    ledger.move_job(job, "queued", "running", e)
+    issued: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    ids: dict[tuple[int, int], str] = {}
+    for _ in range(150):
+        part = rng.randrange(3)
+        op = rng.choice(["start", "run", "renew", "tick", "expire", "commit", "lose"])
+        before = ledger.history()
+        try:
+            if op == "start":
+                a = ledger.start_attempt(job, part, "w", rng.choice([1, 5]), e)
+                issued[part].append(a.token)
+                ids[(part, a.token)] = a.attempt_id
+            elif op == "tick":
+                clock.t += rng.choice([0.5, 2, 6])
+            elif op == "expire":
+                ledger.expire(e)
+            elif issued[part]:
+                token = rng.choice(issued[part])
+                aid = ids[(part, token)]
+                if op == "run":
+                    ledger.move_attempt(aid, token, "launching", "running", e)
+                elif op == "renew":
+                    ledger.renew(aid, token, 5, e)
+                elif op == "lose":
+                    ledger.move_attempt(aid, token, "running", "lost", e, "chaos")
+                else:
+                    ledger.commit_output(job, part, token, f"file:///{part}/{token}")
+        except StaleTransition:
+            assert ledger.history() == before  # a refused call wrote nothing
+        attempts = ledger.attempts(job)
+        for p in range(3):
+            live = [
+                a
+                for a in attempts
+                if a.part == p and a.state in ("launching", "running", "unknown")
+            ]
+            assert len(live) <= 1
+        for p, location in ledger.outputs(job).items():
+            assert location == f"file:///{p}/{max(issued[p])}"
+    assert ledger.job(job).state == ("succeeded" if not ledger.missing_parts(job) else "running")
+
+
+def test_transactions_roll_back_whole(ledger: Ledger) -> None:
+    """A commit whose attempt moved mid-transaction leaves neither an output nor a
+    succeeded attempt behind (one transaction)."""
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=1), e).job_id
+    a = ledger.start_attempt(job, 0, "w", 10, e, state="running")
+    with ledger.engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE daskjobs_outputs"))
+    with pytest.raises(sa.exc.DBAPIError):
+        ledger.commit_output(job, 0, a.token, "file:///x")
+    assert [x.state for x in ledger.attempts(job)] == ["running"]
