@@ -52,9 +52,11 @@ __all__ = [
     "MAX_HISTORY_SAMPLES",
     "MIN_INTERVAL",
     "ClientSettings",
+    "JobsSettings",
     "Settings",
     "SpeculationSettings",
     "TeamSettings",
+    "jobs_settings",
     "policy_names",
     "policy_settings",
     "settings",
@@ -164,6 +166,18 @@ class ClientSettings:
 
     replace_plugin: bool = _default("clients.replace-plugin")
     record: bool = _default("clients.record")
+
+
+@dataclass(frozen=True)
+class JobsSettings:
+    """Checked settings of the jobs ledger and service (seconds for every duration)."""
+
+    ledger_url: str | None = _default("ledger.url")
+    enabled: bool = _default("jobs.enabled")
+    lease: float = _default_seconds("jobs.lease") or 0.0
+    launch_timeout: float = _default_seconds("jobs.launch-timeout") or 0.0
+    interval: float = _default_seconds("jobs.interval") or MIN_INTERVAL
+    backlog: int = _default("jobs.backlog")
 
 
 @dataclass(frozen=True)
@@ -540,4 +554,27 @@ def settings(**overrides: Any) -> Settings:
             ),
             record=_boolean("daskjobs.clients.record", raw["clients"]["record"]),
         ),
+    )
+
+
+def jobs_settings(**overrides: Any) -> JobsSettings:
+    """The ``daskjobs.ledger`` and ``daskjobs.jobs`` sections with ``overrides`` (as
+    :func:`settings` takes them: ``jobs={"lease": "5s"}``, ``ledger={"url": ...}``),
+    checked."""
+    raw = _raw(overrides)
+    url = raw["ledger"]["url"]
+    if url is not None and (not isinstance(url, str) or not url or "\x00" in url):
+        raise _bad("daskjobs.ledger.url", "an SQLAlchemy URL or null", url)
+    jobs = raw["jobs"]
+    return JobsSettings(
+        ledger_url=url,
+        enabled=_boolean("daskjobs.jobs.enabled", jobs["enabled"]),
+        lease=_seconds("daskjobs.jobs.lease", jobs["lease"], floor=MIN_INTERVAL) or 0.0,
+        launch_timeout=_seconds(
+            "daskjobs.jobs.launch-timeout", jobs["launch-timeout"], floor=MIN_INTERVAL
+        )
+        or 0.0,
+        interval=_seconds("daskjobs.jobs.interval", jobs["interval"], floor=MIN_INTERVAL)
+        or MIN_INTERVAL,
+        backlog=_integer("daskjobs.jobs.backlog", jobs["backlog"], 1, 10_000_000),
     )

@@ -238,18 +238,119 @@ def test_a_lost_attempt_cannot_commit(ledger: Ledger, clock: Clock) -> None:
 
 
 def test_unknown_launches_hold_their_part(ledger: Ledger, clock: Clock) -> None:
-    """A launch whose reply was lost is ``unknown``: leases do not expire it and no second
-    attempt starts until it is reconciled; if it did run, its commit is accepted."""
+    """A launch whose reply was lost is ``unknown``: no second attempt starts while it
+    holds its part; its worker's report adopts it (running), its commit is accepted,
+    and without either it is lost when its lease runs out."""
     e = ledger.acquire_epoch()
-    job = ledger.submit(infer(parts=1), e).job_id
-    a = ledger.start_attempt(job, 0, "w1", 1, e)
+    job = ledger.submit(infer(parts=2), e).job_id
+    a = ledger.start_attempt(job, 0, None, 5, e)
     ledger.move_attempt(a.attempt_id, a.token, "launching", "unknown", e, "launch timed out")
-    clock.t += 100
-    assert ledger.expire(e) == []
     with pytest.raises(StaleTransition, match="found 'unknown'"):
         ledger.start_attempt(job, 0, "w2", 10, e)
-    assert ledger.live_attempts() == [ledger.attempts(job)[0]]
+    assert ledger.ack(a.attempt_id, a.token, "w1", 10) is True
+    [adopted] = ledger.attempts(job)
+    assert (adopted.state, adopted.worker, adopted.lease_until) == ("running", "w1", clock.t + 10)
+    assert ledger.history(a.attempt_id)[-1]["reason"] == "its worker reported it (w1)"
     assert ledger.commit_output(job, 0, a.token, "file:///it-ran") is True
+
+    b = ledger.start_attempt(job, 1, None, 5, e)
+    ledger.move_attempt(b.attempt_id, b.token, "launching", "unknown", e, "launch timed out")
+    clock.t += 4
+    assert ledger.renew_many([(b.attempt_id, b.token)], 5, e) == 1  # dask still holds it
+    clock.t += 4
+    assert ledger.expire(e) == []
+    clock.t += 2
+    [lost] = ledger.expire(e)
+    assert (lost.attempt_id, lost.state) == (b.attempt_id, "lost")
+    assert ledger.ack(b.attempt_id, b.token, "w1", 10) is False  # too late: do not run it
+    assert ledger.start_attempt(job, 1, None, 5, e).token == 2
+
+
+def test_cancel_retry_and_failure(ledger: Ledger, clock: Clock) -> None:
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(parts=2, retries=1), e).job_id
+    ledger.move_job(job, "queued", "running", e)
+    a = ledger.start_attempt(job, 0, "w1", 10, e, state="running")
+    assert ledger.cancel(job, reason="user asked") is True
+    assert ledger.cancel(job) is False
+    assert [x.state for x in ledger.attempts(job)] == ["cancelled"]
+    assert ledger.renew(a.attempt_id, a.token, 10) is False  # the worker learns it
+    with pytest.raises(StaleTransition, match="found 'cancelled'"):
+        ledger.commit_output(job, 0, a.token, "file:///x")
+    assert ledger.runnable() == []
+    clock.t += 1
+    assert ledger.retry(job) is True
+    assert ledger.retry(job) is False
+    assert [(j.job_id, p, f) for j, p, f in ledger.runnable()] == [(job, 0, 0), (job, 1, 0)]
+    b = ledger.start_attempt(job, 0, "w1", 10, e, state="running")
+    clock.t += 1
+    assert ledger.end_attempt(b.attempt_id, b.token, "failed", e, "ValueError: boom") is True
+    assert ledger.end_attempt(b.attempt_id, b.token, "failed", e) is False
+    assert [(p, f) for _, p, f in ledger.runnable()] == [(0, 1), (1, 0)]
+    assert ledger.fail(job, e, "part 0 failed 2 times") is True
+    assert ledger.job(job).state == "failed" and ledger.job(job).reason == "part 0 failed 2 times"
+    clock.t += 1
+    assert ledger.retry(job) is True
+    assert [(p, f) for _, p, f in ledger.runnable()] == [(0, 0), (1, 0)]  # a fresh budget
+    with pytest.raises(LedgerError, match="no job 'nope'"):
+        ledger.cancel("nope")
+
+
+def test_runnable_orders_by_priority_then_age(ledger: Ledger, clock: Clock) -> None:
+    e = ledger.acquire_epoch()
+    low = ledger.submit(JobSpec("low", priority=0), e).job_id
+    clock.t += 1
+    high = ledger.submit(JobSpec("high", priority=5), e).job_id
+    clock.t += 1
+    later = ledger.submit(JobSpec("later", priority=0), e).job_id
+    assert [j.job_id for j, _, _ in ledger.runnable()] == [high, low, later]
+    started = ledger.start_attempts([(high, 0), (low, 0), (high, 0)], 10, e)
+    assert [a.job_id for a in started] == [high, low]  # the second start of high refused
+    assert [j.job_id for j, _, _ in ledger.runnable()] == [later]
+
+
+def test_checkpoints_are_fenced(ledger: Ledger) -> None:
+    e = ledger.acquire_epoch()
+    job = ledger.submit(JobSpec("train", kind="training", checkpoint_every=60), e).job_id
+    old = ledger.start_attempt(job, 0, "w1", 10, e, state="running")
+    ledger.commit_checkpoint(job, 0, old.token, "ckpt-1")
+    assert ledger.checkpoint(job, 0) == "ckpt-1"
+    ledger.end_attempt(old.attempt_id, old.token, "lost", e, "worker left")
+    new = ledger.start_attempt(job, 0, "w2", 10, e, state="running")
+    assert ledger.checkpoint(job, 0) == "ckpt-1"  # the new attempt resumes from it
+    with pytest.raises(StaleTransition, match="token 1 is stale"):
+        ledger.commit_checkpoint(job, 0, old.token, "ckpt-stale")
+    ledger.commit_checkpoint(job, 0, new.token, "ckpt-2")
+    assert ledger.checkpoint(job, 0) == "ckpt-2"
+
+
+def test_metrics_per_team(ledger: Ledger, clock: Clock) -> None:
+    e = ledger.acquire_epoch()
+    a = ledger.submit(infer(parts=2, team="alpha"), e).job_id
+    b = ledger.submit(JobSpec("ev", team="beta"), e).job_id
+    ledger.move_job(a, "queued", "running", e)
+    clock.t += 4
+    x = ledger.start_attempt(a, 0, "w", 1, e, state="running")
+    clock.t += 2
+    ledger.expire(e)
+    y = ledger.start_attempt(a, 0, "w", 10, e, state="running")
+    with pytest.raises(StaleTransition):
+        ledger.commit_output(a, 0, x.token, "late")
+    ledger.commit_output(a, 0, y.token, "ok")
+    m = ledger.metrics()
+    assert m["alpha"]["jobs"] == {"running": 1}
+    assert m["alpha"]["attempts"] == {"lost": 1, "succeeded": 1}
+    assert (m["alpha"]["retries"], m["alpha"]["lost"], m["alpha"]["refused"]) == (1, 1, 1)
+    assert m["alpha"]["queue_delay"] == pytest.approx(4.0)
+    assert m["beta"] == {
+        "jobs": {"queued": 1},
+        "attempts": {},
+        "retries": 0,
+        "lost": 0,
+        "refused": 0,
+        "queue_delay": None,
+    }
+    assert b in {j.job_id for j in ledger.jobs(team="beta")}
 
 
 def test_a_newer_scheduler_fences_the_older(ledger_url: str, clock: Clock) -> None:
@@ -405,7 +506,10 @@ def test_random_operations_keep_the_invariants(ledger: Ledger, clock: Clock) -> 
                 else:
                     ledger.commit_output(job, part, token, f"file:///{part}/{token}")
         except StaleTransition:
-            assert ledger.history() == before  # a refused call wrote nothing
+            # a refused call wrote nothing but the record of a refused commit
+            extra = ledger.history()[len(before) :]
+            assert ledger.history()[: len(before)] == before
+            assert all(h["to_state"] == "refused" for h in extra), extra
         attempts = ledger.attempts(job)
         for p in range(3):
             live = [

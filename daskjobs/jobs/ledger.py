@@ -97,6 +97,9 @@ jobs_t = sa.Table(
     sa.Column("submitted", sa.Float, nullable=False),
     sa.Column("updated", sa.Float, nullable=False),
     sa.Column("reason", sa.Text),
+    # failed attempts that end before this time do not count against the retries
+    sa.Column("retried", sa.Float, nullable=False, server_default="0"),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
 )
 parts_t = sa.Table(
     "daskjobs_parts",
@@ -104,6 +107,9 @@ parts_t = sa.Table(
     sa.Column("job_id", sa.String(255), primary_key=True),
     sa.Column("part", sa.Integer, primary_key=True),
     sa.Column("token", sa.Integer, nullable=False),  # the latest attempt's token (0: none yet)
+    # the latest checkpoint committed by an attempt holding the part (a training job's)
+    sa.Column("checkpoint", sa.Text),
+    sa.Column("checkpoint_token", sa.Integer),
 )
 attempts_t = sa.Table(
     "daskjobs_attempts",
@@ -240,6 +246,7 @@ class Ledger:
                         name=spec.name,
                         team=spec.team,
                         kind=spec.kind,
+                        priority=spec.priority,
                         spec=json.dumps(spec.to_json(), sort_keys=True),
                         state="queued",
                         submitted=now,
@@ -270,7 +277,9 @@ class Ledger:
         with self.engine.connect() as conn:
             return [_job(r) for r in conn.execute(q)]
 
-    def move_job(self, job_id: str, expected: str, new: str, epoch: int, reason: str = "") -> bool:
+    def move_job(
+        self, job_id: str, expected: str, new: str, epoch: int | None, reason: str = ""
+    ) -> bool:
         """``expected -> new``; True if it moved now, False if it was already ``new``
         (idempotent); :class:`StaleTransition` if it is elsewhere."""
         if new not in JOB_MOVES.get(expected, frozenset()):
@@ -282,7 +291,7 @@ class Ledger:
                 .values(state=new, updated=self.clock(), reason=reason or None)
             )
             if res.rowcount == 1:
-                self._log(conn, "job", job_id, expected, new, reason, epoch)
+                self._log(conn, "job", job_id, expected, new, reason, epoch or 0)
                 return True
             current = conn.execute(
                 sa.select(jobs_t.c.state).where(jobs_t.c.job_id == job_id)
@@ -290,6 +299,92 @@ class Ledger:
         if current == new:
             return False
         raise StaleTransition(f"job {job_id!r}", expected, current)
+
+    def cancel(self, job_id: str, epoch: int | None = None, reason: str = "cancelled") -> bool:
+        """A queued or running job -> ``cancelled`` and its live attempts -> ``cancelled``
+        (one transaction; their workers see it at their next heartbeat and their commits
+        are refused). False if it had ended already."""
+        now = self.clock()
+        with self._write(epoch) as conn:
+            state = conn.execute(
+                sa.select(jobs_t.c.state).where(jobs_t.c.job_id == job_id)
+            ).scalar()
+            if state is None:
+                raise LedgerError(f"daskjobs ledger: no job {job_id!r}")
+            if state not in ("queued", "running"):
+                return False
+            conn.execute(
+                jobs_t.update()
+                .where(jobs_t.c.job_id == job_id, jobs_t.c.state == state)
+                .values(state="cancelled", updated=now, reason=reason)
+            )
+            self._log(conn, "job", job_id, state, "cancelled", reason, epoch or 0)
+            self._end_live(conn, job_id, "cancelled", reason, epoch or 0, now)
+        return True
+
+    def retry(self, job_id: str, epoch: int | None = None, reason: str = "retried") -> bool:
+        """A failed or cancelled job -> ``queued`` with a fresh budget of retries: its
+        missing parts run again. False if it is queued or running already; refused
+        (:class:`StaleTransition`) once it succeeded."""
+        now = self.clock()
+        with self._write(epoch) as conn:
+            state = conn.execute(
+                sa.select(jobs_t.c.state).where(jobs_t.c.job_id == job_id)
+            ).scalar()
+            if state is None:
+                raise LedgerError(f"daskjobs ledger: no job {job_id!r}")
+            if state in ("queued", "running"):
+                return False
+            if state == "succeeded":
+                raise StaleTransition(f"job {job_id!r}", "failed or cancelled", state)
+            conn.execute(
+                jobs_t.update()
+                .where(jobs_t.c.job_id == job_id, jobs_t.c.state == state)
+                .values(state="queued", updated=now, reason=reason, retried=now)
+            )
+            self._log(conn, "job", job_id, state, "queued", reason, epoch or 0)
+        return True
+
+    def end_attempt(
+        self, attempt_id: str, token: int, new: str, epoch: int | None, reason: str = ""
+    ) -> bool:
+        """A live attempt (whatever its live state) -> ``new`` (failed, lost, fenced or
+        cancelled); False if it had ended already or the token is stale."""
+        if new not in ("failed", "lost", "fenced", "cancelled"):
+            raise ValueError(f"an attempt ends failed, lost, fenced or cancelled, not {new!r}")
+        now = self.clock()
+        with self._write(epoch) as conn:
+            row = conn.execute(
+                sa.select(attempts_t.c.state).where(
+                    attempts_t.c.attempt_id == attempt_id, attempts_t.c.token == token
+                )
+            ).first()
+            if row is None or row.state not in LIVE_ATTEMPTS:
+                return False
+            res = conn.execute(
+                attempts_t.update()
+                .where(attempts_t.c.attempt_id == attempt_id, attempts_t.c.state == row.state)
+                .values(state=new, updated=now, reason=reason or None)
+            )
+            if res.rowcount == 1:
+                self._log(conn, "attempt", attempt_id, row.state, new, reason, epoch or 0)
+            return res.rowcount == 1
+
+    def _end_live(
+        self, conn: Connection, job_id: str, new: str, reason: str, epoch: int, now: float
+    ) -> None:
+        rows = conn.execute(
+            sa.select(attempts_t.c.attempt_id, attempts_t.c.state).where(
+                attempts_t.c.job_id == job_id, attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS))
+            )
+        ).all()
+        for r in rows:
+            conn.execute(
+                attempts_t.update()
+                .where(attempts_t.c.attempt_id == r.attempt_id, attempts_t.c.state == r.state)
+                .values(state=new, updated=now, reason=reason)
+            )
+            self._log(conn, "attempt", r.attempt_id, r.state, new, reason, epoch)
 
     # -- attempts -------------------------------------------------------------------------
     def start_attempt(
@@ -309,62 +404,90 @@ class Ledger:
         committed."""
         if state not in ("launching", "running"):
             raise ValueError(f"an attempt starts launching or running, not {state!r}")
+        with self._write(epoch) as conn:
+            return self._start(conn, job_id, part, worker, lease, epoch, state, self.clock())
+
+    def start_attempts(
+        self, parts: Sequence[tuple[str, int]], lease: float, epoch: int
+    ) -> list[AttemptRecord]:
+        """:meth:`start_attempt` (launching, no worker yet) for many parts in one
+        transaction; a part refused is left out of the result (someone else holds it)."""
+        out = []
         now = self.clock()
         with self._write(epoch) as conn:
-            # taking the part's next token first locks the part's row: concurrent starts
-            # (and commits) of one part queue here, so the checks below see their writes;
-            # a refusal rolls the token back with the rest of the transaction
-            token = conn.execute(
-                parts_t.update()
-                .where(parts_t.c.job_id == job_id, parts_t.c.part == part)
-                .values(token=parts_t.c.token + 1)
-                .returning(parts_t.c.token)
-            ).scalar()
-            if token is None:
-                raise LedgerError(f"daskjobs ledger: job {job_id!r} has no part {part}")
-            live = conn.execute(
-                sa.select(attempts_t.c.attempt_id, attempts_t.c.state).where(
-                    attempts_t.c.job_id == job_id,
-                    attempts_t.c.part == part,
-                    attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
-                )
-            ).first()
-            if live is not None:
-                raise StaleTransition(
-                    f"part {part} of job {job_id!r}",
-                    "no live attempt",
-                    live.state,
-                    f"attempt {live.attempt_id} holds it; reconcile it first",
-                )
-            done = conn.execute(
-                sa.select(outputs_t.c.token).where(
-                    outputs_t.c.job_id == job_id, outputs_t.c.part == part
-                )
-            ).first()
-            if done is not None:
-                raise StaleTransition(
-                    f"part {part} of job {job_id!r}", "not committed", "committed"
-                )
-            attempt_id = uuid.uuid4().hex
-            conn.execute(
-                attempts_t.insert().values(
-                    attempt_id=attempt_id,
-                    job_id=job_id,
-                    part=part,
-                    token=token,
-                    state=state,
-                    worker=worker,
-                    lease_until=now + lease,
-                    started=now,
-                    updated=now,
-                    epoch=epoch,
-                )
+            for job_id, part in parts:
+                try:
+                    out.append(
+                        self._start(conn, job_id, part, None, lease, epoch, "launching", now)
+                    )
+                except StaleTransition:
+                    continue
+        return out
+
+    def _start(
+        self,
+        conn: Connection,
+        job_id: str,
+        part: int,
+        worker: str | None,
+        lease: float,
+        epoch: int,
+        state: str,
+        now: float,
+    ) -> AttemptRecord:
+        # the part's row is the lock every writer of the part takes first (on SQLite the
+        # transaction already holds the database's write lock): concurrent starts and
+        # commits of one part queue here, so the checks below see their writes
+        q = sa.select(parts_t.c.token).where(parts_t.c.job_id == job_id, parts_t.c.part == part)
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update()
+        current = conn.execute(q).scalar()
+        if current is None:
+            raise LedgerError(f"daskjobs ledger: job {job_id!r} has no part {part}")
+        live = conn.execute(
+            sa.select(attempts_t.c.attempt_id, attempts_t.c.state).where(
+                attempts_t.c.job_id == job_id,
+                attempts_t.c.part == part,
+                attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
             )
-            self._log(conn, "attempt", attempt_id, None, state, f"part {part} token {token}", epoch)
-            row = conn.execute(
-                sa.select(attempts_t).where(attempts_t.c.attempt_id == attempt_id)
-            ).one()
-        return _attempt(row)
+        ).first()
+        if live is not None:
+            raise StaleTransition(
+                f"part {part} of job {job_id!r}",
+                "no live attempt",
+                live.state,
+                f"attempt {live.attempt_id} holds it; reconcile it first",
+            )
+        done = conn.execute(
+            sa.select(outputs_t.c.token).where(
+                outputs_t.c.job_id == job_id, outputs_t.c.part == part
+            )
+        ).first()
+        if done is not None:
+            raise StaleTransition(f"part {part} of job {job_id!r}", "not committed", "committed")
+        token = current + 1
+        conn.execute(
+            parts_t.update()
+            .where(parts_t.c.job_id == job_id, parts_t.c.part == part)
+            .values(token=token)
+        )
+        attempt_id = uuid.uuid4().hex
+        values = {
+            "attempt_id": attempt_id,
+            "job_id": job_id,
+            "part": part,
+            "token": token,
+            "state": state,
+            "worker": worker,
+            "lease_until": now + lease,
+            "started": now,
+            "updated": now,
+            "epoch": epoch,
+            "reason": None,
+        }
+        conn.execute(attempts_t.insert().values(**values))
+        self._log(conn, "attempt", attempt_id, None, state, f"part {part} token {token}", epoch)
+        return AttemptRecord(**{k: v for k, v in values.items() if k != "epoch"})
 
     def move_attempt(
         self,
@@ -411,29 +534,78 @@ class Ledger:
             "" if row is None or row.token == token else f"token {token} is stale",
         )
 
-    def renew(self, attempt_id: str, token: int, lease: float, epoch: int) -> bool:
-        """Extend a running (or launching) attempt's lease; False if it is no longer live
-        under ``token`` (lost, fenced, finished): its owner should stop."""
-        with self._write(epoch) as conn:
+    def ack(self, attempt_id: str, token: int, worker: str, lease: float) -> bool:
+        """A worker reports that it runs the attempt: ``launching`` or ``unknown`` ->
+        ``running`` (an unknown launch reconciled by its worker), with a fresh lease. True
+        if it moved now or was running already; False if the attempt may no longer run
+        (lost, fenced, cancelled, finished, or a stale token): the worker should not run
+        it. A worker's write: fenced by its token, not by the scheduler's epoch."""
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute(
+                sa.select(attempts_t.c.state, attempts_t.c.token).where(
+                    attempts_t.c.attempt_id == attempt_id
+                )
+            ).first()
+            if row is None or row.token != token or row.state not in LIVE_ATTEMPTS:
+                return False
             res = conn.execute(
                 attempts_t.update()
                 .where(
                     attempts_t.c.attempt_id == attempt_id,
                     attempts_t.c.token == token,
-                    attempts_t.c.state.in_(("launching", "running")),
+                    attempts_t.c.state == row.state,
                 )
-                .values(lease_until=self.clock() + lease, updated=self.clock())
+                .values(state="running", worker=worker, lease_until=now + lease, updated=now)
             )
-            return res.rowcount == 1
+            if res.rowcount != 1:
+                return False
+            if row.state != "running":
+                reason = (
+                    "worker started it" if row.state == "launching" else "its worker reported it"
+                )
+                self._log(
+                    conn, "attempt", attempt_id, row.state, "running", f"{reason} ({worker})", 0
+                )
+        return True
+
+    def renew(self, attempt_id: str, token: int, lease: float, epoch: int | None = None) -> bool:
+        """Extend a live attempt's lease by ``lease`` seconds from now; False if it is no
+        longer live under ``token`` (lost, fenced, cancelled, finished): its owner should
+        stop. ``epoch`` None: a worker's heartbeat (fenced by its token)."""
+        return self.renew_many([(attempt_id, token)], lease, epoch) == 1
+
+    def renew_many(
+        self, attempts: Sequence[tuple[str, int]], lease: float, epoch: int | None = None
+    ) -> int:
+        """:meth:`renew` for many ``(attempt_id, token)`` in one transaction; how many were
+        live and renewed."""
+        if not attempts:
+            return 0
+        now = self.clock()
+        renewed = 0
+        with self._write(epoch) as conn:
+            for attempt_id, token in attempts:
+                res = conn.execute(
+                    attempts_t.update()
+                    .where(
+                        attempts_t.c.attempt_id == attempt_id,
+                        attempts_t.c.token == token,
+                        attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
+                    )
+                    .values(lease_until=now + lease)
+                )
+                renewed += res.rowcount
+        return renewed
 
     def expire(self, epoch: int, now: float | None = None) -> list[AttemptRecord]:
-        """Mark every launching or running attempt whose lease ran out ``lost``; the
-        attempts marked. (``unknown`` ones are left to reconciliation.)"""
+        """Mark every live attempt (launching, running, unknown) whose lease ran out
+        ``lost``; the attempts marked. Its part may then start again with a higher token."""
         now = self.clock() if now is None else now
         with self._write(epoch) as conn:
             rows = conn.execute(
                 sa.select(attempts_t).where(
-                    attempts_t.c.state.in_(("launching", "running")),
+                    attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
                     attempts_t.c.lease_until < now,
                 )
             ).all()
@@ -445,6 +617,7 @@ class Ledger:
                         attempts_t.c.attempt_id == r.attempt_id,
                         attempts_t.c.state == r.state,
                         attempts_t.c.token == r.token,
+                        attempts_t.c.lease_until < now,
                     )
                     .values(state="lost", updated=now, reason="lease expired")
                 )
@@ -453,7 +626,10 @@ class Ledger:
                         conn, "attempt", r.attempt_id, r.state, "lost", "lease expired", epoch
                     )
                     out.append(r)
-        return [dataclasses.replace(_attempt(r), state="lost", reason="lease expired") for r in out]
+        return [
+            dataclasses.replace(_attempt(r), state="lost", updated=now, reason="lease expired")
+            for r in out
+        ]
 
     def attempts(self, job_id: str) -> list[AttemptRecord]:
         with self.engine.connect() as conn:
@@ -486,6 +662,21 @@ class Ledger:
 
         ``epoch`` is None for a worker's commit (workers are fenced by their token, not by
         the scheduler's epoch)."""
+        try:
+            return self._commit(job_id, part, token, location, epoch)
+        except StaleTransition as e:
+            self._refused(f"{job_id}/{part}", token, str(e))
+            raise
+
+    def _refused(self, ref: str, token: int, why: str) -> None:
+        """Log a refused commit (its own transaction: the refused one rolled back)."""
+        try:
+            with self._write() as conn:
+                self._log(conn, "output", ref, None, "refused", f"token {token}: {why}", 0)
+        except sa.exc.SQLAlchemyError:  # the refusal stands; its record is best effort
+            pass
+
+    def _commit(self, job_id: str, part: int, token: int, location: str, epoch: int | None) -> bool:
         now = self.clock()
         what = f"output of part {part} of job {job_id!r}"
         with self._write(epoch) as conn:
@@ -590,6 +781,177 @@ class Ledger:
                         "every part committed",
                         epoch or 0,
                     )
+        return True
+
+    def commit_checkpoint(self, job_id: str, part: int, token: int, location: str) -> None:
+        """Record ``location`` as ``part``'s latest checkpoint, written by the live attempt
+        holding ``token``; refused (:class:`StaleTransition`) for any other token, so an
+        attempt that lost its part cannot overwrite its successor's checkpoint."""
+        what = f"checkpoint of part {part} of job {job_id!r}"
+        with self._write() as conn:
+            holder = conn.execute(
+                sa.select(attempts_t.c.state)
+                .select_from(
+                    parts_t.join(
+                        attempts_t,
+                        sa.and_(
+                            attempts_t.c.job_id == parts_t.c.job_id,
+                            attempts_t.c.part == parts_t.c.part,
+                            attempts_t.c.token == parts_t.c.token,
+                        ),
+                    )
+                )
+                .where(parts_t.c.job_id == job_id, parts_t.c.part == part, parts_t.c.token == token)
+            ).scalar()
+            if holder not in LIVE_ATTEMPTS:
+                raise StaleTransition(
+                    what, "the live attempt holding the part", holder, f"token {token} is stale"
+                )
+            res = conn.execute(
+                parts_t.update()
+                .where(parts_t.c.job_id == job_id, parts_t.c.part == part, parts_t.c.token == token)
+                .values(checkpoint=location, checkpoint_token=token)
+            )
+            if res.rowcount != 1:
+                raise StaleTransition(what, f"token {token}", None, "a newer attempt took the part")
+            self._log(
+                conn, "checkpoint", f"{job_id}/{part}", None, "committed", f"token {token}", 0
+            )
+
+    def checkpoint(self, job_id: str, part: int) -> str | None:
+        """The location of ``part``'s latest committed checkpoint, or None."""
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(parts_t.c.checkpoint).where(
+                    parts_t.c.job_id == job_id, parts_t.c.part == part
+                )
+            ).scalar()
+
+    def runnable(self, limit: int = 1000) -> list[tuple[JobRecord, int, int]]:
+        """Parts of queued and running jobs that need an attempt: no committed output and
+        no live attempt. ``(job, part, failures)`` with ``failures`` the part's failed
+        attempts since the job's last retry, highest priority and oldest job first."""
+        a = attempts_t.alias("a")
+        live = (
+            sa.select(sa.literal(1))
+            .select_from(a)
+            .where(
+                a.c.job_id == parts_t.c.job_id,
+                a.c.part == parts_t.c.part,
+                a.c.state.in_(sorted(LIVE_ATTEMPTS)),
+            )
+            .exists()
+        )
+        done = (
+            sa.select(sa.literal(1))
+            .select_from(outputs_t)
+            .where(outputs_t.c.job_id == parts_t.c.job_id, outputs_t.c.part == parts_t.c.part)
+            .exists()
+        )
+        f = attempts_t.alias("f")
+        failures = (
+            sa.select(sa.func.count())
+            .select_from(f)
+            .where(
+                f.c.job_id == parts_t.c.job_id,
+                f.c.part == parts_t.c.part,
+                f.c.state == "failed",
+                f.c.updated >= jobs_t.c.retried,
+            )
+            .scalar_subquery()
+        )
+        q = (
+            sa.select(jobs_t, parts_t.c.part, failures.label("failures"))
+            .select_from(parts_t.join(jobs_t, jobs_t.c.job_id == parts_t.c.job_id))
+            .where(jobs_t.c.state.in_(("queued", "running")), ~live, ~done)
+            .order_by(jobs_t.c.priority.desc(), jobs_t.c.submitted, jobs_t.c.job_id, parts_t.c.part)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [(_job(r), r.part, r.failures) for r in conn.execute(q)]
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """Per team: jobs by state, attempts by state, retries (attempts beyond the first
+        of each part), lost leases, refused stale commits and the mean queue delay (from
+        submission to a part's first attempt, seconds)."""
+        out: dict[str, dict[str, Any]] = {}
+
+        def team(name: str) -> dict[str, Any]:
+            return out.setdefault(
+                name,
+                {
+                    "jobs": {},
+                    "attempts": {},
+                    "retries": 0,
+                    "lost": 0,
+                    "refused": 0,
+                    "queue_delay": None,
+                },
+            )
+
+        with self.engine.connect() as conn:
+            for r in conn.execute(
+                sa.select(jobs_t.c.team, jobs_t.c.state, sa.func.count()).group_by(
+                    jobs_t.c.team, jobs_t.c.state
+                )
+            ):
+                team(r[0])["jobs"][r[1]] = r[2]
+            for r in conn.execute(
+                sa.select(jobs_t.c.team, attempts_t.c.state, sa.func.count())
+                .select_from(attempts_t.join(jobs_t, jobs_t.c.job_id == attempts_t.c.job_id))
+                .group_by(jobs_t.c.team, attempts_t.c.state)
+            ):
+                t = team(r[0])
+                t["attempts"][r[1]] = r[2]
+                if r[1] == "lost":
+                    t["lost"] = r[2]
+            for r in conn.execute(
+                sa.select(jobs_t.c.team, sa.func.count())
+                .select_from(attempts_t.join(jobs_t, jobs_t.c.job_id == attempts_t.c.job_id))
+                .where(attempts_t.c.token > 1)
+                .group_by(jobs_t.c.team)
+            ):
+                team(r[0])["retries"] = r[1]
+            first = (
+                sa.select(attempts_t.c.job_id, sa.func.min(attempts_t.c.started).label("first"))
+                .group_by(attempts_t.c.job_id, attempts_t.c.part)
+                .subquery()
+            )
+            for r in conn.execute(
+                sa.select(jobs_t.c.team, sa.func.avg(first.c.first - jobs_t.c.submitted))
+                .select_from(first.join(jobs_t, jobs_t.c.job_id == first.c.job_id))
+                .group_by(jobs_t.c.team)
+            ):
+                team(r[0])["queue_delay"] = float(r[1]) if r[1] is not None else None
+            refused = conn.execute(
+                sa.select(transitions_t.c.ref).where(
+                    transitions_t.c.kind == "output", transitions_t.c.to_state == "refused"
+                )
+            ).scalars()
+            teams = dict(conn.execute(sa.select(jobs_t.c.job_id, jobs_t.c.team)).all())
+            for ref in refused:
+                name = teams.get(ref.rsplit("/", 1)[0])
+                if name is not None:
+                    team(name)["refused"] += 1
+        return out
+
+    def fail(self, job_id: str, epoch: int, reason: str) -> bool:
+        """A queued or running job -> ``failed`` (a part used up its retries); its live
+        attempts are cancelled. False if it had ended already."""
+        now = self.clock()
+        with self._write(epoch) as conn:
+            state = conn.execute(
+                sa.select(jobs_t.c.state).where(jobs_t.c.job_id == job_id)
+            ).scalar()
+            if state not in ("queued", "running"):
+                return False
+            conn.execute(
+                jobs_t.update()
+                .where(jobs_t.c.job_id == job_id, jobs_t.c.state == state)
+                .values(state="failed", updated=now, reason=reason)
+            )
+            self._log(conn, "job", job_id, state, "failed", reason, epoch)
+            self._end_live(conn, job_id, "cancelled", "its job failed", epoch, now)
         return True
 
     def outputs(self, job_id: str) -> dict[int, str]:
