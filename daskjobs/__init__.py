@@ -2,17 +2,26 @@
 
 Nothing heavy is imported here: ``import daskjobs`` stays cheap, and the
 offline simulator (:mod:`daskjobs.sim`) never imports ``distributed``.
-The sweep API (``daskjobs.Sweep``, ``grid``, ``cases``, ``run``) and the
-result store (``daskjobs.ResultStore``) are imported on first use.
+The sweep API (``daskjobs.Sweep``, ``grid``, ``cases``, ``run``), the result
+store (``daskjobs.ResultStore``), the plugin and its client functions are
+imported on first use (module ``__getattr__``, PEP 562). Type checkers read
+``__init__.pyi`` beside this file instead, which imports each of them from its
+module, so ``daskjobs.Sweep`` has its real type, not ``Any`` (the stub is the
+scientific-python lazy-loading convention, SPEC 1: a ``TYPE_CHECKING`` block here
+would name ``daskjobs.plugin`` in the module that the simulator's layering test
+follows; tests/test_packaging.py checks that the stub and ``_LAZY`` agree).
+
+``daskjobs.__version__`` is the installed distribution's version
+(``importlib.metadata``, looked up on first use: it costs more than the rest of
+this module), or :mod:`daskjobs._version`'s when running from a source tree that
+was never installed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0.dev0"
-
-# Public names imported lazily on first attribute access (module __getattr__, PEP 562).
+# Public names imported lazily on first attribute access.
 _LAZY = {
     "Sweep": "daskjobs.sweep",
     "SweepResult": "daskjobs.sweep",
@@ -34,12 +43,30 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'daskjobs' has no attribute {name!r}")
-    import importlib
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    value = getattr(importlib.import_module(module), name)
+    try:
+        return version("daskjobs")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        from daskjobs._version import __version__ as source
+
+        return source
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value: Any = _installed_version()
+    else:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'daskjobs' has no attribute {name!r}")
+        import importlib
+
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

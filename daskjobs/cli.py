@@ -1,35 +1,70 @@
-"""The ``daskjobs`` command.
+"""The ``daskjobs`` command, and the same commands as ``dask jobs``.
 
-Follows dask's own CLI conventions (click, one group, subcommands). Each
-subcommand imports what it needs when it runs, so ``daskjobs --help`` is fast.
+Follows dask's own CLI conventions (click, one group, subcommands). The
+subcommands are the same click objects under both names: ``daskjobs status
+ADDRESS`` and ``dask jobs status ADDRESS`` run one function.
+
+``dask jobs`` comes from dask's ``dask_cli`` entry point group (pyproject.toml:
+``[project.entry-points.dask_cli] jobs = "daskjobs.cli:jobs"``): ``dask``
+(``dask.cli.run_cli``) loads *every* entry point of that group each time it runs,
+``dask scheduler`` and ``dask worker`` included. So importing this module loads
+only click and ``daskjobs`` itself; each subcommand's module is imported when that
+subcommand is looked up (:class:`LazyGroup`), which also keeps ``daskjobs --help``
+fast.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from daskjobs import __version__
 
+__all__ = ["COMMANDS", "LazyGroup", "jobs", "main"]
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Subcommand name -> "module:attribute" of its click command.
+COMMANDS: dict[str, str] = {
+    "simulate": "daskjobs.sim.cli:simulate",
+    "cache": "daskjobs.cache.cli:cache",
+    "status": "daskjobs.plugin.cli:status_command",
+    "replay": "daskjobs.replay.cli:replay",
+}
+
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands (:data:`COMMANDS`) are imported on first lookup."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *super().list_commands(ctx)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, attr = target.partition(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command), target
+        return command
+
+
+@click.group("daskjobs", cls=LazyGroup, context_settings=_CONTEXT)
 @click.version_option(__version__, prog_name="daskjobs")
 def main() -> None:
     """Finish dask sweeps sooner and more fairly: simulate, cache, schedule."""
 
 
-def _register() -> None:
-    from daskjobs.cache.cli import cache
-    from daskjobs.plugin.cli import status_command
-    from daskjobs.replay.cli import replay
-    from daskjobs.sim.cli import simulate
+@click.group("jobs", cls=LazyGroup, context_settings=_CONTEXT)
+@click.version_option(__version__, prog_name="daskjobs")
+def jobs() -> None:
+    """daskjobs: simulate, replay, cache, plugin status.
 
-    main.add_command(simulate)
-    main.add_command(cache)
-    main.add_command(status_command)
-    main.add_command(replay)
+    The `daskjobs` command as part of `dask`: `dask jobs status ADDRESS` is
+    `daskjobs status ADDRESS`, and so on for each subcommand.
+    """
 
-
-_register()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -69,9 +69,12 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, box
 
 
-def _dask() -> list[str]:
-    exe = BIN / "dask"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+def _dask(bin_dir: Path = BIN) -> list[str]:
+    exe = bin_dir / "dask"
+    if exe.exists():
+        return [str(exe)]
+    python = bin_dir / "python" if bin_dir != BIN else Path(sys.executable)
+    return [str(python), "-m", "distributed.cli.dask_scheduler"]
 
 
 def _write_yaml(path: Path, config: Mapping[str, Any]) -> None:
@@ -87,6 +90,10 @@ class RealCluster:
     ``config`` is written to a dask YAML file the processes read (``DASK_CONFIG``);
     ``env`` adds environment variables (``DASK_DASKJOBS__...``). Workers are named
     ``w0``, ``w1``, ...; ``nanny=False`` (the default) makes a kill final.
+    ``bin_dir`` is the directory of the ``dask`` executable to run (default: this
+    interpreter's); ``source_on_path=False`` leaves this checkout off the processes'
+    ``PYTHONPATH`` and working directory, so they import daskjobs as installed in that
+    environment (tests/ stays on the path for the test's own task modules).
     """
 
     def __init__(
@@ -101,6 +108,8 @@ class RealCluster:
         validate: bool = True,
         nanny: bool = False,
         worker_resources: str | None = None,
+        bin_dir: Path | None = None,
+        source_on_path: bool = True,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +119,8 @@ class RealCluster:
         self.preload_args = list(preload_args)
         self.nanny = nanny
         self.worker_resources = worker_resources
+        self.bin_dir = Path(bin_dir) if bin_dir is not None else BIN
+        self.cwd = ROOT if source_on_path else self.workdir
         self.scheduler_file = self.workdir / "scheduler.json"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logfiles: dict[str, Path] = {}
@@ -131,7 +142,7 @@ class RealCluster:
         self.env = dict(os.environ)
         self.env["DASK_CONFIG"] = str(confdir)
         # tasks defined in tests/ (e.g. tests/realtasks.py) import on the workers
-        path = [str(TESTS), str(ROOT)]
+        path = [str(TESTS), str(ROOT)] if source_on_path else [str(TESTS)]
         if self.env.get("PYTHONPATH"):
             path.append(self.env["PYTHONPATH"])
         self.env["PYTHONPATH"] = os.pathsep.join(path)
@@ -146,7 +157,7 @@ class RealCluster:
         self.logfiles[name] = log
         fh = open(log, "ab")  # noqa: SIM115 - closed when the process is reaped
         proc = subprocess.Popen(
-            args, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT, close_fds=True
+            args, cwd=self.cwd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, close_fds=True
         )
         fh.close()
         self.procs[name] = proc
@@ -157,7 +168,7 @@ class RealCluster:
             self.scheduler_file.unlink()
         port = self._port or 0
         args = [
-            *_dask(),
+            *_dask(self.bin_dir),
             "scheduler",
             "--host",
             "127.0.0.1",
@@ -191,7 +202,7 @@ class RealCluster:
 
     def start_worker(self, name: str, nthreads: int | None = None) -> None:
         args = [
-            *_dask(),
+            *_dask(self.bin_dir),
             "worker",
             "--scheduler-file",
             str(self.scheduler_file),

@@ -1,8 +1,17 @@
 """Every private piece of dask.distributed the plugin relies on, in one place.
 
-The plugin is tested against the distributed versions pinned in pyproject.toml.
-At start it calls :func:`check_scheduler`, which names any attribute that a
-newer or older dask no longer has, instead of failing later inside a hook.
+daskjobs supports dask and distributed from :data:`LOWEST_SUPPORTED` on, with no
+upper bound (pyproject.toml's lower bounds; CI runs the plugin's tests on that
+release and on the newest one). At start the plugin calls :func:`check_scheduler`:
+an older release, or one that lacks an attribute below, stops the plugin with a
+:class:`DaskInternalsError` naming the installed versions, the lowest supported one
+and each missing piece, instead of failing later inside a hook.
+
+How the lowest release was found: the oldest release that has every piece below is
+2024.12.0 (``GraphNode.substitute`` is new in it). The plugin,
+speculation and fair-share tests fail on 2024.12.0, 2025.2.0 and 2025.3.0 (dask read a
+string argument equal to a task's key as a reference to that task: a graph cycle) and
+pass on 2025.4.0, 2025.5.0, 2025.12.0 and the newest release.
 
 What is used, and why (see docs/plugin.md and the research notes):
 
@@ -53,6 +62,7 @@ scheduler's own objects and transitions:
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -61,13 +71,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COPIES_CLIENT",
+    "LOWEST_SUPPORTED",
     "REQUIRED_SCHEDULER_ATTRS",
     "DaskInternalsError",
     "add_copy",
     "check_scheduler",
+    "check_versions",
     "compute_seconds",
     "redirect",
 ]
+
+#: The oldest dask and distributed release daskjobs runs on (also pyproject.toml's lower
+#: bounds and the release .ci/run tests; tests/test_packaging.py checks they agree).
+LOWEST_SUPPORTED = "2025.4.0"
 
 #: The (comm-less) client that wants backup copies while their race runs.
 COPIES_CLIENT = "daskjobs-copies"
@@ -111,8 +127,34 @@ class DaskInternalsError(RuntimeError):
     """The running dask.distributed lacks something the plugin relies on."""
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """``(year, month, patch)`` of a dask CalVer string; a development build
+    (``2026.8.0+12.g1234abc``, ``2026.9.0.dev3``) counts as its release."""
+    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if parts is None:
+        raise ValueError(f"not a dask version: {version!r}")
+    return tuple(int(p or 0) for p in parts.groups())
+
+
+def check_versions(dask_version: str, distributed_version: str) -> list[str]:
+    """What is wrong with these versions of dask and distributed: a list of phrases,
+    empty if both are :data:`LOWEST_SUPPORTED` or newer."""
+    lowest = _release(LOWEST_SUPPORTED)
+    return [
+        f"{name} {version} is older than {LOWEST_SUPPORTED}"
+        for name, version in (("dask", dask_version), ("distributed", distributed_version))
+        if _release(version) < lowest
+    ]
+
+
 def check_scheduler(scheduler: Any) -> None:
-    """Raise :class:`DaskInternalsError` naming each missing attribute."""
+    """Raise :class:`DaskInternalsError` if the installed dask or distributed is older than
+    :data:`LOWEST_SUPPORTED` or lacks anything the plugin uses, naming the installed
+    versions, the lowest supported one and each missing attribute."""
+    import dask
+    import distributed
+
+    too_old = check_versions(dask.__version__, distributed.__version__)
     missing = [
         f"Scheduler.{name} ({why})"
         for name, why in REQUIRED_SCHEDULER_ATTRS.items()
@@ -134,14 +176,24 @@ def check_scheduler(scheduler: Any) -> None:
         del Alias
     except ImportError:
         missing.append("dask._task_spec.Alias (speculation)")
-    if missing:
-        import distributed
+    if not (too_old or missing):
+        return
+    from daskjobs import __version__
 
-        raise DaskInternalsError(
-            f"daskjobs cannot run on distributed {distributed.__version__}: missing "
-            + "; ".join(missing)
-            + ". Install a distributed version listed in daskjobs' pyproject.toml."
+    installed = f"distributed {distributed.__version__} (dask {dask.__version__})"
+    problems = too_old + ([f"missing {'; '.join(missing)}"] if missing else [])
+    if too_old:
+        advice = f"install dask and distributed {LOWEST_SUPPORTED} or newer"
+    else:  # a newer release changed something daskjobs relies on
+        advice = (
+            "this release changed what daskjobs relies on: please report it to daskjobs, "
+            "and meanwhile install an earlier release of dask and distributed "
+            f"({LOWEST_SUPPORTED} or newer)"
         )
+    raise DaskInternalsError(
+        f"daskjobs {__version__} cannot run on {installed}: {'; '.join(problems)}. "
+        f"daskjobs supports dask and distributed {LOWEST_SUPPORTED} and newer; {advice}."
+    )
 
 
 def add_copy(

@@ -1,0 +1,22 @@
+# The types of daskjobs' public names, for type checkers (mypy, pyright) only.
+# At run time daskjobs/__init__.py imports each name from the same module on first use
+# (its _LAZY table; tests/test_packaging.py checks that the two agree).
+
+from daskjobs.cache.store import ResultStore as ResultStore
+from daskjobs.cache.store import StoreAccessError as StoreAccessError
+from daskjobs.plugin import JobsPlugin as JobsPlugin
+from daskjobs.plugin.client import explain as explain
+from daskjobs.plugin.client import local_cluster as local_cluster
+from daskjobs.plugin.client import status as status
+from daskjobs.plugin.record import record as record
+from daskjobs.sweep import ClusterImportError as ClusterImportError
+from daskjobs.sweep import Sweep as Sweep
+from daskjobs.sweep import SweepInterrupted as SweepInterrupted
+from daskjobs.sweep import SweepResult as SweepResult
+from daskjobs.sweep import cases as cases
+from daskjobs.sweep import grid as grid
+from daskjobs.sweep import run as run
+from daskjobs.tasks import cancelled as cancelled
+
+__version__: str
+__all__: list[str]
