@@ -46,6 +46,7 @@ from daskjobs.config import Settings, settings
 from daskjobs.plugin import explain as _explain
 from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler, compute_seconds
 from daskjobs.plugin.audit import Audit, guarded
+from daskjobs.plugin.dashboard import install_dashboard, uninstall_dashboard
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.ranking import Ranker, UnknownTeam
 from daskjobs.plugin.recorder import TraceRecorder
@@ -236,6 +237,7 @@ class JobsPlugin(SchedulerPlugin):
             pc.start()
         self.audit.event("started", policy=s.policy, default_estimate=s.default_estimate)
         install_metrics(self, scheduler)  # never raises; a no-op without prometheus_client
+        install_dashboard(self, scheduler)  # never raises; a no-op without bokeh
         if s.record:
             # keywords of a client's plugin are the client's request: confined like one
             client_path = self.from_client and "record" in self.overrides
@@ -301,6 +303,7 @@ class JobsPlugin(SchedulerPlugin):
                 pc.stop()
         if sched is not None:
             uninstall_metrics(sched, self)
+            uninstall_dashboard(sched, self)
             self._uninstall_worker_reports(sched)
 
     def _save_history(self) -> None:
