@@ -1,4 +1,4 @@
-"""``daskjobs simulate``: run the SPEC's reference experiments from the shell.
+"""``daskjobs simulate``: run the reference experiments (docs/chapter.md) from the shell.
 
 Subcommands ``chapter``, ``fairshare`` and ``graph`` each run one experiment of
 :mod:`daskjobs.sim.report` and print an aligned table with the published
@@ -7,7 +7,7 @@ stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
 extra). Progress goes to stderr, so stdout stays clean for pipes.
 
 ``--policy NAME`` (repeat it) runs an experiment under those policies instead of
-the SPEC's: any name of the policy registry (:mod:`daskjobs.policies.registry`),
+the reference set: any name of the policy registry (:mod:`daskjobs.policies.registry`),
 including a user's, registered by an installed package's entry point or by a
 module given with ``daskjobs simulate --import MODULE|FILE`` (docs/policies.md).
 
@@ -129,20 +129,20 @@ IMPORT_OPTION = click.option(
 
 
 def _policy_option(f: F) -> F:
-    """--policy NAME (repeatable): any registered policy instead of the SPEC's set."""
+    """--policy NAME (repeatable): any registered policy instead of the reference set."""
     option = click.option(
         "--policy",
         "policies",
         multiple=True,
         metavar="NAME",
         callback=policy_names,
-        help="Run under this registered policy instead of the SPEC's set (repeat for several).",
+        help="Run under this registered policy instead of the reference set (repeat for several).",
     )
     return option(f)
 
 
 def _check_policies(policies: tuple[str, ...], make: Callable[[str], Any]) -> list[str] | None:
-    """The policies of --policy (None: the SPEC's), each made once so that a policy that
+    """The policies of --policy (None: the reference set), each made once so that a policy that
     cannot be made here (one that needs settings) is a usage error naming it."""
     if not policies:
         return None
@@ -237,11 +237,14 @@ def _workload_line(report: dict[str, Any]) -> str:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @IMPORT_OPTION
 def simulate() -> None:
-    """Run the SPEC's reference experiments in the offline simulator.
+    """Run the reference experiments in the offline simulator.
 
-    Every policy of an experiment runs on the same generated tasks and faces
-    the same failures (common random numbers), so differences are the
-    policies'. Published figures (one random draw) are shown beside ours.
+    The reference workload is the sweep of a published book chapter on
+    scheduling parameter sweeps: 10,000 backtests on 24 nodes x 16 cores, one
+    node 4x slower (docs/chapter.md, "The reference workload"). Every policy of
+    an experiment runs on the same generated tasks and faces the same failures
+    (common random numbers), so differences are the policies'. The chapter's
+    published figures (one random draw) are shown beside ours.
     """
 
 
@@ -316,7 +319,7 @@ def chapter(
         candidates = [r for r in report["rows"] if r["policy"] != "lpt-no-slow-node"]
         best = min(candidates, key=lambda r: r["makespan_h"])
         best_label = best["policy"] + (" +backups" if best["backups"] else "")
-        first = report["rows"][0]["policy"]  # fifo, in the SPEC's table
+        first = report["rows"][0]["policy"]  # fifo, in the published table
         lines = {first: schedules[(first, False)]}
         if (best["policy"], best["backups"]) != (first, False):
             lines[best_label] = schedules[(best["policy"], best["backups"])]

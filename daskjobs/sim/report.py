@@ -1,9 +1,9 @@
-"""The reference experiments of SPEC section 4, as plain dicts.
+"""The reference experiments (docs/chapter.md, "The reference workload"), as plain dicts.
 
 Each ``*_report`` function generates a reference workload from a seed, runs it
-under the policies the SPEC compares, and returns a JSON-able dict of hours,
+under the policies the published chapter compares, and returns a JSON-able dict of hours,
 counts and ratios, with the published figure beside each measured one (``None``
-where the SPEC publishes none). Nothing here prints or draws: the CLI
+where the chapter publishes none). Nothing here prints or draws: the CLI
 (:mod:`daskjobs.sim.cli`) formats these dicts and :mod:`daskjobs.sim.plot`
 draws them.
 
@@ -66,7 +66,7 @@ CHAPTER_RUNS: tuple[tuple[str, str, bool, bool], ...] = (
 #: Fair-share runs: FIFO, then equal-target fair share (no backups, as published).
 FAIRSHARE_RUNS: tuple[str, ...] = ("fifo", "fair-share")
 
-#: Fair share's targets in the fair-share experiment (the SPEC's equal shares).
+#: Fair share's targets in the fair-share experiment (the chapter's equal shares).
 FAIRSHARE_TARGETS = {"a": 1, "b": 1}
 
 #: Graph runs: (mode, policy), every one with backups.
@@ -76,9 +76,9 @@ GRAPH_RUNS: tuple[tuple[str, str], ...] = tuple(
     for policy in ("lpt", "critical-path", "node-aware")
 )
 
-#: SPEC section 4, the chapter table (hours; node-hours; backups launched).
+#: The published chapter table (hours; node-hours; backups launched); docs/chapter.md.
 PUBLISHED_CHAPTER: dict[str, Any] = {
-    "source": "SPEC section 4 (one random draw)",
+    "source": "the reference workload's book chapter, one random draw (docs/chapter.md)",
     "work_core_h": 3649.0,
     "lower_bound_h": 9.50,
     "speed_bound_h": 9.81,
@@ -136,16 +136,16 @@ PUBLISHED_CHAPTER: dict[str, Any] = {
     ],
 }
 
-#: SPEC section 4, fair share: hours from submission; team a's last end.
+#: The published fair-share figures: hours from submission; team a's last end.
 PUBLISHED_FAIRSHARE: dict[str, Any] = {
-    "source": "SPEC section 4 (one random draw)",
+    "source": "the reference workload's book chapter, one random draw (docs/chapter.md)",
     "fifo": {"b_median_wait_h": 8.28, "b_max_wait_h": 11.4, "a_end_h": 19.79},
     "fair-share": {"b_median_wait_h": 0.59, "b_max_wait_h": 2.64, "a_end_h": 16.68},
 }
 
-#: SPEC section 4, task graph and cache (per mode; the SPEC names no policy).
+#: The published task-graph and cache figures (per mode; the chapter names no policy).
 PUBLISHED_GRAPH: dict[str, Any] = {
-    "source": "SPEC section 4 (one random draw)",
+    "source": "the reference workload's book chapter, one random draw (docs/chapter.md)",
     "recompute": {"core_h": 6922.0, "makespan_h": 19.3},
     "graph": {"core_h": 3514.0, "makespan_h": 11.4},
     "cached": {"core_h": 3475.0, "makespan_h": 10.3},
@@ -185,7 +185,7 @@ def run_chapter(
     **workload_kwargs: Any,
 ) -> tuple[dict[str, Any], dict[tuple[str, bool], Schedule]]:
     """:func:`chapter_report` plus the schedule of each run, keyed by (row name, backups).
-    ``policies``: rows for these (registered names) instead of the SPEC's table."""
+    ``policies``: rows for these (registered names) instead of the published table's."""
     w = workloads.chapter(seed, **workload_kwargs)
     nominal = lower_bound(w.tasks, w.cluster.total_cores)
     weighted = speed_bound(w.tasks, w.cluster)
@@ -240,7 +240,7 @@ def run_chapter(
 
 
 def chapter_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
-    """The chapter sweep under every policy of the SPEC's table, with and without backups.
+    """The chapter sweep under every policy of the published table, with and without backups.
 
     ``workload_kwargs`` go to :func:`daskjobs.workloads.chapter` (e.g.
     ``slow_node=0``, ``failure_rate=0.02``, ``n=20_000``). Rows, in order: fifo,
@@ -446,7 +446,7 @@ def graph_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
 
     Each mode runs under lpt, critical-path and node-aware, all with backups.
     ``core_h`` counts every attempt's core-time (useful work plus waste, the
-    SPEC's "core-hours"). ``workload_kwargs`` go to
+    published "core-hours"). ``workload_kwargs`` go to
     :func:`daskjobs.workloads.feature_graph`.
     """
     return run_graph(seed, **workload_kwargs)[0]
