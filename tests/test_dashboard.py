@@ -53,10 +53,13 @@ def jobs_plugin(**speculation: Any) -> JobsPlugin:
     return JobsPlugin(policy="fair-share", teams=TEAMS, speculation={**FAST, **speculation})
 
 
-def submit(c: Client, n: int, seconds: float = 0.2) -> list[Any]:
-    """``n`` tasks of each team, a first, estimated right (late only on worker 0)."""
+def submit(c: Client, n: int, seconds: float = 0.2, gap: float = 0.0) -> list[Any]:
+    """``n`` tasks of each team, a first (b ``gap`` seconds later), estimated right (late
+    only on worker 0)."""
     futures = []
     for team in ("a", "b"):
+        if team == "b" and gap:
+            time.sleep(gap)
         with dask.annotate(team=team, estimate=seconds):
             tasks = [dask.delayed(work)(i, seconds, dask_key_name=f"{team}-{i}") for i in range(n)]
         futures += c.compute(tasks)
@@ -367,8 +370,10 @@ def test_a_headless_browser_renders_live_data_during_a_run(tmp_path):
             pytest.fail("chromium is missing: .ci/run installs it (apt-get install -y chromium)")
         pytest.skip("no chromium here (apt-get install -y chromium); CI runs this test")
     png = tmp_path / "dashboard.png"
+    keep = os.environ.get("DASKJOBS_DASHBOARD_PNG")  # the picture for docs: more history
+    samples, n, gap = (12, 120, 2.0) if keep else (0, 60, 0.0)
 
-    def ready(text: str) -> bool:  # live: both teams still queue work, a backup launched
+    def live(text: str) -> bool:  # both teams still queue work, and a backup launched
         teams = rendered_teams(text)
         return (
             set(teams) == {"a", "b"}
@@ -377,21 +382,26 @@ def test_a_headless_browser_renders_live_data_during_a_run(tmp_path):
             and "backup-launched" in text
         )
 
+    def ready(text: str) -> bool:
+        return live(text) and len(data(cl)["history"]["time"]) >= samples
+
     # a copy goes ahead of queued work at once ('always'): backups while both teams queue
-    with plugin_cluster(jobs_plugin(ahead="always"), n_workers=3) as cl, Client(cl) as c:
-        futures = submit(c, 60, 0.25)  # about 15 s of work: cancelled once seen
+    with (
+        plugin_cluster(jobs_plugin(ahead="always"), n_workers=3, protocol="tcp") as cl,
+        Client(cl) as c,
+    ):
+        futures = submit(c, n, 0.25, gap)  # 15 s of work or more: cancelled once seen
         # the page is opened at once and updates itself each second until ready
         text = asyncio.run(render(base_url(cl) + "/daskjobs", ready, png, tmp_path))
         left = sum(f.status == "pending" for f in futures)
         c.cancel(futures)
     # what the browser drew (Bokeh renders it there, from the live document): the teams
     # table with both teams and work still queued, the backups, workers and audit trail
-    assert ready(text), text
+    assert live(text), text
     assert left > 0
     teams = rendered_teams(text)
     assert teams["a"][3] == pytest.approx(0.67) and teams["b"][3] == pytest.approx(0.33)
     assert "Worker Speed Samples" in text and "policy fair-share" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
-    keep = os.environ.get("DASKJOBS_DASHBOARD_PNG")
     if keep:
         shutil.copyfile(png, keep)
