@@ -98,9 +98,9 @@ def test_migrate_is_idempotent_and_versioned(ledger_url: str) -> None:
 def test_a_newer_schema_is_refused(ledger: Ledger) -> None:
     with ledger.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE daskjobs_meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(LedgerError, match="schema version 99 is newer .* upgrade daskjobs"):
+    with pytest.raises(LedgerError, match=r"schema version 99 is newer .* upgrade daskjobs"):
         ledger.migrate()
-    with pytest.raises(LedgerError, match="schema version 99 is newer .* upgrade daskjobs"):
+    with pytest.raises(LedgerError, match=r"schema version 99 is newer .* upgrade daskjobs"):
         Ledger(ledger.url)
 
 
@@ -113,7 +113,7 @@ def test_unmigrated_ledger_says_so(ledger_url: str) -> None:
 
 
 def test_bad_url_is_named() -> None:
-    with pytest.raises(LedgerError, match="cannot use 'nosuchdb://x'.*expected sqlite"):
+    with pytest.raises(LedgerError, match=r"cannot use 'nosuchdb://x'.*expected sqlite"):
         Ledger("nosuchdb://x")
 
 

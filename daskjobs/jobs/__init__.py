@@ -6,6 +6,7 @@ every transition in a database (SQLite by default, PostgreSQL for shared cluster
 See docs/jobs.md.
 """
 
+from daskjobs.jobs.api import Job, JobFailed, list_jobs, submit
 from daskjobs.jobs.ledger import SCHEMA_VERSION, Fenced, Ledger, LedgerError, default_url
 from daskjobs.jobs.model import (
     ATTEMPT_MOVES,
@@ -18,7 +19,13 @@ from daskjobs.jobs.model import (
     JobRecord,
     JobSpec,
     StaleTransition,
+    next_step,
 )
+from daskjobs.jobs.runner import Attempt
+from daskjobs.jobs.service import JobsService
+
+#: ``daskjobs.jobs.list(client)``: the ledger's jobs (:func:`list_jobs`).
+list = list_jobs
 
 __all__ = [
     "ATTEMPT_MOVES",
@@ -28,12 +35,20 @@ __all__ = [
     "KINDS",
     "LIVE_ATTEMPTS",
     "SCHEMA_VERSION",
+    "Attempt",
     "AttemptRecord",
     "Fenced",
+    "Job",
+    "JobFailed",
     "JobRecord",
     "JobSpec",
+    "JobsService",
     "Ledger",
     "LedgerError",
     "StaleTransition",
     "default_url",
+    "list",
+    "list_jobs",
+    "next_step",
+    "submit",
 ]

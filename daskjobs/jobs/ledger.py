@@ -232,7 +232,7 @@ class Ledger:
             return new
 
     # -- jobs -----------------------------------------------------------------------------
-    def submit(self, spec: JobSpec, epoch: int) -> JobRecord:
+    def submit(self, spec: JobSpec, epoch: int | None) -> JobRecord:
         """Record ``spec`` as a queued job, or return the job already recorded under its
         identity (submitting the same job twice is one job)."""
         now = self.clock()
@@ -257,7 +257,7 @@ class Ledger:
                     parts_t.insert(),
                     [{"job_id": job_id, "part": p, "token": 0} for p in range(spec.parts)],
                 )
-                self._log(conn, "job", job_id, None, "queued", "submitted", epoch)
+                self._log(conn, "job", job_id, None, "queued", "submitted", epoch or 0)
                 row = conn.execute(sa.select(jobs_t).where(jobs_t.c.job_id == job_id)).one()
         return _job(row)
 
@@ -934,6 +934,39 @@ class Ledger:
                 if name is not None:
                     team(name)["refused"] += 1
         return out
+
+    def settle(self, epoch: int | None) -> list[str]:
+        """Queued or running jobs whose every part is committed -> ``succeeded`` (a job
+        retried or resubmitted after its last part committed); their ids."""
+        now = self.clock()
+        missing = (
+            sa.select(sa.literal(1))
+            .select_from(parts_t)
+            .where(
+                parts_t.c.job_id == jobs_t.c.job_id,
+                ~sa.select(sa.literal(1))
+                .select_from(outputs_t)
+                .where(outputs_t.c.job_id == parts_t.c.job_id, outputs_t.c.part == parts_t.c.part)
+                .exists(),
+            )
+            .exists()
+        )
+        with self._write(epoch) as conn:
+            rows = conn.execute(
+                sa.select(jobs_t.c.job_id, jobs_t.c.state).where(
+                    jobs_t.c.state.in_(("queued", "running")), ~missing
+                )
+            ).all()
+            for r in rows:
+                conn.execute(
+                    jobs_t.update()
+                    .where(jobs_t.c.job_id == r.job_id, jobs_t.c.state == r.state)
+                    .values(state="succeeded", updated=now, reason="every part committed")
+                )
+                self._log(
+                    conn, "job", r.job_id, r.state, "succeeded", "every part committed", epoch or 0
+                )
+        return [r.job_id for r in rows]
 
     def fail(self, job_id: str, epoch: int, reason: str) -> bool:
         """A queued or running job -> ``failed`` (a part used up its retries); its live

@@ -49,6 +49,7 @@ __all__ = [
     "JobRecord",
     "JobSpec",
     "StaleTransition",
+    "next_step",
 ]
 
 #: What a job does: a gang of workers with checkpoints, replayable partitions, or
@@ -218,3 +219,46 @@ class AttemptRecord:
     started: float
     updated: float
     reason: str | None = None
+
+
+#: dask task states in which dask still holds an attempt that no worker acknowledged
+#: (queued in the scheduler, or handed to a worker): the service keeps its lease.
+HELD_BY_DASK = frozenset({"released", "waiting", "queued", "no-worker", "processing"})
+
+
+def next_step(
+    attempt: AttemptRecord | None,
+    *,
+    task_state: str | None,
+    handed: float | None,
+    now: float,
+    launch_timeout: float,
+) -> str:
+    """What the jobs service does with an attempt it launched, the one place this rule is
+    written. ``attempt`` is the ledger's record if it is still live (else None),
+    ``task_state`` dask's state of its task (None: dask does not know it, e.g. after a
+    restart), ``handed`` when dask gave it to a worker.
+
+    * ``"drop"`` - the ledger ended the attempt (succeeded, failed, lost, cancelled,
+      fenced): release its dask task;
+    * ``"unknown"`` - launching, handed to a worker more than ``launch_timeout`` ago and
+      never acknowledged: its outcome is unknown (reconciled: kept while dask says a
+      worker has it, adopted when the worker reports, lost when its lease runs out);
+    * ``"renew"`` - not acknowledged by a worker yet and dask still holds it (queued,
+      or handed over): the service holds its lease;
+    * ``"wait"`` - acknowledged (its worker's heartbeats hold the lease), or dask no
+      longer has it: the lease decides. The service never renews a running attempt, so
+      a paused or partitioned worker loses its part when its lease runs out.
+    """
+    if attempt is None:
+        return "drop"
+    if attempt.state == "running" or task_state not in HELD_BY_DASK:
+        return "wait"
+    if (
+        attempt.state == "launching"
+        and task_state == "processing"
+        and handed is not None
+        and now - handed > launch_timeout
+    ):
+        return "unknown"
+    return "renew"

@@ -1,0 +1,173 @@
+"""The client side of jobs: ``daskjobs.jobs.submit(client, ...)`` and the :class:`Job`
+handle.
+
+Every call goes to the scheduler's jobs service (:class:`daskjobs.jobs.JobsService`)
+through one RPC handler; a scheduler without the service gets it registered on the
+first :func:`submit` (a laptop ``LocalCluster`` needs nothing else; an operator loads it
+with the preload and ``daskjobs.jobs.enabled``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cloudpickle
+
+from daskjobs.jobs.model import JobSpec
+
+__all__ = ["Job", "JobFailed", "list_jobs", "submit"]
+
+
+class JobFailed(RuntimeError):
+    """The job failed (a part used up its retries) or was cancelled."""
+
+
+def _call(client: Any, op: str, **kw: Any) -> Any:
+    result = client.sync(client.scheduler.daskjobs_jobs, action=op, **kw)
+    if result is None and op == "status":
+        raise RuntimeError(
+            "the daskjobs jobs service is not loaded on this scheduler: daskjobs.jobs.submit "
+            "registers it, or start the scheduler with --preload daskjobs.preload and "
+            "daskjobs.jobs.enabled: true"
+        )
+    return result
+
+
+def _ensure_service(client: Any, ledger: str | None, store: str | None) -> None:
+    try:
+        _call(client, "status")
+        return
+    except RuntimeError:
+        pass
+    from daskjobs.jobs.service import JobsService
+
+    client.register_plugin(JobsService(ledger=ledger, store=store))
+
+
+def submit(
+    client: Any,
+    spec: JobSpec | str,
+    function: Callable[..., Any] | None = None,
+    *,
+    ledger: str | None = None,
+    store: str | None = None,
+    **spec_kwargs: Any,
+) -> Job:
+    """Submit a job and return its handle.
+
+    ``spec`` is a :class:`JobSpec` or a job name (then ``spec_kwargs`` are the rest of
+    the spec: ``kind=``, ``parts=``, ``params=``, ``team=``, ``retries=``, ...). What runs
+    is ``function`` (pickled into the store; the job then depends on this pickle) or the
+    spec's ``target`` (``"module:function"``, importable on the workers: resubmitting
+    from a new session gives the same job). It is called as
+    ``function(attempt, **params)`` once per part; see :class:`daskjobs.jobs.Attempt`.
+
+    Submitting the same job again returns the same job: only its missing parts run.
+    ``ledger`` and ``store`` apply when this call registers the service.
+    """
+    if isinstance(spec, str):
+        spec = JobSpec(spec, **spec_kwargs)
+    elif spec_kwargs:
+        raise TypeError("give either a JobSpec or a name with keywords, not both")
+    if not isinstance(spec, JobSpec):
+        raise TypeError(f"expected a JobSpec or a job name, got {type(spec).__name__}")
+    if function is None and not spec.target:
+        raise ValueError(
+            f"daskjobs job {spec.name!r}: nothing to run (give a function or "
+            "target='module:function')"
+        )
+    if function is not None and not callable(function):
+        raise TypeError(f"daskjobs job {spec.name!r}: {function!r} is not callable")
+    _ensure_service(client, ledger, store)
+    payload = cloudpickle.dumps(function) if function is not None else None
+    record = _call(client, "submit", spec=spec.to_json(), function=payload)
+    return Job(client, record["job_id"])
+
+
+def list_jobs(
+    client: Any, *, team: str | None = None, state: str | None = None
+) -> list[dict[str, Any]]:
+    """The ledger's jobs (oldest first), optionally of one team or in one state."""
+    return list(_call(client, "list", team=team, state=state))
+
+
+class Job:
+    """A handle on a job in the ledger: cheap to make, safe to pickle by its id."""
+
+    def __init__(self, client: Any, job_id: str) -> None:
+        self.client = client
+        self.job_id = job_id
+
+    def __repr__(self) -> str:
+        return f"<daskjobs Job {self.job_id}>"
+
+    def status(self) -> dict[str, Any]:
+        """The job's state, spec, attempts, committed outputs and missing parts."""
+        return dict(_call(self.client, "job", job_id=self.job_id))
+
+    @property
+    def state(self) -> str:
+        return str(self.status()["state"])
+
+    def attempts(self) -> list[dict[str, Any]]:
+        return list(self.status()["attempts"])
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every transition of the job, its attempts and outputs, oldest first."""
+        return list(_call(self.client, "history", job_id=self.job_id))
+
+    def explain(self) -> str:
+        """The job's story, one line per transition: what moved, when, and why."""
+        lines = []
+        start = None
+        for h in self.history():
+            start = h["at"] if start is None else start
+            what = h["kind"] if h["kind"] != "attempt" else f"attempt {h['ref'][:8]}"
+            move = f"{h['from_state'] or '-'} -> {h['to_state']}"
+            why = f" ({h['reason']})" if h["reason"] else ""
+            lines.append(f"+{h['at'] - start:8.2f}s  {what:<17} {move}{why}")
+        return "\n".join(lines)
+
+    def cancel(self) -> bool:
+        """Cancel the job: queued parts do not start, running attempts are told to stop
+        and their outputs are refused. False if it had ended already."""
+        return bool(_call(self.client, "cancel", job_id=self.job_id))
+
+    def retry(self) -> bool:
+        """Run a failed or cancelled job's missing parts again."""
+        return bool(_call(self.client, "retry", job_id=self.job_id))
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> dict[str, Any]:
+        """Wait until the job ends; its final status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if status["state"] in ("succeeded", "failed", "cancelled"):
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"daskjobs job {self.job_id} still {status['state']}")
+            time.sleep(poll)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The job's output once it succeeded: the value of its one part, or the list of
+        its parts' values (an inference job). Raises :class:`JobFailed` if it failed or
+        was cancelled. Values are read from the store by a worker and sent back."""
+        status = self.wait(timeout)
+        if status["state"] != "succeeded":
+            raise JobFailed(
+                f"daskjobs job {self.job_id} {status['state']}: {status['reason'] or ''}".rstrip(
+                    ": "
+                )
+            )
+        outputs: Mapping[str, str] = status["outputs"]
+        locations = [outputs[str(p)] for p in range(len(outputs))]
+        futures = self.client.map(_load, [status["store"]] * len(locations), locations, pure=False)
+        values = self.client.gather(futures)
+        return values[0] if status["spec"]["kind"] != "inference" else list(values)
+
+
+def _load(store_url: str, key: str) -> Any:
+    from daskjobs.cache.store import ResultStore
+
+    return ResultStore(store_url).get(key)

@@ -1,0 +1,467 @@
+"""The jobs service: a scheduler plugin that runs the ledger's jobs as dask tasks.
+
+dask stays the engine: every attempt is an ordinary dask task (key
+``daskjobs-attempt-<job>-p<part>-t<token>``, submitted by a client the service opens
+on its own scheduler), placed and run by dask. The service only decides *which*
+attempts exist, with the ledger as the source of truth:
+
+* every ``interval`` it applies what dask reported (an attempt's task erred: the
+  attempt failed), keeps the leases of attempts dask still holds (queued or handed to
+  a worker), marks ``unknown`` a launch its worker has not acknowledged within
+  ``launch-timeout`` of dask handing it over, expires leases, fails a job whose part
+  used up its retries, and starts and launches an attempt of every part that needs one;
+* after a restart it takes the next scheduler epoch (an older scheduler still running
+  is fenced off) and reconciles: a launch of the older scheduler is ``unknown`` (its
+  worker may or may not run it) until its worker reports it or its lease runs out;
+  running attempts keep their leases (adopted: their workers may still commit); the
+  rest runs again;
+* all ledger work runs in one thread beside the event loop: scheduling never waits for
+  the database. While the database is unreachable dask goes on scheduling (running
+  attempts finish; their workers retry their commits), the service queues what dask
+  reports (at most ``backlog`` entries; a dropped one is recovered by the lease rule),
+  reports the outage in :meth:`status`, and catches up when the database is back.
+
+The rules of what to do with an attempt are :func:`daskjobs.jobs.model.next_step`'s;
+this module enacts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from daskjobs.cache.store import ResultStore, default_store_url
+from daskjobs.config import JobsSettings, jobs_settings
+from daskjobs.jobs.ledger import Ledger, default_url
+from daskjobs.jobs.model import AttemptRecord, JobSpec, next_step
+from daskjobs.jobs.runner import Order, run_attempt
+
+__all__ = ["JobsService", "attempt_key"]
+
+logger = logging.getLogger("daskjobs.jobs")
+
+#: errors that mean "the database is not reachable now" (retry later), not a bug
+UNREACHABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, OSError)
+
+
+def attempt_key(job_id: str, part: int, token: int) -> str:
+    return f"daskjobs-attempt-{job_id}-p{part}-t{token}"
+
+
+@dataclass
+class _Plan:
+    """What one tick decided, for the event loop to enact."""
+
+    launch: list[tuple[AttemptRecord, JobSpec]] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)  # keys of attempts the ledger ended
+
+
+class JobsService(SchedulerPlugin):
+    """Runs the jobs of a ledger on this scheduler (module docs).
+
+    ``ledger``: an SQLAlchemy URL (default ``daskjobs.ledger.url``, else an SQLite file
+    in the store directory); ``store``: where outputs and checkpoints go (default the
+    sweeps' store, ``daskjobs.store``); other keywords override ``daskjobs.jobs``
+    (``lease="5s"``, ``launch_timeout=...``, ``interval=...``, ``backlog=...``).
+    """
+
+    name = "daskjobs-jobs"
+
+    def __init__(self, ledger: str | None = None, store: str | None = None, **jobs: Any) -> None:
+        self._ledger_url = ledger
+        self._store = store
+        self._overrides = jobs
+        self.settings: JobsSettings = jobs_settings(jobs=jobs) if jobs else jobs_settings()
+        self.ledger: Ledger | None = None
+        self.epoch: int | None = None
+        self.scheduler: Any = None
+        self.client: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._closing = False
+        self._attempts: dict[str, AttemptRecord] = {}  # key -> attempt launched here
+        self._futures: dict[str, Any] = {}
+        self._handed: dict[str, float] = {}  # key -> when dask gave it to a worker
+        self._events: collections.deque[tuple[str, str, str]] = collections.deque()
+        self.dropped = 0
+        self.unreachable_since: float | None = None
+        self.last_error = ""
+        self.launched = 0
+        self.ticks = 0
+        self._grace = False  # after an outage: extend every live lease once
+
+    # -- life cycle ----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self._ledger_url or self.settings.ledger_url or default_url(self._store_root())
+
+    def _store_root(self) -> str:
+        url = self.store_url
+        return url if "://" not in url else ".daskjobs-cache"
+
+    @property
+    def store_url(self) -> str:
+        return ResultStore(self._store or default_store_url()).url
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="daskjobs-ledger")
+        self._wake = asyncio.Event()
+        scheduler.handlers["daskjobs_jobs"] = self._rpc
+        self._task = asyncio.ensure_future(self._run())
+        logger.info("daskjobs jobs service on ledger %s", _safe(self.url))
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+        if self._pool is not None:
+            ledger = self.ledger
+            if ledger is not None:
+                self._pool.submit(ledger.close)
+            self._pool.shutdown(wait=False)
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        # cheap: one dict lookup for every task that is not an attempt
+        if key not in self._attempts:
+            return
+        try:
+            if finish == "processing":
+                self._handed[key] = time.time()
+            elif finish == "erred":
+                ts = self.scheduler.tasks.get(key)
+                text = getattr(ts, "exception_text", "") or "the task erred"
+                self._queue("erred", key, str(text)[:500])
+            elif finish in ("memory", "forgotten"):
+                self._queue("done", key, finish)
+        except Exception:
+            logger.exception("daskjobs jobs: transition of %r", key)
+
+    def _queue(self, kind: str, key: str, detail: str) -> None:
+        if len(self._events) >= self.settings.backlog:
+            self._events.popleft()
+            self.dropped += 1
+        self._events.append((kind, key, detail))
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- the loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while not self._closing:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # never fatal to the scheduler
+                self.last_error = f"{type(e).__name__}: {e}"
+                logger.exception("daskjobs jobs service: tick failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.interval)
+            self._wake.clear()
+
+    async def _ledger_call(self, fn: Any, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    async def _tick(self) -> None:
+        if self.client is None:
+            from distributed import Client
+
+            self.client = await Client(
+                self.scheduler.address, asynchronous=True, name="daskjobs-jobs"
+            )
+        tasks = self.scheduler.tasks
+        snapshot = {key: (tasks[key].state if key in tasks else None) for key in self._attempts}
+        events = list(self._events)
+        try:
+            plan = await self._ledger_call(self._tick_sync, events, snapshot, dict(self._handed))
+        except UNREACHABLE as e:
+            self._grace = True
+            if self.unreachable_since is None:
+                self.unreachable_since = time.time()
+                logger.warning(
+                    "daskjobs ledger %s unreachable (%s): scheduling goes on; %d report(s) "
+                    "queued until it is back",
+                    _safe(self.url),
+                    getattr(e, "orig", e),
+                    len(self._events),
+                )
+            self.last_error = f"ledger unreachable: {getattr(e, 'orig', e)}"
+            return
+        for _ in events:  # applied: the reports that came meanwhile stay queued
+            if self._events:
+                self._events.popleft()
+        if self.unreachable_since is not None:
+            logger.warning(
+                "daskjobs ledger %s reachable again after %.1fs",
+                _safe(self.url),
+                time.time() - self.unreachable_since,
+            )
+            self.unreachable_since = None
+        self.ticks += 1
+        for key in plan.drop:
+            self._forget(key)
+        for attempt, spec in plan.launch:
+            self._launch(attempt, spec)
+
+    def _forget(self, key: str) -> None:
+        self._attempts.pop(key, None)
+        self._handed.pop(key, None)
+        future = self._futures.pop(key, None)
+        if future is not None:
+            future.release()
+
+    def _launch(self, attempt: AttemptRecord, spec: JobSpec) -> None:
+        key = attempt_key(attempt.job_id, attempt.part, attempt.token)
+        order = Order(
+            ledger_url=self.url,
+            store_url=self.store_url,
+            job_id=attempt.job_id,
+            part=attempt.part,
+            parts=spec.parts,
+            token=attempt.token,
+            attempt_id=attempt.attempt_id,
+            target=spec.target,
+            params=dict(spec.params),
+            lease=self.settings.lease,
+            checkpoint_every=spec.checkpoint_every,
+        )
+        self._attempts[key] = attempt
+        self._futures[key] = self.client.submit(
+            run_attempt,
+            order,
+            key=key,
+            pure=False,
+            priority=spec.priority,
+            resources=dict(spec.resources) or None,
+            retries=0,
+        )
+        self.launched += 1
+
+    # -- one tick in the ledger's thread ----------------------------------------------------
+    def _tick_sync(
+        self,
+        events: list[tuple[str, str, str]],
+        snapshot: dict[str, str | None],
+        handed: dict[str, float],
+    ) -> _Plan:
+        if self.ledger is None:
+            self.ledger = Ledger(self.url)
+        ledger = self.ledger
+        if self.epoch is None:
+            self.epoch = ledger.acquire_epoch(f"scheduler {self.scheduler.address}")
+            self._reconcile_start(ledger, self.epoch)
+        epoch = self.epoch
+        plan = _Plan()
+        now = ledger.clock()
+        for kind, key, detail in events:
+            attempt = self._attempts.get(key)
+            if attempt is None:
+                continue
+            if kind == "erred":
+                ledger.end_attempt(attempt.attempt_id, attempt.token, "failed", epoch, detail)
+        live = {a.attempt_id: a for a in ledger.live_attempts()}
+        renew = []
+        for key, mine in self._attempts.items():
+            current = live.get(mine.attempt_id)
+            step = next_step(
+                current,
+                task_state=snapshot.get(key),
+                handed=handed.get(key),
+                now=now,
+                launch_timeout=self.settings.launch_timeout,
+            )
+            if step == "drop":
+                plan.drop.append(key)
+            elif step == "renew":
+                renew.append((mine.attempt_id, mine.token))
+            elif step == "unknown" and current is not None:
+                ledger.move_attempt(
+                    current.attempt_id,
+                    current.token,
+                    "launching",
+                    "unknown",
+                    epoch,
+                    f"not acknowledged {self.settings.launch_timeout:g}s after dask gave it "
+                    "to a worker; reconciling",
+                )
+                renew.append((mine.attempt_id, mine.token))
+        ledger.renew_many(renew, self.settings.lease, epoch)
+        if self._grace:
+            # nobody could renew while the database was unreachable: every live attempt
+            # gets one more lease before any expires (a worker that died meanwhile is
+            # found one lease later)
+            ledger.renew_many(
+                [(a.attempt_id, a.token) for a in live.values()], self.settings.lease, epoch
+            )
+            self._grace = False
+        ledger.expire(epoch)
+        ledger.settle(epoch)
+        wanted = []
+        for job, part, failures in ledger.runnable(limit=10_000):
+            if failures > job.spec.retries:
+                ledger.fail(
+                    job.job_id,
+                    epoch,
+                    f"part {part} failed {failures} time(s) (retries: {job.spec.retries})",
+                )
+                continue
+            wanted.append((job, part))
+        if wanted:
+            specs = {job.job_id: job for job, _ in wanted}
+            started = ledger.start_attempts(
+                [(j.job_id, p) for j, p in wanted], self.settings.lease, epoch
+            )
+            for job_id in {a.job_id for a in started}:
+                if specs[job_id].state == "queued":
+                    with contextlib.suppress(Exception):
+                        ledger.move_job(job_id, "queued", "running", epoch, "an attempt started")
+            plan.launch = [(a, specs[a.job_id].spec) for a in started]
+        return plan
+
+    def _reconcile_start(self, ledger: Ledger, epoch: int) -> None:
+        """A new epoch: launches of an older scheduler are unknown until their workers
+        report them or their leases run out; running attempts are adopted."""
+        for a in ledger.live_attempts():
+            if a.state == "launching":
+                ledger.move_attempt(
+                    a.attempt_id,
+                    a.token,
+                    "launching",
+                    "unknown",
+                    epoch,
+                    f"the scheduler that launched it is gone (epoch {epoch} took over)",
+                )
+
+    # -- the RPC ------------------------------------------------------------------------------
+    async def _rpc(self, action: str, **kw: Any) -> Any:
+        op = action
+        if op == "status":
+            return self.status()
+        fn = getattr(self, f"_op_{op}", None)
+        if fn is None:
+            raise ValueError(f"daskjobs jobs: unknown operation {op!r}")
+        result = await self._ledger_call(self._with_ledger, fn, kw)
+        if op in ("submit", "retry") and self._wake is not None:
+            self._wake.set()
+        return result
+
+    def _with_ledger(self, fn: Any, kw: dict[str, Any]) -> Any:
+        if self.ledger is None:
+            self.ledger = Ledger(self.url)
+        return fn(self.ledger, **kw)
+
+    def _op_submit(
+        self, ledger: Ledger, spec: dict[str, Any], function: bytes | None = None
+    ) -> Any:
+        job = JobSpec.from_json(spec)
+        if function is not None:
+            # kept as the pickled bytes: unpickled by the worker that runs it, never here
+            key = "daskjobs-fn-" + hashlib.blake2b(function, digest_size=16).hexdigest()
+            store = ResultStore(self.store_url)
+            if not store.contains(key):
+                store.put(key, bytes(function), stage="daskjobs-function")
+            job = JobSpec.from_json({**job.to_json(), "target": f"store:{key}"})
+        if not job.target:
+            raise ValueError(
+                f"daskjobs job {job.name!r}: nothing to run (give a function or "
+                "target='module:function')"
+            )
+        record = ledger.submit(job, self.epoch)
+        return _job_json(record)
+
+    def _op_job(self, ledger: Ledger, job_id: str) -> Any:
+        record = ledger.job(job_id)
+        return {
+            **_job_json(record),
+            "attempts": [_attempt_json(a) for a in ledger.attempts(job_id)],
+            "outputs": {str(p): loc for p, loc in ledger.outputs(job_id).items()},
+            "missing": ledger.missing_parts(job_id),
+            "store": self.store_url,
+        }
+
+    def _op_list(self, ledger: Ledger, team: str | None = None, state: str | None = None) -> Any:
+        return [_job_json(j) for j in ledger.jobs(team=team, state=state)]
+
+    def _op_cancel(self, ledger: Ledger, job_id: str) -> Any:
+        return ledger.cancel(job_id, self.epoch, "cancelled by a client")
+
+    def _op_retry(self, ledger: Ledger, job_id: str) -> Any:
+        return ledger.retry(job_id, self.epoch, "retried by a client")
+
+    def _op_history(self, ledger: Ledger, job_id: str) -> Any:
+        refs = [job_id, *[a.attempt_id for a in ledger.attempts(job_id)]]
+        out = []
+        for ref in refs:
+            out.extend(ledger.history(ref))
+        for p in range(ledger.job(job_id).spec.parts):
+            out.extend(ledger.history(f"{job_id}/{p}"))
+        return sorted(out, key=lambda h: h["id"])
+
+    def _op_metrics(self, ledger: Ledger) -> Any:
+        return ledger.metrics()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "ledger": _safe(self.url),
+            "store": self.store_url,
+            "epoch": self.epoch,
+            "reachable": self.unreachable_since is None and self.ledger is not None,
+            "unreachable_since": self.unreachable_since,
+            "queued_reports": len(self._events),
+            "dropped_reports": self.dropped,
+            "attempts_here": len(self._attempts),
+            "launched": self.launched,
+            "ticks": self.ticks,
+            "last_error": self.last_error,
+        }
+
+
+def _safe(url: str) -> str:
+    """The URL without its password."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<ledger>"
+
+
+def _job_json(j: Any) -> dict[str, Any]:
+    return {
+        "job_id": j.job_id,
+        "spec": j.spec.to_json(),
+        "state": j.state,
+        "submitted": j.submitted,
+        "updated": j.updated,
+        "reason": j.reason,
+    }
+
+
+def _attempt_json(a: AttemptRecord) -> dict[str, Any]:
+    return {
+        "attempt_id": a.attempt_id,
+        "part": a.part,
+        "token": a.token,
+        "state": a.state,
+        "worker": a.worker,
+        "lease_until": a.lease_until,
+        "started": a.started,
+        "updated": a.updated,
+        "reason": a.reason,
+    }

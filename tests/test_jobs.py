@@ -1,0 +1,370 @@
+"""Jobs on a dask cluster (in-process LocalCluster, both ledger backends): submit,
+results, identities, retries, cancellation, checkpoints, fencing of late attempts,
+restart of the service on the same ledger, and an unreachable database. The same
+scenarios with real processes killed and paused are in tests/test_real_jobs.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from distributed import Client, LocalCluster
+
+import daskjobs.jobs as jobs
+from daskjobs.jobs import JobFailed, JobSpec, JobsService, Ledger
+
+
+def marks(d: Path) -> list[str]:
+    return sorted(os.listdir(d)) if d.exists() else []
+
+
+@pytest.fixture
+def cluster(ledger_url: str, tmp_path: Path) -> Iterator[tuple[Client, JobsService]]:
+    service = JobsService(
+        ledger=ledger_url, store=str(tmp_path / "store"), lease="2s", interval="50ms"
+    )
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [service]},
+        ) as lc,
+        Client(lc) as client,
+    ):
+        yield client, service
+
+
+def test_inference_job_runs_every_part_once(cluster: Any, tmp_path: Path) -> None:
+    client, service = cluster
+    m = tmp_path / "marks"
+    job = jobs.submit(
+        client,
+        "score",
+        kind="inference",
+        parts=4,
+        target="jobtasks:score",
+        params={"marks": str(m)},
+    )
+    assert job.result(timeout=60) == [0, 10, 20, 30]
+    st = job.status()
+    assert st["state"] == "succeeded" and st["missing"] == []
+    assert [a["state"] for a in st["attempts"]] == ["succeeded"] * 4
+    assert len(marks(m)) == 4
+    # the same job again: the same identity, nothing runs
+    again = jobs.submit(
+        client,
+        "score",
+        kind="inference",
+        parts=4,
+        target="jobtasks:score",
+        params={"marks": str(m)},
+    )
+    assert again.job_id == job.job_id and again.state == "succeeded"
+    time.sleep(0.3)
+    assert len(marks(m)) == 4
+    assert [j["job_id"] for j in jobs.list(client)] == [job.job_id]
+    assert service.status()["reachable"] is True
+
+
+def test_a_function_and_its_failures(cluster: Any) -> None:
+    client, _ = cluster
+
+    def double(attempt: Any, x: int) -> int:
+        return 2 * x
+
+    assert jobs.submit(client, "double", double, params={"x": 21}).result(timeout=60) == 42
+    flaky = jobs.submit(
+        client, "flaky", target="jobtasks:flaky", params={"fail_times": 2}, retries=2
+    )
+    assert flaky.result(timeout=60) == "ok after 3"
+    states = [a["state"] for a in flaky.attempts()]
+    assert states == ["failed", "failed", "succeeded"]
+    assert "ValueError('flaky: attempt with token 1 fails')" in flaky.attempts()[0]["reason"]
+    doomed = jobs.submit(
+        client, "doomed", target="jobtasks:flaky", params={"fail_times": 5}, retries=1
+    )
+    with pytest.raises(JobFailed, match="failed: part 0 failed 2 time"):
+        doomed.result(timeout=60)
+    assert doomed.retry() is True  # a fresh budget: attempts 3 and 4 fail, 5 would not
+    with pytest.raises(JobFailed):
+        doomed.result(timeout=60)
+    assert [a["token"] for a in doomed.attempts()] == [1, 2, 3, 4]
+    assert "failed -> queued (retried by a client)" in doomed.explain()
+
+
+def test_bad_submissions_are_named(cluster: Any) -> None:
+    client, _ = cluster
+    with pytest.raises(ValueError, match="nothing to run"):
+        jobs.submit(client, "nothing")
+    with pytest.raises(ValueError, match=r"JobSpec\.kind"):
+        jobs.submit(client, "x", kind="batch", target="m:f")
+    bad = jobs.submit(client, "bad", target="nosuchmodule:f", retries=0)
+    with pytest.raises(JobFailed, match="part 0 failed 1 time"):
+        bad.result(timeout=60)
+    assert "No module named 'nosuchmodule'" in bad.attempts()[0]["reason"]
+
+
+def test_cancel_stops_and_fences(cluster: Any, tmp_path: Path) -> None:
+    client, _ = cluster
+    gate = tmp_path / "gate"
+    job = jobs.submit(
+        client,
+        "wait",
+        kind="inference",
+        parts=2,
+        target="jobtasks:until_file",
+        params={"path": str(gate)},
+    )
+    deadline = time.monotonic() + 30
+    while [a["state"] for a in job.attempts()] != ["running", "running"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert job.cancel() is True
+    gate.touch()  # the threads finish now; their commits must be refused
+    with pytest.raises(JobFailed, match="cancelled"):
+        job.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        m = jobs.submit(client, "m", target="jobtasks:score")  # keeps the loop busy
+        refused = sum(1 for h in job.history() if h["to_state"] == "refused")
+        if refused == 2:
+            break
+        assert time.monotonic() < deadline, job.explain()
+        time.sleep(0.1)
+    assert m.result(timeout=30) == 0
+    assert job.status()["outputs"] == {}
+
+
+def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -> None:
+    """An attempt that lost its part stops at its next step (its heartbeat is refused);
+    the next attempt resumes from the last committed checkpoint."""
+    led = Ledger(ledger_url)
+    spec = JobSpec(
+        "train",
+        kind="training",
+        target="jobtasks:train",
+        params={"steps": 200, "step_seconds": 0.02},
+        checkpoint_every=0.1,
+    )
+    e = led.acquire_epoch()
+    job = led.submit(spec, e).job_id
+    first = led.start_attempt(job, 0, None, 30, e)
+    import threading
+
+    from daskjobs.jobs.runner import Order, run_attempt
+
+    order = Order(
+        ledger_url=ledger_url,
+        store_url=str(tmp_path / "store"),
+        job_id=job,
+        part=0,
+        parts=1,
+        token=first.token,
+        attempt_id=first.attempt_id,
+        target=spec.target,
+        params=dict(spec.params),
+        lease=0.3,
+        checkpoint_every=0.1,
+    )
+    out: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: out.update(r=run_attempt(order)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while led.checkpoint(job, 0) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)
+    led.end_attempt(first.attempt_id, first.token, "lost", e, "test: worker left")
+    t.join(30)
+    assert out["r"]["state"] == "fenced"
+    second = led.start_attempt(job, 0, None, 30, e)
+    resumed = run_attempt(
+        Order(**{**order.__dict__, "token": second.token, "attempt_id": second.attempt_id})
+    )
+    assert resumed["state"] == "succeeded"
+    from daskjobs.cache.store import ResultStore
+
+    value = ResultStore(str(tmp_path / "store")).get(resumed["location"])
+    assert value["step"] == 200 and 0 < value["resumed_from"] < 200
+    assert led.outputs(job) == {0: resumed["location"]}
+
+
+def test_a_new_scheduler_on_the_same_ledger_finishes_every_job(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """The first scheduler stops mid-run (its attempts' threads go on and try to commit);
+    a second one on the same ledger takes the next epoch, reconciles, and every job ends
+    with each part's output visible exactly once."""
+    store = str(tmp_path / "store")
+    m = tmp_path / "marks"
+    gate = tmp_path / "gate"
+
+    def cluster() -> LocalCluster:
+        service = JobsService(ledger=ledger_url, store=store, lease="1s", interval="50ms")
+        return LocalCluster(
+            n_workers=2,
+            threads_per_worker=3,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [service]},
+        )
+
+    with cluster() as lc, Client(lc) as client:
+        held = jobs.submit(
+            client,
+            "held",
+            kind="inference",
+            parts=3,
+            target="jobtasks:until_file",
+            params={"path": str(gate), "marks": str(m)},
+        )
+        quick = jobs.submit(
+            client,
+            "quick",
+            kind="inference",
+            parts=5,
+            target="jobtasks:score",
+            params={"seconds": 0.05, "marks": str(m)},
+        )
+        deadline = time.monotonic() + 30
+        while sum(a["state"] == "running" for a in held.attempts()) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # the scheduler recorded a launch and died before dask got it
+        led = Ledger(ledger_url)
+        orphan = led.submit(JobSpec("orphan", target="jobtasks:score"), led.epoch()).job_id
+        led.start_attempt(orphan, 0, None, 1.0, led.epoch())
+        led.close()
+        # the held attempts finish while the first scheduler closes: their commits land
+        # with no scheduler to hear of them (their tokens are still current)
+        threading.Timer(0.5, gate.touch).start()
+        ids = (held.job_id, quick.job_id, orphan)
+    with cluster() as lc, Client(lc) as client:
+        for job_id in ids:
+            status = jobs.Job(client, job_id).wait(timeout=60)
+            assert status["state"] == "succeeded", jobs.Job(client, job_id).explain()
+        again = jobs.submit(
+            client,
+            "quick",
+            kind="inference",
+            parts=5,
+            target="jobtasks:score",
+            params={"seconds": 0.05, "marks": str(m)},
+        )
+        assert again.job_id == quick.job_id
+        assert again.result(timeout=30) == [0, 10, 20, 30, 40]
+        assert jobs.Job(client, held.job_id).result(timeout=30) == [
+            f"released part {p}" for p in range(3)
+        ]
+        story = jobs.Job(client, orphan).explain()
+        assert "launching -> unknown (the scheduler that launched it is gone" in story, story
+        assert "unknown -> lost (lease expired)" in story, story
+    led = Ledger(ledger_url)
+    assert led.epoch() == 2
+    for job_id, parts in ((held.job_id, 3), (quick.job_id, 5), (orphan, 1)):
+        outputs = led.outputs(job_id)
+        assert sorted(outputs) == list(range(parts))
+        committed = [
+            h
+            for h in led.history()
+            if h["kind"] == "output"
+            and h["to_state"] == "committed"
+            and h["ref"].startswith(job_id)
+        ]
+        assert len(committed) == parts  # each part exactly once
+        for a in led.attempts(job_id):
+            assert a.state in ("succeeded", "lost", "fenced", "cancelled"), a
+            if a.state != "succeeded":
+                assert a.reason, a  # the ledger says why
+    led.close()
+
+
+def _outage(ledger_url: str) -> Any:
+    """A context manager making the ledger's database unreachable: PostgreSQL refuses
+    connections and drops the open ones; SQLite is locked by another writer."""
+    import contextlib
+
+    import sqlalchemy as sa
+
+    @contextlib.contextmanager
+    def pg() -> Iterator[None]:
+        name = sa.engine.make_url(ledger_url).database
+        admin = sa.create_engine(
+            ledger_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT"
+        )
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+            )
+        try:
+            yield
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+            admin.dispose()
+
+    @contextlib.contextmanager
+    def sqlite() -> Iterator[None]:
+        import sqlite3
+
+        path = sa.engine.make_url(ledger_url).database
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+            conn.close()
+
+    return pg() if ledger_url.startswith("postgresql") else sqlite()
+
+
+def test_scheduling_goes_on_while_the_ledger_is_unreachable(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    store = str(tmp_path / "store")
+    service = JobsService(ledger=ledger_url, store=store, lease="2s", interval="50ms")
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [service]},
+        ) as lc,
+        Client(lc) as client,
+    ):
+        job = jobs.submit(
+            client,
+            "score",
+            kind="inference",
+            parts=6,
+            target="jobtasks:score",
+            params={"seconds": 0.3},
+        )
+        with _outage(ledger_url):
+            # plain dask work is scheduled and finishes meanwhile
+            assert client.gather(client.map(lambda x: x + 1, range(50))) == list(range(1, 51))
+            if ledger_url.startswith("postgresql"):
+                deadline = time.monotonic() + 30
+                while service.status()["reachable"]:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                st = service.status()
+                assert st["unreachable_since"] is not None
+                assert "ledger unreachable" in st["last_error"]
+            time.sleep(1.0)
+        assert job.result(timeout=60) == [0, 10, 20, 30, 40, 50]
+        assert service.status()["reachable"] is True
+        led = Ledger(ledger_url)
+        assert sorted(led.outputs(job.job_id)) == list(range(6))
+        led.close()
