@@ -4,9 +4,14 @@ Connects a client to the scheduler, asks the plugin for its status (the
 ``daskjobs_status`` handler, as :func:`daskjobs.plugin.client.status` does) and
 prints the policy, the teams table (fair share), the measured stages, the
 counters and the errors the plugin swallowed. ``--json`` prints the status as
-one JSON object instead. Exits with status 1 and a message naming the problem
-when the scheduler cannot be reached within ``--timeout`` or does not run the
-plugin.
+one JSON object instead. Exits with status 1 and a one-line message naming the
+problem when the scheduler cannot be reached within ``--timeout`` or does not run
+the plugin, and with status 2 when ADDRESS is not a scheduler address: a bare
+word, a path, an unknown scheme, or the dashboard (its ``http://`` URL or its port:
+the message names the scheduler behind it when the dashboard answers). A refused
+connection is reported at once (dask's own connect retries it for the whole
+timeout), and a server that accepts but never sends dask's handshake is not waited
+for beyond ``--timeout``.
 """
 
 from __future__ import annotations
@@ -29,30 +34,199 @@ def _num(x: Any, fmt: str = ".3g") -> str:
     return format(x, fmt) if isinstance(x, float) else str(x)
 
 
-def fetch_status(address: str, timeout: str) -> dict[str, Any]:
-    """The plugin's status on the scheduler at ``address``; :class:`click.ClickException`
-    naming the problem if it cannot be reached or does not run the plugin."""
-    from dask.utils import parse_timedelta
-    from distributed import Client
+# dask's default ports (``dask scheduler --port 8786 --dashboard-address :8787``)
+SCHEDULER_PORT = 8786
+DASHBOARD_PORT = 8787
+# how long a server that accepted the connection may stay silent before we ask whether it
+# speaks HTTP (a dask server writes its handshake as soon as it accepts)
+_HANDSHAKE_WAIT = 1.0
 
-    from daskjobs.plugin.client import status
+
+class AddressError(click.ClickException):
+    """ADDRESS is not a scheduler address: one line, exit status 2 (a usage error)."""
+
+    exit_code = 2
+
+
+def _seconds(timeout: str) -> float:
+    from dask.utils import parse_timedelta
 
     try:
         seconds = parse_timedelta(timeout, default="seconds")
     except (TypeError, ValueError, KeyError):
+        seconds = None
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
         raise click.BadParameter(
             f"expected a duration such as '10s', got {timeout!r}", param_hint="--timeout"
-        ) from None
+        )
+    return float(seconds)
+
+
+def scheduler_address(text: str) -> tuple[str, bool]:
+    """``text`` as a scheduler address dask connects to (``tcp://`` added to ``HOST:PORT``, a
+    trailing ``/`` dropped), and whether it was written as a web URL (``http://``, e.g. the
+    dashboard's, whose host and port are then tried: see :func:`fetch_status`); or
+    :class:`AddressError` saying what is wrong with it."""
+    import dask
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_host_port
+
+    address = text.strip()
+    example = f"tcp://10.0.0.5:{SCHEDULER_PORT}"
+    if not address:
+        raise AddressError(f"no address given: give the scheduler's address, e.g. {example}")
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = str(dask.config.get("distributed.comm.default-scheme")), address
+    scheme = scheme.lower()
+    url = scheme in ("http", "https")
+    if url:
+        rest = rest.split("/", 1)[0]  # the dashboard's page: /status, ...
+    elif scheme not in registry.backends:
+        known = ", ".join(f"{s}://" for s in registry.backends)
+        raise AddressError(
+            f"{text!r} is not a scheduler address: unknown scheme {scheme + '://'!r} "
+            f"(dask knows {known}); e.g. {example}"
+        )
+    elif scheme == "inproc":
+        return f"{scheme}://{rest}", False
+    loc = rest.rstrip("/")
+    if "/" in loc:
+        raise AddressError(
+            f"{text!r} is not a scheduler address: it has a path; give SCHEME://HOST:PORT, "
+            f"e.g. {example}"
+        )
     try:
-        client = Client(address, timeout=seconds, set_as_default=False)
+        host, _ = parse_host_port(loc)
+    except ValueError:
+        if url:
+            raise AddressError(_dashboard_message(text)) from None
+        host = loc.rsplit(":", 1)[0] if loc.count(":") == 1 else loc
+        raise AddressError(
+            f"{text!r} is not a scheduler address: no port; give HOST:PORT, e.g. "
+            f"{scheme}://{host or '10.0.0.5'}:{SCHEDULER_PORT} (dask's default scheduler port)"
+        ) from None
+    if not host:
+        raise AddressError(f"{text!r} is not a scheduler address: no host; e.g. {example}")
+    return f"{'tcp' if url else scheme}://{loc}", url
+
+
+def _dashboard_message(text: str, scheduler: str | None = None) -> str:
+    lead = f"{text!r} looks like the dashboard URL; give the scheduler's tcp:// address"
+    if scheduler:
+        return f"{lead}: this dashboard's scheduler is {scheduler}"
+    return (
+        f"{lead} (dask's defaults: the scheduler on port {SCHEDULER_PORT}, the dashboard on "
+        f"{DASHBOARD_PORT}), e.g. tcp://HOST:{SCHEDULER_PORT}"
+    )
+
+
+def _dashboard_scheduler(host: str, port: int, seconds: float) -> str | None:
+    """If ``host:port`` answers HTTP, the address of the scheduler whose dashboard it is (from
+    ``/json/identity.json``; ``""`` if it does not say); else None. Only asked of a server that
+    stayed silent on connecting: a dask server would read the request as a huge message."""
+    import urllib.error
+    import urllib.request
+
+    where = f"[{host}]" if ":" in host else host
+    try:
+        with urllib.request.urlopen(
+            f"http://{where}:{port}/json/identity.json", timeout=seconds
+        ) as response:
+            body = response.read(1 << 20)
+    except urllib.error.HTTPError:
+        return ""  # an HTTP server, without dask's JSON routes
+    except (OSError, ValueError):
+        return None
+    try:
+        found = json.loads(body).get("address")
+    except (ValueError, AttributeError):
+        return ""
+    return found if isinstance(found, str) else ""
+
+
+async def _handshake(address: str, seconds: float, text: str, url: bool) -> str | None:
+    """Connect to ``address`` once (no retries) and complete dask's handshake: ``None`` if a
+    dask server answered, else why not, in a few words; :class:`AddressError` if it is a
+    dashboard (or ``text`` was a web URL and no scheduler answers there either).
+
+    A dask server writes its handshake as soon as it accepts a connection; one that stays
+    silent for :data:`_HANDSHAKE_WAIT` seconds is asked whether it speaks HTTP (the dashboard,
+    on whose port dask's own ``connect`` would wait for a handshake for ever)."""
+    import asyncio
+
+    from distributed.comm import registry
+    from distributed.comm.addressing import get_address_host_port, parse_address
+    from distributed.security import Security
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    scheme, loc = parse_address(address)
+    try:
+        connector = registry.get_backend(scheme).get_connector()
+    except (ValueError, ImportError) as e:  # e.g. ucx:// without ucx installed
+        return str(e)
+    args = Security().get_connection_args("client")
+    try:
+        comm = await asyncio.wait_for(connector.connect(loc, deserialize=False, **args), seconds)
+    except (TimeoutError, OSError) as e:
+        if url:
+            raise AddressError(_dashboard_message(text)) from None
+        if isinstance(e, TimeoutError):
+            return f"no answer within {seconds:g} s"
+        cause = e.__cause__ or e.__context__ or e
+        return f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    try:
+        read = asyncio.ensure_future(comm.read())
+        done, _ = await asyncio.wait({read}, timeout=min(_HANDSHAKE_WAIT, seconds))
+        if not done and scheme in ("tcp", "ws"):
+            host, port = get_address_host_port(address)
+            found = await loop.run_in_executor(None, _dashboard_scheduler, host, port, 1.0)
+            if found is not None:
+                read.cancel()
+                raise AddressError(_dashboard_message(text, found))
+        try:
+            await asyncio.wait_for(read, max(0.0, deadline - loop.time()))
+        except (TimeoutError, OSError) as e:
+            if url:
+                raise AddressError(_dashboard_message(text)) from None
+            if isinstance(e, TimeoutError):
+                return f"it accepted the connection but sent no dask handshake within {seconds:g} s"
+            return f"it closed the connection without a dask handshake ({type(e).__name__})"
+        await comm.write(comm.handshake_info())
+        return None
+    finally:
+        if comm.closed():
+            comm.abort()
+        else:
+            await comm.close()
+
+
+def fetch_status(address: str, timeout: str) -> dict[str, Any]:
+    """The plugin's status on the scheduler at ``address``; a one-line
+    :class:`click.ClickException` naming the problem if the address is not one (exit status
+    2), it cannot be reached within ``timeout``, or its scheduler does not run the plugin."""
+    import asyncio
+
+    from distributed import Client
+
+    from daskjobs.plugin.client import status
+
+    seconds = _seconds(timeout)
+    target, url = scheduler_address(address)
+    why = asyncio.run(_handshake(target, seconds, address, url))
+    if why is not None:
+        raise click.ClickException(f"cannot reach a dask scheduler at {target!r}: {why}")
+    try:
+        client = Client(target, timeout=seconds, set_as_default=False)
     except (OSError, TimeoutError) as e:
         raise click.ClickException(
-            f"cannot reach a dask scheduler at {address!r} within {timeout}: {e}"
+            f"cannot reach a dask scheduler at {target!r} within {timeout}: {e}"
         ) from None
     try:
         return status(client)
     except RuntimeError as e:  # the plugin is not loaded
-        raise click.ClickException(f"scheduler {address}: {e}") from None
+        raise click.ClickException(f"scheduler {target}: {e}") from None
     finally:
         client.close()
 
@@ -125,7 +299,8 @@ def render(st: dict[str, Any], address: str) -> str:
 def status_command(address: str, timeout: str, as_json: bool) -> None:
     """Policy, teams, measured stages and counters of the daskjobs plugin on ADDRESS.
 
-    ADDRESS is the scheduler's address, e.g. tcp://10.0.0.5:8786.
+    ADDRESS is the scheduler's address, e.g. tcp://10.0.0.5:8786 (HOST:PORT means
+    tcp://HOST:PORT); not the dashboard's http:// URL.
     """
     st = fetch_status(address, timeout)
     if as_json:
