@@ -780,7 +780,7 @@ def _sitemap_handler() -> type:
     return SitemapHandler
 
 
-def _replace_sitemap(router: Any, handler: type | None) -> list[tuple[Any, Any]]:
+def _replace_sitemap(router: Any, handler: type) -> list[tuple[Any, Any]]:
     """Point the router's ``/sitemap.json`` rules at ``handler``; the replaced
     ``(rule, target)`` pairs, to put back. Only rules one level down (where
     ``Application.add_handlers`` puts them) are looked at."""
@@ -799,8 +799,7 @@ def _replace_sitemap(router: Any, handler: type | None) -> list[tuple[Any, Any]]
                     and issubclass(target, DirectoryHandler)
                 ):
                     swapped.append((rule, target))
-                    if handler is not None:
-                        rule.target = handler
+                    rule.target = handler
     return swapped
 
 
@@ -814,8 +813,10 @@ def _distributed_bokeh(scheduler: Any) -> Any:
     router = getattr(scheduler, "http_application", None)
     if router is None:
         return None
-    from distributed.dashboard.core import DaskBokehTornado
-
+    try:
+        from distributed.dashboard.core import DaskBokehTornado
+    except ImportError:  # a Bokeh distributed does not accept: it serves no dashboard either
+        return None
     for app in getattr(router, "applications", ()):
         if isinstance(app, DaskBokehTornado) and "/status" in app.app_paths:
             return app
