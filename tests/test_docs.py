@@ -445,7 +445,10 @@ def page_runs(
     }
     pool = ThreadPoolExecutor(3)
     request.addfinalizer(pool.shutdown)
-    ordered = sorted(selected, key=lambda p: -len(_runnable(_pages[p])))
+    # the longest first: a bash block is a script of several commands (README.md, chapter.md)
+    ordered = sorted(
+        selected, key=lambda p: -sum(10 if b.lang == "bash" else 1 for b in _runnable(_pages[p]))
+    )
     return {p: pool.submit(_start, p, tmp_path_factory.mktemp(p.stem.lower())) for p in ordered}
 
 
