@@ -441,13 +441,15 @@ def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
     try:
         value = call.func(**kwargs)
     except Exception as err:
+        # with the function's own frames: the worker's one log record of a failed task
+        # ("Compute Failed") then shows where the stage raised, not this wrapper
         raise StageError(
             call.stage,
             call.key,
             call.labels,
             f"{type(err).__name__}: {err}",
             traceback.format_exc(),
-        ) from err
+        ).with_traceback(err.__traceback__) from err
     seconds = time.perf_counter() - start
     _event(ctx, "computed", call)
     if ctx.store is not None and call.cache:
@@ -550,14 +552,17 @@ class Sweep:
         key, so a second copy is harmless and the store keeps exactly one entry); pass False for
         a stage with side effects.
         """
-        stage_name = validate_stage_name(name or str(getattr(func, "__name__", "")))
+        if not callable(func):
+            where = f"stage {name!r}" if name else f"sweep {self.name!r}"
+            raise TypeError(f"{where}: {func!r} is not callable")
+        if name is None:
+            name = _default_stage_name(func)
+        stage_name = validate_stage_name(name)
         if stage_name in self.stages:
             raise ValueError(
                 f"sweep {self.name!r} already has a stage named {stage_name!r}; "
                 "pass name=... to tell them apart"
             )
-        if not callable(func):
-            raise TypeError(f"stage {stage_name!r}: {func!r} is not callable")
         if isinstance(inputs, Stage):
             inputs = {inputs.name: inputs}
         inputs = dict(inputs or {})
@@ -681,6 +686,30 @@ class Sweep:
             progress=progress,
             cluster_kwargs=cluster_kwargs,
         )
+
+
+def _default_stage_name(func: Callable[..., Any]) -> str:
+    """The function's ``__name__`` as a stage name, or ``ValueError`` asking for ``name=``
+    (a lambda, a ``functools.partial``, a callable object, a name a key cannot carry)."""
+    fname = getattr(func, "__name__", None)
+    if isinstance(fname, str):
+        try:
+            return validate_stage_name(fname)
+        except ValueError:
+            pass
+    kind = type(func)
+    if fname == "<lambda>":
+        what, example = "a lambda", "sweep.stage(lambda x: x + 1, over=..., name='plus_one')"
+    else:
+        module = kind.__module__
+        named = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+        what = f"a {named} object" if fname is None else f"{fname!r}"
+        example = "sweep.stage(func, over=..., name='score')"
+    raise ValueError(
+        f"this stage's function is {what}, which does not name a stage: pass name=..., "
+        f"e.g. {example} (letters, digits and underscores; the name prefixes the Dask keys "
+        "and labels the stage in results, logs and the plugin's status)"
+    )
 
 
 def _estimate(
@@ -1063,6 +1092,8 @@ class SweepResult:
         for name, counts in self.by_stage.items():
             lines.append(f"  {name}: computed {counts['computed']}, loaded {counts['hits']}")
         lines.extend(f"  FAILED {f}" for f in self.failures)
+        if self.failures:
+            lines.append("  (each failure's traceback: .failures[i].traceback)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -1089,13 +1120,20 @@ def run(
 
     A failing stage does not stop the others: every result that was computed is committed to
     the store and returned, and :attr:`SweepResult.failures` names each failed stage with its
-    labels and traceback.
+    labels and traceback. Each failure is logged once, by the worker that ran it (dask's
+    "Compute Failed" record, whose traceback ends in the stage function's frames), and listed
+    once in :meth:`SweepResult.summary`.
+
+    A stage function or parameter that cannot be pickled (one closing over a lock, say) stops
+    the run before anything starts, with a ``TypeError`` naming the stage, what cannot be
+    pickled and the fix.
     """
     start = time.perf_counter()
     if isinstance(sweep, SweepGraph):
         graph = sweep
     else:
         graph = sweep.to_dask(store=store, outputs=outputs)
+    _check_picklable(graph)  # before a cluster starts or anything is submitted
     if client is not None:
         return _run_with(graph, client, progress, start)
 
@@ -1146,9 +1184,6 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
         counts = log.counts()
     store_url = graph.store.url if graph.store is not None else None
     cancelled = [k for k, f in failures.items() if f.cancelled]
-    for failed in failures.values():
-        if not failed.cancelled:
-            logger.error("stage failed: %s\n%s", failed.failure, failed.failure.traceback)
     if counts.store_errors:
         n = len(counts.store_errors)
         first = next(iter(counts.store_errors.values()))
@@ -1345,6 +1380,117 @@ def _listen(client: Client, run_id: str) -> Iterator[_RunLog]:
                 del _LISTENING[client.id]
                 with contextlib.suppress(Exception):  # a closed client: nothing to undo
                     client.unsubscribe_topic(EVENT_TOPIC)
+
+
+# -- a stage that cannot be pickled ------------------------------------------------------------
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _check_picklable(graph: SweepGraph) -> None:
+    """Stop before submitting if a stage's function or one of its parameters cannot be
+    pickled, naming the stage, what cannot be pickled and the fix: dask's own error names
+    neither ("Could not serialize object of type HLGExpr").
+
+    Pickles each stage function once with cloudpickle (as dask does: by reference when its
+    module can be imported, else by value with what it refers to) and each distinct parameter
+    value that is not a plain scalar once; the culprit is looked for only after a failure.
+    """
+    import cloudpickle
+
+    seen: set[int] = set()
+    for call in graph._calls:
+        if id(call.func) not in seen:
+            seen.add(id(call.func))
+            try:
+                cloudpickle.dumps(call.func)
+            except Exception as err:
+                raise TypeError(_unpicklable_function(call.stage, call.func, err)) from err
+        for name, value in call.params.items():
+            if isinstance(value, _PLAIN) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            try:
+                cloudpickle.dumps(value)
+            except Exception as err:
+                raise TypeError(
+                    f"stage {call.stage!r} cannot be sent to the workers: its parameter "
+                    f"{name!r} ({_kind(value)}) cannot be pickled ({type(err).__name__}: "
+                    f"{err}). Fix: pass plain data (numbers, strings, arrays, dataclasses of "
+                    "those) and build the object inside the stage function."
+                ) from err
+
+
+def _kind(value: object) -> str:
+    kind = type(value)
+    module = kind.__module__
+    named = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+    return f"a {named}"
+
+
+def _refers_to(func: Any) -> list[tuple[str, object]]:
+    """What pickling ``func`` by value takes along: (how it is referred to, the value)."""
+    parts: list[tuple[str, object]] = []
+    while isinstance(func, functools.partial):
+        parts += [(f"the partial's argument {i}", v) for i, v in enumerate(func.args)]
+        parts += [(f"the partial's keyword {k!r}", v) for k, v in func.keywords.items()]
+        func = func.func
+    if inspect.ismethod(func):
+        parts.append(("the object it is a method of", func.__self__))
+        func = func.__func__
+    if inspect.isfunction(func):
+        try:
+            found = inspect.getclosurevars(func)
+        except (TypeError, ValueError):
+            return parts
+        parts += [(f"the variable {n!r} it closes over", v) for n, v in found.nonlocals.items()]
+        parts += [(f"the global {n!r}", v) for n, v in found.globals.items()]
+        parts += [("a default argument", v) for v in func.__defaults__ or ()]
+        parts += [(f"the default of {k!r}", v) for k, v in (func.__kwdefaults__ or {}).items()]
+    elif not inspect.isclass(func) and hasattr(func, "__dict__"):  # a callable object
+        parts += [(f"its attribute {k!r}", v) for k, v in vars(func).items()]
+    return parts
+
+
+def _culprit(func: Any, depth: int = 0) -> str | None:
+    """``"refers to the global 'lock' (a _thread.lock)"``: the first thing ``func`` takes along
+    that cannot be pickled, following functions it refers to (three deep)."""
+    import cloudpickle
+
+    for how, value in _refers_to(func):
+        if inspect.ismodule(value):
+            continue
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            said = f"{how} ({_kind(value)})"
+            if depth < 3 and callable(value) and not inspect.isclass(value):
+                inner = _culprit(value, depth + 1)
+                if inner is not None:
+                    return f"{said}, which refers to {inner}"
+            return said
+    return None
+
+
+def _unpicklable_function(stage: str, func: Any, err: BaseException) -> str:
+    culprit = _culprit(func)
+    named = getattr(func, "__qualname__", None) or _kind(func)
+    lead = f"stage {stage!r} cannot be sent to the workers: its function {named}"
+    if culprit:
+        lead += f" refers to {culprit}, which cannot be pickled ({type(err).__name__}: {err})"
+    else:
+        lead += f" cannot be pickled ({type(err).__name__}: {err})"
+    if _module_by_reference(func) is None:
+        lead += (
+            "; it is pickled by value, with everything it refers to, because the workers "
+            "cannot import it (defined in __main__, a notebook or inside another function)"
+        )
+    return (
+        f"{lead}. Fix: create the object inside the function, or pass plain data with params= "
+        "or over=; for a lock shared by tasks use distributed.Lock('name'); or define the "
+        "function in a module the workers can import (then it is pickled by reference, "
+        "without its globals)."
+    )
 
 
 # -- a graph the cluster cannot import ----------------------------------------------------------

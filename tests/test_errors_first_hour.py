@@ -7,6 +7,8 @@ stage reported once.
 
 from __future__ import annotations
 
+import functools
+import logging
 import socket
 import threading
 import time
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from daskjobs import Sweep, grid, run
 from daskjobs.cli import main
 
 
@@ -125,3 +128,153 @@ def test_a_silent_server_is_not_waited_for_beyond_the_timeout() -> None:
     line = one_line(err)
     assert code == 1 and "sent no dask handshake within 3 s" in line, line
     assert seconds < 8
+
+
+# -- sweeps: a stage without a name, a stage that cannot be pickled, a failure logged once ------
+
+
+def _ident(x: int) -> int:
+    return x
+
+
+class Scorer:
+    def __call__(self, x: int) -> int:
+        return x
+
+
+@pytest.mark.parametrize(
+    ("func", "called"),
+    [
+        (lambda x: x, "a lambda"),
+        (functools.partial(_ident), "a functools.partial object"),
+        (Scorer(), f"a {__name__}.Scorer object"),
+    ],
+)
+def test_a_stage_without_a_usable_name_asks_for_name(func: Any, called: str) -> None:
+    sweep = Sweep("s")
+    with pytest.raises(ValueError, match="pass name=") as info:
+        sweep.stage(func, over=grid(x=[1]))
+    assert f"this stage's function is {called}, which does not name a stage" in str(info.value)
+    assert sweep.stage(func, over=grid(x=[1]), name="plus").name == "plus"
+
+
+def test_a_stage_that_is_not_callable_says_so() -> None:
+    with pytest.raises(TypeError, match=r"sweep 's': 3 is not callable"):
+        Sweep("s").stage(3)  # type: ignore[arg-type]
+
+
+def _main_function(source: str, name: str) -> Any:
+    """A function defined as if in a script's ``__main__`` (pickled by value)."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(source, namespace)
+    return namespace[name]
+
+
+@pytest.fixture(scope="module")
+def client(dashboard_cluster: Any) -> Any:
+    from distributed import Client
+
+    with Client(dashboard_cluster) as c:
+        yield c
+
+
+def _submitted(client: Any) -> int:
+    return int(client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)))
+
+
+def test_a_stage_closing_over_a_lock_is_named_before_anything_is_submitted(client: Any) -> None:
+    lock = threading.Lock()
+
+    def guarded(x: int) -> int:
+        with lock:
+            return x
+
+    sweep = Sweep("s")
+    sweep.stage(guarded, over=grid(x=[1, 2]))
+    with pytest.raises(TypeError) as info:
+        sweep.run(client, store=False, progress=False)
+    message = str(info.value)
+    assert message.startswith("stage 'guarded' cannot be sent to the workers: its function ")
+    assert "refers to the variable 'lock' it closes over (a _thread.lock)" in message
+    assert "cannot pickle '_thread.lock' object" in message
+    assert "distributed.Lock('name')" in message and "inside the function" in message
+    assert "HLGExpr" not in message
+    assert _submitted(client) == 0
+
+
+def test_a_script_stage_using_a_global_lock_names_the_global_and_why_it_travels() -> None:
+    guarded = _main_function(
+        "import threading\nlock = threading.Lock()\n"
+        "def guarded(x):\n    with lock:\n        return x\n",
+        "guarded",
+    )
+    sweep = Sweep("s")
+    sweep.stage(guarded, over=grid(x=[1]))
+    start = time.perf_counter()
+    with pytest.raises(TypeError) as info:
+        run(sweep, store=False, progress=False)  # no client: raised before a cluster starts
+    assert time.perf_counter() - start < 2
+    message = str(info.value)
+    assert "its function guarded refers to the global 'lock' (a _thread.lock)" in message
+    assert "pickled by value" in message and "__main__" in message
+
+
+def test_a_helper_holding_a_lock_is_followed_to_the_lock() -> None:
+    stage = _main_function(
+        "import threading\nlock = threading.Lock()\n"
+        "def helper(x):\n    with lock:\n        return x\n"
+        "def stage(x):\n    return helper(x)\n",
+        "stage",
+    )
+    sweep = Sweep("s")
+    sweep.stage(stage, over=grid(x=[1]))
+    with pytest.raises(TypeError) as info:
+        run(sweep, store=False, progress=False)
+    assert (
+        "refers to the global 'helper' (a function), which refers to the global 'lock' "
+        "(a _thread.lock)" in str(info.value)
+    )
+
+
+class Handle:
+    """Tokenizes (so the stage can be keyed) but cannot be pickled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __dask_tokenize__(self) -> str:
+        return "handle"
+
+
+def test_a_parameter_that_cannot_be_pickled_is_named(client: Any) -> None:
+    sweep = Sweep("s")
+    sweep.stage(_ident, over=grid(x=[1]), params={"conn": Handle()}, name="with_conn")
+    with pytest.raises(TypeError) as info:
+        sweep.run(client, store=False, progress=False)
+    message = str(info.value)
+    assert "stage 'with_conn' cannot be sent to the workers: its parameter 'conn' " in message
+    assert f"(a {__name__}.Handle) cannot be pickled" in message
+    assert _submitted(client) == 0
+
+
+def _fails_on_two(x: int) -> int:
+    if x == 2:
+        raise ValueError("two is not allowed")
+    return x
+
+
+def test_a_failed_stage_is_logged_once_and_listed_once(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sweep = Sweep("s")
+    sweep.stage(_fails_on_two, over=grid(x=[1, 2, 3]))
+    with caplog.at_level(logging.INFO):
+        result = sweep.run(client, store=False, progress=False)
+    told = [r for r in caplog.records if "two is not allowed" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in told]  # was 2: the worker's, then run()'s
+    # the one record (dask's worker log) shows where the stage function raised
+    assert 'in _fails_on_two\\n    raise ValueError("two is not allowed")' in told[0].getMessage()
+    summary = result.summary()
+    assert summary.count("two is not allowed") == 1
+    assert "FAILED _fails_on_two(x=2): ValueError: two is not allowed" in summary
+    assert "raise ValueError" in result.failures[0].traceback
