@@ -64,7 +64,8 @@ def test_verify_reports_and_removes_corrupt_entries(store: ResultStore) -> None:
     assert code == 1 and "corrupt: backtest-1 (kept)" in out and store.contains("backtest-1")
     code, out = invoke("cache", "verify", "--store", store.url, "--json")
     report = json.loads(out)
-    assert code == 1 and report["corrupt"] == ["backtest-1"] and len(report["ok"]) == 2
+    assert code == 1 and report["corrupt"] == ["backtest-1"] and report["ok"] == 2
+    assert report["checked"] == 3 and "ok_keys" not in report
     assert not store.contains("backtest-1")
     code, out = invoke("cache", "verify", "--store", store.url)
     assert code == 0 and "2 entries ok, 0 corrupt" in out
@@ -73,9 +74,11 @@ def test_verify_reports_and_removes_corrupt_entries(store: ResultStore) -> None:
 def test_gc_by_size_and_age(store: ResultStore) -> None:
     sizes = {e.key: e.nbytes for e in store.ls()}
     limit = str(sizes["backtest-1"] + sizes["backtest-2"])
-    code, out = invoke("cache", "gc", "--store", store.url, "--max-size", limit, "--dry-run")
-    assert code == 0 and "would remove features-1: store above" in out
-    assert "would remove 1 entries" in out and len(store.keys()) == 3
+    code, out = invoke(
+        "cache", "gc", "--store", store.url, "--max-size", limit, "--dry-run", "--verbose"
+    )
+    assert code == 0 and f"would remove features-1: oldest, to bring the store under {limit}" in out
+    assert "would remove 1 entry " in out and len(store.keys()) == 3
     # Make features-1 old, then collect by age.
     manifest = Path(store.root) / "entries" / "features-1.json"
     data = json.loads(manifest.read_text())
@@ -174,5 +177,61 @@ def test_a_read_only_store_is_listed_and_refuses_removal_clearly(
         code, out = run_cli("cache", "gc", "--store", store.url, "--older-than", "0")
         assert code == 1 and "cannot remove entries from" in out and "read-only" in out
         code, out = run_cli("cache", "gc", "--store", store.url, "--older-than", "0", "--dry-run")
-        assert code == 0 and "would remove 2 entries" in out
+        assert code == 0 and "would remove 2 entries" in out and "  2 older than 0" in out
     assert snapshot(tmp_path) == before
+
+
+# -- many entries: counts, not one line each ---------------------------------------------------
+
+
+@pytest.fixture
+def big_store(tmp_path: Path) -> ResultStore:
+    s = ResultStore(tmp_path / "big")
+    for i in range(300):
+        s.put(f"backtest-{i:04d}", {"sharpe": i}, stage="backtest", params={"i": i})
+    manifest = Path(s.root) / "entries"
+    for i in range(200):  # two thirds are old
+        path = manifest / f"backtest-{i:04d}.json"
+        data = json.loads(path.read_text())
+        data["created"] = time.time() - 40 * 86400
+        path.write_text(json.dumps(data))
+    return s
+
+
+def test_gc_summarises_what_it_removes_and_lists_it_on_request(big_store: ResultStore) -> None:
+    url = big_store.url
+    size = sum(e.nbytes for e in big_store.ls()[250:])  # keeps the newest 50
+    args = ["cache", "gc", "--store", url, "--older-than", "30d", "--max-size", str(size)]
+    code, out = invoke(*args, "--dry-run")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 4, out  # was one line per entry: 250 and the total
+    assert lines[0].startswith("would remove 250 entries (") and "kept 50 entries" in lines[0]
+    assert lines[1] == "  200 older than 30d"
+    assert lines[2] == f"   50 oldest, to bring the store under {size}"
+    assert lines[3] == "  (--verbose lists each entry)"
+    code, out = invoke(*args, "--dry-run", "--verbose")
+    listed = [line for line in out.splitlines() if line.startswith("would remove backtest-")]
+    assert code == 0 and len(listed) == 250
+    assert "would remove backtest-0000: older than 30d" in listed
+    code, out = invoke(*args)
+    assert code == 0 and len(out.splitlines()) == 4 and out.startswith("removed 250 entries (")
+    assert len(big_store.keys()) == 50
+
+
+def test_verify_lists_the_corrupt_and_counts_the_sound(big_store: ResultStore) -> None:
+    path = Path(big_store.root) / big_store.info("backtest-0007").payload
+    path.write_bytes(path.read_bytes()[:-5])
+    code, out = invoke("cache", "verify", "--store", big_store.url, "--keep", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["corrupt"] == ["backtest-0007"] and report["ok"] == 299
+    assert report["checked"] == 300 and "ok_keys" not in report and len(out) < 300
+    assert report["removed"] is False and report["not_removed"] == {}
+    code, out = invoke("cache", "verify", "--store", big_store.url, "--keep", "--json", "-v")
+    assert len(json.loads(out)["ok_keys"]) == 299
+    code, out = invoke("cache", "verify", "--store", big_store.url, "--keep")
+    assert code == 1 and out.splitlines() == [
+        "corrupt: backtest-0007 (kept)",
+        f"299 entries ok, 1 corrupt in {big_store.url}",
+    ]
+    code, out = invoke("cache", "verify", "--store", big_store.url, "--keep", "--verbose")
+    assert len(out.splitlines()) == 301

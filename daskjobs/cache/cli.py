@@ -6,6 +6,11 @@ its checksum, removing the corrupt ones. Every subcommand takes ``--store URL`` 
 ``$DASKJOBS_STORE``, the dask config key ``daskjobs.store``, then ``./.daskjobs-cache``) and
 ``--json`` for one JSON object on stdout.
 
+``gc`` and ``verify`` print counts, not one line per entry, unless ``--verbose``: ``gc`` the
+entries removed counted by reason and the bytes freed, ``verify`` the corrupt entries and the
+count of the sound ones (``verify --json`` too: ``"ok"`` is a count, ``"ok_keys"`` with
+``--verbose``).
+
 ``ls``, ``info``, ``gc --dry-run`` and ``verify --keep`` only look: they never change the store,
 whatever they find. A store path that is a file or does not exist, and a store that cannot be
 written, are one-line errors (exit status 1), never tracebacks.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -133,6 +139,15 @@ def info_command(key: str, url: str | None) -> None:
     click.echo(json.dumps(info.to_json(), indent=2, sort_keys=True, default=str))
 
 
+def _entries(n: int) -> str:
+    return f"{n} {'entry' if n == 1 else 'entries'}"
+
+
+verbose_option = click.option(
+    "-v", "--verbose", is_flag=True, help="List every entry concerned, not only the counts."
+)
+
+
 @cache.command("gc")
 @store_option
 @click.option(
@@ -148,11 +163,21 @@ def info_command(key: str, url: str | None) -> None:
     help='Then remove the oldest entries until the store holds at most this ("10GB").',
 )
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
+@verbose_option
 @json_option
 def gc_command(
-    url: str | None, older_than: str | None, max_size: str | None, dry_run: bool, as_json: bool
+    url: str | None,
+    older_than: str | None,
+    max_size: str | None,
+    dry_run: bool,
+    verbose: bool,
+    as_json: bool,
 ) -> None:
-    """Remove old entries, then the oldest ones above a total size, and abandoned writes."""
+    """Remove old entries, then the oldest ones above a total size, and abandoned writes.
+
+    Prints what was (or, with --dry-run, would be) removed: counts by reason, bytes freed;
+    --verbose lists each entry, --json gives every removed key.
+    """
     from dask.utils import parse_bytes, parse_timedelta
 
     try:
@@ -173,36 +198,66 @@ def gc_command(
     if as_json:
         click.echo(json.dumps({"store": store.url, **asdict(report)}))
         return
+
+    def why(reason: str) -> str:  # the store's reason, in the words of the options given
+        if reason.startswith("older than") and older_than is not None:
+            return f"older than {older_than}"
+        if reason.startswith("store above") and max_size is not None:
+            return f"oldest, to bring the store under {max_size}"
+        return reason
+
     verb = "would remove" if dry_run else "removed"
-    for key in report.removed:
-        click.echo(f"{verb} {key}: {report.reasons[key]}")
+    if verbose:
+        for key in report.removed:
+            click.echo(f"{verb} {key}: {why(report.reasons[key])}")
     click.echo(
-        f"{verb} {len(report.removed)} entries ({_size(report.freed_bytes)}) and "
-        f"{report.orphans} abandoned files; kept {report.kept} entries "
+        f"{verb} {_entries(len(report.removed))} ({_size(report.freed_bytes)}) and "
+        f"{report.orphans} abandoned files; kept {_entries(report.kept)} "
         f"({_size(report.kept_bytes)}) in {store.url}"
     )
+    by_reason = Counter(why(report.reasons[key]) for key in report.removed)
+    for reason, n in by_reason.most_common():
+        click.echo(f"  {n:>{len(str(len(report.removed)))}} {reason}")
+    if report.removed and not verbose:
+        click.echo("  (--verbose lists each entry)")
 
 
 @cache.command("verify")
 @store_option
 @click.option("--keep", is_flag=True, help="Report corrupt entries without removing them.")
+@verbose_option
 @json_option
-def verify_command(url: str | None, keep: bool, as_json: bool) -> None:
+def verify_command(url: str | None, keep: bool, verbose: bool, as_json: bool) -> None:
     """Recompute every entry's checksum; remove (or with --keep, list) the corrupt ones.
 
-    Exits with status 1 if any entry was corrupt.
+    Lists the corrupt entries and counts the sound ones (--verbose lists those too; in --json,
+    "ok" is their count and "ok_keys" their keys). Exits with status 1 if any entry was
+    corrupt.
     """
     store = _store(url)
     with _errors():
         report = store.verify(remove=not keep)
     if as_json:
-        click.echo(json.dumps({"store": store.url, **asdict(report)}))
+        out: dict[str, Any] = {
+            "store": store.url,
+            "checked": len(report.ok) + len(report.corrupt),
+            "ok": len(report.ok),
+            "corrupt": list(report.corrupt),
+            "removed": report.removed,
+            "not_removed": dict(report.not_removed),
+        }
+        if verbose:
+            out["ok_keys"] = list(report.ok)
+        click.echo(json.dumps(out))
     else:
+        if verbose:
+            for key in report.ok:
+                click.echo(f"ok: {key}")
         action = "kept" if keep else "removed"
         for key in report.corrupt:
             failure = report.not_removed.get(key)
             done = action if failure is None else f"could not remove: {failure}"
             click.echo(f"corrupt: {key} ({done})")
-        click.echo(f"{len(report.ok)} entries ok, {len(report.corrupt)} corrupt in {store.url}")
+        click.echo(f"{_entries(len(report.ok))} ok, {len(report.corrupt)} corrupt in {store.url}")
     if report.corrupt:
         raise SystemExit(1)
