@@ -12,6 +12,7 @@ on a machine downloads dask, distributed and the other dependencies.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -299,14 +300,18 @@ def check_mypy_output(out: str) -> None:
 
 @pytest.mark.slow
 def test_mypy_sees_the_public_api_s_types(tmp_path: Path) -> None:
-    import os
-
     # the source tree (mypy does not follow the import hook of an editable install)
     out = run_mypy(tmp_path, env={**os.environ, "MYPYPATH": str(ROOT)})
     check_mypy_output(out)
 
 
 # -- pip install . into a fresh environment -----------------------------------------------
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without PYTHONPATH: nothing inherited may put a source tree of
+    daskjobs ahead of (or, for pip, in place of) the installed one."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 @pytest.fixture(scope="module")
@@ -323,6 +328,7 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
+    env = clean_env()
 
     def pip(*args: str) -> None:
         run = subprocess.run(
@@ -330,6 +336,7 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
             capture_output=True,
             text=True,
             timeout=900,
+            env=env,
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
@@ -348,6 +355,7 @@ def test_pip_install_then_a_real_cluster_runs_a_sweep_with_the_plugin(
 
     bin_dir, wheel = fresh_venv
     venv = bin_dir.parent
+    env = clean_env()
     # the wheel holds the package data, the stub and both entry points
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -367,6 +375,7 @@ def test_pip_install_then_a_real_cluster_runs_a_sweep_with_the_plugin(
         text=True,
         cwd=tmp_path,
         timeout=60,
+        env=env,
     )
     assert probe.returncode == 0, probe.stderr
     version, meta_version, where = probe.stdout.split()
@@ -379,6 +388,7 @@ def test_pip_install_then_a_real_cluster_runs_a_sweep_with_the_plugin(
         preload="daskjobs.preload",
         bin_dir=bin_dir,
         source_on_path=False,
+        env={"PYTHONPATH": str(ROOT / "tests")},
     )
     with rc.client() as c:
         # scheduler and workers run the installed daskjobs, with the plugin on the scheduler
@@ -403,6 +413,7 @@ def test_pip_install_then_a_real_cluster_runs_a_sweep_with_the_plugin(
         text=True,
         timeout=60,
         cwd=tmp_path,
+        env=env,
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"scheduler {rc.address}\npolicy "), run.stdout
