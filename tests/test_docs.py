@@ -91,7 +91,6 @@ class Block:
     code: str
     marks: dict[str, str] = field(default_factory=dict)
     expected: str | None = None  # a Python block's output block, if one follows it
-    expected_line: int = 0
 
     @property
     def where(self) -> str:
@@ -138,7 +137,7 @@ def parse(path: Path, root: Path = ROOT) -> list[Block]:
             and last_end >= 0
             and all(not g.strip() for g in gap)
         ):
-            prev.expected, prev.expected_line = code, i + 2
+            prev.expected = code
         blocks.append(block)
         last_end = j
         i = j + 1
@@ -311,15 +310,12 @@ def _close_leftovers(namespace: dict[str, Any]) -> None:
         from distributed.deploy import Cluster
     except ImportError:  # pragma: no cover
         return
-    values = list(namespace.values())
-    for v in values:
-        if isinstance(v, Client):
-            with contextlib.suppress(Exception):
-                v.close()
-    for v in values:
-        if isinstance(v, Cluster):
-            with contextlib.suppress(Exception):
-                v.close()
+    clients = [v for v in namespace.values() if isinstance(v, Client)]
+    clusters = [v for v in namespace.values() if isinstance(v, Cluster)]
+    clusters += [c.cluster for c in clients if isinstance(c.cluster, Cluster)]
+    for v in [*clients, *clusters]:  # Client(daskjobs.local_cluster()): the cluster too
+        with contextlib.suppress(Exception):
+            v.close()
 
 
 def run_page(spec_path: Path) -> None:
@@ -353,7 +349,7 @@ def run_page(spec_path: Path) -> None:
     results: list[dict[str, Any]] = []
     for b in blocks:
         code = b.code.replace(SHARED, address)
-        t0 = time.perf_counter()
+        t0, done = time.perf_counter(), len(results)
         if b.lang == "python":
             out = io.StringIO()
             error = None
@@ -375,14 +371,15 @@ def run_page(spec_path: Path) -> None:
             r = _shell(code, env, workdir, strict=True)
             results.append({"where": b.where, **r})
         elif b.lang == "console":
-            for cmd, _ in console_commands(code):
+            for n, (cmd, _) in enumerate(console_commands(code)):
                 r = _shell(cmd, env, workdir, strict=False)
-                results.append({"where": b.where, "command": cmd, **r})
-        results[-1]["seconds"] = round(time.perf_counter() - t0, 2)
+                results.append({"where": b.where, "command": cmd, "n": n, **r})
+        if len(results) > done:
+            results[-1]["seconds"] = round(time.perf_counter() - t0, 2)
     _close_leftovers(namespace)
     if shared is not None:
         shared.close()
-    (Path(spec["result"])).write_text(json.dumps(results))
+    Path(spec["result"]).write_text(json.dumps({"address": address, "results": results}))
 
 
 # -- the tests ----------------------------------------------------------------------------------
@@ -458,7 +455,8 @@ def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRu
     proc, result_file = run.proc, run.result
     if proc.returncode != 0 or not result_file.exists():
         pytest.fail(f"{_page_id(page)}: the page's process failed:\n{proc.stderr[-8000:]}")
-    results = json.loads(result_file.read_text())
+    run_result = json.loads(result_file.read_text())
+    results, address = run_result["results"], run_result["address"]
     by_block = {b.where: b for b in _runnable(_pages[page])}
     problems: list[str] = []
     for r in results:
@@ -477,9 +475,10 @@ def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRu
         if b.lang == "python" and b.expected is not None:
             expected = b.expected
         elif b.lang == "console":
-            expected = dict(console_commands(b.code))[r["command"]]
+            expected = console_commands(b.code)[r["n"]][1]
         else:
             continue
+        expected = expected.replace(SHARED, address)
         if expected.strip() and not matches(expected, r["stdout"]):
             problems.append(
                 f"{head}: its output differs from what the page shows:\n"
@@ -503,6 +502,8 @@ def test_every_block_is_run_or_says_why() -> None:
                     skips.append(f"{b.where} {name}: {value}")
             if "file" in b.marks:
                 assert b.lang == "python" and b.marks["file"].endswith(".py"), b.where
+            if b.lang == "console":
+                assert console_commands(b.code), f"{b.where}: no $ command (output: text)"
     assert len(skips) <= MAX_SKIPS, "too many skipped blocks:\n" + "\n".join(skips)
 
 
