@@ -19,7 +19,7 @@ import importlib
 
 import click
 
-from daskjobs import __version__
+import daskjobs
 
 __all__ = ["COMMANDS", "LazyGroup", "jobs", "main"]
 
@@ -32,6 +32,23 @@ COMMANDS: dict[str, str] = {
 }
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"daskjobs, version {daskjobs.__version__}")
+        ctx.exit()
+
+
+#: ``--version``; the version (installed metadata) is looked up only when asked for.
+_version_option = click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 
 
 class LazyGroup(click.Group):
@@ -51,13 +68,13 @@ class LazyGroup(click.Group):
 
 
 @click.group("daskjobs", cls=LazyGroup, context_settings=_CONTEXT)
-@click.version_option(__version__, prog_name="daskjobs")
+@_version_option
 def main() -> None:
     """Finish dask sweeps sooner and more fairly: simulate, cache, schedule."""
 
 
 @click.group("jobs", cls=LazyGroup, context_settings=_CONTEXT)
-@click.version_option(__version__, prog_name="daskjobs")
+@_version_option
 def jobs() -> None:
     """daskjobs: simulate, replay, cache, plugin status.
 
