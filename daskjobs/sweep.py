@@ -118,6 +118,7 @@ __all__ = [
     "SweepResult",
     "cases",
     "grid",
+    "quiet_workers",
     "run",
 ]
 
@@ -1149,7 +1150,53 @@ def run(
     }
     kwargs.update(cluster_kwargs or {})
     with LocalCluster(**kwargs) as cluster, Client(cluster) as own_client:
-        return _run_with(graph, own_client, progress, start)
+        try:
+            return _run_with(graph, own_client, progress, start)
+        finally:
+            quiet_workers(own_client)
+
+
+# -- closing a cluster quietly ------------------------------------------------------------------
+
+
+async def _stop_heartbeats(dask_worker: Any, timeout: float = 5.0) -> int:
+    """Stop this worker's heartbeats and wait (at most ``timeout`` s) until the one in flight,
+    if any, has its answer; returns how many 10 ms waits that took."""
+    import asyncio
+
+    pc = dask_worker.periodic_callbacks.get("heartbeat")
+    if pc is not None:
+        pc.stop()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    def in_flight() -> bool:  # the heartbeat's pooled connection to the scheduler is in use
+        return any(
+            getattr(comm, "name", "") == "ConnectionPool.heartbeat_worker"
+            for comms in dask_worker.rpc.occupied.values()
+            for comm in comms
+        )
+
+    waits = 0
+    while in_flight() and loop.time() < deadline:
+        waits += 1
+        await asyncio.sleep(0.01)
+    return waits
+
+
+def quiet_workers(client: Client) -> None:
+    """Prepare a cluster you are about to close so that its workers close quietly.
+
+    A worker closing while its heartbeat waits for the scheduler's answer aborts that
+    heartbeat itself (``Worker.close`` stops the heartbeat callback, then closes its connection
+    pool under the request) and logs it as an ERROR with a 25-line traceback, "Failed to
+    communicate with scheduler during heartbeat" (dask/distributed#6543). It happens when the
+    scheduler answers slowly as the cluster closes: a loaded machine, a busy scheduler. This
+    stops every worker's heartbeats and waits for the answers in flight; call it just before
+    closing a cluster you started (:func:`run` does, for the cluster it starts). Never raises.
+    """
+    with contextlib.suppress(Exception):  # a cluster already closing: nothing to quiet
+        client.run(_stop_heartbeats)
 
 
 def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -> SweepResult:

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from distributed import Client, LocalCluster
 
     from daskjobs import JobsPlugin, ResultStore, local_cluster
+    from daskjobs.sweep import quiet_workers
 
     store = ResultStore(args.store)
     sweep = build_sweep(args.slices, args.bars, args.fast, args.slow, args.cost_bps)
@@ -76,12 +77,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cluster_cm = local_cluster(JobsPlugin(policy=args.policy), **cluster_kwargs)
     with cluster_cm as cluster, Client(cluster) as client:
-        result = sweep.run(client, store=store, progress=not args.json)
+        try:
+            result = sweep.run(client, store=store, progress=not args.json)
+        finally:
+            # workers closing while a heartbeat awaits the scheduler log a 25-line traceback
+            # (a distributed race; see daskjobs.sweep.quiet_workers): stop their heartbeats
+            quiet_workers(client)
     total = time.perf_counter() - start
 
     table = result.table()
     ok = [i for i, e in enumerate(table["error"]) if e is None]
-    best = max(ok, key=lambda i: table["sharpe"][i]) if ok else None
+    # the mean Sharpe ratio over the slices of each (fast, slow, cost) point: what the table
+    # shows, and what "best" picks from
+    by_point: dict[tuple[int, int, float], list[float]] = {}
+    for i in ok:
+        point = (table["fast"][i], table["slow"][i], table["cost_bps"][i])
+        by_point.setdefault(point, []).append(table["sharpe"][i])
+    means = {point: float(np.mean(values)) for point, values in by_point.items()}
+    best = max(means, key=lambda point: (means[point], point)) if means else None
     feats = result.by_stage.get("rolling_features", {"computed": 0, "hits": 0})
     summary = {
         "computed": result.computed,
@@ -98,27 +111,39 @@ def main(argv: list[str] | None = None) -> int:
         "policy": args.policy,
         "best": None
         if best is None
-        else {k: table[k][best] for k in ("slice", "fast", "slow", "cost_bps", "sharpe")},
+        else {
+            "fast": best[0],
+            "slow": best[1],
+            "cost_bps": best[2],
+            "mean_sharpe": round(means[best], 4),
+            "slices": len(by_point[best]),
+        },
     }
     if args.json:
         print(json.dumps(summary))
         return 0 if result.ok else 1
 
-    print(f"\nSharpe ratio by (fast, slow), mean over {args.slices} slices, per cost level:")
+    from daskjobs._text import table as text_table
+
+    print(f"\nSharpe ratio by (fast, slow) window, mean over {args.slices} slices, per cost:")
     for cost in args.cost_bps:
-        print(f"\n  cost {cost:g} bp   " + "".join(f"slow={s:<6d}" for s in args.slow))
+        rows = []
         for f in args.fast:
-            cells = []
+            cells = [f"fast={f}"]
             for s in args.slow:
-                vals = [
-                    table["sharpe"][i]
-                    for i in ok
-                    if (table["fast"][i], table["slow"][i], table["cost_bps"][i]) == (f, s, cost)
-                ]
-                cells.append(f"{np.mean(vals):+.3f}    " if vals else "   -      ")
-            print(f"  fast={f:<3d}        " + "".join(cells))
-    if summary["best"]:
-        print(f"\nbest: {summary['best']}")
+                mean = means.get((f, s, cost))
+                cells.append("-" if mean is None else f"{mean:+.3f}")
+            rows.append(cells)
+        headers = [f"cost {cost:g} bp", *(f"slow={s}" for s in args.slow)]
+        print("\n" + text_table(headers, rows))
+    if best is not None:
+        fast, slow, cost = best
+        spread = by_point[best]
+        print(
+            f"\nbest: fast={fast}, slow={slow} at cost {cost:g} bp, mean Sharpe "
+            f"{means[best]:+.3f} over {len(spread)} slices "
+            f"(from {min(spread):+.3f} to {max(spread):+.3f})"
+        )
     for failure in result.failures:
         print(f"FAILED {failure}", file=sys.stderr)
     print(

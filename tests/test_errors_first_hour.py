@@ -7,6 +7,7 @@ stage reported once.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import socket
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs import Sweep, grid, run
 from daskjobs.cli import main
@@ -278,3 +280,76 @@ def test_a_failed_stage_is_logged_once_and_listed_once(
     assert summary.count("two is not allowed") == 1
     assert "FAILED _fails_on_two(x=2): ValueError: two is not allowed" in summary
     assert "raise ValueError" in result.failures[0].traceback
+
+
+# -- closing a cluster: no heartbeat traceback --------------------------------------------------
+
+
+class SlowHeartbeats(SchedulerPlugin):
+    """A scheduler that takes a second to answer a worker's heartbeat (a loaded machine)."""
+
+    name = "slow-heartbeats"
+
+    async def start(self, scheduler: Any) -> None:
+        answer = scheduler.handlers["heartbeat_worker"]
+
+        async def slowly(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(1.0)
+            return answer(*args, **kwargs)
+
+        scheduler.handlers["heartbeat_worker"] = slowly
+
+
+_BEATING: list[Any] = []
+
+
+async def _beat(dask_worker: Any) -> None:
+    _BEATING.append(asyncio.ensure_future(dask_worker.heartbeat()))  # in flight for a second
+
+
+def _close_with_a_heartbeat_in_flight(quiet: bool, caplog: pytest.LogCaptureFixture) -> list[str]:
+    from distributed import Client, LocalCluster
+
+    from daskjobs.sweep import quiet_workers
+
+    with (
+        caplog.at_level(logging.ERROR, logger="distributed.worker"),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            protocol="tcp://",
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [SlowHeartbeats()]},
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        c.run(_beat)
+        if quiet:
+            quiet_workers(c)
+    return [r.getMessage() for r in caplog.records if "during heartbeat" in r.getMessage()]
+
+
+def test_a_worker_closing_under_its_own_heartbeat_logs_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cause, shown: distributed's Worker.close aborts its own heartbeat in flight."""
+    said = _close_with_a_heartbeat_in_flight(False, caplog)
+    assert said and all("Failed to communicate with scheduler during heartbeat" in m for m in said)
+
+
+def test_quiet_workers_closes_a_cluster_without_the_heartbeat_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert _close_with_a_heartbeat_in_flight(True, caplog) == []
+
+
+def test_run_quiets_the_workers_of_the_cluster_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import daskjobs.sweep
+
+    quieted: list[Any] = []
+    monkeypatch.setattr(daskjobs.sweep, "quiet_workers", quieted.append)
+    sweep = Sweep("s")
+    sweep.stage(_ident, over=grid(x=[1]))
+    result = run(sweep, store=False, progress=False, cluster_kwargs={"processes": False})
+    assert result.ok and len(quieted) == 1

@@ -558,3 +558,45 @@ def test_example_second_run_loads_every_feature(tmp_path: Path) -> None:
     assert third["computed"] == 0 and third["hits"] == 3 * per_cost
     assert first["best"] == second["best"] == third["best"]
     assert {"computed", "hits", "seconds"} <= set(first)
+
+
+def test_example_table_is_aligned_and_best_is_the_best_mean_it_shows(tmp_path: Path) -> None:
+    """The text output: each column's header sits over its values (they were about four
+    columns off), and "best" is the highest mean of the table (it was one slice's Sharpe
+    ratio, printed under a table of means)."""
+    import re
+
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "backtest_sweep.py"),
+        *("--store", str(tmp_path / "store"), "--slices", "3", "--bars", "5000"),
+        *("--fast", "5,10", "--slow", "50,100,150", "--cost-bps", "0,5", "--workers", "2"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+    cells: dict[tuple[int, int, float], float] = {}
+    heads = [i for i, line in enumerate(lines) if line.startswith("cost ")]
+    assert len(heads) == 2
+    for h in heads:
+        header, rule, *rows = lines[h : h + 4]
+        assert set(rule) <= {"-", " "}
+        ends = [m.end() for m in re.finditer(r"slow=\d+", header)]
+        assert len(ends) == 3
+        cost = float(header.split()[1])
+        for row in rows:
+            values = list(re.finditer(r"[+-]\d+\.\d{3}", row))
+            assert [m.end() for m in values] == ends, (header, row)  # right-aligned under
+            fast = int(row.split()[0].removeprefix("fast="))
+            for slow, m in zip((50, 100, 150), values, strict=True):
+                cells[(fast, slow, cost)] = float(m.group())
+    (best,) = [line for line in lines if line.startswith("best: ")]
+    found = re.match(
+        r"best: fast=(\d+), slow=(\d+) at cost (\S+) bp, mean Sharpe ([+-]\d+\.\d{3}) over 3 "
+        r"slices \(from [+-]\d+\.\d{3} to [+-]\d+\.\d{3}\)$",
+        best,
+    )
+    assert found, best
+    point = (int(found[1]), int(found[2]), float(found[3]))
+    assert cells[point] == float(found[4]) == max(cells.values())
