@@ -172,3 +172,120 @@ def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert result.exit_code == 2
     assert 'pip install "daskjobs[plot]"' in result.output
     assert not list(tmp_path.iterdir())
+
+
+# -- what the figures show (read back through matplotlib's API) -------------------------------
+
+
+def _legend_labels(ax: Any) -> list[str]:
+    legend = ax.get_legend()
+    return [t.get_text() for t in legend.get_texts()] if legend is not None else []
+
+
+def test_chapter_makespan_figure_labels_both_axes_and_tells_the_bounds_apart(
+    chapter_run: tuple[dict[str, Any], Path], tmp_path: Path
+) -> None:
+    from daskjobs.sim import plot
+
+    report, _ = chapter_run
+    fig = plot._chapter_makespans_figure(report)
+    (ax,) = fig.axes
+    (near,) = ax.child_axes  # the inset near the bounds
+    assert ax.get_xlabel().startswith("policy") and ax.get_ylabel() == "makespan (hours)"
+    lower, speed = report["lower_bound_h"], report["speed_bound_h"]
+    labels = _legend_labels(ax)
+    assert f"lower bound {lower:.2f} h" in labels and f"speed bound {speed:.2f} h" in labels
+    assert "published" in labels
+    # at the full scale the two lines are ~1% of the height apart; in the inset, over 5%
+    full = ax.get_ylim()[1] - ax.get_ylim()[0]
+    bottom, top = near.get_ylim()
+    assert (speed - lower) / full < 0.02 and (speed - lower) / (top - bottom) > 0.05
+    assert bottom < lower < speed < top
+    plot._save(fig, tmp_path / "m.png", plot._published_note(report))
+    (note,) = [t.get_text() for t in fig.texts]
+    assert note.startswith("published (black marks): ") and "docs/chapter.md" in note
+
+
+@pytest.fixture(scope="module")
+def fairshare_report() -> dict[str, Any]:
+    result = invoke("fairshare", "--json")
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def _overlaps(fig: Any, ax: Any) -> list[str]:
+    """Labels of ``ax`` that a published mark (a horizontal segment) is drawn through."""
+    from matplotlib.collections import LineCollection
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    crossed = []
+    for text in ax.texts:
+        box = text.get_window_extent(renderer)
+        for lines in (c for c in ax.collections if isinstance(c, LineCollection)):
+            for segment in lines.get_segments():
+                (x0, y), (x1, _) = ax.transData.transform(segment)
+                if box.y0 < y < box.y1 and x0 < box.x1 and x1 > box.x0:
+                    crossed.append(text.get_text())
+    return crossed
+
+
+def test_fairshare_figure_shows_the_columns_the_table_prints(
+    fairshare_report: dict[str, Any],
+) -> None:
+    from daskjobs.sim import plot
+
+    fig = plot._fairshare_figure(fairshare_report)
+    left, right = fig.axes
+    assert [t.get_text() for t in left.get_xticklabels()] == ["median wait", "max wait (all done)"]
+    assert left.get_ylabel() == "hours after team b's submission (1 h in)"
+    assert right.get_ylabel() == "hours from the start"
+    rows = fairshare_report["rows"]
+    heights = [round(p.get_height(), 6) for p in left.patches]
+    for row in rows:
+        b = row["teams"]["b"]
+        assert round(b["median_wait_h"], 6) in heights and round(b["max_wait_h"], 6) in heights
+        # the bar the table calls "max wait h", with the table's "end h" beside it
+        said = [t.get_text() for t in left.texts]
+        assert f"{b['max_wait_h']:.2f}\nends {b['end_h']:.2f} h" in said
+    assert [round(p.get_height(), 6) for p in right.patches] == [
+        round(r["a_end_h"], 6) for r in rows
+    ]
+    assert "published" in _legend_labels(left)
+    assert _overlaps(fig, left) == [] and _overlaps(fig, right) == []
+
+
+def test_graph_figure_has_one_quantity_per_axis_and_no_mark_through_a_label() -> None:
+    from daskjobs.sim import plot
+
+    result = invoke("graph", "--json", "--tasks", "2000")
+    report = json.loads(result.stdout)
+    fig = plot._graph_figure(report)
+    makespan, core_h = fig.axes
+    assert makespan.get_ylabel() == "makespan (hours)"
+    assert core_h.get_ylabel() == "core-hours (every attempt)"
+    assert len(makespan.texts) == len(core_h.texts) == 0  # values are read off the axes
+    assert "published" in _legend_labels(makespan)
+
+
+def test_replay_busy_never_exceeds_the_slots_and_the_legend_stays_off_the_curves() -> None:
+    from daskjobs.replay import load, replay
+    from daskjobs.replay.plot import _busy_figure, recorded_busy, recorded_slots
+    from daskjobs.replay.run import busy_over_time
+
+    loaded = load(Path(__file__).resolve().parent.parent / "examples/data/replay_small.jsonl")
+    slots = recorded_slots(loaded)
+    assert slots == 6 == sum(w.nthreads for w in loaded.workers)
+    step = loaded.recorded.makespan / 4000
+    _, raw = busy_over_time(loaded.recorded.intervals, step)
+    assert raw.max() == slots + 1  # a start heard before the end it follows (the cause)
+    _, busy = recorded_busy(loaded, step)
+    assert busy.max() == slots and (busy == raw).mean() > 0.99
+    fig = _busy_figure(loaded, replay(loaded))
+    (ax,) = fig.axes
+    for line in ax.get_lines()[:2]:
+        assert max(line.get_ydata()) <= slots
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.y1 < ax.get_window_extent().y0  # below the axes, off the curves
+    assert "6 slots (3 workers)" in _legend_labels(ax)

@@ -19,6 +19,7 @@ from daskjobs.sim.schedule import Schedule, utilisation
 
 __all__ = [
     "INSTALL_HINT",
+    "PUBLISHED",
     "PlotError",
     "chapter_makespans",
     "chapter_utilisation",
@@ -50,14 +51,33 @@ def require_matplotlib() -> Any:
     return plt
 
 
-def _save(fig: Any, out: Path) -> Path:
+def _save(fig: Any, out: Path, note: str | None = None) -> Path:
+    """Write ``fig`` as a PNG (``note``: a line of small print under the axes) and close it."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if note:
+        fig.text(0.01, 0.01, note, fontsize="x-small", color="dimgrey", ha="left", va="bottom")
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(out, dpi=120)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
     return out
+
+
+#: What "published" means in every figure that marks published figures.
+PUBLISHED = (
+    "published (black marks): the figures a book chapter reports for one random draw of this "
+    "workload, which the simulator was built against (docs/chapter.md)"
+)
+
+
+def _published_note(report: Mapping[str, Any]) -> str:
+    source = (report.get("published") or {}).get("source")
+    if not source:
+        return PUBLISHED
+    return f"published (black marks): {source}"
 
 
 def chapter_utilisation(
@@ -88,80 +108,176 @@ def chapter_utilisation(
 
 
 def chapter_makespans(report: Mapping[str, Any], out: Path | str) -> Path:
-    """Makespan by policy, backups off/on side by side, bounds as horizontal lines."""
+    """Makespan by policy, backups off/on side by side, the two bounds labelled."""
+    return _save(_chapter_makespans_figure(report), Path(out), _published_note(report))
+
+
+def _chapter_makespans_figure(report: Mapping[str, Any]) -> Any:
     plt = require_matplotlib()
     names: list[str] = []
     for row in report["rows"]:
         if row["policy"] not in names:
             names.append(row["policy"])
     by = {(r["policy"], r["backups"]): r for r in report["rows"]}
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    lower, speed = report["lower_bound_h"], report["speed_bound_h"]
+    fig, ax = plt.subplots(figsize=(9.5, 5.2))
+    # the bounds are a few pixels apart at the scale of the slowest policy: an inset shows the
+    # makespans near them, where the bounds and the best policies can be told apart
+    near = ax.inset_axes((0.6, 0.4, 0.38, 0.52))
     width = 0.38
     for k, backups in enumerate((False, True)):
-        xs = [i + (k - 0.5) * width for i, n in enumerate(names) if (n, backups) in by]
-        ys = [by[(n, backups)]["makespan_h"] for n in names if (n, backups) in by]
-        ax.bar(xs, ys, width, label="with backups" if backups else "no backups")
+        drawn = [n for n in names if (n, backups) in by]
+        xs = [names.index(n) + (k - 0.5) * width for n in drawn]
+        ys = [by[(n, backups)]["makespan_h"] for n in drawn]
         pubs = [
             (x, by[(n, backups)]["published_makespan_h"])
-            for x, n in zip(xs, [n for n in names if (n, backups) in by], strict=True)
-            if by[(n, backups)]["published_makespan_h"] is not None
+            for x, n in zip(xs, drawn, strict=True)
+            if by[(n, backups)].get("published_makespan_h") is not None
         ]
-        if pubs:
-            ax.scatter(
-                [p[0] for p in pubs],
-                [p[1] for p in pubs],
-                marker="_",
-                s=300,
-                color="black",
-                zorder=3,
-                label="published" if backups else None,
+        for axis in (ax, near):
+            axis.bar(
+                xs, ys, width, color=f"C{k}", label="with backups" if backups else "no backups"
             )
-    ax.axhline(report["lower_bound_h"], color="tab:red", linestyle="--", label="lower bound")
-    ax.axhline(report["speed_bound_h"], color="tab:purple", linestyle=":", label="speed bound")
+            if pubs:
+                axis.hlines(
+                    [p[1] for p in pubs],
+                    [p[0] - width / 2 for p in pubs],
+                    [p[0] + width / 2 for p in pubs],
+                    color="black",
+                    linewidth=2,
+                    zorder=3,
+                    label="published" if k == 0 else None,
+                )
+    for axis in (ax, near):
+        axis.axhline(
+            lower, color="tab:red", linestyle="--", linewidth=1, label=f"lower bound {lower:.2f} h"
+        )
+        axis.axhline(
+            speed,
+            color="tab:purple",
+            linestyle=":",
+            linewidth=1.5,
+            label=f"speed bound {speed:.2f} h",
+        )
+    best = min(r["makespan_h"] for r in report["rows"])
+    published = [r.get("published_makespan_h") for r in report["rows"]]
+    top = max(
+        [best * 1.25, speed * 1.12]
+        + [1.02 * p for p in published if p is not None and p < best * 1.25]
+    )
+    near.set_ylim(lower - (top - lower) * 0.15, top)
+    near.set_xlim(-0.6, len(names) - 0.4)
+    near.set_xticks(range(len(names)))
+    near.set_xticklabels([])
+    near.tick_params(labelsize="x-small")
+    near.set_title("near the bounds", fontsize="x-small")
+    ax.indicate_inset_zoom(near, edgecolor="grey")
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=15)
+    ax.set_xlabel("policy (lower bound: work / cores; speed bound: the slow node at its speed)")
     ax.set_ylabel("makespan (hours)")
     ax.set_title(f"Chapter sweep, seed {report['seed']}: makespan by policy")
-    ax.legend(fontsize="small")
-    return _save(fig, Path(out))
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0.19, 1.0))
+    return fig
+
+
+def _label_bars(ax: Any, labels: list[tuple[Any, str, float | None]]) -> None:
+    """Write each bar's value above it, or above its published mark (``None``: none) when the
+    mark would cross the label: no mark is drawn through a label. Sets the y limits."""
+    top = max([bar.get_height() for bar, _, _ in labels] + [m or 0.0 for _, _, m in labels])
+    ax.set_ylim(0, top * 1.2)
+    fig = ax.get_figure()
+    axes_px = ax.get_position().height * fig.get_figheight() * fig.dpi * 0.85  # after layout
+    per_px = top * 1.2 / axes_px
+    for bar, text, mark in labels:
+        x, height = bar.get_x() + bar.get_width() / 2, bar.get_height()
+        span = (14 * (text.count("\n") + 1) + 4) * per_px  # the label's height, in hours
+        y = height
+        if mark is not None and height - 2 * per_px <= mark <= height + span:
+            y = mark
+        ax.annotate(
+            text,
+            (x, y),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize="x-small",
+        )
 
 
 def fairshare_waits(report: Mapping[str, Any], out: Path | str) -> Path:
-    """Team b's median and maximum wait, and team a's end, under each policy."""
+    """Team b's median and maximum wait (hours after its submission) and team a's end (hours
+    from the start), under each policy: the columns the fairshare table prints."""
+    return _save(_fairshare_figure(report), Path(out), _published_note(report))
+
+
+def _fairshare_figure(report: Mapping[str, Any]) -> Any:
     plt = require_matplotlib()
     rows = report["rows"]
-    metrics = [
-        ("b median wait", lambda r: r["teams"]["b"]["median_wait_h"], "b_median_wait_h"),
-        ("b all done", lambda r: r["teams"]["b"]["max_wait_h"], "b_max_wait_h"),
-        ("a sweep ends", lambda r: r["a_end_h"], "a_end_h"),
-    ]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    b_at = report.get("b_submit_h", 1.0)
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(9.5, 4.8), gridspec_kw={"width_ratios": [2, 1]}
+    )
+    waits = [("median wait", "median_wait_h"), ("max wait (all done)", "max_wait_h")]
     width = 0.8 / len(rows)
+    colors = [f"C{k}" for k in range(len(rows))]
+    left_labels: list[tuple[Any, str, float | None]] = []
+    right_labels: list[tuple[Any, str, float | None]] = []
     for k, row in enumerate(rows):
-        xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(metrics))]
-        ax.bar(xs, [get(row) for _, get, _ in metrics], width, label=row["policy"])
-        pub = row.get("published")
+        b = row["teams"]["b"]
+        pub = row.get("published") or {}
+        xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(waits))]
+        bars = left.bar(
+            xs, [b[key] for _, key in waits], width, color=colors[k], label=row["policy"]
+        )
+        for bar, (_, key) in zip(bars, waits, strict=True):
+            text = f"{b[key]:.2f}"
+            if key == "max_wait_h" and b.get("end_h") is not None:
+                text += f"\nends {b['end_h']:.2f} h"
+            left_labels.append((bar, text, pub.get(f"b_{key}")))
+        (a_bar,) = right.bar([k], [row["a_end_h"]], 0.6, color=colors[k])
+        right_labels.append((a_bar, f"{row['a_end_h']:.2f}", pub.get("a_end_h")))
         if pub:
-            ax.scatter(
-                xs,
-                [pub[key] for _, _, key in metrics],
-                marker="_",
-                s=300,
+            keys = ("b_median_wait_h", "b_max_wait_h")
+            left.hlines(
+                [pub[key] for key in keys],
+                [x - width / 2 for x in xs],
+                [x + width / 2 for x in xs],
                 color="black",
+                linewidth=2,
                 zorder=3,
                 label="published" if k == 0 else None,
             )
-    ax.set_xticks(range(len(metrics)))
-    ax.set_xticklabels([m[0] for m in metrics])
-    ax.set_ylabel("hours")
-    ax.set_title(f"Fair share, seed {report['seed']}: team b submits an hour in")
-    ax.legend(fontsize="small")
-    return _save(fig, Path(out))
+            right.hlines(pub["a_end_h"], k - 0.3, k + 0.3, color="black", linewidth=2, zorder=3)
+    _label_bars(left, left_labels)
+    _label_bars(right, right_labels)
+    left.set_xticks(range(len(waits)))
+    left.set_xticklabels([w[0] for w in waits])
+    left.set_ylabel(f"hours after team b's submission ({b_at:g} h in)")
+    left.set_title(f"team b: {report['teams']['b']:,} tasks", fontsize="medium")
+    left.legend(fontsize="small", loc="upper left")
+    right.set_xticks(range(len(rows)))
+    right.set_xticklabels([r["policy"] for r in rows])
+    right.set_ylabel("hours from the start")
+    right.set_title(f"team a: {report['teams']['a']:,} tasks, sweep ends", fontsize="medium")
+    fig.suptitle(f"Fair share, seed {report['seed']}: team b submits {b_at:g} h in")
+    return fig
 
 
 def graph_costs(report: Mapping[str, Any], out: Path | str) -> Path:
-    """Makespan by mode and policy (bars) with core-hours annotated."""
+    """Makespan and core-hours by mode and policy, side by side, published marks per mode."""
+    return _save(_graph_figure(report), Path(out), _published_note(report))
+
+
+def _thousands(value: float, _: Any) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:g}"
+
+
+def _graph_figure(report: Mapping[str, Any]) -> Any:
     plt = require_matplotlib()
+    from matplotlib.ticker import FuncFormatter
+
     rows = report["rows"]
     modes: list[str] = []
     policies: list[str] = []
@@ -171,32 +287,39 @@ def graph_costs(report: Mapping[str, Any], out: Path | str) -> Path:
         if r["policy"] not in policies:
             policies.append(r["policy"])
     by = {(r["mode"], r["policy"]): r for r in rows}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
     width = 0.8 / len(policies)
-    for k, policy in enumerate(policies):
-        xs = [i + (k - (len(policies) - 1) / 2) * width for i in range(len(modes))]
-        ys = [by[(m, policy)]["makespan_h"] for m in modes]
-        bars = ax.bar(xs, ys, width, label=policy)
-        for bar, m in zip(bars, modes, strict=True):
-            ax.annotate(
-                f"{by[(m, policy)]['core_h']:,.0f}",
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-                fontsize="x-small",
+    quantities = [
+        ("makespan_h", "published_makespan_h", "makespan (hours)"),
+        ("core_h", "published_core_h", "core-hours (every attempt)"),
+    ]
+    for ax, (key, published, label) in zip(axes, quantities, strict=True):
+        for k, policy in enumerate(policies):
+            xs = [i + (k - (len(policies) - 1) / 2) * width for i in range(len(modes))]
+            ax.bar(xs, [by[(m, policy)][key] for m in modes], width, label=policy)
+        marks = [
+            (i, by[(m, policies[0])].get(published))
+            for i, m in enumerate(modes)
+            if by[(m, policies[0])].get(published) is not None
+        ]
+        if marks:  # one mark across each mode's group of bars
+            ax.hlines(
+                [v for _, v in marks],
+                [i - 0.42 for i, _ in marks],
+                [i + 0.42 for i, _ in marks],
+                color="black",
+                linewidth=2,
+                zorder=3,
+                label="published",
             )
-    ax.scatter(
-        range(len(modes)),
-        [by[(m, policies[0])]["published_makespan_h"] for m in modes],
-        marker="_",
-        s=600,
-        color="black",
-        zorder=3,
-        label="published",
-    )
-    ax.set_xticks(range(len(modes)))
-    ax.set_xticklabels(modes)
-    ax.set_ylabel("makespan (hours); labels: core-hours")
-    ax.set_title(f"Feature graph and cache, seed {report['seed']} (with backups)")
-    ax.legend(fontsize="small")
-    return _save(fig, Path(out))
+        ax.set_xticks(range(len(modes)))
+        ax.set_xticklabels(modes)
+        ax.yaxis.set_major_formatter(
+            FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:g}")
+        )
+        ax.set_xlabel("how the features are computed")
+        ax.set_ylabel(label)
+        ax.set_title(label.split(" (")[0], fontsize="medium")
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"Feature graph and cache, seed {report['seed']} (with backups)")
+    return fig
