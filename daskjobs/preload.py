@@ -42,7 +42,7 @@ from typing import Any
 import click
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskjobs.config import settings
+from daskjobs.config import jobs_settings, settings
 
 __all__ = ["dask_setup"]
 
@@ -63,6 +63,12 @@ def _overrides(params: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
+def _jobs_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("daskjobs_ledger"):
+        return {"ledger": {"url": params["daskjobs_ledger"]}, "jobs": {"enabled": True}}
+    return {}
+
+
 def _path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and (not value or "\x00" in value):
         raise click.BadParameter(f"expected a file path, got {value!r}")
@@ -76,6 +82,7 @@ class _SetupCommand(click.Command):
         rest = super().parse_args(ctx, args)
         try:
             settings(**_overrides(ctx.params))
+            jobs_settings(**_jobs_overrides(ctx.params))
         except ValueError as e:
             message = str(e)
             if ctx.params.get("daskjobs_policy") and message.startswith("daskjobs.policy:"):
@@ -139,17 +146,33 @@ class _Refusal(SchedulerPlugin):
     callback=_path,
     help="write a trace of the run (JSON Lines) to this file",
 )
+@click.option(
+    "--daskjobs-ledger",
+    default=None,
+    metavar="URL",
+    help="run the jobs service on this ledger (sqlite:///PATH or postgresql+psycopg://...); "
+    "default: daskjobs.ledger.url, with daskjobs.jobs.enabled",
+)
 def dask_setup(scheduler: Any, **params: Any) -> None:
-    """Add :class:`daskjobs.JobsPlugin` to ``scheduler``, or make its start fail."""
+    """Add :class:`daskjobs.JobsPlugin` (and, when jobs are enabled, the jobs service
+    :class:`daskjobs.jobs.JobsService`) to ``scheduler``, or make its start fail."""
     message = params.get(_ERROR)
+    service: Any = None
     if message is None:
         from daskjobs.plugin import JobsPlugin
 
         try:
             plugin: Any = JobsPlugin(**_overrides(params))
+            jobs = jobs_settings(**_jobs_overrides(params))
+            if jobs.enabled:
+                from daskjobs.jobs.service import JobsService
+
+                service = JobsService(ledger=jobs.ledger_url)
         except ValueError as e:
             message = str(e)
     if message is not None:
         logger.error("daskjobs: the scheduler will not start: %s", message)
         plugin = _Refusal(message)
     scheduler.add_plugin(plugin)
+    if service is not None:
+        scheduler.add_plugin(service)

@@ -257,6 +257,14 @@ class RealCluster:
                 proc.kill()
                 proc.wait(30)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP process ``name``: it stops without knowing (a hung or swapped node)."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT process ``name`` after :meth:`pause`."""
+        self.procs[name].send_signal(signal.SIGCONT)
+
     def kill_worker(self, name: str) -> None:
         self.kill(name)
 

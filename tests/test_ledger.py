@@ -534,3 +534,53 @@ def test_transactions_roll_back_whole(ledger: Ledger) -> None:
     with pytest.raises(sa.exc.DBAPIError):
         ledger.commit_output(job, 0, a.token, "file:///x")
     assert [x.state for x in ledger.attempts(job)] == ["running"]
+
+
+# -- the service's rules (pure) ------------------------------------------------------------------
+
+
+def _rec(state: str) -> Any:
+    from daskjobs.jobs import AttemptRecord
+
+    return AttemptRecord("a", "j", 0, 1, state, None, 10.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "task", "handed", "seen", "step"),
+    [
+        (None, "processing", None, None, "drop"),  # the ledger ended it
+        ("running", "processing", 0.0, 99.0, "wait"),  # its worker's heartbeats hold it
+        ("launching", "queued", None, None, "renew"),  # dask holds it
+        ("launching", "processing", 99.0, 99.5, "renew"),  # handed over just now
+        ("launching", "processing", 50.0, 99.5, "unknown"),  # never acknowledged
+        ("unknown", "processing", 50.0, 99.5, "renew"),  # dask says its worker has it
+        ("unknown", "processing", 50.0, 90.0, "wait"),  # that worker went silent
+        ("launching", None, None, None, "wait"),  # dask does not know it (a restart)
+        ("unknown", "memory", 50.0, None, "wait"),  # finished: its commit decides
+    ],
+)
+def test_next_step(state: str | None, task: str | None, handed: Any, seen: Any, step: str) -> None:
+    from daskjobs.jobs import next_step
+
+    attempt = _rec(state) if state is not None else None
+    got = next_step(
+        attempt,
+        task_state=task,
+        handed=handed,
+        now=100.0,
+        launch_timeout=30.0,
+        worker_seen=seen,
+        lease=5.0,
+    )
+    assert got == step
+
+
+def test_expiry_and_placement_rules() -> None:
+    from daskjobs.jobs.model import may_expire, responsive
+
+    assert not may_expire(100.0, None, 5.0)  # unreachable now
+    assert not may_expire(100.0, 97.0, 5.0)  # back for less than a lease
+    assert may_expire(100.0, 95.0, 5.0)
+    assert responsive({"a": 99.0, "b": 99.5}, 100.0, 5.0) is None  # all fine: anywhere
+    assert responsive({"a": 90.0, "b": 99.5}, 100.0, 5.0) == ["b"]  # a is silent
+    assert responsive({"a": 90.0, "b": 80.0}, 100.0, 5.0) is None  # nobody: dask decides

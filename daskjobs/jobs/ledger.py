@@ -163,7 +163,11 @@ class Ledger:
     """Jobs, parts, attempts, outputs and transitions in a database (module docs).
 
     ``url`` is an SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg://...``);
-    ``clock`` gives the time (seconds since the epoch; tests pass their own).
+    ``clock`` gives the time (seconds since the epoch; tests pass their own);
+    ``migrate=False`` leaves the schema alone (a writer then refuses to write to an
+    out-of-date one); ``busy_timeout`` is how long an SQLite writer waits for another's
+    lock before the database counts as unreachable (workers wait less than the service,
+    so that their threads go back to work).
     """
 
     def __init__(
@@ -172,17 +176,19 @@ class Ledger:
         *,
         clock: Callable[[], float] = time.time,
         migrate: bool = True,
+        busy_timeout: float = 30.0,
     ) -> None:
         self.url = url or default_url()
         self.clock = clock
         try:
-            self.engine: Engine = _engine(self.url)
+            self.engine: Engine = _engine(self.url, busy_timeout)
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as e:
             raise LedgerError(
                 f"daskjobs ledger: cannot use {self.url!r}: {e} (expected sqlite:///PATH or "
                 "postgresql+psycopg://USER@HOST/DB)"
             ) from e
         self._ready = False
+        self._waited = 0.0
         if migrate:
             self.migrate()
 
@@ -209,7 +215,7 @@ class Ledger:
                 f"daskjobs understands ({SCHEMA_VERSION}); upgrade daskjobs"
             )
         while current < SCHEMA_VERSION:
-            with self.engine.begin() as conn:
+            with self.engine.connect() as conn, conn.execution_options(daskjobs_write=True).begin():
                 MIGRATIONS[current](conn)
                 current += 1
                 _put_meta(conn, "schema_version", str(current))
@@ -222,6 +228,14 @@ class Ledger:
     def epoch(self) -> int:
         with self.engine.connect() as conn:
             return _epoch(conn)
+
+    def touch(self, epoch: int) -> float:
+        """Record that the scheduler holding ``epoch`` is alive (``meta.service_seen``);
+        how long the write took (the jobs service's probe of the database)."""
+        began = time.monotonic()
+        with self._write(epoch) as conn:
+            _put_meta(conn, "service_seen", repr(self.clock()))
+        return time.monotonic() - began
 
     def acquire_epoch(self, owner: str = "") -> int:
         """Take the next scheduler epoch: every writer holding an older one is fenced."""
@@ -598,11 +612,19 @@ class Ledger:
                 renewed += res.rowcount
         return renewed
 
-    def expire(self, epoch: int, now: float | None = None) -> list[AttemptRecord]:
+    def expire(
+        self, epoch: int, now: float | None = None, *, patience: float | None = None
+    ) -> list[AttemptRecord] | None:
         """Mark every live attempt (launching, running, unknown) whose lease ran out
-        ``lost``; the attempts marked. Its part may then start again with a higher token."""
-        now = self.clock() if now is None else now
+        ``lost``; the attempts marked. Its part may then start again with a higher token.
+
+        With ``patience``: None, and nothing expired, if the write had to wait longer
+        than that for the database (locked, slow): nobody could renew meanwhile."""
+        asked = time.monotonic()
         with self._write(epoch) as conn:
+            if patience is not None and time.monotonic() - asked > patience:
+                return None
+            now = self.clock() if now is None else now
             rows = conn.execute(
                 sa.select(attempts_t).where(
                     attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
@@ -1020,7 +1042,8 @@ class Ledger:
     # -- plumbing -------------------------------------------------------------------------
     @contextmanager
     def _write(self, epoch: int | None = None) -> Iterator[Connection]:
-        """A write transaction; with ``epoch``, refused if a newer scheduler took over."""
+        """A write transaction; with ``epoch``, refused if a newer scheduler took over.
+        The longest wait for the database's write lock is kept for :meth:`take_waited`."""
         if not self._ready:
             current = self.version()
             if current != SCHEMA_VERSION:
@@ -1029,12 +1052,22 @@ class Ledger:
                     f"writes {SCHEMA_VERSION}: call Ledger.migrate() (or `daskjobs jobs migrate`)"
                 )
             self._ready = True
-        with self.engine.begin() as conn:
-            if epoch is not None:
-                current = _epoch(conn)
-                if current != epoch:
-                    raise Fenced(epoch, current)
-            yield conn
+        asked = time.monotonic()
+        with self.engine.connect() as conn:
+            conn.execution_options(daskjobs_write=True)  # SQLite: BEGIN IMMEDIATE
+            with conn.begin():
+                if epoch is not None:
+                    current = _epoch(conn)
+                    if current != epoch:
+                        raise Fenced(epoch, current)
+                self._waited = max(self._waited, time.monotonic() - asked)
+                yield conn
+
+    def take_waited(self) -> float:
+        """The longest a write waited to begin (seconds) since the last call: how long
+        the database was locked or unreachable-but-answering for this writer."""
+        waited, self._waited = self._waited, 0.0
+        return waited
 
     def _log(
         self,
@@ -1059,24 +1092,26 @@ class Ledger:
         )
 
 
-def _engine(url: str) -> Engine:
+def _engine(url: str, busy_timeout: float = 30.0) -> Engine:
     if url.startswith("sqlite"):
         path = sa.engine.make_url(url).database
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        engine = sa.create_engine(url, connect_args={"timeout": busy_timeout})
 
         @sa.event.listens_for(engine, "connect")
         def _connect(dbapi_conn: Any, record: Any) -> None:
             dbapi_conn.isolation_level = None  # transactions begun explicitly, below
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
             cur.close()
 
         @sa.event.listens_for(engine, "begin")
         def _begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")  # writers queue on the lock up front
+            # writers queue on the lock up front; readers never wait for it (WAL)
+            write = conn.get_execution_options().get("daskjobs_write", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
         return engine
     return sa.create_engine(url, pool_pre_ping=True)

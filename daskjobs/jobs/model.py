@@ -49,7 +49,9 @@ __all__ = [
     "JobRecord",
     "JobSpec",
     "StaleTransition",
+    "may_expire",
     "next_step",
+    "responsive",
 ]
 
 #: What a job does: a gang of workers with checkpoints, replayable partitions, or
@@ -233,11 +235,14 @@ def next_step(
     handed: float | None,
     now: float,
     launch_timeout: float,
+    worker_seen: float | None = None,
+    lease: float = math.inf,
 ) -> str:
     """What the jobs service does with an attempt it launched, the one place this rule is
     written. ``attempt`` is the ledger's record if it is still live (else None),
     ``task_state`` dask's state of its task (None: dask does not know it, e.g. after a
-    restart), ``handed`` when dask gave it to a worker.
+    restart), ``handed`` when dask gave it to a worker, ``worker_seen`` when that worker
+    last sent dask a heartbeat.
 
     * ``"drop"`` - the ledger ended the attempt (succeeded, failed, lost, cancelled,
       fenced): release its dask task;
@@ -245,14 +250,17 @@ def next_step(
       never acknowledged: its outcome is unknown (reconciled: kept while dask says a
       worker has it, adopted when the worker reports, lost when its lease runs out);
     * ``"renew"`` - not acknowledged by a worker yet and dask still holds it (queued,
-      or handed over): the service holds its lease;
+      or handed to a worker that still sends heartbeats): the service holds its lease;
     * ``"wait"`` - acknowledged (its worker's heartbeats hold the lease), or dask no
-      longer has it: the lease decides. The service never renews a running attempt, so
-      a paused or partitioned worker loses its part when its lease runs out.
+      longer has it, or the worker it was handed to has been silent for a lease: the
+      lease decides. The service never renews a running attempt, so a paused or
+      partitioned worker loses its part when its lease runs out.
     """
     if attempt is None:
         return "drop"
     if attempt.state == "running" or task_state not in HELD_BY_DASK:
+        return "wait"
+    if task_state == "processing" and worker_seen is not None and now - worker_seen > lease:
         return "wait"
     if (
         attempt.state == "launching"
@@ -262,3 +270,22 @@ def next_step(
     ):
         return "unknown"
     return "renew"
+
+
+def may_expire(now: float, reachable_since: float | None, lease: float) -> bool:
+    """Whether leases may expire now: only once the ledger has answered every write
+    promptly for a whole lease (``reachable_since``; None while it does not). While the
+    database is unreachable or locked, workers cannot renew either: losing their
+    attempts then would run healthy work twice."""
+    return reachable_since is not None and now - reachable_since >= lease
+
+
+def responsive(last_seen: Mapping[str, float], now: float, lease: float) -> list[str] | None:
+    """Where a new attempt may go: the workers that sent dask a heartbeat within the
+    last lease, or None (anywhere) when all did or none did. dask keeps a silent worker
+    (paused, partitioned) until its own timeout and would hand it new work that never
+    starts."""
+    alive = sorted(a for a, seen in last_seen.items() if now - seen <= lease)
+    if not alive or len(alive) == len(last_seen):
+        return None
+    return alive

@@ -215,7 +215,9 @@ def _ledger(url: str) -> Ledger:
     with _ledgers_lock:
         led = _ledgers.get(url)
         if led is None:
-            led = _ledgers[url] = Ledger(url, migrate=False)
+            # a locked SQLite file counts as unreachable after 1s: the heartbeat thread
+            # takes over the write and the worker's thread goes back to work
+            led = _ledgers[url] = Ledger(url, migrate=False, busy_timeout=1.0)
         return led
 
 

@@ -20,6 +20,8 @@ attempts exist, with the ledger as the source of truth:
   attempts finish; their workers retry their commits), the service queues what dask
   reports (at most ``backlog`` entries; a dropped one is recovered by the lease rule),
   reports the outage in :meth:`status`, and catches up when the database is back.
+  No lease expires until the database has answered promptly for a whole lease
+  (:func:`daskjobs.jobs.model.may_expire`): workers could not renew meanwhile.
 
 The rules of what to do with an attempt are :func:`daskjobs.jobs.model.next_step`'s;
 this module enacts them.
@@ -43,7 +45,14 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskjobs.cache.store import ResultStore, default_store_url
 from daskjobs.config import JobsSettings, jobs_settings
 from daskjobs.jobs.ledger import Ledger, default_url
-from daskjobs.jobs.model import AttemptRecord, JobSpec, next_step
+from daskjobs.jobs.model import (
+    AttemptRecord,
+    JobSpec,
+    StaleTransition,
+    may_expire,
+    next_step,
+    responsive,
+)
 from daskjobs.jobs.runner import Order, run_attempt
 
 __all__ = ["JobsService", "attempt_key"]
@@ -93,13 +102,16 @@ class JobsService(SchedulerPlugin):
         self._attempts: dict[str, AttemptRecord] = {}  # key -> attempt launched here
         self._futures: dict[str, Any] = {}
         self._handed: dict[str, float] = {}  # key -> when dask gave it to a worker
+        self._last_seen: dict[str, float] = {}  # worker -> its last heartbeat to dask
         self._events: collections.deque[tuple[str, str, str]] = collections.deque()
         self.dropped = 0
         self.unreachable_since: float | None = None
         self.last_error = ""
         self.launched = 0
         self.ticks = 0
-        self._grace = False  # after an outage: extend every live lease once
+        # since when the ledger answered every write promptly (None: not now); leases
+        # expire only once it has for a whole lease (model.may_expire)
+        self._reachable_since: float | None = None
 
     # -- life cycle ----------------------------------------------------------------------
     @property
@@ -188,12 +200,23 @@ class JobsService(SchedulerPlugin):
                 self.scheduler.address, asynchronous=True, name="daskjobs-jobs"
             )
         tasks = self.scheduler.tasks
-        snapshot = {key: (tasks[key].state if key in tasks else None) for key in self._attempts}
+        workers = self.scheduler.workers
+        snapshot: dict[str, str | None] = {}
+        seen: dict[str, float] = {}
+        for key in self._attempts:
+            ts = tasks.get(key)
+            snapshot[key] = ts.state if ts is not None else None
+            ws = ts.processing_on if ts is not None else None
+            if ws is not None:
+                seen[key] = ws.last_seen
+        self._last_seen = {addr: ws.last_seen for addr, ws in workers.items()}
         events = list(self._events)
         try:
-            plan = await self._ledger_call(self._tick_sync, events, snapshot, dict(self._handed))
+            plan = await self._ledger_call(
+                self._tick_sync, events, snapshot, dict(self._handed), seen
+            )
         except UNREACHABLE as e:
-            self._grace = True
+            self._reachable_since = None
             if self.unreachable_since is None:
                 self.unreachable_since = time.time()
                 logger.warning(
@@ -219,7 +242,10 @@ class JobsService(SchedulerPlugin):
         for key in plan.drop:
             self._forget(key)
         for attempt, spec in plan.launch:
-            self._launch(attempt, spec)
+            try:
+                self._launch(attempt, spec)
+            except Exception:  # the attempt's lease runs out and its part runs again
+                logger.exception("daskjobs jobs: launching %s failed", attempt.attempt_id)
 
     def _forget(self, key: str) -> None:
         self._attempts.pop(key, None)
@@ -244,6 +270,7 @@ class JobsService(SchedulerPlugin):
             checkpoint_every=spec.checkpoint_every,
         )
         self._attempts[key] = attempt
+        where = responsive(self._last_seen, time.time(), self.settings.lease)
         self._futures[key] = self.client.submit(
             run_attempt,
             order,
@@ -251,6 +278,7 @@ class JobsService(SchedulerPlugin):
             pure=False,
             priority=spec.priority,
             resources=dict(spec.resources) or None,
+            workers=where,
             retries=0,
         )
         self.launched += 1
@@ -261,9 +289,10 @@ class JobsService(SchedulerPlugin):
         events: list[tuple[str, str, str]],
         snapshot: dict[str, str | None],
         handed: dict[str, float],
+        seen: dict[str, float],
     ) -> _Plan:
         if self.ledger is None:
-            self.ledger = Ledger(self.url)
+            self.ledger = Ledger(self.url, busy_timeout=5.0)
         ledger = self.ledger
         if self.epoch is None:
             self.epoch = ledger.acquire_epoch(f"scheduler {self.scheduler.address}")
@@ -287,32 +316,36 @@ class JobsService(SchedulerPlugin):
                 handed=handed.get(key),
                 now=now,
                 launch_timeout=self.settings.launch_timeout,
+                worker_seen=seen.get(key),
+                lease=self.settings.lease,
             )
             if step == "drop":
                 plan.drop.append(key)
             elif step == "renew":
                 renew.append((mine.attempt_id, mine.token))
             elif step == "unknown" and current is not None:
-                ledger.move_attempt(
-                    current.attempt_id,
-                    current.token,
-                    "launching",
-                    "unknown",
-                    epoch,
-                    f"not acknowledged {self.settings.launch_timeout:g}s after dask gave it "
-                    "to a worker; reconciling",
-                )
+                with contextlib.suppress(StaleTransition):  # its worker reported meanwhile
+                    ledger.move_attempt(
+                        current.attempt_id,
+                        current.token,
+                        "launching",
+                        "unknown",
+                        epoch,
+                        f"not acknowledged {self.settings.launch_timeout:g}s after dask gave it "
+                        "to a worker; reconciling",
+                    )
                 renew.append((mine.attempt_id, mine.token))
         ledger.renew_many(renew, self.settings.lease, epoch)
-        if self._grace:
-            # nobody could renew while the database was unreachable: every live attempt
-            # gets one more lease before any expires (a worker that died meanwhile is
-            # found one lease later)
-            ledger.renew_many(
-                [(a.attempt_id, a.token) for a in live.values()], self.settings.lease, epoch
-            )
-            self._grace = False
-        ledger.expire(epoch)
+        ledger.touch(epoch)
+        patience = self.settings.lease / 3  # a write waiting longer: locked or hanging
+        waited = ledger.take_waited()
+        if waited > patience or self._reachable_since is None:
+            self._reachable_since = ledger.clock()
+        if (
+            may_expire(ledger.clock(), self._reachable_since, self.settings.lease)
+            and ledger.expire(epoch, patience=patience) is None
+        ):
+            self._reachable_since = ledger.clock()
         ledger.settle(epoch)
         wanted = []
         for job, part, failures in ledger.runnable(limit=10_000):
@@ -341,14 +374,15 @@ class JobsService(SchedulerPlugin):
         report them or their leases run out; running attempts are adopted."""
         for a in ledger.live_attempts():
             if a.state == "launching":
-                ledger.move_attempt(
-                    a.attempt_id,
-                    a.token,
-                    "launching",
-                    "unknown",
-                    epoch,
-                    f"the scheduler that launched it is gone (epoch {epoch} took over)",
-                )
+                with contextlib.suppress(StaleTransition):  # its worker reported meanwhile
+                    ledger.move_attempt(
+                        a.attempt_id,
+                        a.token,
+                        "launching",
+                        "unknown",
+                        epoch,
+                        f"the scheduler that launched it is gone (epoch {epoch} took over)",
+                    )
 
     # -- the RPC ------------------------------------------------------------------------------
     async def _rpc(self, action: str, **kw: Any) -> Any:

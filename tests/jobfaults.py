@@ -1,0 +1,20 @@
+"""A worker preload for the chaos tests: ``distributed.worker.preload: [jobfaults]``.
+
+``DASKJOBS_TEST_DROP_ACK=1`` - the worker's acknowledgement that it runs an attempt
+is lost on the way (the worker believes it was sent; the ledger never hears of it),
+as a launch whose reply is lost."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def dask_setup(worker: Any) -> None:
+    if os.environ.get("DASKJOBS_TEST_DROP_ACK") == "1":
+        import daskjobs.jobs.runner as runner
+
+        def lost_ack(ledger: Any, order: Any, worker_name: str) -> bool:
+            return True  # "sent": the ledger never hears of it
+
+        runner._ack = lost_ack

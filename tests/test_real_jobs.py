@@ -1,0 +1,275 @@
+"""Jobs on real ``dask scheduler`` / ``dask worker`` processes with faults, on both
+ledger backends (the ``ledger_url`` fixture): the scheduler SIGKILLed mid-run and a new
+one started on the same ledger; a worker paused (SIGSTOP) past its lease; a launch
+whose reply is lost; the database unreachable for a while. In each, every job ends,
+each part's output is committed exactly once, and the ledger says why every other
+attempt ended."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from realcluster import PROBLEMS, RealCluster
+
+import daskjobs.jobs as jobs
+from daskjobs.jobs import Ledger
+
+#: seconds a test waits for a state before failing
+WAIT = 90
+
+
+def config(store: Path, **jobs_settings: Any) -> dict[str, Any]:
+    settings = {"lease": "2s", "launch-timeout": "1s", "interval": "100ms", **jobs_settings}
+    return {"daskjobs": {"store": str(store), "jobs": settings}}
+
+
+def start(
+    real_cluster: Callable[..., RealCluster], url: str, store: Path, **kw: Any
+) -> RealCluster:
+    return real_cluster(
+        preload="daskjobs.preload",
+        preload_args=["--daskjobs-ledger", url],
+        config=kw.pop("config", None) or config(store),
+        **kw,
+    )
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def committed_once(led: Ledger, job_id: str, parts: int) -> None:
+    """Each part's output committed exactly once; every attempt that did not commit
+    ended with a reason."""
+    commits = [
+        h
+        for h in led.history()
+        if h["kind"] == "output"
+        and h["to_state"] == "committed"
+        and h["ref"].rsplit("/", 1)[0] == job_id
+    ]
+    assert sorted(int(h["ref"].rsplit("/", 1)[1]) for h in commits) == list(range(parts))
+    for a in led.attempts(job_id):
+        assert a.state in ("succeeded", "lost", "fenced", "cancelled", "failed"), a
+        if a.state != "succeeded":
+            assert a.reason, a
+
+
+def clean_logs(rc: RealCluster, *expected: str, since: dict[str, int] | None = None) -> None:
+    """No traceback, invariant failure or lost worker in any process's log (after
+    ``since[name]`` characters of it), but the ``expected`` patterns."""
+    problems = []
+    for name, text in rc.logs().items():
+        for line in text[(since or {}).get(name, 0) :].splitlines():
+            if PROBLEMS.search(line) and not any(re.search(p, line) for p in expected):
+                problems.append(f"{name}: {line}")
+    assert problems == [], "\n".join(problems)
+
+
+def runs(marks: Path, job_id: str, part: int) -> int:
+    return (
+        sum(1 for n in os.listdir(marks) if n.startswith(f"run-{job_id}-p{part}-"))
+        if marks.exists()
+        else 0
+    )
+
+
+# (ledger_url comes before real_cluster in every signature: pytest tears fixtures down in
+# reverse, so the cluster stops before its database is dropped)
+
+
+def test_scheduler_killed_and_restarted_on_the_same_ledger(
+    ledger_url: str, real_cluster: Callable[..., RealCluster], tmp_path: Path
+) -> None:
+    store, marks = tmp_path / "store", tmp_path / "marks"
+    rc = start(real_cluster, ledger_url, store, n_workers=2, nthreads=2)
+    with rc.client() as c:
+        train = jobs.submit(
+            c,
+            "train",
+            kind="training",
+            target="jobtasks:train",
+            params={"steps": 80, "step_seconds": 0.05},
+            checkpoint_every=0.3,
+            priority=1,
+        )
+        job = jobs.submit(
+            c,
+            "score",
+            kind="inference",
+            parts=12,
+            target="jobtasks:score",
+            params={"seconds": 1.0, "marks": str(marks)},
+        )
+        led = Ledger(ledger_url)
+        until(
+            lambda: len(led.outputs(job.job_id)) >= 2 and led.checkpoint(train.job_id, 0),
+            "some parts committed and a checkpoint",
+        )
+    clean_logs(rc)  # the run until the fault
+    rc.kill_scheduler()  # SIGKILL: no goodbye; the workers shut down with it
+    for name in ("w0", "w1"):
+        rc.kill(name)
+    # (the workers' last words, dask's own heartbeat tracebacks, are expected)
+    after = {name: len(rc.log(name)) for name in ("scheduler", "w0", "w1")}
+    rc.start_scheduler()
+    for name in ("w0", "w1"):
+        rc.start_worker(name)
+    rc.wait_for_workers(2)
+    with rc.client() as c:
+        again = jobs.submit(
+            c,
+            "score",
+            kind="inference",
+            parts=12,
+            target="jobtasks:score",
+            params={"seconds": 1.0, "marks": str(marks)},
+        )
+        assert again.job_id == job.job_id  # the job's identity back
+        assert again.result(timeout=WAIT) == [10 * p for p in range(12)]
+        state = jobs.Job(c, train.job_id).result(timeout=WAIT)
+        assert state["step"] == 80 and state["resumed_from"] > 0  # resumed, not restarted
+    assert led.epoch() == 2
+    committed_once(led, job.job_id, 12)
+    committed_once(led, train.job_id, 1)
+    why = {
+        a.reason
+        for a in led.attempts(job.job_id) + led.attempts(train.job_id)
+        if a.state != "succeeded"
+    }
+    assert why <= {"lease expired"}, why
+    led.close()
+    clean_logs(rc, since=after)
+
+
+def test_a_paused_worker_cannot_commit_after_its_part_moved(
+    ledger_url: str, real_cluster: Callable[..., RealCluster], tmp_path: Path
+) -> None:
+    store, marks, gate = tmp_path / "store", tmp_path / "marks", tmp_path / "gate"
+    rc = start(real_cluster, ledger_url, store, n_workers=2, nthreads=2)
+    led = Ledger(ledger_url)
+    with rc.client() as c:
+        job = jobs.submit(
+            c,
+            "held",
+            kind="inference",
+            parts=2,
+            target="jobtasks:until_file",
+            params={"path": str(gate), "marks": str(marks)},
+        )
+        first = until(
+            lambda: [a for a in led.attempts(job.job_id) if a.state == "running" and a.part == 0],
+            "part 0 running",
+        )[0]
+        name = next(n for n in ("w0", "w1") if rc.worker_address(c, n) == first.worker)
+        rc.pause(name)
+        try:
+            until(
+                lambda: any(
+                    a.part == 0 and a.token == first.token + 1 and a.state == "running"
+                    for a in led.attempts(job.job_id)
+                ),
+                "part 0 reassigned",
+            )
+            gate.touch()
+            until(lambda: led.job(job.job_id).state == "succeeded", "the job to succeed")
+        finally:
+            rc.resume(name)
+        # the paused attempt wakes, finishes, and its commit is refused
+        until(
+            lambda: [h for h in led.history(f"{job.job_id}/0") if h["to_state"] == "refused"],
+            "the late commit refused",
+        )
+        assert job.result(timeout=WAIT) == ["released part 0", "released part 1"]
+    committed_once(led, job.job_id, 2)
+    old = next(a for a in led.attempts(job.job_id) if a.attempt_id == first.attempt_id)
+    assert (old.state, old.reason) == ("lost", "lease expired")
+    assert led.outputs(job.job_id)[0].endswith(f"-p0-t{first.token + 1}")
+    assert runs(marks, job.job_id, 0) == 2
+    led.close()
+    clean_logs(rc)
+
+
+def test_a_launch_whose_reply_is_lost_is_reconciled_not_run_twice(
+    ledger_url: str, real_cluster: Callable[..., RealCluster], tmp_path: Path
+) -> None:
+    store, marks = tmp_path / "store", tmp_path / "marks"
+    cfg = config(store)
+    cfg["distributed"] = {"worker": {"preload": ["jobfaults"]}}
+    rc = start(
+        real_cluster,
+        ledger_url,
+        store,
+        n_workers=2,
+        nthreads=2,
+        config=cfg,
+        env={"DASKJOBS_TEST_DROP_ACK": "1"},
+    )
+    with rc.client() as c:
+        job = jobs.submit(
+            c,
+            "score",
+            kind="inference",
+            parts=3,
+            target="jobtasks:score",
+            params={"seconds": 2.5, "marks": str(marks)},
+        )
+        assert job.result(timeout=WAIT) == [0, 10, 20]
+        story = job.explain()
+    led = Ledger(ledger_url)
+    committed_once(led, job.job_id, 3)
+    for p in range(3):
+        assert runs(marks, job.job_id, p) == 1, story
+    assert [a.token for a in led.attempts(job.job_id)] == [1, 1, 1], story
+    assert story.count("launching -> unknown (not acknowledged") == 3, story
+    led.close()
+    clean_logs(rc)
+
+
+def test_scheduling_goes_on_while_the_database_is_unreachable(
+    ledger_url: str, real_cluster: Callable[..., RealCluster], tmp_path: Path
+) -> None:
+    from test_jobs import _outage
+
+    store, marks = tmp_path / "store", tmp_path / "marks"
+    rc = start(real_cluster, ledger_url, store, n_workers=2, nthreads=2)
+    with rc.client() as c:
+        job = jobs.submit(
+            c,
+            "score",
+            kind="inference",
+            parts=6,
+            target="jobtasks:score",
+            params={"seconds": 0.5, "marks": str(marks)},
+        )
+        led = Ledger(ledger_url)
+        until(lambda: led.outputs(job.job_id), "a first commit")
+        with _outage(ledger_url):
+            futures = c.map(lambda x: x * 2, range(40))
+            assert c.gather(futures) == [x * 2 for x in range(40)]
+            if ledger_url.startswith("postgresql"):
+                until(lambda: not jobs.api._call(c, "status")["reachable"], "the outage seen")
+            time.sleep(2.5)  # longer than a lease
+        assert job.result(timeout=WAIT) == [10 * p for p in range(6)]
+        assert jobs.api._call(c, "status")["reachable"] is True
+        story = job.explain()
+    committed_once(led, job.job_id, 6)
+    for p in range(6):
+        # no lease expired while nobody could renew: nothing ran twice
+        assert runs(marks, job.job_id, p) == 1, story
+    led.close()
+    if ledger_url.startswith("postgresql"):
+        assert "unreachable" in rc.log("scheduler") and "reachable again" in rc.log("scheduler")
+    clean_logs(rc, "ledger unreachable")
