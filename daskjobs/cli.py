@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "cache": "daskjobs.cache.cli:cache",
     "status": "daskjobs.plugin.cli:status_command",
     "replay": "daskjobs.replay.cli:replay",
+    "jobs": "daskjobs.jobs.cli:jobs_command",
 }
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
