@@ -29,3 +29,30 @@ def test_simulate_policies_example_as_a_script() -> None:
         check=True,
     )
     assert "node-aware" in out.stdout and "speed-weighted bound" in out.stdout
+
+
+def test_job_examples_run(tmp_path: Path) -> None:
+    """The three job shapes of docs/jobs.md, each as its example runs them."""
+    store = str(tmp_path / "store")
+    train = runpy.run_path(str(EXAMPLES / "jobs_training.py"))["main"](store=store)
+    assert train["step"] == 300 and 0 < train["resumed_from"] < 300  # resumed, not restarted
+    assert train["loss"] < 0.05
+    again = runpy.run_path(str(EXAMPLES / "jobs_training.py"))["main"](store=store)
+    assert again == train  # the finished job, from the ledger
+    outputs = runpy.run_path(str(EXAMPLES / "jobs_inference.py"))["main"](store=store)
+    assert [o["partition"] for o in outputs] == list(range(8))
+    assert all(o["mse"] < 0.05 for o in outputs)
+    evaluation = runpy.run_path(str(EXAMPLES / "jobs_evaluation.py"))["main"](store=store)
+    assert evaluation["rounds"] == 20 and evaluation["mse"] < 0.05
+    from daskjobs.jobs import Ledger
+
+    led = Ledger(f"sqlite:///{store}/ledger.sqlite")
+    states = {j.spec.name: j.state for j in led.jobs()}
+    assert states == {
+        "train-linear": "succeeded",
+        "score-batch": "succeeded",
+        "evaluate": "succeeded",
+        "score-small": "succeeded",
+        "evaluate-long": "cancelled",
+    }
+    led.close()

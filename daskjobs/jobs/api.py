@@ -34,12 +34,15 @@ def _call(client: Any, op: str, **kw: Any) -> Any:
     return result
 
 
+def _has_service(dask_scheduler: Any) -> bool:
+    return "daskjobs-jobs" in dask_scheduler.plugins
+
+
 def _ensure_service(client: Any, ledger: str | None, store: str | None) -> None:
-    try:
-        _call(client, "status")
+    # asked without calling the service's handler: a scheduler without it would log
+    # the unknown operation as an error
+    if client.run_on_scheduler(_has_service):
         return
-    except RuntimeError:
-        pass
     from daskjobs.jobs.service import JobsService
 
     client.register_plugin(JobsService(ledger=ledger, store=store))

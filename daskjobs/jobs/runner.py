@@ -167,7 +167,7 @@ def run_attempt(order: Order) -> dict[str, Any]:
             return {"state": "committing", "location": key, "reason": str(getattr(e, "orig", e))}
     except StaleTransition as e:  # its commit, or a checkpoint on the way, was refused
         attempt._stop.set()
-        logger.warning("daskjobs: %s", e)
+        logger.info("daskjobs: %s", e)  # expected after a cancel or a lost lease; recorded
         return {"state": "fenced", "location": key, "reason": str(e)}
     finally:
         if not handed:
@@ -300,12 +300,12 @@ class _Heartbeats:
             try:
                 ledger.commit_output(attempt.job_id, attempt.part, attempt.token, attempt._pending)
             except StaleTransition as e:
-                logger.warning("daskjobs: %s", e)
+                logger.info("daskjobs: %s", e)
                 attempt._stop.set()
             self.remove(attempt)
             return
         if not ledger.renew(attempt.attempt_id, attempt.token, lease) and not attempt._committing:
-            logger.warning(
+            logger.info(
                 "daskjobs: attempt %s of %s part %d lost its part; stop requested",
                 attempt.attempt_id,
                 attempt.job_id,
