@@ -14,7 +14,7 @@ def dask_setup(worker: Any) -> None:
     if os.environ.get("DASKJOBS_TEST_DROP_ACK") == "1":
         import daskjobs.jobs.runner as runner
 
-        def lost_ack(ledger: Any, order: Any, worker_name: str) -> bool:
-            return True  # "sent": the ledger never hears of it
+        def lost_ack(ledger: Any, attempts: list[Any]) -> list[bool]:
+            return [True] * len(attempts)  # "sent": the ledger never hears of it
 
-        runner._ack = lost_ack
+        runner._ack_many = lost_ack

@@ -174,7 +174,7 @@ def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -
         checkpoint_every=0.1,
     )
     out: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: out.update(r=run_attempt(order)))
+    t = threading.Thread(target=lambda: out.update(r=run_attempt(order, wait=30)))
     t.start()
     deadline = time.monotonic() + 30
     while led.checkpoint(job, 0) is None:
@@ -186,12 +186,14 @@ def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -
     assert out["r"]["state"] == "fenced"
     second = led.start_attempt(job, 0, None, 30, e)
     resumed = run_attempt(
-        Order(**{**order.__dict__, "token": second.token, "attempt_id": second.attempt_id})
+        Order(**{**order.__dict__, "token": second.token, "attempt_id": second.attempt_id}),
+        wait=30,
     )
     assert resumed["state"] == "succeeded"
-    from daskjobs.cache.store import ResultStore
+    import pickle
 
-    value = ResultStore(str(tmp_path / "store")).get(resumed["location"])
+    assert resumed["location"].startswith("ledger:")  # small: kept in the ledger's row
+    value = pickle.loads(led.output_values(job)[0])
     assert value["step"] == 200 and 0 < value["resumed_from"] < 200
     assert led.outputs(job) == {0: resumed["location"]}
 

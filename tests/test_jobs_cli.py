@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from daskjobs.cli import main
-from daskjobs.jobs import JobSpec, Ledger
+from daskjobs.jobs import SCHEMA_VERSION, JobSpec, Ledger
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -18,7 +18,9 @@ def run(*args: str) -> tuple[int, str]:
 
 
 def test_ls_show_cancel_retry(ledger_url: str) -> None:
-    assert run("jobs", "migrate", "--ledger", ledger_url)[1].endswith("schema version 1\n")
+    assert run("jobs", "migrate", "--ledger", ledger_url)[1].endswith(
+        f"schema version {SCHEMA_VERSION}\n"
+    )
     led = Ledger(ledger_url)
     e = led.acquire_epoch()
     a = led.submit(JobSpec("score", kind="inference", parts=2, target="m:f", team="alpha"), e)

@@ -584,3 +584,5 @@ def test_expiry_and_placement_rules() -> None:
     assert responsive({"a": 99.0, "b": 99.5}, 100.0, 5.0) is None  # all fine: anywhere
     assert responsive({"a": 90.0, "b": 99.5}, 100.0, 5.0) == ["b"]  # a is silent
     assert responsive({"a": 90.0, "b": 80.0}, 100.0, 5.0) is None  # nobody: dask decides
+    # silent for more than a third of a lease: a paused worker whose attempt was just lost
+    assert responsive({"a": 97.0, "b": 99.5}, 100.0, 5.0) == ["b"]

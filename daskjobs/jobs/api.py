@@ -8,6 +8,7 @@ with the preload and ``daskjobs.jobs.enabled``)."""
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from daskjobs.jobs.model import JobSpec
+from daskjobs.jobs.runner import INLINE
 
 __all__ = ["Job", "JobFailed", "list_jobs", "submit"]
 
@@ -145,17 +147,18 @@ class Job:
         """Wait until the job ends; its final status."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            status = self.status()
-            if status["state"] in ("succeeded", "failed", "cancelled"):
-                return status
+            light = _call(self.client, "state", job_id=self.job_id)  # one row, not the job
+            if light["state"] in ("succeeded", "failed", "cancelled"):
+                return self.status()
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"daskjobs job {self.job_id} still {status['state']}")
+                raise TimeoutError(f"daskjobs job {self.job_id} still {light['state']}")
             time.sleep(poll)
 
     def result(self, timeout: float | None = None) -> Any:
         """The job's output once it succeeded: the value of its one part, or the list of
         its parts' values (an inference job). Raises :class:`JobFailed` if it failed or
-        was cancelled. Values are read from the store by a worker and sent back."""
+        was cancelled. Small values come from the ledger; values in the store are read by
+        a worker and sent back."""
         status = self.wait(timeout)
         if status["state"] != "succeeded":
             raise JobFailed(
@@ -164,10 +167,22 @@ class Job:
                 )
             )
         outputs: Mapping[str, str] = status["outputs"]
-        locations = [outputs[str(p)] for p in range(len(outputs))]
-        futures = self.client.map(_load, [status["store"]] * len(locations), locations, pure=False)
-        values = self.client.gather(futures)
-        return values[0] if status["spec"]["kind"] != "inference" else list(values)
+        parts = range(len(outputs))
+        values: dict[int, Any] = {}
+        if any(outputs[str(p)].startswith(INLINE) for p in parts):
+            inline = _call(self.client, "values", job_id=self.job_id)
+            values.update({int(p): pickle.loads(v) for p, v in inline.items()})
+        stored = [p for p in parts if not outputs[str(p)].startswith(INLINE)]
+        if stored:
+            futures = self.client.map(
+                _load,
+                [status["store"]] * len(stored),
+                [outputs[str(p)] for p in stored],
+                pure=False,
+            )
+            values.update(zip(stored, self.client.gather(futures), strict=True))
+        ordered = [values[p] for p in parts]
+        return ordered[0] if status["spec"]["kind"] != "inference" else ordered
 
 
 def _load(store_url: str, key: str) -> Any:

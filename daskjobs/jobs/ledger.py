@@ -59,7 +59,7 @@ from daskjobs.jobs.model import (
 __all__ = ["SCHEMA_VERSION", "Fenced", "Ledger", "LedgerError"]
 
 #: The schema this code writes; :meth:`Ledger.migrate` brings older ledgers up to it.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class LedgerError(RuntimeError):
@@ -134,6 +134,9 @@ outputs_t = sa.Table(
     sa.Column("token", sa.Integer, nullable=False),
     sa.Column("location", sa.Text, nullable=False),
     sa.Column("committed", sa.Float, nullable=False),
+    # (version 2) a small output kept in the ledger itself: its pickle; None when the
+    # output is in the store at ``location``
+    sa.Column("value", sa.LargeBinary),
 )
 transitions_t = sa.Table(
     "daskjobs_transitions",
@@ -148,9 +151,31 @@ transitions_t = sa.Table(
     sa.Column("epoch", sa.Integer, nullable=False),
 )
 
+#: The index of a part's attempts (version 2): ``runnable`` asks, for each part, whether
+#: it has a live attempt, and a commit finds the attempt holding a token; on the job's
+#: index alone each is a scan of the job's attempts (quadratic in a job's parts).
+_attempts_by_part = sa.Index(
+    "ix_daskjobs_attempts_part", attempts_t.c.job_id, attempts_t.c.part, attempts_t.c.token
+)
+
+
+def _first_schema(conn: Connection) -> None:
+    # (a table is created with the indexes declared on it: a new ledger gets version 2's
+    # index here already, and step 1 -> 2 finds it there)
+    _md.create_all(conn, tables=[meta_t, jobs_t, parts_t, attempts_t, outputs_t, transitions_t])
+
+
+def _second_schema(conn: Connection) -> None:
+    _attempts_by_part.create(conn, checkfirst=True)
+    if "value" not in {c["name"] for c in sa.inspect(conn).get_columns(outputs_t.name)}:
+        kind = "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
+        conn.exec_driver_sql(f"ALTER TABLE {outputs_t.name} ADD COLUMN value {kind}")
+
+
 #: Numbered schema steps: ``MIGRATIONS[n]`` brings version ``n`` to ``n + 1``.
 MIGRATIONS: Sequence[Callable[[Connection], None]] = (
-    lambda conn: _md.create_all(conn),  # 0 -> 1: the first schema
+    _first_schema,  # 0 -> 1: the first schema
+    _second_schema,  # 1 -> 2: a part's attempts indexed; small outputs kept in the ledger
 )
 
 
@@ -425,18 +450,85 @@ class Ledger:
         self, parts: Sequence[tuple[str, int]], lease: float, epoch: int
     ) -> list[AttemptRecord]:
         """:meth:`start_attempt` (launching, no worker yet) for many parts in one
-        transaction; a part refused is left out of the result (someone else holds it)."""
-        out = []
+        transaction; a part refused is left out of the result (someone else holds it).
+        Set-based: a few statements per few hundred parts, whatever their number."""
+        out: list[AttemptRecord] = []
         now = self.clock()
         with self._write(epoch) as conn:
-            for job_id, part in parts:
-                try:
-                    out.append(
-                        self._start(conn, job_id, part, None, lease, epoch, "launching", now)
-                    )
-                except StaleTransition:
-                    continue
+            for chunk in _chunks(list(dict.fromkeys(parts))):
+                out.extend(self._start_many(conn, chunk, lease, epoch, now))
         return out
+
+    def _start_many(
+        self,
+        conn: Connection,
+        parts: Sequence[tuple[str, int]],
+        lease: float,
+        epoch: int,
+        now: float,
+    ) -> list[AttemptRecord]:
+        key = sa.tuple_(parts_t.c.job_id, parts_t.c.part)
+        q = sa.select(parts_t.c.job_id, parts_t.c.part, parts_t.c.token).where(key.in_(parts))
+        if conn.dialect.name == "postgresql":  # the parts' rows: the lock their writers take
+            q = q.order_by(parts_t.c.job_id, parts_t.c.part).with_for_update()
+        tokens = {(r.job_id, r.part): r.token for r in conn.execute(q)}
+        busy = {
+            (r.job_id, r.part)
+            for r in conn.execute(
+                sa.select(attempts_t.c.job_id, attempts_t.c.part).where(
+                    sa.tuple_(attempts_t.c.job_id, attempts_t.c.part).in_(parts),
+                    attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
+                )
+            )
+        }
+        busy |= {
+            (r.job_id, r.part)
+            for r in conn.execute(
+                sa.select(outputs_t.c.job_id, outputs_t.c.part).where(
+                    sa.tuple_(outputs_t.c.job_id, outputs_t.c.part).in_(parts)
+                )
+            )
+        }
+        todo = [jp for jp in parts if jp in tokens and jp not in busy]
+        if not todo:
+            return []
+        conn.execute(
+            parts_t.update()
+            .where(sa.tuple_(parts_t.c.job_id, parts_t.c.part).in_(todo))
+            .values(token=parts_t.c.token + 1)
+        )
+        rows = [
+            {
+                "attempt_id": uuid.uuid4().hex,
+                "job_id": job_id,
+                "part": part,
+                "token": tokens[job_id, part] + 1,
+                "state": "launching",
+                "worker": None,
+                "lease_until": now + lease,
+                "started": now,
+                "updated": now,
+                "epoch": epoch,
+                "reason": None,
+            }
+            for job_id, part in todo
+        ]
+        conn.execute(attempts_t.insert(), rows)
+        self._log_many(
+            conn,
+            [
+                (
+                    "attempt",
+                    r["attempt_id"],
+                    None,
+                    "launching",
+                    f"part {r['part']} token {r['token']}",
+                )
+                for r in rows
+            ],
+            epoch,
+        )
+        return [AttemptRecord(**{k: v for k, v in r.items() if k != "epoch"}) for r in rows]
 
     def _start(
         self,
@@ -550,38 +642,48 @@ class Ledger:
 
     def ack(self, attempt_id: str, token: int, worker: str, lease: float) -> bool:
         """A worker reports that it runs the attempt: ``launching`` or ``unknown`` ->
-        ``running`` (an unknown launch reconciled by its worker), with a fresh lease. True
-        if it moved now or was running already; False if the attempt may no longer run
-        (lost, fenced, cancelled, finished, or a stale token): the worker should not run
-        it. A worker's write: fenced by its token, not by the scheduler's epoch."""
+        ``running``, with a fresh lease. True if it moved now or was running already;
+        False if the attempt may no longer run (lost, fenced, cancelled, finished, or a
+        stale token): the worker should stop it. A worker's write: fenced by its token,
+        not by the scheduler's epoch."""
+        return self.ack_many([(attempt_id, token, worker)], lease) == [True]
+
+    def ack_many(self, attempts: Sequence[tuple[str, int, str]], lease: float) -> list[bool]:
+        """:meth:`ack` for many ``(attempt_id, token, worker)`` in one transaction."""
+        if not attempts:
+            return []
         now = self.clock()
+        out = []
         with self._write() as conn:
-            row = conn.execute(
-                sa.select(attempts_t.c.state, attempts_t.c.token).where(
-                    attempts_t.c.attempt_id == attempt_id
+            for attempt_id, token, worker in attempts:
+                row = conn.execute(
+                    sa.select(attempts_t.c.state, attempts_t.c.token).where(
+                        attempts_t.c.attempt_id == attempt_id
+                    )
+                ).first()
+                if row is None or row.token != token or row.state not in LIVE_ATTEMPTS:
+                    out.append(False)
+                    continue
+                res = conn.execute(
+                    attempts_t.update()
+                    .where(
+                        attempts_t.c.attempt_id == attempt_id,
+                        attempts_t.c.token == token,
+                        attempts_t.c.state == row.state,
+                    )
+                    .values(state="running", worker=worker, lease_until=now + lease, updated=now)
                 )
-            ).first()
-            if row is None or row.token != token or row.state not in LIVE_ATTEMPTS:
-                return False
-            res = conn.execute(
-                attempts_t.update()
-                .where(
-                    attempts_t.c.attempt_id == attempt_id,
-                    attempts_t.c.token == token,
-                    attempts_t.c.state == row.state,
-                )
-                .values(state="running", worker=worker, lease_until=now + lease, updated=now)
-            )
-            if res.rowcount != 1:
-                return False
-            if row.state != "running":
-                reason = (
-                    "worker started it" if row.state == "launching" else "its worker reported it"
-                )
-                self._log(
-                    conn, "attempt", attempt_id, row.state, "running", f"{reason} ({worker})", 0
-                )
-        return True
+                out.append(res.rowcount == 1)
+                if res.rowcount == 1 and row.state != "running":
+                    reason = (
+                        "worker started it"
+                        if row.state == "launching"
+                        else "its worker reported it"
+                    )
+                    self._log(
+                        conn, "attempt", attempt_id, row.state, "running", f"{reason} ({worker})", 0
+                    )
+        return out
 
     def renew(self, attempt_id: str, token: int, lease: float, epoch: int | None = None) -> bool:
         """Extend a live attempt's lease by ``lease`` seconds from now; False if it is no
@@ -594,10 +696,16 @@ class Ledger:
     ) -> int:
         """:meth:`renew` for many ``(attempt_id, token)`` in one transaction; how many were
         live and renewed."""
+        return sum(self.renew_each(attempts, lease, epoch))
+
+    def renew_each(
+        self, attempts: Sequence[tuple[str, int]], lease: float, epoch: int | None = None
+    ) -> list[bool]:
+        """:meth:`renew_many`, saying for each attempt whether it was renewed."""
         if not attempts:
-            return 0
+            return []
         now = self.clock()
-        renewed = 0
+        out = []
         with self._write(epoch) as conn:
             for attempt_id, token in attempts:
                 res = conn.execute(
@@ -609,8 +717,8 @@ class Ledger:
                     )
                     .values(lease_until=now + lease)
                 )
-                renewed += res.rowcount
-        return renewed
+                out.append(res.rowcount == 1)
+        return out
 
     def expire(
         self, epoch: int, now: float | None = None, *, patience: float | None = None
@@ -684,126 +792,186 @@ class Ledger:
 
         ``epoch`` is None for a worker's commit (workers are fenced by their token, not by
         the scheduler's epoch)."""
-        try:
-            return self._commit(job_id, part, token, location, epoch)
-        except StaleTransition as e:
-            self._refused(f"{job_id}/{part}", token, str(e))
-            raise
+        (result,) = self.commit_outputs([(job_id, part, token, location)], epoch)
+        if isinstance(result, StaleTransition):
+            raise result
+        return result
 
-    def _refused(self, ref: str, token: int, why: str) -> None:
-        """Log a refused commit (its own transaction: the refused one rolled back)."""
-        try:
-            with self._write() as conn:
-                self._log(conn, "output", ref, None, "refused", f"token {token}: {why}", 0)
-        except sa.exc.SQLAlchemyError:  # the refusal stands; its record is best effort
-            pass
-
-    def _commit(self, job_id: str, part: int, token: int, location: str, epoch: int | None) -> bool:
+    def commit_outputs(
+        self,
+        outputs: Sequence[tuple[str, int, int, str]],
+        epoch: int | None = None,
+        values: Sequence[bytes | None] | None = None,
+    ) -> list[bool | StaleTransition]:
+        """:meth:`commit_output` for many ``(job_id, part, token, location)`` in one
+        transaction (a worker process's finished parts, committed together): for each,
+        True (committed now), False (committed by this token already) or the
+        :class:`StaleTransition` that refused it, recorded in the same transaction. Each
+        is decided on its own; a refused one does not hold the others back. ``values``:
+        an output kept in the ledger itself (a small one: its pickle), else None.
+        Set-based: a few statements per few hundred outputs."""
+        if not outputs:
+            return []
         now = self.clock()
-        what = f"output of part {part} of job {job_id!r}"
+        results: dict[int, bool | StaleTransition] = {}
+        finished: set[str] = set()
+        # in (job, part) order: PostgreSQL writers lock part rows in one order, no deadlock
+        order = sorted(range(len(outputs)), key=lambda i: (outputs[i][0], outputs[i][1]))
         with self._write(epoch) as conn:
-            # the part's row is the lock every writer of this part takes (start_attempt
-            # updates it), so the token read here stays current until the commit ends
-            q = sa.select(parts_t.c.token).where(parts_t.c.job_id == job_id, parts_t.c.part == part)
-            if conn.dialect.name == "postgresql":
-                q = q.with_for_update()
-            current = conn.execute(q).scalar()
-            if current is None:
-                raise LedgerError(f"daskjobs ledger: job {job_id!r} has no part {part}")
-            existing = conn.execute(
-                sa.select(outputs_t.c.token).where(
-                    outputs_t.c.job_id == job_id, outputs_t.c.part == part
+            for chunk in _chunks(order):
+                finished |= self._commit_many(conn, outputs, values, chunk, epoch, now, results)
+            for job_id in sorted(finished):
+                self._finish_if_complete(conn, job_id, epoch, now)
+        return [results[i] for i in range(len(outputs))]
+
+    def _commit_many(
+        self,
+        conn: Connection,
+        outputs: Sequence[tuple[str, int, int, str]],
+        values: Sequence[bytes | None] | None,
+        chunk: Sequence[int],
+        epoch: int | None,
+        now: float,
+        results: dict[int, bool | StaleTransition],
+    ) -> set[str]:
+        pg = conn.dialect.name == "postgresql"
+        parts = sorted({(outputs[i][0], outputs[i][1]) for i in chunk})
+        held = sorted({(outputs[i][0], outputs[i][1], outputs[i][2]) for i in chunk})
+        # the parts' rows are the lock every writer of a part takes (start_attempts updates
+        # them), so the tokens read here stay current until the commit ends; on SQLite the
+        # transaction holds the database's write lock already
+        q = sa.select(parts_t.c.job_id, parts_t.c.part, parts_t.c.token).where(
+            sa.tuple_(parts_t.c.job_id, parts_t.c.part).in_(parts)
+        )
+        if pg:
+            q = q.order_by(parts_t.c.job_id, parts_t.c.part).with_for_update()
+        current = {(r.job_id, r.part): r.token for r in conn.execute(q)}
+        existing = {
+            (r.job_id, r.part): r.token
+            for r in conn.execute(
+                sa.select(outputs_t.c.job_id, outputs_t.c.part, outputs_t.c.token).where(
+                    sa.tuple_(outputs_t.c.job_id, outputs_t.c.part).in_(parts)
                 )
-            ).scalar()
-            if existing is not None:
-                if existing == token:
-                    return False
-                raise StaleTransition(
-                    what,
-                    "not committed",
-                    "committed",
-                    f"token {existing} committed it; token {token} may not",
-                )
-            if token != current:
-                raise StaleTransition(
-                    what,
-                    f"token {current}",
-                    f"token {token}",
-                    "a newer attempt holds the part: this one's output is stale",
-                )
-            holder = conn.execute(
-                sa.select(attempts_t.c.attempt_id, attempts_t.c.state).where(
-                    attempts_t.c.job_id == job_id,
-                    attempts_t.c.part == part,
-                    attempts_t.c.token == token,
-                )
-            ).first()
-            if holder is None or holder.state not in LIVE_ATTEMPTS:
-                raise StaleTransition(
-                    what,
-                    "a live attempt",
-                    holder.state if holder is not None else None,
-                    f"the attempt holding token {token} may no longer commit",
-                )
+            )
+        }
+        hq = sa.select(
+            attempts_t.c.attempt_id,
+            attempts_t.c.job_id,
+            attempts_t.c.part,
+            attempts_t.c.token,
+            attempts_t.c.state,
+        ).where(sa.tuple_(attempts_t.c.job_id, attempts_t.c.part, attempts_t.c.token).in_(held))
+        if pg:  # an expiry waits for this commit (and then finds the attempt succeeded)
+            hq = hq.order_by(attempts_t.c.attempt_id).with_for_update()
+        holders = {(r.job_id, r.part, r.token): r for r in conn.execute(hq)}
+        won: list[tuple[int, Any]] = []
+        log: list[tuple[str, str, str | None, str | None, str]] = []
+        for i in chunk:
+            job_id, part, token, _ = outputs[i]
+            what = f"output of part {part} of job {job_id!r}"
+            try:
+                if (job_id, part) not in current:
+                    raise LedgerError(f"daskjobs ledger: job {job_id!r} has no part {part}")
+                before = existing.get((job_id, part))
+                if before is not None:
+                    if before == token:
+                        results[i] = False
+                        continue
+                    raise StaleTransition(
+                        what,
+                        "not committed",
+                        "committed",
+                        f"token {before} committed it; token {token} may not",
+                    )
+                if token != current[job_id, part]:
+                    raise StaleTransition(
+                        what,
+                        f"token {current[job_id, part]}",
+                        f"token {token}",
+                        "a newer attempt holds the part: this one's output is stale",
+                    )
+                holder = holders.get((job_id, part, token))
+                if holder is None or holder.state not in LIVE_ATTEMPTS:
+                    raise StaleTransition(
+                        what,
+                        "a live attempt",
+                        holder.state if holder is not None else None,
+                        f"the attempt holding token {token} may no longer commit",
+                    )
+            except StaleTransition as e:
+                log.append(("output", f"{job_id}/{part}", None, "refused", f"token {token}: {e}"))
+                results[i] = e
+                continue
+            existing[job_id, part] = token  # a second item of this part in the batch
+            won.append((i, holder))
+            log.append(
+                ("attempt", holder.attempt_id, holder.state, "succeeded", "output committed")
+            )
+            log.append(("output", f"{job_id}/{part}", None, "committed", f"token {token}"))
+        if won:
+            ids = [h.attempt_id for _, h in won]
             res = conn.execute(
                 attempts_t.update()
                 .where(
-                    attempts_t.c.attempt_id == holder.attempt_id,
-                    attempts_t.c.state == holder.state,  # an expiry between read and write wins
+                    attempts_t.c.attempt_id.in_(ids),
+                    attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
                 )
                 .values(state="succeeded", updated=now, reason="output committed")
             )
-            if res.rowcount != 1:
-                raise StaleTransition(
-                    what, holder.state, None, "the attempt moved while committing"
+            if res.rowcount != len(ids):  # cannot happen under the locks taken above
+                raise LedgerError(
+                    f"daskjobs ledger: {len(ids) - res.rowcount} attempt(s) moved while "
+                    "committing; nothing of this batch was committed"
                 )
             conn.execute(
-                outputs_t.insert().values(
-                    job_id=job_id, part=part, token=token, location=location, committed=now
+                outputs_t.insert(),
+                [
+                    {
+                        "job_id": outputs[i][0],
+                        "part": outputs[i][1],
+                        "token": outputs[i][2],
+                        "location": outputs[i][3],
+                        "value": None if values is None else values[i],
+                        "committed": now,
+                    }
+                    for i, _ in won
+                ],
+            )
+            for i, _ in won:
+                results[i] = True
+        # refusals are logged with epoch 0: a worker's write, or a replayed one
+        self._log_many(conn, log, epoch or 0, refused_epoch=0)
+        return {outputs[i][0] for i, _ in won}
+
+    def _finish_if_complete(
+        self, conn: Connection, job_id: str, epoch: int | None, now: float
+    ) -> None:
+        """A running job whose every part is committed -> ``succeeded`` (once per job and
+        commit transaction: the count reads the job's parts)."""
+        missing = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(
+                parts_t.outerjoin(
+                    outputs_t,
+                    sa.and_(
+                        outputs_t.c.job_id == parts_t.c.job_id,
+                        outputs_t.c.part == parts_t.c.part,
+                    ),
                 )
             )
+            .where(parts_t.c.job_id == job_id, outputs_t.c.token.is_(None))
+        ).scalar()
+        if missing:
+            return
+        done = conn.execute(
+            jobs_t.update()
+            .where(jobs_t.c.job_id == job_id, jobs_t.c.state == "running")
+            .values(state="succeeded", updated=now, reason="every part committed")
+        )
+        if done.rowcount == 1:
             self._log(
-                conn,
-                "attempt",
-                holder.attempt_id,
-                holder.state,
-                "succeeded",
-                "output committed",
-                epoch or 0,
+                conn, "job", job_id, "running", "succeeded", "every part committed", epoch or 0
             )
-            self._log(
-                conn, "output", f"{job_id}/{part}", None, "committed", f"token {token}", epoch or 0
-            )
-            missing = conn.execute(
-                sa.select(sa.func.count())
-                .select_from(
-                    parts_t.outerjoin(
-                        outputs_t,
-                        sa.and_(
-                            outputs_t.c.job_id == parts_t.c.job_id,
-                            outputs_t.c.part == parts_t.c.part,
-                        ),
-                    )
-                )
-                .where(parts_t.c.job_id == job_id, outputs_t.c.token.is_(None))
-            ).scalar()
-            if not missing:
-                done = conn.execute(
-                    jobs_t.update()
-                    .where(jobs_t.c.job_id == job_id, jobs_t.c.state == "running")
-                    .values(state="succeeded", updated=now, reason="every part committed")
-                )
-                if done.rowcount == 1:
-                    self._log(
-                        conn,
-                        "job",
-                        job_id,
-                        "running",
-                        "succeeded",
-                        "every part committed",
-                        epoch or 0,
-                    )
-        return True
 
     def commit_checkpoint(self, job_id: str, part: int, token: int, location: str) -> None:
         """Record ``location`` as ``part``'s latest checkpoint, written by the live attempt
@@ -1018,6 +1186,27 @@ class Ledger:
             ).all()
         return {r.part: r.location for r in rows}
 
+    def output_values(self, job_id: str) -> dict[int, bytes]:
+        """The outputs of ``job_id`` kept in the ledger itself (small ones: their pickles),
+        by part; an output in the store is not here (its location says where it is)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(outputs_t.c.part, outputs_t.c.value).where(
+                    outputs_t.c.job_id == job_id, outputs_t.c.value.is_not(None)
+                )
+            ).all()
+        return {r.part: bytes(r.value) for r in rows}
+
+    def state(self, job_id: str) -> tuple[str, str | None]:
+        """A job's state and reason (one row: what a waiting client polls)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(jobs_t.c.state, jobs_t.c.reason).where(jobs_t.c.job_id == job_id)
+            ).first()
+        if row is None:
+            raise LedgerError(f"daskjobs ledger: no job {job_id!r}")
+        return row.state, row.reason
+
     def missing_parts(self, job_id: str) -> list[int]:
         """Parts of ``job_id`` with no committed output (what a resubmission must run)."""
         with self.engine.connect() as conn:
@@ -1069,6 +1258,36 @@ class Ledger:
         waited, self._waited = self._waited, 0.0
         return waited
 
+    def _log_many(
+        self,
+        conn: Connection,
+        rows: Sequence[tuple[str, str, str | None, str | None, str]],
+        epoch: int,
+        *,
+        refused_epoch: int | None = None,
+    ) -> None:
+        """:meth:`_log` for many ``(kind, ref, before, after, reason)``, one statement."""
+        if not rows:
+            return
+        at = self.clock()
+        conn.execute(
+            transitions_t.insert(),
+            [
+                {
+                    "at": at,
+                    "kind": kind,
+                    "ref": ref,
+                    "from_state": before,
+                    "to_state": after,
+                    "reason": reason or None,
+                    "epoch": refused_epoch
+                    if after == "refused" and refused_epoch is not None
+                    else epoch,
+                }
+                for kind, ref, before, after, reason in rows
+            ],
+        )
+
     def _log(
         self,
         conn: Connection,
@@ -1092,6 +1311,12 @@ class Ledger:
         )
 
 
+def _chunks(items: Sequence[Any], size: int = 300) -> Iterator[Sequence[Any]]:
+    """Pieces of ``items`` small enough for one statement's parameters (SQLite's limit)."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
 def _engine(url: str, busy_timeout: float = 30.0) -> Engine:
     if url.startswith("sqlite"):
         path = sa.engine.make_url(url).database
@@ -1104,6 +1329,10 @@ def _engine(url: str, busy_timeout: float = 30.0) -> Engine:
             dbapi_conn.isolation_level = None  # transactions begun explicitly, below
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a commit survives the process (every fault the jobs service
+            # handles); after a power loss the last commits may roll back, and those parts
+            # run again (an output is visible once either way). FULL syncs every commit.
+            cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
             cur.close()
 

@@ -78,9 +78,14 @@ ATTEMPT_STATES = (
     "fenced",
     "cancelled",
 )
+#: (an output committed by an attempt never acknowledged - a part that ended before its
+#: worker's first report, or whose report was lost - is its report: launching or unknown
+#: -> succeeded)
 ATTEMPT_MOVES: Mapping[str, frozenset[str]] = {
-    "launching": frozenset({"running", "unknown", "lost", "cancelled", "fenced", "failed"}),
-    "unknown": frozenset({"running", "lost", "fenced", "cancelled"}),
+    "launching": frozenset(
+        {"running", "unknown", "succeeded", "lost", "cancelled", "fenced", "failed"}
+    ),
+    "unknown": frozenset({"running", "succeeded", "lost", "fenced", "cancelled"}),
     "running": frozenset({"succeeded", "failed", "lost", "fenced", "cancelled"}),
     "succeeded": frozenset(),
     "failed": frozenset(),
@@ -282,10 +287,17 @@ def may_expire(now: float, reachable_since: float | None, lease: float) -> bool:
 
 def responsive(last_seen: Mapping[str, float], now: float, lease: float) -> list[str] | None:
     """Where a new attempt may go: the workers that sent dask a heartbeat within the
-    last lease, or None (anywhere) when all did or none did. dask keeps a silent worker
-    (paused, partitioned) until its own timeout and would hand it new work that never
-    starts."""
-    alive = sorted(a for a, seen in last_seen.items() if now - seen <= lease)
+    last third of a lease, or None (anywhere) when all did or none did. dask keeps a
+    silent worker (paused, partitioned) until its own timeout and would hand it new work
+    that never starts.
+
+    A third, not a whole lease: an attempt's lease runs out a lease after its last
+    renewal, and renewals come every third of a lease, so when a paused worker's
+    attempt is lost that worker has been silent for at least two thirds of a lease -
+    its part never goes back to it. (dask's workers send heartbeats every 0.5 s on
+    clusters of up to 10 workers, 1-2 s up to 200, more beyond: keep the lease above
+    three times that.)"""
+    alive = sorted(a for a, seen in last_seen.items() if now - seen <= lease / 3)
     if not alive or len(alive) == len(last_seen):
         return None
     return alive

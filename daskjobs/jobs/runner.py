@@ -3,21 +3,28 @@
 The jobs service launches each attempt as a dask task calling :func:`run_attempt`
 with an :class:`Order`. On the worker the attempt
 
-1. **acknowledges** it in the ledger (``launching`` or ``unknown`` -> ``running``,
-   :meth:`Ledger.ack`); an attempt the ledger no longer lets run (lost, cancelled,
-   fenced) does not start;
-2. is **renewed** by the process's heartbeat thread (one per worker process, every third
-   of the lease); a renewal the ledger refuses sets :attr:`Attempt.stop_requested`, so a
-   long function that checks it stops early (dask cannot stop a running thread);
-3. calls the job's function with an :class:`Attempt` (its part, parameters,
+1. calls the job's function with an :class:`Attempt` (its part, parameters,
    checkpoints) and writes the value into the result store under a key that names the
    attempt's fencing token;
-4. **commits** it in the ledger with that token (:meth:`Ledger.commit_output`): only the
-   part's current attempt, still live, may; a late or duplicate attempt's output stays
-   invisible and the task returns ``{"state": "fenced", ...}``.
+2. hands the output to the process's **reporter** thread, which **commits** it in the
+   ledger with that token (:meth:`Ledger.commit_outputs`): only the part's current
+   attempt, still live, may; a late or duplicate attempt's output stays invisible.
 
-Ledger writes from the worker retry while the database is unreachable (a blip must
-not lose a finished result), up to ``patience`` seconds.
+The reporter (one thread per worker process) speaks to the ledger for every attempt
+the process runs, in one transaction per round: the outputs finished since the last
+round (group commit: a thousand short parts cost a few transactions, not a thousand),
+the **acknowledgements** of attempts running for ``ACK_AFTER`` seconds or a third of
+their lease (``launching`` or ``unknown`` -> ``running``, :meth:`Ledger.ack_many`;
+a part that ends sooner is reported by its commit alone), and the **renewals** of
+acknowledged attempts' leases every third of the lease. An acknowledgement or a
+renewal the ledger refuses (the attempt was lost, cancelled or fenced) sets
+:attr:`Attempt.stop_requested`, so a long function that checks it stops early (dask
+cannot stop a running thread); its output will be refused.
+
+No worker thread waits for the database: the task returns ``{"state": "committing"}``
+once its output is in the store, and the reporter retries what the database could not
+take (unreachable, locked) at its next round; a process that dies first leaves its
+attempts to their leases (they run again; the ledger keeps the output visible once).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from daskjobs.cache.store import ResultStore
 from daskjobs.jobs.ledger import Ledger
 from daskjobs.jobs.model import StaleTransition
 
-__all__ = ["Attempt", "Order", "output_key", "run_attempt"]
+__all__ = ["INLINE", "INLINE_LIMIT", "Attempt", "Order", "output_key", "run_attempt"]
 
 logger = logging.getLogger("daskjobs.jobs")
 
@@ -61,6 +68,14 @@ class Order:
     params: dict[str, Any] = field(default_factory=dict)
     lease: float = 30.0
     checkpoint_every: float | None = None
+
+
+#: An output whose pickle is at most this many bytes is kept in the ledger's row itself,
+#: committed in the same transaction (a short part then costs no store write); a larger
+#: one goes to the store under :func:`output_key`.
+INLINE_LIMIT = 64 * 1024
+#: The location of an output kept in the ledger: ``"ledger:" + output_key(...)``.
+INLINE = "ledger:"
 
 
 def output_key(job_id: str, part: int, token: int) -> str:
@@ -88,9 +103,7 @@ class Attempt:
         self._store = store
         self._stop = threading.Event()
         self._committing = False
-        self._acked = False
         self._worker = ""
-        self._pending: str | None = None  # an output key whose commit the thread retries
         self._last_checkpoint = time.monotonic()
         self.checkpoints = 0
 
@@ -121,64 +134,70 @@ class Attempt:
         self._last_checkpoint = time.monotonic()
 
 
-def run_attempt(order: Order) -> dict[str, Any]:
-    """Run one attempt (module docs); a small report: ``state`` (``succeeded``,
-    ``fenced``, ``refused``, or ``committing``: the database was unreachable, the
-    process's heartbeat thread commits when it is back), ``location`` and ``reason``.
-
-    No worker thread waits for the database: an acknowledgement or a commit that cannot
-    reach it is left to the heartbeat thread, which retries it with the renewals (the
-    token still fences it)."""
+def run_attempt(order: Order, wait: float = 0.0) -> dict[str, Any]:
+    """Run one attempt (module docs); a small report: ``state`` (``committing``: the
+    output is in the store and its commit with the reporter; with ``wait`` seconds, the
+    commit's outcome once known: ``succeeded`` or ``fenced``; ``fenced`` too when a
+    checkpoint was refused), ``location`` and ``reason``."""
     ledger = _ledger(order.ledger_url)
-    store = ResultStore(order.store_url)
-    worker = _worker_name()
+    store = _store(order.store_url)
     attempt = Attempt(order, ledger, store)
-    try:
-        if not _ack(ledger, order, worker):
-            return {"state": "refused", "reason": "the ledger no longer lets this attempt run"}
-        attempt._acked = True
-    except UNREACHABLE as e:
-        logger.warning(
-            "daskjobs: ledger unreachable at the start of %s (%s); running it",
-            order.attempt_id,
-            getattr(e, "orig", e),
-        )
-    attempt._worker = worker
-    beats = _heartbeats()
-    beats.add(attempt, ledger, order.lease)
+    attempt._worker = _worker_name()
+    reporter = _reporter()
+    reporter.add(attempt, ledger, order.lease)
     key = output_key(order.job_id, order.part, order.token)
     handed = False
     try:
-        fn = _resolve(order.target, store)
+        fn = _function(order.target, store)
         value = fn(attempt, **order.params)
-        store.put(key, value, stage="daskjobs-job")
-        attempt._committing = True  # a renewal refused from here on is the commit's doing
-        try:
-            ledger.commit_output(order.job_id, order.part, order.token, key)
-        except UNREACHABLE as e:
-            logger.warning(
-                "daskjobs: ledger unreachable at the commit of %s (%s); the "
-                "heartbeat thread commits it when it is back",
-                order.attempt_id,
-                getattr(e, "orig", e),
-            )
-            attempt._pending = key
-            handed = True
-            return {"state": "committing", "location": key, "reason": str(getattr(e, "orig", e))}
-    except StaleTransition as e:  # its commit, or a checkpoint on the way, was refused
+        blob = cloudpickle.dumps(value, protocol=5)
+        if len(blob) <= INLINE_LIMIT:
+            key, data = INLINE + key, blob
+        else:
+            store.put(key, value, stage="daskjobs-job")
+            data = None
+        outcome = reporter.commit(attempt, key, data)
+        handed = True
+    except StaleTransition as e:  # a checkpoint on the way was refused
         attempt._stop.set()
         logger.info("daskjobs: %s", e)  # expected after a cancel or a lost lease; recorded
         return {"state": "fenced", "location": key, "reason": str(e)}
     finally:
         if not handed:
-            beats.remove(attempt)
-    return {"state": "succeeded", "location": key, "reason": ""}
+            reporter.remove(attempt)
+    if wait > 0 and outcome.wait(wait):
+        return {"state": outcome.state, "location": key, "reason": outcome.reason}
+    return {"state": "committing", "location": key, "reason": ""}
 
 
-def _ack(ledger: Ledger, order: Order, worker: str) -> bool:
-    """The worker's report that it runs the attempt (a separate function: the chaos
-    tests drop it, as a lost launch reply)."""
-    return ledger.ack(order.attempt_id, order.token, worker, order.lease)
+def _ack_many(ledger: Ledger, attempts: list[Attempt]) -> list[bool]:
+    """The workers' reports that they run these attempts (a separate function: the
+    chaos tests drop it, as a lost launch reply)."""
+    return ledger.ack_many(
+        [(a.attempt_id, a.token, a._worker) for a in attempts], attempts[0]._order.lease
+    )
+
+
+def _function(target: str, store: ResultStore) -> Callable[..., Any]:
+    """:func:`_resolve`, once per process: a job's thousand parts share one function
+    (a ``store:`` target is immutable: its key is its content's hash)."""
+    key = (store.url, target)
+    fn = _functions.get(key)
+    if fn is None:
+        fn = _functions[key] = _resolve(target, store)
+    return fn
+
+
+_functions: dict[tuple[str, str], Callable[..., Any]] = {}
+_stores: dict[str, ResultStore] = {}
+
+
+def _store(url: str) -> ResultStore:
+    """One store object per URL and worker process."""
+    store = _stores.get(url)
+    if store is None:
+        store = _stores[url] = ResultStore(url)
+    return store
 
 
 def _resolve(target: str, store: ResultStore) -> Callable[..., Any]:
@@ -242,84 +261,189 @@ def _patient(write: Callable[[], T], patience: float | None = None) -> T:
             delay = min(delay * 2, 2.0)
 
 
-class _Heartbeats:
-    """One thread per worker process renewing the leases of the attempts it runs."""
+#: A running attempt is acknowledged once it ran this long (or a third of its lease):
+#: parts that end sooner are reported by their commit alone.
+ACK_AFTER = 0.5
+
+
+#: How long the reporter waits after a commit arrives before it writes, so that the
+#: parts finishing meanwhile share the transaction (group commit).
+LINGER = 0.02
+
+
+class _Outcome:
+    """A commit handed to the reporter: ``wait()`` for its ``state``."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.state = "committing"
+        self.reason = ""
+
+    def set(self, state: str, reason: str = "") -> None:
+        self.state, self.reason = state, reason
+        self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+
+@dataclass(eq=False)
+class _Entry:
+    attempt: Attempt
+    ledger: Ledger
+    lease: float
+    began: float
+    acked: bool = False
+    renewed: float = 0.0
+    output: str | None = None  # the location whose commit is pending
+    value: bytes | None = None  # the output itself, if kept in the ledger
+    outcome: _Outcome | None = None
+
+
+class _Reporter:
+    """One thread per worker process: acknowledgements, renewals and commits of the
+    attempts it runs, in one transaction per ledger and round (module docs)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._attempts: dict[str, tuple[Attempt, Ledger, float]] = {}
+        self._entries: dict[str, _Entry] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._unreachable: str | None = None
 
     def add(self, attempt: Attempt, ledger: Ledger, lease: float) -> None:
         with self._lock:
-            self._attempts[attempt.attempt_id] = (attempt, ledger, lease)
+            self._entries[attempt.attempt_id] = _Entry(attempt, ledger, lease, time.monotonic())
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._run, name="daskjobs-heartbeats", daemon=True
+                    target=self._run, name="daskjobs-reporter", daemon=True
                 )
                 self._thread.start()
+
+    def commit(self, attempt: Attempt, key: str, value: bytes | None = None) -> _Outcome:
+        outcome = _Outcome()
+        attempt._committing = True
+        with self._lock:
+            entry = self._entries[attempt.attempt_id]
+            entry.output, entry.value, entry.outcome = key, value, outcome
         self._wake.set()
+        return outcome
 
     def remove(self, attempt: Attempt) -> None:
         with self._lock:
-            self._attempts.pop(attempt.attempt_id, None)
+            self._entries.pop(attempt.attempt_id, None)
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                current = list(self._attempts.values())
-            if not current:
-                period = 1.0
-            else:
-                period = max(0.01, min(lease for _, _, lease in current) / 3)
-            self._wake.wait(period)
+            if self._wake.wait(self._next_due()):
+                # a commit came: let the parts finishing meanwhile join its transaction
+                time.sleep(LINGER)
             self._wake.clear()
-            for attempt, ledger, lease in current:
-                try:
-                    self._beat(attempt, ledger, lease)
-                except UNREACHABLE as e:  # keep working; try again at the next beat
-                    logger.warning(
-                        "daskjobs heartbeat of %s: ledger unreachable (%s)",
-                        attempt.attempt_id,
-                        getattr(e, "orig", e),
-                    )
-                except Exception:
-                    logger.exception("daskjobs heartbeat of %s", attempt.attempt_id)
-
-    def _beat(self, attempt: Attempt, ledger: Ledger, lease: float) -> None:
-        if attempt.stop_requested:
-            self.remove(attempt)
-            return
-        if not attempt._acked:
-            if not _ack(ledger, attempt._order, attempt._worker):
-                attempt._stop.set()
-                return
-            attempt._acked = True
-        if attempt._pending is not None:
             try:
-                ledger.commit_output(attempt.job_id, attempt.part, attempt.token, attempt._pending)
-            except StaleTransition as e:
-                logger.info("daskjobs: %s", e)
-                attempt._stop.set()
-            self.remove(attempt)
-            return
-        if not ledger.renew(attempt.attempt_id, attempt.token, lease) and not attempt._committing:
-            logger.info(
-                "daskjobs: attempt %s of %s part %d lost its part; stop requested",
-                attempt.attempt_id,
-                attempt.job_id,
-                attempt.part,
+                self.round()
+            except Exception:  # never let the thread die: the next round tries again
+                logger.exception("daskjobs reporter")
+
+    def _next_due(self) -> float:
+        now = time.monotonic()
+        due = 1.0
+        with self._lock:
+            for e in self._entries.values():
+                if e.output is not None:
+                    return 0.05  # a commit the database did not take yet
+                if e.acked:
+                    due = min(due, e.renewed + e.lease / 3 - now)
+                else:
+                    due = min(due, e.began + min(ACK_AFTER, e.lease / 3) - now)
+        return max(0.005, due)
+
+    def round(self) -> None:
+        """One round: every ledger's due commits, acknowledgements and renewals."""
+        now = time.monotonic()
+        with self._lock:
+            entries = list(self._entries.values())
+        by_ledger: dict[int, list[_Entry]] = {}
+        for e in entries:
+            by_ledger.setdefault(id(e.ledger), []).append(e)
+        for group in by_ledger.values():
+            try:
+                self._report(group[0].ledger, group, now)
+            except UNREACHABLE as err:  # keep working; the next round tries again
+                why = str(getattr(err, "orig", err))
+                if self._unreachable is None:
+                    logger.warning(
+                        "daskjobs reporter: ledger unreachable (%s); %d attempt(s) report "
+                        "when it is back",
+                        why,
+                        len(group),
+                    )
+                self._unreachable = why
+                return
+        if self._unreachable is not None:
+            logger.warning("daskjobs reporter: ledger reachable again")
+            self._unreachable = None
+
+    def _report(self, ledger: Ledger, group: list[_Entry], now: float) -> None:
+        commits = [e for e in group if e.output is not None]
+        if commits:
+            results = ledger.commit_outputs(
+                [
+                    (e.attempt.job_id, e.attempt.part, e.attempt.token, e.output or "")
+                    for e in commits
+                ],
+                values=[e.value for e in commits],
             )
-            attempt._stop.set()
+            for e, r in zip(commits, results, strict=True):
+                assert e.outcome is not None
+                if isinstance(r, StaleTransition):
+                    logger.info("daskjobs: %s", r)  # after a cancel or a lost lease; recorded
+                    e.attempt._stop.set()
+                    e.outcome.set("fenced", str(r))
+                else:
+                    e.outcome.set("succeeded")
+                self.remove(e.attempt)
+        pending = [e for e in group if e.output is None and not e.attempt.stop_requested]
+        acks = [e for e in pending if not e.acked and now - e.began >= min(ACK_AFTER, e.lease / 3)]
+        if acks:
+            for e, ok in zip(acks, _ack_many(ledger, [e.attempt for e in acks]), strict=True):
+                e.acked, e.renewed = True, now
+                if not ok:
+                    self._stop(e, "its acknowledgement was refused")
+        acked_now = {id(e) for e in acks}
+        renew = [
+            e
+            for e in pending
+            if e.acked and id(e) not in acked_now and now - e.renewed >= e.lease / 3
+        ]
+        if renew:
+            lease = min(e.lease for e in renew)
+            for e, ok in zip(
+                renew,
+                ledger.renew_each([(e.attempt.attempt_id, e.attempt.token) for e in renew], lease),
+                strict=True,
+            ):
+                e.renewed = now
+                if not ok and e.output is None:
+                    self._stop(e, "its lease was refused")
+
+    def _stop(self, e: _Entry, why: str) -> None:
+        a = e.attempt
+        logger.info(
+            "daskjobs: attempt %s of %s part %d lost its part (%s); stop requested",
+            a.attempt_id,
+            a.job_id,
+            a.part,
+            why,
+        )
+        a._stop.set()
 
 
-_beats: _Heartbeats | None = None
+_reporter_: _Reporter | None = None
 
 
-def _heartbeats() -> _Heartbeats:
-    global _beats
+def _reporter() -> _Reporter:
+    global _reporter_
     with _ledgers_lock:
-        if _beats is None:
-            _beats = _Heartbeats()
-        return _beats
+        if _reporter_ is None:
+            _reporter_ = _Reporter()
+        return _reporter_

@@ -241,11 +241,11 @@ class JobsService(SchedulerPlugin):
         self.ticks += 1
         for key in plan.drop:
             self._forget(key)
-        for attempt, spec in plan.launch:
+        if plan.launch:
             try:
-                self._launch(attempt, spec)
-            except Exception:  # the attempt's lease runs out and its part runs again
-                logger.exception("daskjobs jobs: launching %s failed", attempt.attempt_id)
+                self._launch(plan.launch)
+            except Exception:  # their leases run out and their parts run again
+                logger.exception("daskjobs jobs: launching %d attempt(s) failed", len(plan.launch))
 
     def _forget(self, key: str) -> None:
         self._attempts.pop(key, None)
@@ -254,34 +254,46 @@ class JobsService(SchedulerPlugin):
         if future is not None:
             future.release()
 
-    def _launch(self, attempt: AttemptRecord, spec: JobSpec) -> None:
-        key = attempt_key(attempt.job_id, attempt.part, attempt.token)
-        order = Order(
-            ledger_url=self.url,
-            store_url=self.store_url,
-            job_id=attempt.job_id,
-            part=attempt.part,
-            parts=spec.parts,
-            token=attempt.token,
-            attempt_id=attempt.attempt_id,
-            target=spec.target,
-            params=dict(spec.params),
-            lease=self.settings.lease,
-            checkpoint_every=spec.checkpoint_every,
-        )
-        self._attempts[key] = attempt
+    def _launch(self, launch: list[tuple[AttemptRecord, JobSpec]]) -> None:
+        """Submit attempts as dask tasks: one graph per job (one message to the
+        scheduler, not one per attempt)."""
         where = responsive(self._last_seen, time.time(), self.settings.lease)
-        self._futures[key] = self.client.submit(
-            run_attempt,
-            order,
-            key=key,
-            pure=False,
-            priority=spec.priority,
-            resources=dict(spec.resources) or None,
-            workers=where,
-            retries=0,
-        )
-        self.launched += 1
+        by_job: dict[str, list[tuple[AttemptRecord, JobSpec]]] = {}
+        for attempt, spec in launch:
+            by_job.setdefault(attempt.job_id, []).append((attempt, spec))
+        for group in by_job.values():
+            spec = group[0][1]
+            keys = [attempt_key(a.job_id, a.part, a.token) for a, _ in group]
+            orders = [
+                Order(
+                    ledger_url=self.url,
+                    store_url=self.store_url,
+                    job_id=a.job_id,
+                    part=a.part,
+                    parts=spec.parts,
+                    token=a.token,
+                    attempt_id=a.attempt_id,
+                    target=spec.target,
+                    params=dict(spec.params),
+                    lease=self.settings.lease,
+                    checkpoint_every=spec.checkpoint_every,
+                )
+                for a, _ in group
+            ]
+            for key, (a, _) in zip(keys, group, strict=True):
+                self._attempts[key] = a
+            futures = self.client.map(
+                run_attempt,
+                orders,
+                key=keys,
+                pure=False,
+                priority=spec.priority,
+                resources=dict(spec.resources) or None,
+                workers=where,
+                retries=0,
+            )
+            self._futures.update(zip(keys, futures, strict=True))
+            self.launched += len(group)
 
     # -- one tick in the ledger's thread ----------------------------------------------------
     def _tick_sync(
@@ -322,7 +334,11 @@ class JobsService(SchedulerPlugin):
             if step == "drop":
                 plan.drop.append(key)
             elif step == "renew":
-                renew.append((mine.attempt_id, mine.token))
+                # every third of a lease (a tick renewing every queued attempt would
+                # rewrite them all, each tick)
+                assert current is not None
+                if (current.lease_until or 0.0) - now < self.settings.lease * 2 / 3:
+                    renew.append((mine.attempt_id, mine.token))
             elif step == "unknown" and current is not None:
                 with contextlib.suppress(StaleTransition):  # its worker reported meanwhile
                     ledger.move_attempt(
@@ -430,6 +446,13 @@ class JobsService(SchedulerPlugin):
             "missing": ledger.missing_parts(job_id),
             "store": self.store_url,
         }
+
+    def _op_state(self, ledger: Ledger, job_id: str) -> Any:
+        state, reason = ledger.state(job_id)
+        return {"state": state, "reason": reason}
+
+    def _op_values(self, ledger: Ledger, job_id: str) -> Any:
+        return {str(p): v for p, v in ledger.output_values(job_id).items()}
 
     def _op_list(self, ledger: Ledger, team: str | None = None, state: str | None = None) -> Any:
         return [_job_json(j) for j in ledger.jobs(team=team, state=state)]

@@ -1,0 +1,138 @@
+"""The jobs ledger's cost on scheduler throughput, and jobs submitted per second.
+
+Usage::
+
+    python benchmarks/bench_jobs.py                 # 10,000 tasks, SQLite and PostgreSQL
+    python benchmarks/bench_jobs.py --quick         # 1,000 tasks
+    python benchmarks/bench_jobs.py --postgres URL  # another PostgreSQL server
+
+On ``LocalCluster(n_workers=2, threads_per_worker=1, processes=False)`` (the plugin
+throughput setup), side by side in one run, per backend:
+
+1. **plain dask** - ``client.map(inc, range(n))`` then ``gather``;
+2. **one job of n parts** - an inference job whose n parts each add one (every part
+   an attempt: started in the ledger in batches, acknowledged, output written to the
+   store and committed with its token by the worker);
+3. **n jobs of one part** - n evaluation jobs submitted one by one (the submission
+   rate is reported), then waited for.
+
+Reported: wall time, the throughput ratio ``plain / ledger`` (target for the one-job
+case: >= 0.9) and submissions per second. A script, not a test: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def part(attempt: Any) -> int:
+    return attempt.part + 1
+
+
+def one(attempt: Any, i: int) -> int:
+    return i + 1
+
+
+def run(url: str, n: int, store: str) -> dict[str, float]:
+    from distributed import Client, LocalCluster
+
+    import daskjobs.jobs as jobs
+
+    service = jobs.JobsService(ledger=url, store=store)  # the default settings
+    out: dict[str, float] = {}
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [service]},
+        ) as lc,
+        Client(lc) as client,
+    ):
+        client.gather(client.map(inc, range(100)))  # warm up
+        t = time.perf_counter()
+        client.gather(client.map(inc, range(n), key=[f"inc-{uuid.uuid4().hex}" for _ in range(n)]))
+        out["plain"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        job = jobs.submit(client, f"bench-{uuid.uuid4().hex[:6]}", part, kind="inference", parts=n)
+        status = job.wait(poll=0.05)
+        out["one job"] = time.perf_counter() - t
+        assert status["state"] == "succeeded", status["state"]
+
+        t = time.perf_counter()
+        handles = [
+            jobs.submit(client, f"b{i}", one, params={"i": i}, kind="evaluation") for i in range(n)
+        ]
+        out["submit"] = time.perf_counter() - t
+        for h in handles:
+            h.wait(poll=0.05)
+        out["n jobs"] = time.perf_counter() - t
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1,000 tasks instead of 10,000")
+    ap.add_argument("-n", type=int, default=None, help="tasks (default 10,000)")
+    ap.add_argument(
+        "--postgres",
+        default="postgresql+psycopg://postgres@127.0.0.1:5432",
+        help="PostgreSQL server (a fresh database is made and dropped); 'none' to skip",
+    )
+    args = ap.parse_args()
+    n = args.n or (1_000 if args.quick else 10_000)
+    print(f"# jobs ledger overhead, {datetime.date.today()}")
+    print(f"command: python {' '.join(sys.argv)}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print()
+    print("| backend | plain dask | one job of n parts | ratio | n jobs | ratio | submits/s |")
+    print("|---|---|---|---|---|---|---|")
+    backends = ["sqlite"] + ([] if args.postgres == "none" else ["postgresql"])
+    for backend in backends:
+        with tempfile.TemporaryDirectory() as d:
+            if backend == "sqlite":
+                url, drop = f"sqlite:///{d}/ledger.sqlite", None
+            else:
+                import sqlalchemy as sa
+
+                name = "daskjobs_bench_" + uuid.uuid4().hex[:8]
+                admin = sa.create_engine(args.postgres + "/postgres", isolation_level="AUTOCOMMIT")
+                with admin.connect() as c:
+                    c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+                url = f"{args.postgres}/{name}"
+
+                def drop(admin: Any = admin, name: str = name) -> None:
+                    with admin.connect() as c:
+                        c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+            try:
+                r = run(url, n, f"{d}/store")
+            finally:
+                if drop is not None:
+                    drop()
+        print(
+            f"| {backend} | {r['plain']:.2f} s | {r['one job']:.2f} s | "
+            f"{r['plain'] / r['one job']:.2f} | {r['n jobs']:.2f} s | "
+            f"{r['plain'] / r['n jobs']:.2f} | {n / r['submit']:.0f} |"
+        )
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
