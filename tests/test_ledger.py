@@ -95,6 +95,40 @@ def test_migrate_is_idempotent_and_versioned(ledger_url: str) -> None:
     led.close()
 
 
+def test_a_version_1_ledger_is_migrated_and_keeps_its_jobs(ledger_url: str) -> None:
+    """A ledger written by the first release (schema 1: no index of a part's attempts,
+    no outputs kept in the ledger) is brought to version 2 with its jobs and outputs."""
+    old = Ledger(ledger_url)
+    e = old.acquire_epoch()
+    job = old.submit(infer(2), e).job_id
+    a = old.start_attempt(job, 0, "w", 30, e)
+    assert old.commit_output(job, 0, a.token, "file:///out/0") is True
+    with old.engine.begin() as conn:  # back to what version 1 wrote
+        conn.exec_driver_sql("DROP INDEX ix_daskjobs_attempts_part")
+        conn.exec_driver_sql("ALTER TABLE daskjobs_outputs DROP COLUMN value")
+        conn.exec_driver_sql("UPDATE daskjobs_meta SET value = '1' WHERE key = 'schema_version'")
+    old.close()
+    stale = Ledger(ledger_url, migrate=False)  # a worker's: it does not migrate
+    with pytest.raises(LedgerError, match=r"schema version 1, this daskjobs writes 2"):
+        stale.acquire_epoch()
+    stale.close()
+    led = Ledger(ledger_url)
+    assert led.version() == SCHEMA_VERSION == 2
+    import sqlalchemy as sa
+
+    inspect = sa.inspect(led.engine)
+    assert "ix_daskjobs_attempts_part" in {
+        i["name"] for i in inspect.get_indexes("daskjobs_attempts")
+    }
+    assert "value" in {c["name"] for c in inspect.get_columns("daskjobs_outputs")}
+    assert led.outputs(job) == {0: "file:///out/0"}  # nothing lost
+    b = led.start_attempt(job, 1, "w", 30, led.epoch())
+    assert led.commit_outputs([(job, 1, b.token, "ledger:x")], values=[b"\x80v"]) == [True]
+    assert led.output_values(job) == {1: b"\x80v"}
+    assert led.job(job).state in ("queued", "running", "succeeded")
+    led.close()
+
+
 def test_a_newer_schema_is_refused(ledger: Ledger) -> None:
     with ledger.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE daskjobs_meta SET value = '99' WHERE key = 'schema_version'")
@@ -586,3 +620,29 @@ def test_expiry_and_placement_rules() -> None:
     assert responsive({"a": 90.0, "b": 80.0}, 100.0, 5.0) is None  # nobody: dask decides
     # silent for more than a third of a lease: a paused worker whose attempt was just lost
     assert responsive({"a": 97.0, "b": 99.5}, 100.0, 5.0) == ["b"]
+
+
+def test_commit_outputs_decides_each_part_on_its_own(ledger: Ledger) -> None:
+    """A worker process's batch: parts never acknowledged commit straight from
+    ``launching``, a lost one is refused and recorded, a repeat is a no-op, and the job
+    succeeds once its last part is in - all in one transaction."""
+    e = ledger.acquire_epoch()
+    job = ledger.submit(infer(3), e).job_id
+    a0, a1, a2 = ledger.start_attempts([(job, p) for p in range(3)], 30, e)
+    assert {a.state for a in (a0, a1, a2)} == {"launching"}
+    ledger.move_job(job, "queued", "running", e, "an attempt started")  # as the service does
+    ledger.end_attempt(a1.attempt_id, a1.token, "lost", e, "lease expired")
+    batch = [(job, a.part, a.token, f"ledger:{a.part}") for a in (a0, a1, a2)]
+    first = ledger.commit_outputs(batch, values=[b"0", b"1", b"2"])
+    assert first[0] is True and first[2] is True
+    assert isinstance(first[1], StaleTransition) and "may no longer commit" in str(first[1])
+    assert ledger.commit_outputs(batch[:1], values=[b"0"]) == [False]  # repeated: a no-op
+    assert ledger.output_values(job) == {0: b"0", 2: b"2"}
+    assert [h["to_state"] for h in ledger.history(f"{job}/1")] == ["refused"]
+    assert ledger.job(job).state != "succeeded"  # part 1 is missing
+    b1 = ledger.start_attempts([(job, 1)], 30, e)[0]
+    assert b1.token == a1.token + 1
+    assert ledger.commit_outputs([(job, 1, b1.token, "ledger:1")], values=[b"1"]) == [True]
+    assert ledger.job(job).state == "succeeded"
+    states = {a.attempt_id: a.state for a in ledger.attempts(job)}
+    assert states[a0.attempt_id] == states[b1.attempt_id] == "succeeded"
