@@ -5,16 +5,21 @@ Usage::
     python benchmarks/bench_jobs.py                 # 10,000 tasks, SQLite and PostgreSQL
     python benchmarks/bench_jobs.py --quick         # 1,000 tasks
     python benchmarks/bench_jobs.py --postgres URL  # another PostgreSQL server
+    python benchmarks/bench_jobs.py --processes     # workers in their own processes
 
 On ``LocalCluster(n_workers=2, threads_per_worker=1, processes=False)`` (the plugin
-throughput setup), side by side in one run, per backend:
+throughput setup: scheduler, workers, the jobs service and the workers' reporter threads
+share one process and its GIL), or with ``--processes`` two worker processes (as on a
+cluster: the reporters' ledger work runs beside the workers, not in the scheduler's
+process), side by side in one run, per backend:
 
 1. **plain dask** - ``client.map(inc, range(n))`` then ``gather``;
 2. **one job of n parts** - an inference job whose n parts each add one (every part
    an attempt: started in the ledger in batches, acknowledged, output written to the
    store and committed with its token by the worker);
 3. **n jobs of one part** - n evaluation jobs submitted one by one (the submission
-   rate is reported), then waited for.
+   rate is reported), then waited for (``--jobs M``: M jobs; the ratio then compares
+   with plain dask's time scaled to M tasks).
 
 Reported: wall time, the throughput ratio ``plain / ledger`` (target for the one-job
 case: >= 0.9) and submissions per second. A script, not a test: nothing asserts.
@@ -45,7 +50,7 @@ def one(attempt: Any, i: int) -> int:
     return i + 1
 
 
-def run(url: str, n: int, store: str) -> dict[str, float]:
+def run(url: str, n: int, store: str, processes: bool = False, m: int = 0) -> dict[str, float]:
     from distributed import Client, LocalCluster
 
     import daskjobs.jobs as jobs
@@ -56,7 +61,7 @@ def run(url: str, n: int, store: str) -> dict[str, float]:
         LocalCluster(
             n_workers=2,
             threads_per_worker=1,
-            processes=False,
+            processes=processes,
             dashboard_address=":0",
             scheduler_kwargs={"plugins": [service]},
         ) as lc,
@@ -75,7 +80,8 @@ def run(url: str, n: int, store: str) -> dict[str, float]:
 
         t = time.perf_counter()
         handles = [
-            jobs.submit(client, f"b{i}", one, params={"i": i}, kind="evaluation") for i in range(n)
+            jobs.submit(client, f"b{i}", one, params={"i": i}, kind="evaluation")
+            for i in range(m or n)
         ]
         out["submit"] = time.perf_counter() - t
         for h in handles:
@@ -88,6 +94,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 tasks instead of 10,000")
     ap.add_argument("-n", type=int, default=None, help="tasks (default 10,000)")
+    ap.add_argument("--processes", action="store_true", help="two worker processes")
+    ap.add_argument(
+        "--jobs", type=int, default=None, help="jobs of one part in case 3 (default: n)"
+    )
     ap.add_argument(
         "--postgres",
         default="postgresql+psycopg://postgres@127.0.0.1:5432",
@@ -99,6 +109,10 @@ def main() -> None:
     print(f"command: python {' '.join(sys.argv)}")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print(
+        "cluster: LocalCluster, 2 workers x 1 thread, "
+        + ("worker processes" if args.processes else "one process (processes=False)")
     )
     print()
     print("| backend | plain dask | one job of n parts | ratio | n jobs | ratio | submits/s |")
@@ -122,14 +136,15 @@ def main() -> None:
                         c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
             try:
-                r = run(url, n, f"{d}/store")
+                r = run(url, n, f"{d}/store", args.processes, args.jobs or n)
             finally:
                 if drop is not None:
                     drop()
         print(
             f"| {backend} | {r['plain']:.2f} s | {r['one job']:.2f} s | "
             f"{r['plain'] / r['one job']:.2f} | {r['n jobs']:.2f} s | "
-            f"{r['plain'] / r['n jobs']:.2f} | {n / r['submit']:.0f} |"
+            f"{r['plain'] * (args.jobs or n) / n / r['n jobs']:.2f} | "
+            f"{(args.jobs or n) / r['submit']:.0f} |"
         )
         sys.stdout.flush()
 

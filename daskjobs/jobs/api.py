@@ -40,14 +40,23 @@ def _has_service(dask_scheduler: Any) -> bool:
     return "daskjobs-jobs" in dask_scheduler.plugins
 
 
+#: schedulers (by their id) known to run the service: asked once per scheduler, not once
+#: per submission (a new scheduler has a new id)
+_serving: set[str] = set()
+
+
 def _ensure_service(client: Any, ledger: str | None, store: str | None) -> None:
     # asked without calling the service's handler: a scheduler without it would log
     # the unknown operation as an error
-    if client.run_on_scheduler(_has_service):
+    scheduler_id = str(client.scheduler_info().get("id", ""))
+    if scheduler_id and scheduler_id in _serving:
         return
-    from daskjobs.jobs.service import JobsService
+    if not client.run_on_scheduler(_has_service):
+        from daskjobs.jobs.service import JobsService
 
-    client.register_plugin(JobsService(ledger=ledger, store=store))
+        client.register_plugin(JobsService(ledger=ledger, store=store))
+    if scheduler_id:
+        _serving.add(scheduler_id)
 
 
 def submit(

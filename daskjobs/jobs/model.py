@@ -234,7 +234,7 @@ HELD_BY_DASK = frozenset({"released", "waiting", "queued", "no-worker", "process
 
 
 def next_step(
-    attempt: AttemptRecord | None,
+    state: str | None,
     *,
     task_state: str | None,
     handed: float | None,
@@ -244,7 +244,7 @@ def next_step(
     lease: float = math.inf,
 ) -> str:
     """What the jobs service does with an attempt it launched, the one place this rule is
-    written. ``attempt`` is the ledger's record if it is still live (else None),
+    written. ``state`` is the attempt's state in the ledger if it is still live (else None),
     ``task_state`` dask's state of its task (None: dask does not know it, e.g. after a
     restart), ``handed`` when dask gave it to a worker, ``worker_seen`` when that worker
     last sent dask a heartbeat.
@@ -261,14 +261,14 @@ def next_step(
       lease decides. The service never renews a running attempt, so a paused or
       partitioned worker loses its part when its lease runs out.
     """
-    if attempt is None:
+    if state is None:
         return "drop"
-    if attempt.state == "running" or task_state not in HELD_BY_DASK:
+    if state == "running" or task_state not in HELD_BY_DASK:
         return "wait"
     if task_state == "processing" and worker_seen is not None and now - worker_seen > lease:
         return "wait"
     if (
-        attempt.state == "launching"
+        state == "launching"
         and task_state == "processing"
         and handed is not None
         and now - handed > launch_timeout

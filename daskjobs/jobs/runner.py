@@ -268,7 +268,7 @@ ACK_AFTER = 0.5
 
 #: How long the reporter waits after a commit arrives before it writes, so that the
 #: parts finishing meanwhile share the transaction (group commit).
-LINGER = 0.02
+LINGER = 0.1
 
 
 class _Outcome:

@@ -73,6 +73,14 @@ class _Plan:
 
     launch: list[tuple[AttemptRecord, JobSpec]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)  # keys of attempts the ledger ended
+    more: bool = False  # parts left to start: tick again at once
+
+
+#: Refresh the database's statistics after this many attempts started (Ledger.analyze).
+ANALYZE_AFTER = 1000
+#: Parts started per tick at most: a job of ten thousand parts starts its first thousand
+#: while the ledger records the next (dask runs the first while the next are written).
+LAUNCH_BATCH = 1000
 
 
 class JobsService(SchedulerPlugin):
@@ -103,6 +111,10 @@ class JobsService(SchedulerPlugin):
         self._futures: dict[str, Any] = {}
         self._handed: dict[str, float] = {}  # key -> when dask gave it to a worker
         self._last_seen: dict[str, float] = {}  # worker -> its last heartbeat to dask
+        self._dirty = True  # a full pass is wanted at the next tick
+        self._inserted = 0  # attempts started since the ledger's statistics were refreshed
+        self._analyzed = time.monotonic()
+        self._next_full = 0.0  # time.monotonic() of the next full pass
         self._events: collections.deque[tuple[str, str, str]] = collections.deque()
         self.dropped = 0
         self.unreachable_since: float | None = None
@@ -160,8 +172,9 @@ class JobsService(SchedulerPlugin):
                 ts = self.scheduler.tasks.get(key)
                 text = getattr(ts, "exception_text", "") or "the task erred"
                 self._queue("erred", key, str(text)[:500])
-            elif finish in ("memory", "forgotten"):
-                self._queue("done", key, finish)
+            # a task that ended well is not reported: its commit (by its worker, in the
+            # ledger) says how it ended, and the next tick drops it; waking a tick for each
+            # of ten thousand short parts would read the ledger ten thousand times
         except Exception:
             logger.exception("daskjobs jobs: transition of %r", key)
 
@@ -170,6 +183,7 @@ class JobsService(SchedulerPlugin):
             self._events.popleft()
             self.dropped += 1
         self._events.append((kind, key, detail))
+        self._dirty = True
         if self._wake is not None:
             self._wake.set()
 
@@ -201,19 +215,29 @@ class JobsService(SchedulerPlugin):
             )
         tasks = self.scheduler.tasks
         workers = self.scheduler.workers
+        # the full pass (every attempt's ledger state against dask's, renewals, new starts)
+        # runs every sixth of a lease, or at once when something asks for it (a submission,
+        # a retry, a failure, parts left to start); the ticks between apply reports, probe
+        # the database and expire leases - cheap whatever the number of attempts
+        full = self._dirty or time.monotonic() >= self._next_full
         snapshot: dict[str, str | None] = {}
         seen: dict[str, float] = {}
-        for key in self._attempts:
-            ts = tasks.get(key)
-            snapshot[key] = ts.state if ts is not None else None
-            ws = ts.processing_on if ts is not None else None
-            if ws is not None:
-                seen[key] = ws.last_seen
+        if full:
+            self._dirty = False
+            self._next_full = time.monotonic() + max(
+                self.settings.interval, self.settings.lease / 6
+            )
+            for key in self._attempts:
+                ts = tasks.get(key)
+                snapshot[key] = ts.state if ts is not None else None
+                ws = ts.processing_on if ts is not None else None
+                if ws is not None:
+                    seen[key] = ws.last_seen
         self._last_seen = {addr: ws.last_seen for addr, ws in workers.items()}
         events = list(self._events)
         try:
             plan = await self._ledger_call(
-                self._tick_sync, events, snapshot, dict(self._handed), seen
+                self._tick_sync, events, snapshot, dict(self._handed), seen, full
             )
         except UNREACHABLE as e:
             self._reachable_since = None
@@ -246,6 +270,9 @@ class JobsService(SchedulerPlugin):
                 self._launch(plan.launch)
             except Exception:  # their leases run out and their parts run again
                 logger.exception("daskjobs jobs: launching %d attempt(s) failed", len(plan.launch))
+        if plan.more and self._wake is not None:
+            self._dirty = True
+            self._wake.set()
 
     def _forget(self, key: str) -> None:
         self._attempts.pop(key, None)
@@ -302,6 +329,7 @@ class JobsService(SchedulerPlugin):
         snapshot: dict[str, str | None],
         handed: dict[str, float],
         seen: dict[str, float],
+        full: bool = True,
     ) -> _Plan:
         if self.ledger is None:
             self.ledger = Ledger(self.url, busy_timeout=5.0)
@@ -318,12 +346,15 @@ class JobsService(SchedulerPlugin):
                 continue
             if kind == "erred":
                 ledger.end_attempt(attempt.attempt_id, attempt.token, "failed", epoch, detail)
-        live = {a.attempt_id: a for a in ledger.live_attempts()}
+        if not full:
+            self._probe_and_expire(ledger, epoch)
+            return plan
+        live = ledger.live_leases()
         renew = []
         for key, mine in self._attempts.items():
-            current = live.get(mine.attempt_id)
+            state, lease_until = live.get(mine.attempt_id, (None, None))
             step = next_step(
-                current,
+                state,
                 task_state=snapshot.get(key),
                 handed=handed.get(key),
                 now=now,
@@ -336,14 +367,13 @@ class JobsService(SchedulerPlugin):
             elif step == "renew":
                 # every third of a lease (a tick renewing every queued attempt would
                 # rewrite them all, each tick)
-                assert current is not None
-                if (current.lease_until or 0.0) - now < self.settings.lease * 2 / 3:
+                if (lease_until or 0.0) - now < self.settings.lease * 2 / 3:
                     renew.append((mine.attempt_id, mine.token))
-            elif step == "unknown" and current is not None:
+            elif step == "unknown":
                 with contextlib.suppress(StaleTransition):  # its worker reported meanwhile
                     ledger.move_attempt(
-                        current.attempt_id,
-                        current.token,
+                        mine.attempt_id,
+                        mine.token,
                         "launching",
                         "unknown",
                         epoch,
@@ -352,19 +382,12 @@ class JobsService(SchedulerPlugin):
                     )
                 renew.append((mine.attempt_id, mine.token))
         ledger.renew_many(renew, self.settings.lease, epoch)
-        ledger.touch(epoch)
-        patience = self.settings.lease / 3  # a write waiting longer: locked or hanging
-        waited = ledger.take_waited()
-        if waited > patience or self._reachable_since is None:
-            self._reachable_since = ledger.clock()
-        if (
-            may_expire(ledger.clock(), self._reachable_since, self.settings.lease)
-            and ledger.expire(epoch, patience=patience) is None
-        ):
-            self._reachable_since = ledger.clock()
+        self._probe_and_expire(ledger, epoch)
         ledger.settle(epoch)
         wanted = []
-        for job, part, failures in ledger.runnable(limit=10_000):
+        runnable = ledger.runnable(limit=LAUNCH_BATCH)
+        plan.more = len(runnable) == LAUNCH_BATCH
+        for job, part, failures in runnable:
             if failures > job.spec.retries:
                 ledger.fail(
                     job.job_id,
@@ -383,7 +406,27 @@ class JobsService(SchedulerPlugin):
                     with contextlib.suppress(Exception):
                         ledger.move_job(job_id, "queued", "running", epoch, "an attempt started")
             plan.launch = [(a, specs[a.job_id].spec) for a in started]
+            self._inserted += len(started)
+        if self._inserted >= ANALYZE_AFTER or (
+            self._inserted and time.monotonic() - self._analyzed >= 60
+        ):
+            ledger.analyze()
+            self._inserted, self._analyzed = 0, time.monotonic()
         return plan
+
+    def _probe_and_expire(self, ledger: Ledger, epoch: int) -> None:
+        """Probe the database; expire leases once it has answered promptly for a lease."""
+        ledger.touch(epoch)
+        patience = self.settings.lease / 3  # a write waiting longer: locked or hanging
+        waited = ledger.take_waited()
+        if waited > patience or self._reachable_since is None:
+            self._reachable_since = ledger.clock()
+        if may_expire(ledger.clock(), self._reachable_since, self.settings.lease):
+            lost = ledger.expire(epoch, patience=patience)
+            if lost is None:
+                self._reachable_since = ledger.clock()
+            elif lost:
+                self._dirty = True  # their parts may start again: a full pass next tick
 
     def _reconcile_start(self, ledger: Ledger, epoch: int) -> None:
         """A new epoch: launches of an older scheduler are unknown until their workers
@@ -409,7 +452,8 @@ class JobsService(SchedulerPlugin):
         if fn is None:
             raise ValueError(f"daskjobs jobs: unknown operation {op!r}")
         result = await self._ledger_call(self._with_ledger, fn, kw)
-        if op in ("submit", "retry") and self._wake is not None:
+        if op in ("submit", "retry", "cancel") and self._wake is not None:
+            self._dirty = True
             self._wake.set()
         return result
 
