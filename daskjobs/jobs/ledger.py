@@ -363,6 +363,38 @@ class Ledger:
             return False
         raise StaleTransition(f"job {job_id!r}", expected, current)
 
+    def jobs_running(self, job_ids: Sequence[str], epoch: int) -> list[str]:
+        """Queued jobs whose first attempts started -> ``running``, in one transaction
+        (a statement per few hundred); those moved."""
+        moved: list[str] = []
+        if not job_ids:
+            return moved
+        now = self.clock()
+        with self._write(epoch) as conn:
+            for chunk in _chunks(list(job_ids)):
+                queued = [
+                    r.job_id
+                    for r in conn.execute(
+                        sa.select(jobs_t.c.job_id).where(
+                            jobs_t.c.job_id.in_(chunk), jobs_t.c.state == "queued"
+                        )
+                    )
+                ]
+                if not queued:
+                    continue
+                conn.execute(
+                    jobs_t.update()
+                    .where(jobs_t.c.job_id.in_(queued), jobs_t.c.state == "queued")
+                    .values(state="running", updated=now, reason="an attempt started")
+                )
+                self._log_many(
+                    conn,
+                    [("job", j, "queued", "running", "an attempt started") for j in queued],
+                    epoch,
+                )
+                moved.extend(queued)
+        return moved
+
     def cancel(self, job_id: str, epoch: int | None = None, reason: str = "cancelled") -> bool:
         """A queued or running job -> ``cancelled`` and its live attempts -> ``cancelled``
         (one transaction; their workers see it at their next heartbeat and their commits
@@ -1386,6 +1418,11 @@ def _of_parts(table: sa.Table, parts: Sequence[tuple[str, int]]) -> Any:
     by_job: dict[str, list[int]] = {}
     for job_id, part in parts:
         by_job.setdefault(job_id, []).append(part)
+    if len(by_job) > 8:  # many jobs of few parts: the jobs by the index, then the pairs
+        return sa.and_(
+            table.c.job_id.in_(sorted(by_job)),
+            sa.tuple_(table.c.job_id, table.c.part).in_(list(parts)),
+        )
     return sa.or_(
         *(
             sa.and_(table.c.job_id == job_id, table.c.part.in_(sorted(set(ps))))

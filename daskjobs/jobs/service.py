@@ -76,6 +76,8 @@ class _Plan:
     more: bool = False  # parts left to start: tick again at once
 
 
+#: Submissions within this many seconds share one start pass.
+SUBMIT_WINDOW = 0.05
 #: Refresh the database's statistics after this many attempts started (Ledger.analyze).
 ANALYZE_AFTER = 1000
 #: Parts started per tick at most: a job of ten thousand parts starts its first thousand
@@ -111,7 +113,8 @@ class JobsService(SchedulerPlugin):
         self._futures: dict[str, Any] = {}
         self._handed: dict[str, float] = {}  # key -> when dask gave it to a worker
         self._last_seen: dict[str, float] = {}  # worker -> its last heartbeat to dask
-        self._dirty = True  # a full pass is wanted at the next tick
+        self._dirty = True  # a start pass is wanted at the next tick
+        self._soon = False  # a wake-up is scheduled (SUBMIT_WINDOW)
         self._inserted = 0  # attempts started since the ledger's statistics were refreshed
         self._analyzed = time.monotonic()
         self._next_full = 0.0  # time.monotonic() of the next full pass
@@ -215,15 +218,17 @@ class JobsService(SchedulerPlugin):
             )
         tasks = self.scheduler.tasks
         workers = self.scheduler.workers
-        # the full pass (every attempt's ledger state against dask's, renewals, new starts)
-        # runs every sixth of a lease, or at once when something asks for it (a submission,
-        # a retry, a failure, parts left to start); the ticks between apply reports, probe
-        # the database and expire leases - cheap whatever the number of attempts
-        full = self._dirty or time.monotonic() >= self._next_full
+        # every tick applies dask's reports, probes the database and expires leases; the
+        # full pass (every attempt's ledger state against dask's: drops, renewals, unknown
+        # launches) runs every sixth of a lease (or after a cancel); parts start in a full
+        # pass and whenever something asks for it (a submission, a retry, a failure, a
+        # lost lease, parts left to start) - a stream of submissions costs no full passes
+        full = time.monotonic() >= self._next_full
+        start = full or self._dirty
+        self._dirty = False
         snapshot: dict[str, str | None] = {}
         seen: dict[str, float] = {}
         if full:
-            self._dirty = False
             self._next_full = time.monotonic() + max(
                 self.settings.interval, self.settings.lease / 6
             )
@@ -237,7 +242,7 @@ class JobsService(SchedulerPlugin):
         events = list(self._events)
         try:
             plan = await self._ledger_call(
-                self._tick_sync, events, snapshot, dict(self._handed), seen, full
+                self._tick_sync, events, snapshot, dict(self._handed), seen, full, start
             )
         except UNREACHABLE as e:
             self._reachable_since = None
@@ -330,6 +335,7 @@ class JobsService(SchedulerPlugin):
         handed: dict[str, float],
         seen: dict[str, float],
         full: bool = True,
+        start: bool = True,
     ) -> _Plan:
         if self.ledger is None:
             self.ledger = Ledger(self.url, busy_timeout=5.0)
@@ -346,9 +352,24 @@ class JobsService(SchedulerPlugin):
                 continue
             if kind == "erred":
                 ledger.end_attempt(attempt.attempt_id, attempt.token, "failed", epoch, detail)
-        if not full:
-            self._probe_and_expire(ledger, epoch)
-            return plan
+        if full:
+            self._reconcile(ledger, epoch, plan, snapshot, handed, seen, now)
+        self._probe_and_expire(ledger, epoch)
+        if start:
+            self._start(ledger, epoch, plan)
+        return plan
+
+    def _reconcile(
+        self,
+        ledger: Ledger,
+        epoch: int,
+        plan: _Plan,
+        snapshot: dict[str, str | None],
+        handed: dict[str, float],
+        seen: dict[str, float],
+        now: float,
+    ) -> None:
+        """Every attempt launched here against the ledger and dask (``next_step``)."""
         live = ledger.live_leases()
         renew = []
         for key, mine in self._attempts.items():
@@ -382,7 +403,9 @@ class JobsService(SchedulerPlugin):
                     )
                 renew.append((mine.attempt_id, mine.token))
         ledger.renew_many(renew, self.settings.lease, epoch)
-        self._probe_and_expire(ledger, epoch)
+
+    def _start(self, ledger: Ledger, epoch: int, plan: _Plan) -> None:
+        """Start attempts of the parts that need one (at most ``LAUNCH_BATCH``)."""
         ledger.settle(epoch)
         wanted = []
         runnable = ledger.runnable(limit=LAUNCH_BATCH)
@@ -401,10 +424,9 @@ class JobsService(SchedulerPlugin):
             started = ledger.start_attempts(
                 [(j.job_id, p) for j, p in wanted], self.settings.lease, epoch
             )
-            for job_id in {a.job_id for a in started}:
-                if specs[job_id].state == "queued":
-                    with contextlib.suppress(Exception):
-                        ledger.move_job(job_id, "queued", "running", epoch, "an attempt started")
+            ledger.jobs_running(
+                sorted({a.job_id for a in started if specs[a.job_id].state == "queued"}), epoch
+            )
             plan.launch = [(a, specs[a.job_id].spec) for a in started]
             self._inserted += len(started)
         if self._inserted >= ANALYZE_AFTER or (
@@ -412,7 +434,6 @@ class JobsService(SchedulerPlugin):
         ):
             ledger.analyze()
             self._inserted, self._analyzed = 0, time.monotonic()
-        return plan
 
     def _probe_and_expire(self, ledger: Ledger, epoch: int) -> None:
         """Probe the database; expire leases once it has answered promptly for a lease."""
@@ -454,8 +475,19 @@ class JobsService(SchedulerPlugin):
         result = await self._ledger_call(self._with_ledger, fn, kw)
         if op in ("submit", "retry", "cancel") and self._wake is not None:
             self._dirty = True
-            self._wake.set()
+            if op == "cancel":  # release its attempts' tasks at once: a full pass
+                self._next_full = 0.0
+            if not self._soon:
+                # a start pass in a moment: a burst of submissions shares one (each
+                # submission waits for the ledger's thread, which a pass per job would hold)
+                self._soon = True
+                asyncio.get_running_loop().call_later(SUBMIT_WINDOW, self._wake_soon)
         return result
+
+    def _wake_soon(self) -> None:
+        self._soon = False
+        if self._wake is not None:
+            self._wake.set()
 
     def _with_ledger(self, fn: Any, kw: dict[str, Any]) -> Any:
         if self.ledger is None:
