@@ -15,8 +15,8 @@ process), side by side in one run, per backend:
 
 1. **plain dask** - ``client.map(inc, range(n))`` then ``gather``;
 2. **one job of n parts** - an inference job whose n parts each add one (every part
-   an attempt: started in the ledger in batches, acknowledged, output written to the
-   store and committed with its token by the worker);
+   an attempt: started in the ledger 1,000 at a time, its output committed with its
+   token by its worker process's reporter, in batches, kept in the ledger's row);
 3. **n jobs of one part** - n evaluation jobs submitted one by one (the submission
    rate is reported), then waited for (``--jobs M``: M jobs; the ratio then compares
    with plain dask's time scaled to M tasks).

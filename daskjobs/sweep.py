@@ -3,18 +3,27 @@
 A sweep is described once, in the order one thinks about it::
 
     from daskjobs import Sweep, grid
+    from daskjobs.examples import crossover_backtest, rolling_features, synthetic_prices
 
     sweep = Sweep("backtests", team="quant")
-    prices = sweep.stage(make_prices, over=grid(slice=range(8)), params={"days": 750})
-    features = sweep.stage(rolling_features, inputs={"prices": prices}, estimate=2.0)
+    prices = sweep.stage(synthetic_prices, over=grid(slice=range(8)), params={"bars": 20_000})
+    features = sweep.stage(
+        rolling_features,
+        inputs={"prices": prices},
+        params={"windows": (5, 10, 20, 50, 100)},
+        estimate=0.5,
+    )
     backtests = sweep.stage(
         crossover_backtest,
         inputs={"features": features},
         over=grid(fast=[5, 10, 20], slow=[50, 100]),
-        estimate=lambda p: 0.01 * p["slow"],
+        params={"cost_bps": 5.0},
+        estimate=lambda p: 0.0002 * p["slow"],
     )
     result = sweep.run(client)        # or daskjobs.run(sweep, client)
-    result.table()                    # columns: slice, fast, slow, value
+    result.table()                    # a column per label and per field of the result
+
+(the README's example, run by its tests.)
 
 How stages fan out
 ------------------

@@ -1,4 +1,4 @@
-"""Reference workloads from the SPEC, each generated from a seed.
+"""Reference workloads (docs/chapter.md), each generated from a seed.
 
 * :func:`chapter` - the chapter sweep: 10,000 backtests on 24 nodes x 16
   cores, log-normal durations (median 15 min, sigma of log 0.76), the 40
@@ -10,7 +10,7 @@
   backtests, in three forms: features recomputed inside every backtest, the
   graph, and the graph with the features cached.
 
-Choices the SPEC leaves open, fixed here and documented in docs/simulator.md:
+Choices the workloads' descriptions leave open, fixed here and documented in docs/simulator.md:
 every task is submitted at time zero in grid order (so FIFO runs the long ones
 last); the slow node is the *last* node (first-fit dispatch fills low nodes
 first, as the published runs evidently did; pass ``slow_node=0`` for the
@@ -89,7 +89,7 @@ def chapter(
     team: str = "default",
     prefix: str = "bt",
 ) -> Workload:
-    """The SPEC's chapter sweep (all sizes adjustable, e.g. for a million tasks)."""
+    """The book chapter's sweep (all sizes adjustable, e.g. for a million tasks)."""
     if not 0 <= n_long <= n:
         raise ValueError(f"n_long must be in [0, n], got {n_long}")
     rng = np.random.default_rng(seed)

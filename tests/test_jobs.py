@@ -370,3 +370,50 @@ def test_scheduling_goes_on_while_the_ledger_is_unreachable(
         led = Ledger(ledger_url)
         assert sorted(led.outputs(job.job_id)) == list(range(6))
         led.close()
+
+
+def test_a_sweep_as_a_job(cluster: Any, tmp_path: Path) -> None:
+    """A sweep submitted as one job: the same table as running it directly, the same job
+    for the same sweep, and a grown sweep (one more cost level) loads what is stored."""
+    from daskjobs.examples import build_sweep
+
+    client, _ = cluster
+    store = str(tmp_path / "sweeps")
+    sweep = build_sweep(2, 2_000, fast=[5, 10], slow=[50], costs=[0.0])
+    job = jobs.submit_sweep(client, sweep, store=store, team="quant")
+    out = job.result(timeout=120)
+    direct = sweep.run(client, store=str(tmp_path / "direct"), progress=False)
+    assert out["table"] == direct.table()
+    assert out["failures"] == [] and out["hits"] == 0
+    assert out["computed"] == direct.computed == 2 + 2 + 4  # prices, features, backtests
+    status = job.status()
+    assert status["spec"]["team"] == "quant" and status["spec"]["kind"] == "inference"
+
+    # the same sweep, built again: the same job, finished, nothing runs
+    rebuilt = build_sweep(2, 2_000, fast=[5, 10], slow=[50], costs=[0.0])
+    again = jobs.submit_sweep(client, rebuilt, store=store, team="quant")
+    assert again.job_id == job.job_id and len(again.attempts()) == 1
+
+    # one more cost level: a new job; prices and features come from the store
+    grown = jobs.submit_sweep(
+        client, build_sweep(2, 2_000, fast=[5, 10], slow=[50], costs=[0.0, 5.0]), store=store
+    )
+    assert grown.job_id != job.job_id
+    more = grown.result(timeout=120)
+    assert len(more["table"]["cost_bps"]) == 8
+    assert more["computed"] == 4  # only the new backtests ran
+    assert more["hits"] >= 2  # the features (and what else the plan loads) from the store
+
+
+def test_bad_sweep_submissions_are_named(cluster: Any) -> None:
+    from daskjobs import Sweep
+    from daskjobs.examples import build_sweep
+
+    client, _ = cluster
+    with pytest.raises(TypeError, match=r"expects a daskjobs\.Sweep, got dict"):
+        jobs.submit_sweep(client, {})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sweep 'empty' has no stages"):
+        jobs.submit_sweep(client, Sweep("empty"))
+    sweep = build_sweep(1, 500, fast=[5], slow=[50], costs=[0.0])
+    with pytest.raises(ValueError, match=r"has no stage 'nope' \(its stages: synthetic_prices"):
+        jobs.submit_sweep(client, sweep, outputs=["nope"])

@@ -23,6 +23,7 @@ from daskjobs.jobs.model import (
 )
 from daskjobs.jobs.runner import Attempt
 from daskjobs.jobs.service import JobsService
+from daskjobs.jobs.sweeps import submit_sweep
 
 #: ``daskjobs.jobs.list(client)``: the ledger's jobs (:func:`list_jobs`).
 list = list_jobs
@@ -51,4 +52,5 @@ __all__ = [
     "list_jobs",
     "next_step",
     "submit",
+    "submit_sweep",
 ]

@@ -20,6 +20,9 @@ from daskjobs.jobs.runner import INLINE
 
 __all__ = ["Job", "JobFailed", "list_jobs", "submit"]
 
+#: The function of a sweep submitted as a job (daskjobs.jobs.sweeps).
+SWEEP_TARGET = "daskjobs.jobs.sweeps:run_sweep"
+
 
 class JobFailed(RuntimeError):
     """The job failed (a part used up its retries) or was cancelled."""
@@ -165,9 +168,9 @@ class Job:
 
     def result(self, timeout: float | None = None) -> Any:
         """The job's output once it succeeded: the value of its one part, or the list of
-        its parts' values (an inference job). Raises :class:`JobFailed` if it failed or
-        was cancelled. Small values come from the ledger; values in the store are read by
-        a worker and sent back."""
+        its parts' values (an inference job; a sweep's job gives its summary). Raises
+        :class:`JobFailed` if it failed or was cancelled. Small values come from the
+        ledger; values in the store are read by a worker and sent back."""
         status = self.wait(timeout)
         if status["state"] != "succeeded":
             raise JobFailed(
@@ -191,7 +194,10 @@ class Job:
             )
             values.update(zip(stored, self.client.gather(futures), strict=True))
         ordered = [values[p] for p in parts]
-        return ordered[0] if status["spec"]["kind"] != "inference" else ordered
+        spec = status["spec"]
+        if spec["kind"] != "inference" or spec["target"] == SWEEP_TARGET:
+            return ordered[0]
+        return ordered
 
 
 def _load(store_url: str, key: str) -> Any:

@@ -495,9 +495,22 @@ class JobsService(SchedulerPlugin):
         return fn(self.ledger, **kw)
 
     def _op_submit(
-        self, ledger: Ledger, spec: dict[str, Any], function: bytes | None = None
+        self,
+        ledger: Ledger,
+        spec: dict[str, Any],
+        function: bytes | None = None,
+        attach: list[Any] | None = None,
     ) -> Any:
         job = JobSpec.from_json(spec)
+        if attach is not None:
+            # a submitted sweep's pickle (daskjobs.jobs.sweeps), under a key naming its
+            # content: the first one of that content is kept
+            key, blob = str(attach[0]), bytes(attach[1])
+            if not key.startswith("daskjobs-sweep-") or len(key) > 80:
+                raise ValueError(f"daskjobs jobs: cannot attach {key!r}")
+            store = ResultStore(self.store_url)
+            if not store.contains(key):
+                store.put(key, blob, stage="daskjobs-sweep")
         if function is not None:
             # kept as the pickled bytes: unpickled by the worker that runs it, never here
             key = "daskjobs-fn-" + hashlib.blake2b(function, digest_size=16).hexdigest()

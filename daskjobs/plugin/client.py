@@ -29,7 +29,7 @@ def local_cluster(plugin: JobsPlugin | None = None, **cluster_kwargs: Any) -> An
 _NOT_LOADED = (
     "the daskjobs plugin is not loaded on this scheduler: register it with "
     "client.register_plugin(daskjobs.JobsPlugin()) or start the scheduler with "
-    "--preload plugins/daskjobs_scheduler.py"
+    "--preload daskjobs.preload"
 )
 
 

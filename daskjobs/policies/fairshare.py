@@ -7,7 +7,7 @@ or longest-first).
 
 Usage comes in two flavours:
 
-* ``half_life=None`` (the default, and the SPEC's rule): usage is the number of
+* ``half_life=None`` (the default, and the reference workload's rule): usage is the number of
   cores a team holds *right now*. Two teams with equal targets converge to half
   the cluster each as soon as slots free; a team that arrives late is served
   first until it holds its share. This is max-min fairness on running slots.
