@@ -1,7 +1,8 @@
 """``daskjobs simulate``: run the reference experiments (docs/chapter.md) from the shell.
 
 Subcommands ``chapter``, ``fairshare`` and ``graph`` each run one experiment of
-:mod:`daskjobs.sim.report` and print an aligned table with the published
+:mod:`daskjobs.sim.report`, ``preemption`` the job-level preemption experiment of
+:mod:`daskjobs.sim.preemption` (docs/preemption.md); each prints an aligned table with the published
 figures beside the measured ones (``--json``: exactly one JSON object on
 stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
 extra). Progress goes to stderr, so stdout stays clean for pipes.
@@ -576,4 +577,134 @@ def graph(
             "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
         ]
     )
+    _emit(report, as_json, text, figures)
+
+
+@simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
+@click.option(
+    "--seeds",
+    default="0-4",
+    show_default=True,
+    metavar="LIST",
+    help="Seeds of the synthetic workload: N, N-M, or a comma-separated list of them.",
+)
+@click.option(
+    "--hours",
+    type=click.FloatRange(min=1.0),
+    default=168.0,
+    show_default=True,
+    help="Hours of arrivals.",
+)
+@click.option(
+    "--load",
+    type=click.FloatRange(min=0.05, max=2.0),
+    default=1.0,
+    show_default=True,
+    help="Offered GPU load (1.0: arrivals ask for the whole cluster on average).",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    type=click.Choice(["fifo", "te-first", "naive", "fit-resume"]),
+    help="Run these policies (repeat the option; the first is the baseline of vs_fifo).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False, dir_okay=True, writable=True, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Also write the slowdown CDFs per class and policy as a PNG into DIR.",
+)
+def preemption(
+    seeds: str,
+    hours: float,
+    load: float,
+    policies: tuple[str, ...],
+    as_json: bool,
+    plot_dir: Path | None,
+) -> None:
+    """Trial-and-error (TE) jobs a person waits for, best-effort (BE) training runs
+    that checkpoint, on 8 nodes of 8 GPUs (docs/preemption.md): FIFO, TE first, naive
+    preemption (the youngest BE jobs) and the fit- and resume-aware policy. Slowdown
+    is (end - arrival) / run time alone; medians over the seeds, their range in the
+    JSON. The published figures are FitGpp's against FIFO on its own workload (OpML
+    2019), shown beside ours.
+    """
+    from daskjobs.sim.preemption import run_preemption
+
+    _check_plotting(plot_dir)
+    chosen = list(policies) or ["fifo", "te-first", "naive", "fit-resume"]
+    report = run_preemption(_parse_seeds(seeds), chosen, hours=hours, load=load)
+    figures: list[Path] = []
+    if plot_dir is not None:
+        from daskjobs.sim import plot
+
+        figures.append(plot.preemption_cdfs(report, plot_dir / "preemption-slowdowns.png"))
+    pub = report["published"]
+
+    def pct(x: float) -> str:
+        return f"{100 * x:+.1f}%"
+
+    headers = [
+        "policy",
+        "TE p50",
+        "TE p95",
+        "vs FIFO",
+        "BE p50",
+        "vs FIFO",
+        "BE p95",
+        "vs FIFO",
+        "preempt max",
+        "GPU-h lost",
+    ]
+    rows = []
+    for r in report["rows"]:
+        v = r["vs_fifo"]
+        rows.append(
+            [
+                r["policy"],
+                f"{r['te_slowdown_p50']:.2f}",
+                f"{r['te_slowdown_p95']:.2f}",
+                pct(v["te_slowdown_p95"]),
+                f"{r['be_slowdown_p50']:.2f}",
+                pct(v["be_slowdown_p50"]),
+                f"{r['be_slowdown_p95']:.2f}",
+                pct(v["be_slowdown_p95"]),
+                f"{r['preemptions_max']:.0f}",
+                f"{r['gpu_seconds_lost'] / 3600:.1f}",
+            ]
+        )
+    rows.append(
+        [
+            "published",
+            "",
+            "",
+            pct(pub["te_slowdown_p95"]),
+            "",
+            pct(pub["be_slowdown_p50"]),
+            "",
+            pct(pub["be_slowdown_p95"]),
+            "",
+            "",
+        ]
+    )
+    w = report["workload"]
+    text = "\n".join(
+        [
+            f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs; {w['hours']:g} h of arrivals at "
+            f"load {w['load']:g} ({100 * w['te_share']:g}% of it TE); checkpoint every "
+            f"{w['checkpoint_s']:g} s, grace {w['grace_s']:g} s, restore {w['restore_s']:g} s; "
+            f"seeds {report['seeds']}",
+            "",
+            table(headers, rows),
+            "",
+            "slowdowns and vs FIFO are medians over the seeds; published: FitGpp against FIFO "
+            "on its own workload",
+        ]
+    )
+    if as_json:
+        report = {k: v for k, v in report.items() if k != "slowdowns"}
     _emit(report, as_json, text, figures)

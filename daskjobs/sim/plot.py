@@ -323,3 +323,31 @@ def _graph_figure(report: Mapping[str, Any]) -> Any:
     axes[0].legend(fontsize="small")
     fig.suptitle(f"Feature graph and cache, seed {report['seed']} (with backups)")
     return fig
+
+
+def preemption_cdfs(report: Mapping[str, Any], out: Path | str) -> Path:
+    """Slowdown CDFs per class (TE left, BE right), one line per policy, pooled over
+    the seeds (``daskjobs simulate preemption --plot``)."""
+    plt = require_matplotlib()
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharey=True)
+    for ax, cls, title in (
+        (axes[0], "te", "trial-and-error jobs"),
+        (axes[1], "be", "best-effort jobs"),
+    ):
+        for policy, by_cls in report["slowdowns"].items():
+            xs = np.sort(np.asarray(by_cls[cls], dtype=float))
+            if len(xs) == 0:
+                continue
+            ys = np.arange(1, len(xs) + 1) / len(xs)
+            ax.step(xs, ys, where="post", label=policy)
+        ax.set_xscale("log")
+        ax.set_xlabel("slowdown: (end - arrival) / run time alone (log)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("fraction of jobs")
+    axes[1].legend(loc="lower right")
+    seeds = report["seeds"]
+    fig.suptitle(f"Preemption policies, seeds {seeds[0]}-{seeds[-1]} pooled")
+    return _save(fig, Path(out))
