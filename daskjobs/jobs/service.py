@@ -245,6 +245,7 @@ class JobsService(SchedulerPlugin):
                 self._tick_sync, events, snapshot, dict(self._handed), seen, full, start
             )
         except UNREACHABLE as e:
+            self._owe(full, start)
             self._reachable_since = None
             if self.unreachable_since is None:
                 self.unreachable_since = time.time()
@@ -257,6 +258,9 @@ class JobsService(SchedulerPlugin):
                 )
             self.last_error = f"ledger unreachable: {getattr(e, 'orig', e)}"
             return
+        except BaseException:
+            self._owe(full, start)
+            raise
         for _ in events:  # applied: the reports that came meanwhile stay queued
             if self._events:
                 self._events.popleft()
@@ -278,6 +282,12 @@ class JobsService(SchedulerPlugin):
         if plan.more and self._wake is not None:
             self._dirty = True
             self._wake.set()
+
+    def _owe(self, full: bool, start: bool) -> None:
+        """A tick that failed still owes its passes: the next tick makes them."""
+        self._dirty = self._dirty or start
+        if full:
+            self._next_full = 0.0
 
     def _forget(self, key: str) -> None:
         self._attempts.pop(key, None)
