@@ -96,12 +96,20 @@ def wait_for(cond: Any, timeout: float = 10.0) -> Any:
 
 @pytest.fixture(scope="module")
 def ran() -> Any:
-    """A cluster that ran the two teams' work to the end (shared by read-only tests)."""
-    with plugin_cluster(jobs_plugin(), n_workers=3) as cl, Client(cl) as c:
-        assert sorted(c.gather(submit(c, 10))) == sorted(list(range(10)) * 2)
-        done = time.time()
-        wait_for(lambda: data(cl)["history"]["time"][-1] > done)  # a sample after the end
-        yield cl
+    """A cluster that ran the two teams' work to the end (shared by read-only tests).
+
+    Sampled every 200 ms, not every second: the run lasts about two seconds, and on a
+    loaded machine a one-second sampler can miss the moments a team's tasks waited."""
+    every = dashboard_module.INTERVAL_MS
+    dashboard_module.INTERVAL_MS = 200
+    try:
+        with plugin_cluster(jobs_plugin(), n_workers=3) as cl, Client(cl) as c:
+            assert sorted(c.gather(submit(c, 10))) == sorted(list(range(10)) * 2)
+            done = time.time()
+            wait_for(lambda: data(cl)["history"]["time"][-1] > done)  # a sample after the end
+            yield cl
+    finally:
+        dashboard_module.INTERVAL_MS = every
 
 
 def test_the_page_is_served_and_in_the_navigation_and_sitemap(ran):
