@@ -102,7 +102,6 @@ class Attempt:
         self._ledger = ledger
         self._store = store
         self._stop = threading.Event()
-        self._committing = False
         self._worker = ""
         self._last_checkpoint = time.monotonic()
         self.checkpoints = 0
@@ -322,7 +321,6 @@ class _Reporter:
 
     def commit(self, attempt: Attempt, key: str, value: bytes | None = None) -> _Outcome:
         outcome = _Outcome()
-        attempt._committing = True
         with self._lock:
             entry = self._entries[attempt.attempt_id]
             entry.output, entry.value, entry.outcome = key, value, outcome
