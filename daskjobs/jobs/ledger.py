@@ -803,10 +803,14 @@ class Ledger:
                 return None
             now = self.clock() if now is None else now
             rows = conn.execute(
-                sa.select(attempts_t).where(
+                sa.select(attempts_t)
+                .where(
                     attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)),
                     attempts_t.c.lease_until < now,
                 )
+                # rows locked in the order a batch of commits locks them (PostgreSQL):
+                # an expiry and a commit of the same attempts never wait on each other
+                .order_by(attempts_t.c.attempt_id)
             ).all()
             out = []
             for r in rows:
