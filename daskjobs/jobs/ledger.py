@@ -469,9 +469,9 @@ class Ledger:
         self, conn: Connection, job_id: str, new: str, reason: str, epoch: int, now: float
     ) -> None:
         rows = conn.execute(
-            sa.select(attempts_t.c.attempt_id, attempts_t.c.state).where(
-                attempts_t.c.job_id == job_id, attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS))
-            )
+            sa.select(attempts_t.c.attempt_id, attempts_t.c.state)
+            .where(attempts_t.c.job_id == job_id, attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)))
+            .order_by(attempts_t.c.attempt_id)  # the order every writer locks attempts in
         ).all()
         for r in rows:
             conn.execute(
@@ -914,6 +914,15 @@ class Ledger:
         # in (job, part) order: PostgreSQL writers lock part rows in one order, no deadlock
         order = sorted(range(len(outputs)), key=lambda i: (outputs[i][0], outputs[i][1]))
         with self._write(epoch) as conn:
+            if conn.dialect.name == "postgresql":
+                # lock order on PostgreSQL, as a cancel or a failure takes it: the jobs'
+                # rows, then parts, then attempts by id - no two writers wait on each other
+                conn.execute(
+                    sa.select(jobs_t.c.job_id)
+                    .where(jobs_t.c.job_id.in_(sorted({o[0] for o in outputs})))
+                    .order_by(jobs_t.c.job_id)
+                    .with_for_update()
+                ).all()
             for chunk in _chunks(order):
                 finished.update(
                     self._commit_many(conn, outputs, values, chunk, epoch, now, results)
