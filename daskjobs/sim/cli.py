@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import click
 
 from daskjobs._text import table
+from daskjobs.policies.preemption import PREEMPTION_POLICIES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -606,7 +607,7 @@ def graph(
     "--policy",
     "policies",
     multiple=True,
-    type=click.Choice(["fifo", "te-first", "naive", "fit-resume"]),
+    type=click.Choice(list(PREEMPTION_POLICIES)),
     help="Run these policies (repeat the option; the first is the baseline of vs_fifo).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
@@ -636,7 +637,7 @@ def preemption(
     from daskjobs.sim.preemption import run_preemption
 
     _check_plotting(plot_dir)
-    chosen = list(policies) or ["fifo", "te-first", "naive", "fit-resume"]
+    chosen = list(policies) or list(PREEMPTION_POLICIES)
     report = run_preemption(_parse_seeds(seeds), chosen, hours=hours, load=load)
     figures: list[Path] = []
     if plot_dir is not None:

@@ -368,15 +368,17 @@ def compare(workload: Workload, policies: Sequence[PreemptionPolicy]) -> list[di
 
 def run_preemption(
     seeds: Sequence[int] = (0, 1, 2, 3, 4),
-    policies: Sequence[str] = ("fifo", "te-first", "naive", "fit-resume"),
+    policies: Sequence[str] | None = None,
     **workload: Any,
 ) -> dict[str, Any]:
-    """Every policy on the synthetic workload of each seed (``workload``: keywords of
+    """Every policy (default: all of ``PREEMPTION_POLICIES``, FIFO first) on the
+    synthetic workload of each seed (``workload``: keywords of
     :func:`synthetic`). Rows: per policy, the median over seeds of each metric and of
     each ``vs_fifo`` change, with its range (``*_min``, ``*_max``); ``slowdowns``: per
     policy and class, every job's slowdown pooled over the seeds (for the CDFs)."""
-    from daskjobs.policies.preemption import make_preemption_policy
+    from daskjobs.policies.preemption import PREEMPTION_POLICIES, make_preemption_policy
 
+    policies = list(PREEMPTION_POLICIES) if policies is None else list(policies)
     per_seed: list[dict[str, Any]] = []
     pooled: dict[str, dict[str, list[float]]] = {p: {"te": [], "be": []} for p in policies}
     desc: dict[str, Any] = {}
