@@ -417,3 +417,32 @@ def test_bad_sweep_submissions_are_named(cluster: Any) -> None:
     sweep = build_sweep(1, 500, fast=[5], slow=[50], costs=[0.0])
     with pytest.raises(ValueError, match=r"has no stage 'nope' \(its stages: synthetic_prices"):
         jobs.submit_sweep(client, sweep, outputs=["nope"])
+
+
+def test_a_jobs_attempts_carry_its_team(cluster: Any) -> None:
+    """The attempts of a job are tasks annotated with the job's team, so the scheduler
+    plugin's fair share and quotas count them for that team."""
+    client, _ = cluster
+    job = jobs.submit(
+        client,
+        "scored",
+        kind="inference",
+        parts=2,
+        team="quant",
+        target="jobtasks:score",
+        params={"seconds": 1.0},
+    )
+
+    def teams(dask_scheduler: Any) -> dict[str, Any]:
+        return {
+            str(k): ts.annotations.get("team")
+            for k, ts in dask_scheduler.tasks.items()
+            if str(k).startswith("daskjobs-attempt-")
+        }
+
+    deadline = time.monotonic() + 30
+    while len(seen := client.run_on_scheduler(teams)) < 2:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+    assert set(seen.values()) == {"quant"}, seen
+    assert job.result(timeout=60) == [0, 10]

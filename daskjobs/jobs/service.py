@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask
 import sqlalchemy as sa
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -324,16 +325,19 @@ class JobsService(SchedulerPlugin):
             ]
             for key, (a, _) in zip(keys, group, strict=True):
                 self._attempts[key] = a
-            futures = self.client.map(
-                run_attempt,
-                orders,
-                key=keys,
-                pure=False,
-                priority=spec.priority,
-                resources=dict(spec.resources) or None,
-                workers=where,
-                retries=0,
-            )
+            # the job's team as the tasks' team annotation: the scheduler plugin's fair
+            # share and quotas count a job's attempts for its team, as any task of it
+            with dask.annotate(team=spec.team):
+                futures = self.client.map(
+                    run_attempt,
+                    orders,
+                    key=keys,
+                    pure=False,
+                    priority=spec.priority,
+                    resources=dict(spec.resources) or None,
+                    workers=where,
+                    retries=0,
+                )
             self._futures.update(zip(keys, futures, strict=True))
             self.launched += len(group)
 
