@@ -446,3 +446,38 @@ def test_a_jobs_attempts_carry_its_team(cluster: Any) -> None:
         time.sleep(0.05)
     assert set(seen.values()) == {"quant"}, seen
     assert job.result(timeout=60) == [0, 10]
+
+
+def test_under_strict_teams_a_job_of_an_unknown_team_is_refused(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """With the scheduler plugin's teams strict, a job of a team it does not know is
+    refused at submission (its attempts would each be refused); one of a known team runs
+    and its attempts are fair share's tasks of that team."""
+    from daskjobs.plugin import JobsPlugin
+
+    plugin = JobsPlugin(policy="fair-share", teams={"targets": {"quant": 1}, "strict": True})
+    service = JobsService(ledger=ledger_url, store=str(tmp_path / "store"), interval="50ms")
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [plugin, service]},
+        ) as lc,
+        Client(lc) as client,
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"team 'research' is not configured on this scheduler and teams are strict "
+            r"\(daskjobs.teams.targets has: quant\)",
+        ):
+            jobs.submit(
+                client, "x", kind="inference", parts=1, team="research", target="jobtasks:score"
+            )
+        assert jobs.list(client) == []  # nothing recorded
+        job = jobs.submit(
+            client, "y", kind="inference", parts=2, team="quant", target="jobtasks:score"
+        )
+        assert job.result(timeout=60) == [0, 10]

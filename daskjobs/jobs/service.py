@@ -537,6 +537,16 @@ class JobsService(SchedulerPlugin):
                 f"daskjobs job {job.name!r}: nothing to run (give a function or "
                 "target='module:function')"
             )
+        # its attempts will be tasks of its team: a scheduler plugin with strict teams
+        # would refuse every one of them; refuse the job now, naming the teams
+        plugin = self.scheduler.plugins.get("daskjobs") if self.scheduler is not None else None
+        teams = getattr(getattr(plugin, "settings", None), "teams", None)
+        if teams is not None and teams.strict and job.team not in teams.targets:
+            raise ValueError(
+                f"daskjobs job {job.name!r}: team {job.team!r} is not configured on this "
+                f"scheduler and teams are strict (daskjobs.teams.targets has: "
+                f"{', '.join(sorted(teams.targets)) or 'no teams'})"
+            )
         record = ledger.submit(job, self.epoch)
         return _job_json(record)
 
