@@ -301,6 +301,8 @@ class JobsService(SchedulerPlugin):
         """Submit attempts as dask tasks: one graph per job (one message to the
         scheduler, not one per attempt)."""
         where = responsive(self._last_seen, time.time(), self.settings.lease)
+        # once per launch, not per order: each property builds a ResultStore
+        ledger_url, store_url = self.url, self.store_url
         by_job: dict[str, list[tuple[AttemptRecord, JobSpec]]] = {}
         for attempt, spec in launch:
             by_job.setdefault(attempt.job_id, []).append((attempt, spec))
@@ -309,8 +311,8 @@ class JobsService(SchedulerPlugin):
             keys = [attempt_key(a.job_id, a.part, a.token) for a, _ in group]
             orders = [
                 Order(
-                    ledger_url=self.url,
-                    store_url=self.store_url,
+                    ledger_url=ledger_url,
+                    store_url=store_url,
                     job_id=a.job_id,
                     part=a.part,
                     parts=spec.parts,
