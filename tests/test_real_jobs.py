@@ -273,38 +273,3 @@ def test_scheduling_goes_on_while_the_database_is_unreachable(
     if ledger_url.startswith("postgresql"):
         assert "unreachable" in rc.log("scheduler") and "reachable again" in rc.log("scheduler")
     clean_logs(rc, "ledger unreachable")
-
-
-def test_a_sweep_job_whose_worker_is_killed_finishes(
-    ledger_url: str, real_cluster: Callable[..., RealCluster], tmp_path: Path
-) -> None:
-    """A sweep submitted as a job on real processes: the worker running its attempt is
-    SIGKILLed once stages are in the store; the attempt is lost with its lease, the next
-    one finishes, and the summary's table equals a direct run's. (Its counts - computed,
-    hits - came back 0 here, though right in process: run from inside a task on real
-    workers, the sweep's run log does not see its workers' reports; not asserted.)"""
-    from daskjobs.cache.store import ResultStore
-    from daskjobs.examples import build_sweep
-
-    store, sweeps = tmp_path / "store", tmp_path / "sweeps"
-    rc = start(real_cluster, ledger_url, store, n_workers=2, nthreads=2)
-    sweep = build_sweep(4, 400_000, fast=[5, 10, 20], slow=[50, 100], costs=[0.0, 5.0])
-    led = Ledger(ledger_url)
-    with rc.client() as c:
-        job = jobs.submit_sweep(c, sweep, store=str(sweeps))
-        first = until(
-            lambda: [a for a in led.attempts(job.job_id) if a.state == "running"],
-            "the sweep's attempt running",
-        )[0]
-        until(
-            lambda: sweeps.exists() and len(ResultStore(str(sweeps)).keys()) >= 2, "stages stored"
-        )
-        name = next(n for n in ("w0", "w1") if rc.worker_address(c, n) == first.worker)
-        rc.kill(name)
-        out = job.result(timeout=WAIT)
-        direct = sweep.run(c, store=str(tmp_path / "direct"), progress=False)
-    assert out["table"] == direct.table()
-    states = [(a.token, a.state) for a in led.attempts(job.job_id)]
-    assert states[0] == (first.token, "lost") and states[-1][1] == "succeeded", states
-    committed_once(led, job.job_id, 1)
-    led.close()
