@@ -1170,8 +1170,15 @@ class Ledger:
             .order_by(jobs_t.c.priority.desc(), jobs_t.c.submitted, jobs_t.c.job_id, parts_t.c.part)
             .limit(limit)
         )
+        records: dict[str, JobRecord] = {}  # a job's row read once: its spec parsed once
+        out = []
         with self.engine.connect() as conn:
-            return [(_job(r), r.part, r.failures) for r in conn.execute(q)]
+            for r in conn.execute(q):
+                job = records.get(r.job_id)
+                if job is None:
+                    job = records[r.job_id] = _job(r)
+                out.append((job, r.part, r.failures))
+        return out
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per team: jobs by state, attempts by state, retries (attempts beyond the first
@@ -1436,12 +1443,17 @@ def _of_parts(table: sa.Table, parts: Sequence[tuple[str, int]]) -> Any:
             table.c.job_id.in_(sorted(by_job)),
             sa.tuple_(table.c.job_id, table.c.part).in_(list(parts)),
         )
-    return sa.or_(
-        *(
-            sa.and_(table.c.job_id == job_id, table.c.part.in_(sorted(set(ps))))
-            for job_id, ps in sorted(by_job.items())
-        )
-    )
+    return sa.or_(*(_parts_of_job(table, job_id, ps) for job_id, ps in sorted(by_job.items())))
+
+
+def _parts_of_job(table: sa.Table, job_id: str, parts: Sequence[int]) -> Any:
+    """``job_id = :job AND part IN (...)``, or ``part BETWEEN :lo AND :hi`` when the parts
+    are one run (a big job's parts start in order): two parameters, not hundreds (an
+    expanded IN list costs SQLAlchemy about 0.2 ms per hundred values to render)."""
+    unique = sorted(set(parts))
+    if len(unique) > 2 and unique[-1] - unique[0] + 1 == len(unique):
+        return sa.and_(table.c.job_id == job_id, table.c.part.between(unique[0], unique[-1]))
+    return sa.and_(table.c.job_id == job_id, table.c.part.in_(unique))
 
 
 def _chunks(items: Sequence[Any], size: int = 300) -> Iterator[Sequence[Any]]:
