@@ -481,3 +481,28 @@ def test_under_strict_teams_a_job_of_an_unknown_team_is_refused(
             client, "y", kind="inference", parts=2, team="quant", target="jobtasks:score"
         )
         assert job.result(timeout=60) == [0, 10]
+
+
+def test_workers_are_prepared_for_attempts(cluster: Any, ledger_url: str) -> None:
+    """The service installs its preparation on every worker, present and future: a
+    worker imports the runner and makes its ledger object when it joins, not when its
+    first attempt arrives."""
+    from daskjobs.jobs import runner
+
+    client, _ = cluster
+
+    def prepared(dask_worker: Any) -> bool:
+        return runner.Prepare.name in dask_worker.plugins
+
+    deadline = time.monotonic() + 10
+    while not all(client.run(prepared).values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert ledger_url in runner._ledgers  # in process: the workers' module is this one
+    client.cluster.scale(3)  # a worker that joins later is prepared as it joins
+    client.wait_for_workers(3, timeout=30)
+    while not all(client.run(prepared).values()):
+        assert time.monotonic() < deadline + 20
+        time.sleep(0.05)
+    job = jobs.submit(client, "ready", kind="inference", parts=3, target="jobtasks:score")
+    assert job.result(timeout=60) == [0, 10, 20]

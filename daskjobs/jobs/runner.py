@@ -41,12 +41,13 @@ from typing import Any, TypeVar
 
 import cloudpickle
 import sqlalchemy as sa
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from daskjobs.cache.store import ResultStore
 from daskjobs.jobs.ledger import Ledger
 from daskjobs.jobs.model import StaleTransition
 
-__all__ = ["INLINE", "INLINE_LIMIT", "Attempt", "Order", "output_key", "run_attempt"]
+__all__ = ["INLINE", "INLINE_LIMIT", "Attempt", "Order", "Prepare", "output_key", "run_attempt"]
 
 logger = logging.getLogger("daskjobs.jobs")
 
@@ -167,6 +168,29 @@ def run_attempt(order: Order, wait: float = 0.0) -> dict[str, Any]:
     if wait > 0 and outcome.wait(wait):
         return {"state": outcome.state, "location": key, "reason": outcome.reason}
     return {"state": "committing", "location": key, "reason": ""}
+
+
+class Prepare(WorkerPlugin):
+    """Readies a worker for attempts when it joins, not when its first attempt arrives.
+
+    The jobs service installs it on every worker (present and future). Unpickling it
+    imports this module (the ledger's SQLAlchemy layer, the result store, cloudpickle:
+    0.1-0.3 s on a fresh worker process, which a job's first attempts otherwise waited
+    for); :meth:`setup` makes the process's ledger object (its database driver imported,
+    no connection opened) and store object."""
+
+    name = "daskjobs-jobs-prepare"
+
+    def __init__(self, ledger_url: str, store_url: str) -> None:
+        self.ledger_url = ledger_url
+        self.store_url = store_url
+
+    def setup(self, worker: Any) -> None:
+        try:
+            _ledger(self.ledger_url)
+            _store(self.store_url)
+        except Exception:  # never fatal to a worker: the first attempt will say what fails
+            logger.debug("daskjobs: preparing the worker for jobs failed", exc_info=True)
 
 
 def _ack_many(ledger: Ledger, attempts: list[Attempt]) -> list[bool]:

@@ -34,6 +34,7 @@ import collections
 import contextlib
 import hashlib
 import logging
+import pickle
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ from daskjobs.jobs.model import (
     next_step,
     responsive,
 )
-from daskjobs.jobs.runner import Order, run_attempt
+from daskjobs.jobs.runner import Order, Prepare, run_attempt
 
 __all__ = ["JobsService", "attempt_key"]
 
@@ -108,6 +109,7 @@ class JobsService(SchedulerPlugin):
         self.client: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
+        self._prepare: asyncio.Future[None] | None = None
         self._wake: asyncio.Event | None = None
         self._closing = False
         self._attempts: dict[str, AttemptRecord] = {}  # key -> attempt launched here
@@ -148,10 +150,25 @@ class JobsService(SchedulerPlugin):
         self._wake = asyncio.Event()
         scheduler.handlers["daskjobs_jobs"] = self._rpc
         self._task = asyncio.ensure_future(self._run())
+        self._prepare = asyncio.ensure_future(self._prepare_workers())
         logger.info("daskjobs jobs service on ledger %s", _safe(self.url))
+
+    async def _prepare_workers(self) -> None:
+        """Install :class:`~daskjobs.jobs.runner.Prepare` on every worker, present and
+        future (not awaited by :meth:`start`: a scheduler starts without waiting for its
+        workers' imports)."""
+        try:
+            plugin = pickle.dumps(Prepare(self.url, self.store_url))
+            await self.scheduler.register_worker_plugin(
+                None, plugin, name=Prepare.name, idempotent=False
+            )
+        except Exception:  # an optimisation: the first attempts import what they need
+            logger.debug("daskjobs jobs: preparing the workers failed", exc_info=True)
 
     async def close(self) -> None:
         self._closing = True
+        if self._prepare is not None and not self._prepare.done():
+            self._prepare.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):
