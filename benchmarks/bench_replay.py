@@ -22,12 +22,20 @@ that ran them; the table gives recorded vs replayed makespan and the error.
 5. ``dag-small``: the same reduction over 8 x 8 chunks (164 tasks of 0.5 ms): the
    slots compute under 10% of the time.
 
+Copies, race by race (``--copies N``): the ``lpt-spec`` run recorded N times on a
+LocalCluster in one process and N times on real processes (``dask scheduler`` and
+three ``dask worker`` processes, the plugin preloaded, w0 4x slow; the harness of
+tests/realcluster.py), each replayed with ``placement="recorded"``: the copies
+launched and won, recorded vs replayed, the tasks copied by one and not the other,
+and the races both ran with the same winner (with the closest race's margin).
+
 Speed: a synthetic trace of 100,000 finished tasks on 64 workers x 8 threads is
 written, then loaded and replayed (``lpt``); the times of each step are printed.
 
 Usage::
 
     python benchmarks/bench_replay.py [--out DIR] [--tasks 100000] [--dag-runs 5] [--json]
+    python benchmarks/bench_replay.py --copies 8 --skip-calibration --skip-speed
 """
 
 from __future__ import annotations
@@ -183,6 +191,80 @@ def calibration(out: Path, dag_runs: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
+def _tests_on_path() -> None:
+    """The real-process harness and its task module live in tests/."""
+    import sys
+
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
+def record_real(path: Path, graph: Any, speculation: dict[str, Any]) -> float:
+    """Run ``graph`` on real processes (a ``dask scheduler`` with the plugin preloaded,
+    3 ``dask worker`` processes of 2 threads, w0 4x slow), recording to ``path``."""
+    _tests_on_path()
+    from realcluster import RealCluster
+
+    settings = {k.replace("_", "-"): v for k, v in speculation.items()}
+    config = {"daskjobs": {"policy": "lpt", "speculation": settings, "record": str(path)}}
+    with (
+        RealCluster(
+            path.parent / f"{path.stem}-cluster", config=config, env={"DASKJOBS_TEST_SLOW": "w0=4"}
+        ) as rc,
+        rc.client() as c,
+    ):
+        t = time.perf_counter()
+        c.compute(graph, sync=True)
+        return time.perf_counter() - t
+
+
+def real_spec_sweep(n: int = 80, seed: int = 7) -> list[Any]:
+    """:func:`spec_sweep` with tasks that import on worker processes (tests/realtasks.py,
+    which slows down the workers named in ``DASKJOBS_TEST_SLOW``)."""
+    _tests_on_path()
+    import realtasks
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        d = min(0.25, rng.lognormvariate(-2.5, 0.5))
+        with dask.annotate(estimate=d):
+            out.append(dask.delayed(realtasks.nap)(i, d, dask_key_name=f"bt-{i}"))
+    return out
+
+
+def copies(out: Path, runs: int) -> list[dict[str, Any]]:
+    """The ``lpt-spec`` run recorded ``runs`` times in one process and ``runs`` times on
+    real processes, each replayed on its recorded placement, compared race by race."""
+    rows = []
+    for kind in ("one process", "real processes"):
+        for k in range(runs):
+            path = out / f"copies-{kind.split()[0]}-{k}.jsonl"
+            if kind == "one process":
+                record(path, "lpt", spec_sweep(), speculation=SPECULATION)
+            else:
+                record_real(path, real_spec_sweep(), SPECULATION)
+            r = replay(load(path), placement="recorded")
+            races = r.copies()
+            both = [c for c in races if c.recorded in ("won", "lost") and c.replayed]
+            rows.append(
+                {
+                    "cluster": kind,
+                    "run": k + 1,
+                    "recorded": f"{sum(c.recorded is not None for c in races)} / "
+                    f"{sum(c.recorded == 'won' for c in races)}",
+                    "replayed": f"{r.schedule.backups_launched} / {r.schedule.backups_won}",
+                    "only_recorded": [str(c.tid) for c in races if c.replayed is None],
+                    "only_replayed": [str(c.tid) for c in races if c.recorded is None],
+                    "races": len(both),
+                    "same_winner": sum(c.same for c in both),
+                    "closest_ms": min((abs(c.margin or 0) * 1e3 for c in both), default=None),
+                }
+            )
+    return rows
+
+
 def synthetic_trace(path: Path, n: int, workers: int = 64, threads: int = 8, seed: int = 0) -> None:
     """A trace of ``n`` finished tasks laid out slot by slot (as a recorder would write it)."""
     rng = random.Random(seed)
@@ -269,6 +351,13 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-calibration", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument(
+        "--copies",
+        type=int,
+        default=0,
+        help="record lpt-spec this many times per cluster kind and compare copies race by race",
+    )
     ap.add_argument(
         "--dag-runs", type=int, default=5, help="recordings of the DAG run (each replayed)"
     )
@@ -276,10 +365,27 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="daskjobs-replay-"))
     out.mkdir(parents=True, exist_ok=True)
     rows = [] if args.skip_calibration else calibration(out, args.dag_runs)
-    sp = speed(out, args.tasks)
+    races = copies(out, args.copies) if args.copies else []
+    sp = None if args.skip_speed else speed(out, args.tasks)
     if args.json:
-        print(json.dumps({"calibration": rows, "speed": sp}, indent=2))
+        print(json.dumps({"calibration": rows, "copies": races, "speed": sp}, indent=2))
         return
+    if races:
+        print(
+            "| cluster | run | copies launched / won: recorded | replayed "
+            "| only recorded | only replayed | races both ran: same winner | closest (ms) |"
+        )
+        print("|---|---:|---:|---:|---|---|---:|---:|")
+        for c in races:
+            closest = "-" if c["closest_ms"] is None else f"{c['closest_ms']:.1f}"
+            only_rec = ", ".join(c["only_recorded"]) or "-"
+            only_rep = ", ".join(c["only_replayed"]) or "-"
+            print(
+                f"| {c['cluster']} | {c['run']} | {c['recorded']} | {c['replayed']} "
+                f"| {only_rec} | {only_rep} "
+                f"| {c['same_winner']} of {c['races']} | {closest} |"
+            )
+        print()
     print(
         "| run | policy | tasks | workers | slow worker | overhead (ms/task) "
         "| computing | input -> start (ms) | recorded (s) | replayed (s) | error "
@@ -298,6 +404,8 @@ def main() -> None:
     if rows:
         worst = max(rows, key=lambda r: abs(r["error_pct"]))
         print(f"\nlargest error: {worst['run']} {worst['error_pct']:+.1f}%")
+    if sp is None:
+        return
     print(
         f"\nreplay speed: {sp['tasks']:,} tasks ({sp['trace_mb']:.0f} MB trace): "
         f"load {sp['load_s']:.2f} s + replay {sp['replay_s']:.2f} s = {sp['total_s']:.2f} s"

@@ -63,12 +63,15 @@ def test_the_speculation_defaults_agree_everywhere(yaml_only: None) -> None:
     assert Speculation() == Speculation(late_factor=late, min_runtime=0.0, max_fraction=fraction)
     # replay, for a header that says speculation was on and nothing else: the plugin's
     notes: list[str] = []
+    # (and the live check's interval: the replay judges attempts as often as the plugin did)
     replayed = _speculation({"speculation": {"enabled": True}}, notes)
-    assert replayed == Speculation(late_factor=late, min_runtime=floor, max_fraction=fraction)
+    every = _seconds(SPEC["interval"])
+    assert replayed == Speculation(late, floor, fraction, interval=every)
     assert notes == []
     # what the header says wins, a recorded 0 floor included
     given = {"enabled": True, "late_factor": 2.0, "min_runtime": 0.0, "max_fraction": 0.5}
-    assert _speculation({"speculation": given}, notes) == Speculation(2.0, 0.0, 0.5)
+    given["interval"] = 0.05
+    assert _speculation({"speculation": given}, notes) == Speculation(2.0, 0.0, 0.5, interval=0.05)
 
 
 EDITED = {
@@ -76,7 +79,12 @@ EDITED = {
     "default-estimate": "5s",
     "audit-events": 123,
     "teams": {"half-life": "2h", "within": "lpt"},
-    "speculation": {"late-factor": 3.5, "min-runtime": "7s", "max-fraction": 0.25},
+    "speculation": {
+        "late-factor": 3.5,
+        "min-runtime": "7s",
+        "max-fraction": 0.25,
+        "interval": "3s",
+    },
     "clients": {"record": False},
 }
 
@@ -96,7 +104,9 @@ assert s.clients.record is False, s.clients
 dask.config.config["daskjobs"] = _defaults.defaults()["daskjobs"]
 assert settings() == s, (settings(), s)
 assert Speculation() == Speculation(3.5, 0.0, 0.25), Speculation()
-assert _speculation({"speculation": {"enabled": True}}, []) == Speculation(3.5, 7.0, 0.25)
+assert s.speculation.interval == 3.0, s.speculation
+replayed = _speculation({"speculation": {"enabled": True}}, [])
+assert replayed == Speculation(3.5, 7.0, 0.25, interval=3.0), replayed
 print("ok")
 """
 

@@ -55,6 +55,38 @@ def test_copies_on_real_workers_keep_every_worker_and_every_result(real_cluster,
     assert expected[(3, 7)] == {"sharpe": (200_000 % 997) / 1000 + 7, "first": 3}
 
 
+def test_a_recorded_real_run_replays_with_the_same_copies(real_cluster, tmp_path):
+    """The run of benchmarks/bench_replay.py's ``lpt-spec`` on real processes: 80
+    independent tasks on 3 workers x 2 threads, w0 4x slow, recorded by the plugin;
+    replayed on the recorded placement, it copies the same tasks (within one) and
+    the races both ran have the same winners (docs/replay.md)."""
+    import random
+
+    import dask
+    from conftest import assert_same_copies
+
+    from daskjobs.replay import load, replay
+
+    trace = tmp_path / "real-spec.jsonl"
+    speculation = {"enabled": True, "late-factor": 2.0, "min-runtime": "100ms", "interval": "50ms"}
+    config = {"daskjobs": {"policy": "lpt", "speculation": speculation, "record": str(trace)}}
+    rc = real_cluster(n_workers=3, nthreads=2, config=config, env={"DASKJOBS_TEST_SLOW": "w0=4"})
+    rng = random.Random(7)
+    graph = []
+    for i in range(80):
+        d = min(0.25, rng.lognormvariate(-2.5, 0.5))
+        with dask.annotate(estimate=d):
+            graph.append(dask.delayed(realtasks.nap)(i, d, dask_key_name=f"bt-{i}"))
+    with rc.client() as c:
+        assert c.compute(graph, sync=True) == list(range(80))
+        assert status(c)["speculation"]["launched"] > 0
+    rc.close()  # the trace is complete once the scheduler stops
+    assert rc.problems() == []
+    loaded = load(trace)
+    assert loaded.speculation is not None and loaded.speculation.interval == 0.05
+    assert_same_copies(replay(loaded, placement="recorded"))
+
+
 def _races(dask_scheduler):
     sp = dask_scheduler.plugins["daskjobs"].speculator
     return {str(k): (r.worker, r.primary) for k, r in sp.races.items() if not r.redirected}

@@ -427,6 +427,49 @@ def test_min_runtime_delays_backup():
     assert s.makespan == 60.0
 
 
+def test_a_periodic_check_sees_a_late_attempt_at_the_first_check_past_its_deadline():
+    # late at 2 x 10 = 20 s; checked every 7 s (as the plugin checks every interval):
+    # seen at 21, or at 24 with the checks at 3 + 7k (a replay passes the recorded phase)
+    tasks = [Task("t", 10.0)]
+    cluster = Cluster(2, 1, slow={0: 10.0})
+    spec = Speculation(late_factor=2.0, interval=7.0)
+    assert simulate(tasks, cluster, FIFO(), spec=spec).attempts[1].start == 21.0
+    s = simulate(tasks, cluster, FIFO(), spec=spec, check_phase=3.0)
+    assert s.attempts[1].start == 24.0 and s.makespan == 34.0
+    assert simulate(tasks, cluster, FIFO(), spec=Speculation(late_factor=2.0)).makespan == 30.0
+
+
+class _UrgentEarly(FIFO):
+    """Asks for a copy of ``t`` while the clock is before 5 s."""
+
+    def urgent(self, attempt, now):
+        return attempt.task.tid == "t" and now < 5.0
+
+
+def test_a_periodic_check_withdraws_a_copy_no_longer_wanted_before_it_found_a_slot():
+    # t runs on node 0, long on node 1 until 8; t is urgent until 5 s. Judged at once,
+    # the copy asked at 0 waits for node 1 and runs at 8 (and loses at 10); judged
+    # every 2 s as live, it is asked at 2 and 4, withdrawn at 6, and never runs
+    tasks = [Task("t", 10.0), Task("long", 8.0)]
+    once = simulate(tasks, Cluster(2, 1), _UrgentEarly(), spec=Speculation(late_factor=5.0))
+    assert once.backups_launched == 1 and once.attempts[2].start == 8.0
+    ticked = simulate(
+        tasks, Cluster(2, 1), _UrgentEarly(), spec=Speculation(late_factor=5.0, interval=2.0)
+    )
+    assert ticked.backups_launched == 0 and ticked.makespan == 10.0
+
+
+def test_the_per_attempt_overhead_is_not_slowed_down_by_a_slow_node():
+    cluster = Cluster(2, 1, slow={0: 4.0}, overhead=1.0)
+    s = simulate([Task("a", 2.0), Task("b", 2.0)], cluster, FIFO())
+    assert [(a.node, a.end) for a in s.attempts] == [(0, 9.0), (1, 3.0)]
+    assert cluster.without_slow().overhead == 1.0
+    with pytest.raises(ValueError, match="overhead"):
+        Cluster(1, 1, overhead=-1.0)
+    with pytest.raises(ValueError, match="interval"):
+        Speculation(interval=math.nan)
+
+
 # -- failures and retries --------------------------------------------------------------------
 
 

@@ -403,3 +403,38 @@ def test_a_copy_is_a_task_the_scheduler_knows_and_leaves_no_trace():
             wants, copies = c.run_on_scheduler(leftovers)
         assert wants == [] and copies == []  # settled copies are forgotten with their task
         assert healthy(c, 3)["won"] == 1
+
+
+def _held(name, seconds):
+    from distributed import Event
+
+    Event(name).wait(seconds)
+    return seconds
+
+
+def test_a_task_waiting_on_its_worker_counts_as_work_to_start_in_the_horizon():
+    """dask hands a worker more tasks than it has threads (worker-saturation): the
+    horizon counts such a task as queued work until its worker reports the true start,
+    as the simulator (and replay) count it; nothing is left in the sums at the end."""
+    from distributed import Event, wait
+
+    plugin = JobsPlugin(policy="lpt", speculation={"enabled": True, "interval": "10s"})
+    config = {**VALIDATE, "distributed.scheduler.worker-saturation": 2.0}
+    with dask.config.set(config), plugin_cluster(plugin) as cl, Client(cl) as c:
+        gate = Event("daskjobs-test-gate")
+        futs = []
+        for i, est in enumerate((3.0, 2.0, 1.0)):  # lpt: 3.0 runs, 2.0 waits on the worker
+            with dask.annotate(estimate=est):
+                futs.append(c.submit(_held, gate.name, 30 + i, key=f"held-{i}"))
+        sp = plugin.speculator
+        deadline = time.time() + 30
+        while "held-0" not in sp.starts or len(sp.unstarted) != 1:
+            assert time.time() < deadline, (sp.starts, sp.unstarted)
+            time.sleep(0.02)
+        assert sp.unstarted == {"held-1"}  # on the worker, not started
+        assert sp.sums.run_cores == 1  # held-0 runs
+        assert sp.sums.queued == pytest.approx(2.0 + 1.0)  # held-1 and the queued held-2
+        gate.set()
+        wait(futs)
+        assert sp.unstarted == set() and sp.sums.run_cores == 0
+        assert sp.sums.queued == pytest.approx(0.0)

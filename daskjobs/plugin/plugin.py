@@ -245,8 +245,7 @@ class JobsPlugin(SchedulerPlugin):
         if s.speculation.enabled:
             sp = s.speculation
             self.speculator = Speculator(
-                Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction, sp.ahead),
-                sp.interval,
+                Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction, sp.ahead, sp.interval),
                 self.audit,
                 self.ranker.tasks,
                 self.speeds,

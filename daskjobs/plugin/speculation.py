@@ -121,18 +121,18 @@ class Speculator:
     def __init__(
         self,
         spec: Speculation,
-        interval: float,
         audit: Audit,
         tasks: Mapping[Key, LiveTask],
         speeds: WorkerSpeeds,
     ) -> None:
         self.spec = spec
-        self.interval = interval
+        self.interval = spec.interval  # the policy's: replay checks as often
         self.audit = audit
         self.tasks = tasks  # the ranked tasks' views
         self.speeds = speeds  # workers as nodes, and the speed learner
         self.sums = Horizon()  # the projected end's sums, fed by every transition
         self.starts: dict[Key, tuple[str, float, int]] = {}
+        self.unstarted: set[Key] = set()  # assigned to a worker, its start not reported
         self.races: dict[Key, Race] = {}
         self.copies: dict[Key, Key] = {}
         self.copied: set[Key] = set()  # one copy per attempt, whatever became of it
@@ -238,10 +238,15 @@ class Speculator:
             and ts.processing_on is not None
             and ts.processing_on.address == worker
             and run_id == ts.run_id
-            and key not in self.starts
-            and key not in self.races
         ):
-            self.starts[key] = (worker, time.time(), int(run_id))
+            now = time.time()
+            v = self.tasks.get(key)
+            if v is not None and key in self.unstarted:  # its work now runs: see transition
+                self.unstarted.discard(key)
+                self.sums.pop(v.estimate, v.cores)
+                self.sums.started(key, v.cores, now + v.estimate * self.speeds.speed(worker))
+            if key not in self.starts and key not in self.races:
+                self.starts[key] = (worker, now, int(run_id))
         return key
 
     def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
@@ -254,13 +259,18 @@ class Speculator:
                 sums.push(v.estimate, v.cores)
             elif start == "queued":
                 sums.pop(v.estimate, v.cores)
+            # A task dask assigned to a worker may wait there behind others (dask's
+            # worker-saturation): it counts as work still to start until its worker
+            # reports the true start (``started``), as the simulator counts it.
             if finish == "processing":
-                ts = self.scheduler.tasks.get(key)
-                ws = ts.processing_on if ts is not None else None
-                speed = self.speeds.speed(ws.address) if ws is not None else 1.0
-                sums.started(key, v.cores, time.time() + v.estimate * speed)
+                sums.push(v.estimate, v.cores)
+                self.unstarted.add(key)
             elif start == "processing":
-                sums.ended(key)
+                if key in self.unstarted:
+                    self.unstarted.discard(key)
+                    sums.pop(v.estimate, v.cores)
+                else:
+                    sums.ended(key)
         task = self.copies.get(key)
         if task is not None:
             self._copy_moved(task, key, start, finish, kwargs)
@@ -501,7 +511,8 @@ class Speculator:
             if target is None:
                 self._decided(key, f"{why}, not copied: {reason}")
                 continue
-            self._decided(key, f"{why}: copied to {target.ws.address}")
+            ahead = ", ahead of its queued work" if target.free < v.cores else ""
+            self._decided(key, f"{why}: copied to {target.ws.address}{ahead}")
             self._launch(ts, target.ws, now, why)
             if self._running() >= cap:
                 return

@@ -159,11 +159,17 @@ class Speculation:
     max_fraction: float = _MAX_FRACTION
     #: When a copy may go ahead of queued work: "past-horizon" or "always" (see may_queue).
     ahead: str = _AHEAD
+    #: How often running attempts are judged (late? urgent?), seconds. The plugin judges
+    #: them on a periodic check (``speculation.interval``); a replay takes the recorded
+    #: interval, so that its copies are noticed when the live ones were. 0 (the
+    #: simulator's default): at once, a late attempt at its deadline and urgency at each
+    #: event that can change it.
+    interval: float = 0.0
 
     def __post_init__(self) -> None:
         if self.ahead not in AHEAD:
             raise ValueError(f"ahead must be one of {', '.join(AHEAD)}, got {self.ahead!r}")
-        for name in ("late_factor", "min_runtime", "max_fraction"):
+        for name in ("late_factor", "min_runtime", "max_fraction", "interval"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
@@ -173,6 +179,8 @@ class Speculation:
             raise ValueError(f"min_runtime must be >= 0 seconds, got {self.min_runtime!r}")
         if not (0 < self.max_fraction <= 1):
             raise ValueError(f"max_fraction must be in (0, 1], got {self.max_fraction!r}")
+        if not (math.isfinite(self.interval) and self.interval >= 0):
+            raise ValueError(f"interval must be >= 0 seconds, got {self.interval!r}")
 
     def deadline(self, start: float, estimate: float, speed: float = 1.0) -> float:
         """Time at which an attempt started at ``start`` counts as late."""

@@ -11,12 +11,20 @@ See ``docs/replay.md``. Nothing here imports ``distributed``.
 from __future__ import annotations
 
 from daskjobs.replay.load import SPEED_NOISE, Fit, Loaded, ReplayError, WorkerInfo, load
-from daskjobs.replay.run import POLICIES, ReplayResult, make_cluster, replay, what_ifs
+from daskjobs.replay.run import (
+    POLICIES,
+    CopyRace,
+    ReplayResult,
+    make_cluster,
+    replay,
+    what_ifs,
+)
 from daskjobs.replay.stream import from_task_stream, read_task_stream
 
 __all__ = [
     "POLICIES",
     "SPEED_NOISE",
+    "CopyRace",
     "Fit",
     "Loaded",
     "ReplayError",

@@ -192,6 +192,12 @@ class Loaded:
     speculation: Speculation | None = None
     # where each task's first attempt ran and when it started: (node, start), by tid
     placement: dict[Hashable, tuple[int, float]] = field(default_factory=dict, repr=False)
+    # when the plugin's periodic speculation check ran, as seconds from the first
+    # submission modulo ``speculation.interval`` (0 if the trace does not say)
+    check_phase: float = 0.0
+    # the recorded backup copies: task id -> how its last race ended ("won": the copy
+    # won, "lost", "failed", "unsettled": still running when recording stopped)
+    copies: dict[Hashable, str] = field(default_factory=dict, repr=False)
 
     @property
     def nodes(self) -> int:
@@ -530,7 +536,7 @@ def load(
     for t, a, d in ended:
         sp = speed_of.get(a.worker or "", 1.0)
         compute[t.key] = d / sp
-        dur = d / sp + fit.overhead
+        dur = d / sp  # the cluster adds the overhead to every attempt, not slowed down
         est = t.estimate if t.estimate is not None else default_estimate
         sub = (t.submit - t0) if (t.submit is not None and not t.existing) else 0.0
         spec = t.annotations.get("speculate", True)
@@ -563,7 +569,7 @@ def load(
             "they started before recording did"
         )
     failure_rate = min(0.5, n_fail / n_att) if n_att else 0.0
-    cluster = Cluster(len(workers), cpn, slow or None, failure_rate)
+    cluster = Cluster(len(workers), cpn, slow or None, failure_rate, fit.overhead)
     return Loaded(
         path=path,
         policy=trace.header.get("policy"),
@@ -579,6 +585,8 @@ def load(
         compute=compute,
         speculation=recorded_spec,
         placement=placement,
+        check_phase=_check_phase(trace, recorded_spec, recorded.t0),
+        copies={k: rs[-1].outcome or "unsettled" for k, rs in races.items()},
     )
 
 
@@ -596,6 +604,19 @@ class _Race:
     backup: str | None
     settled: float | None = None  # scheduler time of ``backup-won/lost/failed``
     outcome: str | None = None  # won | lost | failed
+
+
+def _check_phase(trace: Trace, spec: Speculation | None, t0: float) -> float:
+    """When the plugin's periodic speculation check ran: it starts with the
+    ``speculation`` audit event (recorded once, as the check starts) and runs every
+    ``interval``; seconds from ``t0`` modulo the interval, 0 if not recorded."""
+    if spec is None or not spec.interval:
+        return 0.0
+    for ev in trace.events:
+        t = ev.get("time")
+        if ev.get("action") == "speculation" and isinstance(t, int | float) and math.isfinite(t):
+            return (float(t) - t0) % spec.interval
+    return 0.0
 
 
 def _races(trace: Trace) -> dict[Hashable, list[_Race]]:
@@ -719,6 +740,7 @@ def _speculation(settings: dict[str, Any], notes: list[str]) -> Speculation | No
             max_fraction=recorded("max_fraction", "speculation.max-fraction"),
             # a trace from before the setting existed ran the live rule, past-horizon
             ahead=str(spec.get("ahead") or _defaults.default("speculation.ahead")),
+            interval=recorded("interval", "speculation.interval", _defaults.seconds),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         notes.append(f"the recorded speculation settings cannot be replayed ({exc}): off")

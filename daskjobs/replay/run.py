@@ -53,6 +53,25 @@ POLICIES = registry.names(builtin=True)
 RECORDED: Literal["recorded"] = "recorded"
 
 
+@dataclass(frozen=True, slots=True)
+class CopyRace:
+    """A task with a backup copy in the recorded run, in the replay, or in both."""
+
+    tid: Hashable
+    #: how the recorded race ended: "won" (the copy won), "lost", "failed", "unsettled";
+    #: None: no copy recorded
+    recorded: str | None
+    #: "won" or "lost" in the replay; None: the replay made no copy
+    replayed: str | None
+    #: replayed: by how many seconds the copy would end before its primary (negative:
+    #: after it): how close the race was
+    margin: float | None
+
+    @property
+    def same(self) -> bool:
+        return self.recorded == self.replayed
+
+
 @dataclass
 class ReplayResult:
     """One replayed run and how it compares with the recorded one."""
@@ -87,6 +106,26 @@ class ReplayResult:
             team: {"median_wait_s": s.median_wait, "last_end_s": s.last_end}
             for team, s in self.schedule.teams().items()
         }
+
+    def copies(self) -> list[CopyRace]:
+        """The backup copies of the recorded run beside the replay's, task by task (a
+        replay with ``placement="recorded"`` makes them comparable race by race)."""
+        speeds = self.cluster.speeds
+        primary = {a.task.tid: a for a in self.schedule.attempts if not a.backup}
+        replayed: dict[Hashable, tuple[str, float]] = {}
+        for a in self.schedule.attempts:
+            if a.backup and a.task.tid not in replayed:
+                p, d = primary[a.task.tid], a.task.duration
+                margin = (p.start + d * speeds[p.node]) - (a.start + d * speeds[a.node])
+                replayed[a.task.tid] = ("won" if a.outcome == "done" else "lost", margin)
+        recorded = self.loaded.copies
+        rows = []
+        for tid in sorted(set(recorded) | set(replayed), key=str):
+            got = replayed.get(tid)
+            rows.append(
+                CopyRace(tid, recorded.get(tid), *(got if got is not None else (None, None)))
+            )
+        return rows
 
     def row(self) -> dict[str, Any]:
         """The what-if row as a JSON-able dict (seconds, hours for node-hours)."""
@@ -128,10 +167,10 @@ class PluginSpeeds(Policy):
     urgency with it, whatever policy orders the tasks. This composes the same two
     objects for a replay of a run with speculation: order from ``inner``, beliefs
     from the learner. Which attempts teach a speed is the learner's own rule
-    (:meth:`NodeAware.ended`); where a copy may go is :meth:`Speculation.choose`.
-    One live constraint stays here because the simulator's engine cannot express it
-    yet: live, an urgent copy goes only to an idle worker, and with work queued no
-    worker is idle, so the urgent rule only rescues the tail.
+    (:meth:`NodeAware.ended`); where a copy may go is :meth:`Speculation.choose`;
+    the horizon is kept from the same sums as live (:class:`Horizon`: a task counts
+    as queued work until it starts, as running until it ends), over the learner's
+    capacity. The engine judges attempts on the recorded ``interval`` (as live).
     """
 
     def __init__(self, inner: Policy, overhead: float = 0.0) -> None:
@@ -143,7 +182,7 @@ class PluginSpeeds(Policy):
 
     def add_node(self, index: int, cores: int) -> None:
         self.inner.add_node(index, cores)
-        self.learner.add_node(index, 1)
+        self.learner.add_node(index, cores)  # live: the worker's threads (its capacity)
 
     def remove_node(self, index: int) -> None:
         self.inner.remove_node(index)
@@ -347,7 +386,7 @@ def make_cluster(
     need = max((t.cores for t in loaded.tasks), default=1)
     if c < need:
         raise ValueError(f"cores per node {c} is fewer than a recorded task needs ({need})")
-    return Cluster(n, c, slow or None, base.failure_rate)
+    return Cluster(n, c, slow or None, base.failure_rate, base.overhead)
 
 
 def replay(
@@ -404,7 +443,8 @@ def replay(
         raise ValueError(f"placement must be 'simulated' or 'recorded', got {placement!r}")
     if spec is not None and not learns:
         pol = PluginSpeeds(pol, loaded.fit.overhead)
-    schedule = simulate(loaded.tasks, cluster, pol, spec=spec, seed=seed)
+    phase = loaded.check_phase if spec is not None and spec == loaded.speculation else 0.0
+    schedule = simulate(loaded.tasks, cluster, pol, spec=spec, seed=seed, check_phase=phase)
     factor = spec.late_factor if spec is not None else None
     return ReplayResult(loaded, schedule, name, factor, cluster)
 

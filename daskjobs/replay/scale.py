@@ -8,7 +8,8 @@ log durations, on a nominal worker (each duration divided by its worker's
 measured slow-down). :func:`synthetic_sweep` draws ``n`` independent tasks
 with those distributions (log-normal around each stage's median, stages in the
 recorded proportions), with the stage's median as every estimate (what the
-plugin's history gives) and the trace's fitted per-task overhead added.
+plugin's history gives); the recorded cluster adds the fitted per-task
+overhead to each attempt.
 
 This module does not import ``distributed``.
 """
@@ -72,11 +73,8 @@ def synthetic_sweep(loaded: Loaded, n: int, seed: int = 0) -> list[Task]:
     weights = np.array([s.tasks for s in stats], dtype=float)
     counts = np.floor(weights / weights.sum() * n).astype(int)
     counts[np.argmax(weights)] += n - int(counts.sum())  # the rounding goes to the largest
-    overhead = loaded.fit.overhead
     tasks: list[Task] = []
     for s, k in zip(stats, counts, strict=True):
         draws = np.exp(math.log(s.median) + s.log_spread * rng.standard_normal(int(k)))
-        tasks.extend(
-            Task((s.stage, i), float(d) + overhead, estimate=s.median) for i, d in enumerate(draws)
-        )
+        tasks.extend(Task((s.stage, i), float(d), estimate=s.median) for i, d in enumerate(draws))
     return tasks

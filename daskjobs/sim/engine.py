@@ -64,7 +64,7 @@ from daskjobs.sim.schedule import Schedule
 
 __all__ = ["CycleError", "simulate", "topological_order"]
 
-_DONE, _FAIL, _CHECK = 0, 1, 2
+_DONE, _FAIL, _CHECK, _TICK = 0, 1, 2, 3
 _SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node's attempts
 
 
@@ -235,17 +235,21 @@ def simulate(
     spec: Speculation | None = None,
     cache: Collection[Hashable] | None = None,
     seed: int = 0,
+    check_phase: float = 0.0,
 ) -> Schedule:
     """Simulate ``tasks`` on ``cluster`` under ``policy``; see the module docs.
 
     ``spec`` turns on backup copies of late attempts; ``cache`` holds the ids
     of tasks whose results are stored (hits take no time); ``seed`` seeds the
     failure draws. A policy object keeps state: pass a fresh one per run.
+    With ``spec.interval`` > 0, running attempts are judged on a periodic
+    check at ``check_phase + k * interval`` (as the plugin judges them; a
+    replay passes the recorded run's phase), not at once.
     """
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small acyclic records: the cyclic GC only costs time here
     try:
-        return _simulate(list(tasks), cluster, policy, spec, cache, seed)
+        return _simulate(list(tasks), cluster, policy, spec, cache, seed, check_phase)
     finally:
         if gc_was_on:
             gc.enable()
@@ -258,6 +262,7 @@ def _simulate(
     spec: Speculation | None,
     cache: Collection[Hashable] | None,
     seed: int,
+    check_phase: float = 0.0,
 ) -> Schedule:
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a daskjobs.sim.Cluster, got {type(cluster).__name__}")
@@ -347,6 +352,7 @@ def _simulate(
 
     nodes = [_Node(k, cluster.cores_per_node) for k in range(cluster.nodes)]
     speeds = cluster.speeds
+    overhead = cluster.overhead
     for nd in nodes:
         policy.add_node(nd.index, nd.cores)
     free_heap = list(range(cluster.nodes))  # nodes with free cores (lazy)
@@ -377,6 +383,23 @@ def _simulate(
     backups_won = 0
     suspects: set[int] = set()
     n_events = 0
+    # A periodic check (spec.interval > 0, as the plugin runs one): a late attempt is
+    # seen at the first check past its deadline, and urgency is judged at every check
+    # for the running primaries (``watch``, in start order), not at events.
+    interval = spec.interval if spec is not None else 0.0
+    if not math.isfinite(check_phase):
+        raise ValueError(f"check_phase must be a finite number of seconds, got {check_phase!r}")
+    tick_at = math.inf  # the next periodic check queued
+    watch: dict[Attempt, None] = {}
+
+    def on_check(t: float) -> float:
+        """The time the driver sees ``t``: ``t`` itself, or the first periodic check at or
+        after it."""
+        if not interval:
+            return t
+        k = math.ceil((t - check_phase) / interval)
+        at = check_phase + k * interval
+        return at if at >= t else at + interval
 
     push = policy.push
     pop = policy.pop
@@ -447,7 +470,7 @@ def _simulate(
             suspects.add(node)
         else:
             suspects.discard(node)
-        if spec is None:
+        if spec is None or interval:  # with a periodic check: judged at the next one
             return
         for b in sorted(nodes[node].running, key=lambda x: x.aid):
             if b.backup or not copyable[b.ti]:
@@ -478,6 +501,8 @@ def _simulate(
         nd.core = nd.base + stack[-1]
         if track:
             nd.running.discard(a)
+        if watch:
+            watch.pop(a, None)
         k = nd.index
         if not in_heap[k]:
             in_heap[k] = True
@@ -513,7 +538,7 @@ def _simulate(
         return None
 
     def start(i: int, task: Task, nd: _Node, now: float, backup: bool) -> None:
-        nonlocal seq, draw_ptr, draws, backups_running, backups_launched
+        nonlocal seq, draw_ptr, draws, backups_running, backups_launched, tick_at
         c = task.cores
         stack = nd.freeheap
         base = nd.base
@@ -538,7 +563,7 @@ def _simulate(
             n_att[i] = k + 1
         else:  # without copies only a failure starts a task again
             k = again.get(i, 0) if again else 0
-        actual = dur[i] * speeds[nd.index]
+        actual = dur[i] * speeds[nd.index] + overhead
         kind = _DONE
         when = now + actual
         if rate:
@@ -577,14 +602,22 @@ def _simulate(
                 a.check_at = now + (late if late > min_runtime else min_runtime)
             else:
                 a.check_at = spec.deadline(now, est[i], speed)
-            if when > a.check_at:
+            if interval:  # judged at every periodic check, as live (no deadline event)
+                watch[a] = None
+                if tick_at == inf:
+                    tick_at = on_check(now)
+                    if tick_at == now:
+                        tick_at += interval  # this check ran before the start
+                    seq += 1
+                    post(tick_at, (_TICK, seq, a))
+            elif when > a.check_at:
                 # Only an attempt still running at its deadline needs the check: one
                 # that ends (or fails) first would find it a no-op, so the event is not
                 # queued at all. No policy sees this; it only spares the event heap.
                 # (A deadline moved earlier by a new speed belief is queued afresh.)
                 seq += 1
                 post(a.check_at, (_CHECK, seq, a))
-            if urgent_hook is not None and urgent_hook(a, now):
+            if urgent_hook is not None and not interval and urgent_hook(a, now):
                 ask_backup(a, now)
 
     def dispatch(now: float) -> None:
@@ -657,6 +690,38 @@ def _simulate(
                     del slot[now]
                     heappop(times)
             n_events += 1
+            if kind == _TICK:
+                # The periodic check, as the plugin runs it: every running primary is
+                # judged afresh (late? urgent?), and a copy that found no place yet is
+                # asked for again or withdrawn, and may go ahead of queued work only if
+                # the policy says so now (the horizon has moved since it was asked).
+                tick_at = inf
+                assert spec is not None
+                for b in list(watch):
+                    j = b.ti
+                    if done[j]:
+                        continue
+                    want = now >= spec.deadline(b.start, est[j], p_speed(b.node)) or (
+                        urgent_hook is not None and urgent_hook(b, now)
+                    )
+                    if not backup_asked[j]:
+                        if want:
+                            ask_backup(b, now)
+                    elif b in pending:  # asked, not placed yet
+                        if not want:
+                            pending.remove(b)
+                            ahead.discard(b)
+                            backup_asked[j] = 0
+                        elif may_queue is not None:
+                            if may_queue(b, now, p_speed(b.node), p_horizon(now)):
+                                ahead.add(b)
+                            else:
+                                ahead.discard(b)
+                if watch:
+                    tick_at = now + interval
+                    seq += 1
+                    post(tick_at, (_TICK, seq, a))
+                continue
             if a.outcome is not None:
                 continue  # killed earlier, or a stale check
             i = a.ti
@@ -700,7 +765,7 @@ def _simulate(
                 else:
                     ask_backup(a, now)
         dispatch(now)
-        if spec is not None and suspects and not len(policy) and free_heap:
+        if spec is not None and not interval and suspects and not len(policy) and free_heap:
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 for b in sorted(nodes[k].running, key=lambda x: x.aid):
                     if not b.backup and copyable[b.ti] and p_urgent(b, now):

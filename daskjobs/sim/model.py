@@ -79,13 +79,16 @@ class Cluster:
     ``slow`` maps a node index to its slow-down factor (4.0: every attempt on
     it takes 4x its duration). ``failure_rate`` is the probability that an
     attempt fails; a failing attempt dies at a uniformly drawn point of its run
-    and the task restarts from the beginning.
+    and the task restarts from the beginning. ``overhead`` is what every attempt
+    holds its slot for beyond its work, on any node (dask's per-task cost; a
+    replay fits it from the trace): unlike the work it is not slowed down.
     """
 
     nodes: int
     cores_per_node: int
     slow: Mapping[int, float] | None = None
     failure_rate: float = 0.0
+    overhead: float = 0.0
     speeds: tuple[float, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +98,8 @@ class Cluster:
             raise ValueError(f"cores_per_node must be an integer >= 1, got {self.cores_per_node!r}")
         if not (_is_number(self.failure_rate) and 0.0 <= self.failure_rate < 1.0):
             raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
+        if not (_is_number(self.overhead) and math.isfinite(self.overhead) and self.overhead >= 0):
+            raise ValueError(f"overhead must be >= 0 seconds, got {self.overhead!r}")
         speeds = [1.0] * self.nodes
         for node, factor in (self.slow or {}).items():
             if not (isinstance(node, int) and 0 <= node < self.nodes):
@@ -114,7 +119,7 @@ class Cluster:
         return sum(self.cores_per_node / s for s in self.speeds)
 
     def without_slow(self) -> Cluster:
-        return Cluster(self.nodes, self.cores_per_node, None, self.failure_rate)
+        return Cluster(self.nodes, self.cores_per_node, None, self.failure_rate, self.overhead)
 
 
 class Attempt:

@@ -215,7 +215,7 @@ class Schedule:
 
 
 def _work(tasks: Iterable[Task]) -> tuple[float, float, int]:
-    """Total work (core-seconds), longest task, and task count."""
+    """Total work (core-seconds), longest task, and the cores all tasks ask for."""
     work = 0.0
     longest = 0.0
     n = 0
@@ -223,7 +223,7 @@ def _work(tasks: Iterable[Task]) -> tuple[float, float, int]:
         work += t.duration * t.cores
         if t.duration > longest:
             longest = t.duration
-        n += 1
+        n += t.cores
     return work, longest, n
 
 
@@ -262,11 +262,17 @@ def speed_bound(tasks: Sequence[Task], cluster: Cluster) -> float:
 
     A node ``s`` times slower delivers ``cores / s`` core-equivalents, so no
     schedule beats ``work / effective_cores``; the longest task and chain can
-    still run on nominal nodes (unless every node is slow).
+    still run on nominal nodes (unless every node is slow). The cluster's
+    per-attempt ``overhead`` (not slowed down) adds to each task: to the work as
+    if every task ran on the slowest node (where it costs the fewest
+    core-equivalents), once to the longest task and chain.
     """
-    work, longest, _ = _work(tasks)
+    work, longest, cores = _work(tasks)
     fastest = min(cluster.speeds)
-    return max(work / cluster.effective_cores, fastest * _longest_chain(tasks), fastest * longest)
+    o = cluster.overhead
+    work += o * cores / max(cluster.speeds)
+    chain = fastest * _longest_chain(tasks)
+    return max(work / cluster.effective_cores, chain + o, fastest * longest + o) if tasks else 0.0
 
 
 def failure_bound(tasks: Sequence[Task], cluster: Cluster, seed: int = 0) -> float:
