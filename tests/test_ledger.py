@@ -214,6 +214,43 @@ def test_each_attempt_gets_a_higher_token(ledger: Ledger, clock: Clock) -> None:
         ledger.start_attempt(job, 7, "w1", 10, e)
 
 
+def test_job_status_is_what_the_separate_reads_say(ledger: Ledger) -> None:
+    """job_status (what Job.status shows, read at once) agrees with job, attempts,
+    outputs and missing_parts, for parts with several attempts, parts committed and parts
+    never started; the parts of one run and of scattered ones are selected alike."""
+    e = ledger.acquire_epoch()
+    other = ledger.submit(infer(parts=2, params={"other": 1}), e).job_id
+    ledger.start_attempts([(other, 0), (other, 1)], 10, e)
+    job = ledger.submit(infer(parts=9), e).job_id
+    ledger.move_job(job, "queued", "running", e)
+    first = ledger.start_attempts([(job, p) for p in range(2, 7)], 10, e)  # one run
+    assert [a.part for a in first] == [2, 3, 4, 5, 6]
+    ledger.move_attempt(first[0].attempt_id, first[0].token, "launching", "failed", e, "boom")
+    again = ledger.start_attempts([(job, 2), (job, 0), (job, 8)], 10, e)  # scattered
+    assert [(a.part, a.token) for a in again] == [(2, 2), (0, 1), (8, 1)]
+    done = [a for a in first[1:] + again if a.part in (0, 2, 5)]
+    ledger.commit_outputs([(job, a.part, a.token, f"file:///out/{a.part}") for a in done])
+    status = ledger.job_status(job)
+    assert status["job"] == ledger.job(job)
+    fields = ("attempt_id", "part", "token", "state", "worker", "lease_until", "started")
+    fields += ("updated", "reason")
+    assert status["attempts"] == [{f: getattr(a, f) for f in fields} for a in ledger.attempts(job)]
+    assert [(a["part"], a["token"]) for a in status["attempts"]] == [
+        (0, 1),
+        (2, 1),
+        (2, 2),
+        (3, 1),
+        (4, 1),
+        (5, 1),
+        (6, 1),
+        (8, 1),
+    ]
+    assert status["outputs"] == ledger.outputs(job) == {p: f"file:///out/{p}" for p in (0, 2, 5)}
+    assert status["missing"] == ledger.missing_parts(job) == [1, 3, 4, 6, 7, 8]
+    with pytest.raises(LedgerError, match="no job 'nope'"):
+        ledger.job_status("nope")
+
+
 def test_attempt_moves_check_the_token(ledger: Ledger) -> None:
     e = ledger.acquire_epoch()
     job = ledger.submit(infer(), e).job_id

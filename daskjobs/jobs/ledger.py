@@ -843,6 +843,52 @@ class Ledger:
             ).all()
         return [_attempt(r) for r in rows]
 
+    def job_status(self, job_id: str) -> dict[str, Any]:
+        """What :meth:`Job.status` shows, read on one connection: ``job`` (the record),
+        ``attempts`` (each as a dict of :class:`AttemptRecord`'s fields but ``job_id``, by
+        part and token), ``outputs`` (part -> location) and ``missing`` (parts without a
+        committed output). Dicts straight from the rows: a finished job of 10,000 parts is
+        read in about half the time :meth:`attempts` and :meth:`missing_parts` take."""
+        fields: tuple[str, ...] = ("attempt_id", "part", "token", "state", "worker")
+        fields += ("lease_until", "started", "updated", "reason")
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs_t).where(jobs_t.c.job_id == job_id)).first()
+            if row is None:
+                raise LedgerError(f"daskjobs ledger: no job {job_id!r}")
+            attempts = [
+                dict(zip(fields, r, strict=True))
+                for r in conn.execute(
+                    sa.select(*(attempts_t.c[f] for f in fields))
+                    .where(attempts_t.c.job_id == job_id)
+                    .order_by(attempts_t.c.part, attempts_t.c.token)
+                )
+            ]
+            outputs = {
+                r.part: r.location
+                for r in conn.execute(
+                    sa.select(outputs_t.c.part, outputs_t.c.location).where(
+                        outputs_t.c.job_id == job_id
+                    )
+                )
+            }
+            missing = list(
+                conn.execute(
+                    sa.select(parts_t.c.part)
+                    .select_from(
+                        parts_t.outerjoin(
+                            outputs_t,
+                            sa.and_(
+                                outputs_t.c.job_id == parts_t.c.job_id,
+                                outputs_t.c.part == parts_t.c.part,
+                            ),
+                        )
+                    )
+                    .where(parts_t.c.job_id == job_id, outputs_t.c.job_id.is_(None))
+                    .order_by(parts_t.c.part)
+                ).scalars()
+            )
+        return {"job": _job(row), "attempts": attempts, "outputs": outputs, "missing": missing}
+
     def analyze(self) -> None:
         """Refresh PostgreSQL's statistics of the attempts, parts and outputs (a no-op on
         SQLite). After a burst of inserts (a job of ten thousand parts starting) the

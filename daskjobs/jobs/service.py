@@ -570,12 +570,12 @@ class JobsService(SchedulerPlugin):
         return _job_json(record)
 
     def _op_job(self, ledger: Ledger, job_id: str) -> Any:
-        record = ledger.job(job_id)
+        status = ledger.job_status(job_id)
         return {
-            **_job_json(record),
-            "attempts": [_attempt_json(a) for a in ledger.attempts(job_id)],
-            "outputs": {str(p): loc for p, loc in ledger.outputs(job_id).items()},
-            "missing": ledger.missing_parts(job_id),
+            **_job_json(status["job"]),
+            "attempts": status["attempts"],
+            "outputs": {str(p): loc for p, loc in status["outputs"].items()},
+            "missing": status["missing"],
             "store": self.store_url,
         }
 
@@ -639,18 +639,4 @@ def _job_json(j: Any) -> dict[str, Any]:
         "submitted": j.submitted,
         "updated": j.updated,
         "reason": j.reason,
-    }
-
-
-def _attempt_json(a: AttemptRecord) -> dict[str, Any]:
-    return {
-        "attempt_id": a.attempt_id,
-        "part": a.part,
-        "token": a.token,
-        "state": a.state,
-        "worker": a.worker,
-        "lease_until": a.lease_until,
-        "started": a.started,
-        "updated": a.updated,
-        "reason": a.reason,
     }
