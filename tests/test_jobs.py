@@ -506,3 +506,38 @@ def test_workers_are_prepared_for_attempts(cluster: Any, ledger_url: str) -> Non
         time.sleep(0.05)
     job = jobs.submit(client, "ready", kind="inference", parts=3, target="jobtasks:score")
     assert job.result(timeout=60) == [0, 10, 20]
+
+
+def test_a_big_job_starts_its_parts_as_dask_drains_them(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Parts start a batch at a time, the next batch once dask has handed all but
+    LOW_WATER of the last to workers: never all of a big job's parts at once. Every part
+    still runs once, and a job submitted meanwhile starts at once."""
+    from daskjobs.jobs import service as service_module
+
+    monkeypatch.setattr(service_module, "LAUNCH_BATCH", 10)
+    monkeypatch.setattr(service_module, "LOW_WATER", 5)
+    client, service = cluster
+    m = tmp_path / "marks"
+    job = jobs.submit(
+        client,
+        "big",
+        kind="inference",
+        parts=80,
+        target="jobtasks:score",
+        params={"seconds": 0.05, "marks": str(m)},
+    )
+    most, other = 0, None
+    deadline = time.monotonic() + 60
+    while job.state != "succeeded":
+        assert time.monotonic() < deadline
+        # launched and not yet handed to a worker: a batch and what was left of the last
+        most = max(most, len(service._waiting))
+        if other is None and 20 <= service.launched < 80:
+            other = jobs.submit(client, "meanwhile", target="jobtasks:score")
+            assert other.result(timeout=30) == 0  # not held back behind the big job
+        time.sleep(0.01)
+    assert 0 < most <= 15 and other is not None
+    assert job.result(timeout=30) == [10 * p for p in range(80)]
+    assert len(marks(m)) == 80

@@ -75,7 +75,7 @@ class _Plan:
 
     launch: list[tuple[AttemptRecord, JobSpec]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)  # keys of attempts the ledger ended
-    more: bool = False  # parts left to start: tick again at once
+    more: bool = False  # parts left to start: another start pass once dask wants them
 
 
 #: Submissions within this many seconds share one start pass.
@@ -85,6 +85,11 @@ ANALYZE_AFTER = 1000
 #: Parts started per tick at most: a job of ten thousand parts starts its first thousand
 #: while the ledger records the next (dask runs the first while the next are written).
 LAUNCH_BATCH = 1000
+#: Parts left to start start in the next pass once at most this many attempts launched
+#: here wait in dask's queue (not yet handed to a worker): a job of ten thousand parts
+#: starts a batch as dask drains the last, not all of them in its first seconds (when the
+#: passes' ledger work competed with dask's for the scheduler's CPU and slowed it most).
+LOW_WATER = LAUNCH_BATCH // 2
 
 
 class JobsService(SchedulerPlugin):
@@ -115,6 +120,8 @@ class JobsService(SchedulerPlugin):
         self._attempts: dict[str, AttemptRecord] = {}  # key -> attempt launched here
         self._futures: dict[str, Any] = {}
         self._handed: dict[str, float] = {}  # key -> when dask gave it to a worker
+        self._waiting: set[str] = set()  # keys launched here not yet handed to a worker
+        self._more = False  # parts left to start once fewer than LOW_WATER wait in dask
         self._last_seen: dict[str, float] = {}  # worker -> its last heartbeat to dask
         self._dirty = True  # a start pass is wanted at the next tick
         self._soon = False  # a wake-up is scheduled (SUBMIT_WINDOW)
@@ -187,6 +194,13 @@ class JobsService(SchedulerPlugin):
         if key not in self._attempts:
             return
         try:
+            if finish in ("processing", "memory", "erred", "forgotten"):
+                self._waiting.discard(key)
+                if self._more and len(self._waiting) <= LOW_WATER:
+                    self._more = False
+                    self._dirty = True
+                    if self._wake is not None:
+                        self._wake.set()
             if finish == "processing":
                 self._handed[key] = time.time()
             elif finish == "erred":
@@ -242,7 +256,7 @@ class JobsService(SchedulerPlugin):
         # pass and whenever something asks for it (a submission, a retry, a failure, a
         # lost lease, parts left to start) - a stream of submissions costs no full passes
         full = time.monotonic() >= self._next_full
-        start = full or self._dirty
+        start = full or self._dirty or (self._more and len(self._waiting) <= LOW_WATER)
         self._dirty = False
         snapshot: dict[str, str | None] = {}
         seen: dict[str, float] = {}
@@ -297,9 +311,13 @@ class JobsService(SchedulerPlugin):
                 self._launch(plan.launch)
             except Exception:  # their leases run out and their parts run again
                 logger.exception("daskjobs jobs: launching %d attempt(s) failed", len(plan.launch))
-        if plan.more and self._wake is not None:
+        if start:
+            self._more = False  # this pass said whether parts are left (plan.more)
+        if plan.more and len(self._waiting) <= LOW_WATER and self._wake is not None:
             self._dirty = True
             self._wake.set()
+        elif plan.more:
+            self._more = True  # the next pass when dask has drained its queue to LOW_WATER
 
     def _owe(self, full: bool, start: bool) -> None:
         """A tick that failed still owes its passes: the next tick makes them."""
@@ -310,6 +328,7 @@ class JobsService(SchedulerPlugin):
     def _forget(self, key: str) -> None:
         self._attempts.pop(key, None)
         self._handed.pop(key, None)
+        self._waiting.discard(key)
         future = self._futures.pop(key, None)
         if future is not None:
             future.release()
@@ -344,6 +363,7 @@ class JobsService(SchedulerPlugin):
             ]
             for key, (a, _) in zip(keys, group, strict=True):
                 self._attempts[key] = a
+            self._waiting.update(keys)
             # the job's team as the tasks' team annotation: the scheduler plugin's fair
             # share and quotas count a job's attempts for its team, as any task of it
             with dask.annotate(team=spec.team):
