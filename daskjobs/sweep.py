@@ -1226,9 +1226,16 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
                 # gather waits for every output to settle, including one whose worker died
                 # after it finished (dask recomputes it: "lost", then "finished" again)
                 keyed = dict(zip(graph.keys, futures, strict=True))
-                values = client.gather(keyed, errors="skip")
+                lost: OSError | None = None
+                try:
+                    values = client.gather(keyed, errors="skip")
+                except OSError as exc:
+                    # the connection to the scheduler broke while gather fetched the outputs
+                    # (CommClosedError is an OSError): what finished was stored by its stage,
+                    # and the run is interrupted like one whose futures were cancelled
+                    values, lost = {}, exc.with_traceback(None)  # its frames hold futures
                 del keyed
-                records, failures = _records(graph, futures, values)
+                records, failures = _records(graph, futures, values, lost)
                 errors = [f.exception for f in failures.values()]
                 rejection = next((e for e in errors if _rejected(e)), None)
         finally:
@@ -1288,16 +1295,26 @@ class _Failed:
 
 
 def _records(
-    graph: SweepGraph, futures: Sequence[Any], values: Mapping[str, Any]
+    graph: SweepGraph,
+    futures: Sequence[Any],
+    values: Mapping[str, Any],
+    lost: OSError | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, _Failed]]:
     """One record per output; a gathered value wins over a later status (the output may have
-    been lost again after it was gathered: the value is still the right one)."""
+    been lost again after it was gathered: the value is still the right one). With ``lost``
+    (gather broke off: the scheduler went away) an output without a value is cancelled."""
     failures: dict[str, _Failed] = {}
     records: list[dict[str, Any]] = []
     for node, fut in zip(graph.output_nodes, futures, strict=True):
         record: dict[str, Any] = {**node.labels, "stage": node.stage}
         value = values.get(fut.key)
-        if value is not None or fut.status not in ("error", "cancelled"):
+        if lost is not None and fut.key not in values:
+            error = f"not gathered: the connection to the scheduler broke ({lost!r})"
+            failure = StageFailure(node.stage, node.key, dict(node.labels), error, "")
+            failures.setdefault(failure.key, _Failed(failure, lost, cancelled=True))
+            record["value"] = None
+            record["error"] = error
+        elif value is not None or fut.status not in ("error", "cancelled"):
             record["value"] = value
             record["error"] = None
         else:

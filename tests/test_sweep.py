@@ -600,3 +600,33 @@ def test_example_table_is_aligned_and_best_is_the_best_mean_it_shows(tmp_path: P
     assert found, best
     point = (int(found[1]), int(found[2]), float(found[3]))
     assert cells[point] == float(found[4]) == max(cells.values())
+
+
+def test_a_connection_broken_while_gathering_is_an_interrupted_sweep(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler lost just as gather fetches the outputs: gather raises the connection's
+    error (CommClosedError), not a cancellation. The run ends as one whose futures were
+    cancelled (SweepInterrupted, with what ran counted), and the next run loads it all."""
+    from distributed import wait
+    from distributed.comm.core import CommClosedError
+
+    from daskjobs.sweep import SweepInterrupted
+
+    store = ResultStore(tmp_path / "store")
+
+    def broken_gather(futures: Any, errors: str = "raise") -> Any:
+        wait(list(futures.values()))  # every stage ran (and stored its output)
+        raise CommClosedError("in <TCP (closed) ConnectionPool.gather local=... remote=...>")
+
+    monkeypatch.setattr(client, "gather", broken_gather)
+    with pytest.raises(SweepInterrupted, match="cancelled before they finished") as info:
+        build(slow=[20]).run(client, store=store, progress=False)
+    monkeypatch.undo()
+    partial = info.value.partial
+    del info  # its traceback: the first run's keys go once nothing holds their futures
+    _wait_forgotten(client, build(slow=[20]).to_dask(store=store).keys)
+    assert partial.computed == 3 + 3 + 6 and len(partial.failures) == 6
+    assert all("connection to the scheduler broke" in f.error for f in partial.failures)
+    again = build(slow=[20]).run(client, store=store, progress=False)
+    assert again.ok and again.computed == 0 and again.hits == 6  # every output loaded
