@@ -16,7 +16,11 @@ from daskjobs.sweep import SweepResult as SweepResult
 from daskjobs.sweep import cases as cases
 from daskjobs.sweep import grid as grid
 from daskjobs.sweep import run as run
+from daskjobs.tasks import Preempted as Preempted
 from daskjobs.tasks import cancelled as cancelled
+from daskjobs.tasks import checkpoint as checkpoint
+from daskjobs.tasks import preempted as preempted
+from daskjobs.tasks import restore as restore
 
 __version__: str
 __all__: list[str]

@@ -161,6 +161,17 @@ class SpeculationSettings:
 
 
 @dataclass(frozen=True)
+class PreemptionSettings:
+    enabled: bool = _default("preemption.enabled")
+    policy: str = _default("preemption.policy")
+    resource: str = _default("preemption.resource")
+    min_runtime: float = _default_seconds("preemption.min-runtime") or 0.0
+    max_preemptions: int = _default("preemption.max-preemptions")
+    grace: float = _default_seconds("preemption.grace") or 0.0
+    interval: float = _default_seconds("preemption.interval") or MIN_INTERVAL
+
+
+@dataclass(frozen=True)
 class ClientSettings:
     """What clients may change on an operator's scheduler (docs/plugin.md#trust)."""
 
@@ -194,6 +205,7 @@ class Settings:
     audit_events: int = _default("audit-events")
     record: str | None = _default("record")
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     record_dir: str | None = _default("record-dir")
     clients: ClientSettings = field(default_factory=ClientSettings)
 
@@ -443,6 +455,24 @@ def _speculation(sp: Mapping[str, Any]) -> SpeculationSettings:
     )
 
 
+def _preemption(pr: Mapping[str, Any]) -> PreemptionSettings:
+    from daskjobs.policies.preemption import PREEMPTION_POLICIES  # the policies' own list
+
+    key = "daskjobs.preemption"
+    resource = pr["resource"]
+    if not isinstance(resource, str) or not resource:
+        raise _bad(f"{key}.resource", "the name of a worker resource (e.g. GPU)", resource)
+    return PreemptionSettings(
+        enabled=_boolean(f"{key}.enabled", pr["enabled"]),
+        policy=_choice(f"{key}.policy", pr["policy"], tuple(PREEMPTION_POLICIES)),
+        resource=resource,
+        min_runtime=_seconds(f"{key}.min-runtime", pr["min-runtime"]) or 0.0,
+        max_preemptions=_integer(f"{key}.max-preemptions", pr["max-preemptions"], 0, 1_000_000),
+        grace=_seconds(f"{key}.grace", pr["grace"]) or 0.0,
+        interval=_seconds(f"{key}.interval", pr["interval"], floor=MIN_INTERVAL) or MIN_INTERVAL,
+    )
+
+
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
     if isinstance(value, str) and value in choices:
         return value
@@ -547,6 +577,7 @@ def settings(**overrides: Any) -> Settings:
         audit_events=_integer("daskjobs.audit-events", raw["audit-events"], 0, MAX_AUDIT_EVENTS),
         record=_path("daskjobs.record", raw["record"], "the path of a trace file"),
         speculation=_speculation(raw["speculation"]),
+        preemption=_preemption(raw["preemption"]),
         record_dir=_path("daskjobs.record-dir", raw["record-dir"], "a directory"),
         clients=ClientSettings(
             replace_plugin=_boolean(

@@ -78,9 +78,13 @@ class _Plan:
     more: bool = False  # parts left to start: another start pass once dask wants them
 
 
-#: Submissions within this many seconds share one start pass.
+#: Submissions within this many seconds share one start pass (the first of a burst
+#: wakes one at once; the rest share the next, this long after).
 SUBMIT_WINDOW = 0.05
-#: Refresh the database's statistics after this many attempts started (Ledger.analyze).
+#: Refresh the database's statistics after this many attempts started (Ledger.analyze),
+#: or as many as were started before the last refresh if more (1,000, 2,000, 4,000...: a
+#: planner's estimates need the tables' sizes within a factor, not exact, and each
+#: ANALYZE costs the database server), or a minute after a start.
 ANALYZE_AFTER = 1000
 #: Parts started per tick at most: a job of ten thousand parts starts its first thousand
 #: while the ledger records the next (dask runs the first while the next are written).
@@ -125,8 +129,10 @@ class JobsService(SchedulerPlugin):
         self._last_seen: dict[str, float] = {}  # worker -> its last heartbeat to dask
         self._dirty = True  # a start pass is wanted at the next tick
         self._soon = False  # a wake-up is scheduled (SUBMIT_WINDOW)
+        self._kicked = 0.0  # time.monotonic() of the last wake-up a request asked for
         self._inserted = 0  # attempts started since the ledger's statistics were refreshed
         self._analyzed = time.monotonic()
+        self._before_analyze = 0  # attempts started here before the last refresh
         self._next_full = 0.0  # time.monotonic() of the next full pass
         self._events: collections.deque[tuple[str, str, str]] = collections.deque()
         self.dropped = 0
@@ -482,10 +488,11 @@ class JobsService(SchedulerPlugin):
             )
             plan.launch = [(a, specs[a.job_id].spec) for a in started]
             self._inserted += len(started)
-        if self._inserted >= ANALYZE_AFTER or (
+        if self._inserted >= max(ANALYZE_AFTER, self._before_analyze) or (
             self._inserted and time.monotonic() - self._analyzed >= 60
         ):
             ledger.analyze()
+            self._before_analyze += self._inserted
             self._inserted, self._analyzed = 0, time.monotonic()
 
     def _probe_and_expire(self, ledger: Ledger, epoch: int) -> None:
@@ -530,7 +537,12 @@ class JobsService(SchedulerPlugin):
             self._dirty = True
             if op == "cancel":  # release its attempts' tasks at once: a full pass
                 self._next_full = 0.0
-            if not self._soon:
+            now = time.monotonic()
+            if not self._soon and now - self._kicked >= SUBMIT_WINDOW:
+                # the first request in a while: its start pass at once
+                self._kicked = now
+                self._wake.set()
+            elif not self._soon:
                 # a start pass in a moment: a burst of submissions shares one (each
                 # submission waits for the ledger's thread, which a pass per job would hold)
                 self._soon = True
@@ -539,6 +551,7 @@ class JobsService(SchedulerPlugin):
 
     def _wake_soon(self) -> None:
         self._soon = False
+        self._kicked = time.monotonic()
         if self._wake is not None:
             self._wake.set()
 

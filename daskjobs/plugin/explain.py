@@ -116,6 +116,7 @@ def status(plugin: JobsPlugin) -> dict[str, Any]:
     rec = plugin.recorder
     return {
         "speculation": plugin.speculator.stats() if plugin.speculator is not None else None,
+        "preemption": plugin.preemptor.status() if plugin.preemptor is not None else None,
         "teams": teams(plugin),
         "workers": plugin.worker_speeds(),
         "policy": plugin.settings.policy,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -48,6 +49,7 @@ from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler, compute_s
 from daskjobs.plugin.audit import Audit, guarded
 from daskjobs.plugin.dashboard import install_dashboard, uninstall_dashboard
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
+from daskjobs.plugin.preemption import Preemptor
 from daskjobs.plugin.ranking import Ranker, UnknownTeam
 from daskjobs.plugin.recorder import TraceRecorder
 from daskjobs.plugin.recording import Recording
@@ -57,6 +59,8 @@ from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.plugin.worker import REPORTER_NAME, RETURNED_TOPIC, STARTED_TOPIC, reporter_bytes
 from daskjobs.policies import FairShare, HeapPolicy, Policy, Speculation
+from daskjobs.policies.preemption import make_preemption_policy, preemption_options
+from daskjobs.tasks import CHECKPOINT_TOPIC
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -65,7 +69,7 @@ __all__ = ["JobsPlugin", "LiveAttempt", "LiveTask", "UnknownTeam"]
 
 logger = logging.getLogger("daskjobs.plugin")
 
-_WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC)
+_WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC, CHECKPOINT_TOPIC)
 
 #: What the RPC handlers answer once the plugin was unregistered (dask keeps handlers).
 _REMOVED = {"daskjobs": "removed"}
@@ -108,6 +112,12 @@ class JobsPlugin(SchedulerPlugin):
             self._drop_reporter,
         )
         self.speculator: Speculator | None = None
+        self.preemptor: Preemptor | None = None
+        pr = self.settings.preemption
+        if pr.enabled:
+            # the object the job-level simulator runs, with the operator's settings
+            self.preemption_policy = make_preemption_policy(pr.policy, **preemption_options(pr))
+            self.ranker.te_first = self.preemption_policy.te_first
         # the scheduler's "log-event" stream handler and the plugin's wrapper of it
         self._log_event_original: tuple[Any, Any] | None = None
 
@@ -260,6 +270,19 @@ class JobsPlugin(SchedulerPlugin):
             self.audit.event(
                 "speculation", late_factor=sp.late_factor, max_fraction=sp.max_fraction
             )
+        pr = s.preemption
+        if pr.enabled:
+            self.preemptor = Preemptor(
+                self.preemption_policy,
+                pr.resource,
+                pr.grace,
+                pr.interval,
+                self.audit,
+                self.ranker.tasks,
+            )
+            self.preemptor.start(scheduler)
+            await self._ensure_reporter()
+            self.audit.event("preemption", **self.preemption_policy.describe())
 
     async def _ensure_reporter(self) -> None:
         """The worker plugin that reports true starts (recording and speculation need it)."""
@@ -276,7 +299,8 @@ class JobsPlugin(SchedulerPlugin):
     async def _drop_reporter(self) -> None:
         """Recording stopped: remove the start reporter unless speculation still needs it."""
         sched = self.scheduler
-        if self.speculator is None and REPORTER_NAME in getattr(sched, "worker_plugins", {}):
+        needed = self.speculator is not None or self.preemptor is not None
+        if not needed and REPORTER_NAME in getattr(sched, "worker_plugins", {}):
             try:
                 await sched.unregister_worker_plugin(None, REPORTER_NAME)
             except Exception:
@@ -288,6 +312,11 @@ class JobsPlugin(SchedulerPlugin):
                 self.speculator.close()
             except Exception:
                 self.audit.failed("speculation")
+        if self.preemptor is not None:
+            try:
+                self.preemptor.close()
+            except Exception:
+                self.audit.failed("preemption")
         self.audit.guard("save-history", self._save_history)()
         try:
             await self.recording.stop()
@@ -356,6 +385,10 @@ class JobsPlugin(SchedulerPlugin):
         if key is None:
             return
         started_as: Any = key
+        if self.preemptor is not None:
+            self._preemption_report(worker, topic, key, msg)
+        if topic == CHECKPOINT_TOPIC:
+            return
         if self.speculator is not None:
             if topic == STARTED_TOPIC:
                 started_as = self.speculator.started(key, worker, msg.get("run_id"))
@@ -363,6 +396,17 @@ class JobsPlugin(SchedulerPlugin):
                 self.speculator.returned(key, worker)
         if topic == STARTED_TOPIC and started_as is not None:
             self.recording.started(started_as, worker, msg)
+
+    @guarded("preemption", key_arg=2)
+    def _preemption_report(self, worker: str, topic: str, key: Key, msg: dict[str, Any]) -> None:
+        pe = self.preemptor
+        assert pe is not None
+        when = msg.get("time")
+        when = float(when) if isinstance(when, int | float) else time.time()
+        if topic == STARTED_TOPIC:
+            pe.started(key, worker, msg.get("run_id"), when)
+        elif topic == CHECKPOINT_TOPIC:
+            pe.checkpointed(key, when)
 
     # -- per-transition hook: O(1) ------------------------------------------------------
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -372,7 +416,14 @@ class JobsPlugin(SchedulerPlugin):
         learn = True
         if sp is not None:
             learn = self._speculation_transition(key, start, finish, kwargs)
+        if self.preemptor is not None:
+            self._preemption_transition(key, start, finish)
         self._task_transition(key, start, finish, kwargs, learn)
+
+    @guarded("preemption", key_arg=0)
+    def _preemption_transition(self, key: Key, start: str, finish: str) -> None:
+        assert self.preemptor is not None
+        self.preemptor.transition(key, start, finish)
 
     @guarded("record", key_arg=0)
     def _record_transition(self, key: Key, start: str, finish: str, kwargs: Any) -> None:

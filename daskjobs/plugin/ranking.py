@@ -47,6 +47,14 @@ class UnknownTeam(ValueError):
     """A task's team has no target while teams are strict."""
 
 
+class BadJobClass(ValueError):
+    """A task's ``job_class`` annotation is neither "te" nor "be"."""
+
+
+#: The job classes of docs/preemption.md: trial-and-error (interactive) and best-effort.
+JOB_CLASSES = ("te", "be")
+
+
 class _RankFailed(Exception):
     """Ranking a graph failed on ``key``: the graph keeps dask's own order."""
 
@@ -109,6 +117,8 @@ class Ranker:
             self.policy = _PopperGraphs(made)
         self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
         self.tasks: dict[Key, LiveTask] = {}
+        # TE tasks ahead of BE ones (the preemption policy's order, PreemptionPolicy.te_first)
+        self.te_first = False
         self.ranked_graphs = 0
         self.ranked_tasks = 0
         self.estimate_sources = {"annotation": 0, "history": 0, "default": 0}
@@ -126,7 +136,13 @@ class Ranker:
             )
         deps = tuple(d.key for d in ts.dependencies)
         speculate = ann.get("speculate") is not False
-        return LiveTask(ts.key, est, 1, team, now, deps, source, stage, speculate)
+        job_class = ann.get("job_class", "be")
+        if job_class not in JOB_CLASSES:
+            raise BadJobClass(
+                f"task {ts.key!r} has job_class {job_class!r}: expected 'te' (interactive "
+                "work a person waits for) or 'be' (best-effort, the default)"
+            )
+        return LiveTask(ts.key, est, 1, team, now, deps, source, stage, speculate, job_class)
 
     @staticmethod
     def unranked(tasks: Iterable[Any]) -> list[Any]:
@@ -140,7 +156,7 @@ class Ranker:
             self._rank_new(new)
         except _RankFailed as e:  # dask's own order for the whole graph
             self.audit.failed("rank", e.key)
-        except (BadEstimate, UnknownTeam) as e:
+        except (BadEstimate, UnknownTeam, BadJobClass) as e:
             # the client's own input: fail its submission, naming the problem
             for ts in new:
                 self.tasks.pop(ts.key, None)
@@ -163,7 +179,7 @@ class Ranker:
         for ts in new:
             try:
                 views.append(self.view(ts, now))
-            except (BadEstimate, UnknownTeam):
+            except (BadEstimate, UnknownTeam, BadJobClass):
                 raise
             except Exception as e:
                 raise _RankFailed(ts.key) from e
@@ -180,9 +196,13 @@ class Ranker:
                     policy.forget(w.tid)
                 raise _RankFailed(ts.key) from e
         sources = {"annotation": 0, "history": 0, "default": 0}
+        te_ahead = self.te_first
         for ts, v, rank in zip(new, views, ranks, strict=True):
             p = ts.priority
-            ts.priority = (p[0], rank, p[1], p[2])
+            # interactive work first, within a user priority (whole numbers): a freed slot,
+            # or the resources a preempted task gives back, go to a waiting TE task
+            first = p[0] - 0.5 if te_ahead and v.job_class == "te" else p[0]
+            ts.priority = (first, rank, p[1], p[2])
             self.tasks[ts.key] = v
             sources[v.source] += 1
         self.ranked_graphs += 1

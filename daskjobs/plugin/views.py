@@ -30,6 +30,7 @@ class LiveTask:
     source: str  # where the estimate came from
     stage: str
     speculate: bool = True  # the task's ``speculate`` annotation
+    job_class: str = "be"  # the task's ``job_class`` annotation: "te" (interactive) or "be"
 
     @property
     def estimated(self) -> bool:

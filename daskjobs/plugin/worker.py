@@ -29,6 +29,11 @@ RETURNED_TOPIC = "daskjobs-returned"
 _RETURNED_FROM = ("released", "memory", "error", "forgotten", "missing", "rescheduled")
 #: Name the reporter is installed under on the workers.
 REPORTER_NAME = "daskjobs-start-reporter"
+#: The scheduler's message asking running tasks' slots back (preemption; daskjobs.preempted).
+PREEMPT_OP = "daskjobs-preempt"
+# worker attributes shared with daskjobs.tasks (which the reporter does not import)
+_PREEMPT_ATTR = "_daskjobs_preempt"  # keys whose slot the scheduler asked back
+_CHECKPOINTED_ATTR = "_daskjobs_checkpointed"  # key -> store of its checkpoint
 
 
 class StartReporter(WorkerPlugin):
@@ -42,11 +47,22 @@ class StartReporter(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
+        asked: set[Any] = getattr(worker, _PREEMPT_ATTR, None) or set()
+        setattr(worker, _PREEMPT_ATTR, asked)
+
+        def preempt(keys: Any = (), **kwargs: Any) -> None:
+            # only a task running here now can be asked; its next run starts unasked
+            asked.update(k for k in keys if k in worker.state.tasks)
+
+        worker.stream_handlers[PREEMPT_OP] = preempt
 
     def teardown(self, worker: Any) -> None:
+        worker.stream_handlers.pop(PREEMPT_OP, None)
         self.worker = None
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if start == "executing":
+            self._left_executing(key, finish)
         if start == "cancelled" and finish in _RETURNED_FROM:
             try:
                 self.worker.log_event(RETURNED_TOPIC, {"key": key, "time": time.time()})
@@ -69,6 +85,24 @@ class StartReporter(WorkerPlugin):
             logging.getLogger("daskjobs.plugin.worker").warning(
                 "daskjobs: reporting the start of %r failed", key, exc_info=True
             )
+
+    def _left_executing(self, key: Any, finish: str) -> None:
+        """A run ended: it is no longer asked to yield; a task whose result is in no
+        longer needs its checkpoint (``daskjobs.tasks`` kept which store holds it)."""
+        worker = self.worker
+        try:
+            getattr(worker, _PREEMPT_ATTR, set()).discard(key)
+            stores = getattr(worker, _CHECKPOINTED_ATTR, None)
+            if stores and key in stores:
+                store = stores.pop(key)
+                if finish == "memory":
+                    import sys
+
+                    tasks = sys.modules.get("daskjobs.tasks")
+                    if tasks is not None:
+                        tasks.forget_checkpoint(key, store=store)
+        except Exception:
+            self.failures += 1
 
 
 def reporter_bytes() -> bytes:

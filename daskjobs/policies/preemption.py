@@ -46,6 +46,7 @@ __all__ = [
     "PreemptionPolicy",
     "TeFirst",
     "make_preemption_policy",
+    "preemption_options",
 ]
 
 
@@ -54,8 +55,13 @@ class PreemptionPolicy:
 
     name = "fifo"
     preempts = False
+    #: Are trial-and-error jobs offered a place before best-effort ones? (The live plugin
+    #: ranks TE tasks ahead within a user priority when so.)
+    te_first = False
 
     def order_key(self, job: Any) -> tuple[Any, ...]:
+        if self.te_first:
+            return (job.cls != "te", job.arrival, job.jid)
         return (job.arrival, job.jid)
 
     def place(self, job: Any, nodes: Sequence[Any]) -> int | None:
@@ -84,9 +90,7 @@ class TeFirst(PreemptionPolicy):
     preemption: a TE job waits for running jobs to end."""
 
     name = "te-first"
-
-    def order_key(self, job: Any) -> tuple[Any, ...]:
-        return (job.cls != "te", job.arrival, job.jid)
+    te_first = True
 
 
 class NaivePreemption(TeFirst):
@@ -181,6 +185,14 @@ PREEMPTION_POLICIES = {
     "naive": NaivePreemption,
     "fit-resume": FitResume,
 }
+
+
+def preemption_options(settings: Any) -> dict[str, Any]:
+    """The options of the configured policy (``daskjobs.preemption``) its factory takes:
+    ``min_runtime`` and ``max_preemptions`` for fit-resume, none for the others."""
+    if PREEMPTION_POLICIES.get(settings.policy) is FitResume:
+        return {"min_runtime": settings.min_runtime, "max_preemptions": settings.max_preemptions}
+    return {}
 
 
 def make_preemption_policy(name: str, **options: Any) -> PreemptionPolicy:

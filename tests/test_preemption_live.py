@@ -1,0 +1,168 @@
+"""Preemption live on dask: interactive (``job_class="te"``) tasks take GPUs back from
+best-effort tasks that checkpoint (docs/preemption.md, "Live on dask").
+
+Order, causality and counts only: a TE task starts before the best-effort work it
+displaced ends; the displaced tasks resume from their checkpoints and return what an
+unpreempted run returns."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dask
+import pytest
+from conftest import VALIDATE, plugin_cluster
+from distributed import Client
+
+import daskjobs
+from daskjobs.plugin import JobsPlugin
+from daskjobs.plugin.client import status
+
+STEPS = 20
+STEP_S = 0.05
+
+
+def train(i: int, steps: int = STEPS, step_s: float = STEP_S) -> dict[str, Any]:
+    """A best-effort task: ``steps`` steps, a checkpoint after each; yields when asked."""
+    state = daskjobs.restore(default={"step": 0, "acc": 0, "runs": 0, "resumed_at": []})
+    state["runs"] += 1
+    state["resumed_at"].append(state["step"])
+    while state["step"] < steps:
+        time.sleep(step_s)
+        state["acc"] += i * state["step"]
+        state["step"] += 1
+        daskjobs.checkpoint(state)
+        if daskjobs.preempted():
+            raise daskjobs.Preempted()
+    state["end"] = time.time()
+    return state
+
+
+def stubborn(seconds: float) -> float:
+    """A best-effort task that never asks whether it is preempted."""
+    time.sleep(seconds)
+    return time.time()
+
+
+def probe(i: int) -> float:
+    """An interactive task: when did it start?"""
+    return time.time()
+
+
+def once_interrupted(n: int) -> tuple[int, list[int]]:
+    """Counts to ``n``, a checkpoint a step; yields once, half way (first run only)."""
+    state = daskjobs.restore(default={"i": 0, "restored": []})
+    state["restored"].append(state["i"])
+    while state["i"] < n:
+        state["i"] += 1
+        daskjobs.checkpoint(state)
+        if state["i"] == n // 2 and len(state["restored"]) == 1:
+            raise daskjobs.Preempted()
+    return state["i"] * 10, state["restored"]
+
+
+def expected_acc(i: int, steps: int = STEPS) -> int:
+    return i * sum(range(steps))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Path]:
+    with dask.config.set({"daskjobs.store": str(tmp_path / "store")}):
+        yield tmp_path / "store"
+
+
+def _gpu_cluster(plugin: JobsPlugin) -> Any:
+    return plugin_cluster(plugin, n_workers=2, threads_per_worker=4, resources={"GPU": 2})
+
+
+def _wait_running(plugin: JobsPlugin, n: int, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while plugin.preemptor is None or len(plugin.preemptor.runs) < n:
+        assert time.time() < deadline, "the best-effort tasks did not all start"
+        time.sleep(0.02)
+
+
+PREEMPTION = {"enabled": True, "min_runtime": 0, "grace": "10s", "interval": "20ms"}
+
+
+def test_interactive_tasks_take_gpus_from_checkpointing_best_effort_ones(store: Path) -> None:
+    plugin = JobsPlugin(policy="fifo", preemption=PREEMPTION)
+    with dask.config.set(VALIDATE), _gpu_cluster(plugin) as cl, Client(cl) as c:
+        with dask.annotate(resources={"GPU": 1}):
+            be = [c.submit(train, i, key=f"train-{i}") for i in range(4)]
+        _wait_running(plugin, 4)  # all 4 GPUs busy with best-effort work
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = [c.submit(probe, i, key=f"probe-{i}") for i in range(2)]
+        te_start = c.gather(te)
+        results = c.gather(be)
+        st = status(c)["preemption"]
+        assert status(c)["errors"] == {}
+    ends = sorted(r["end"] for r in results)
+    # each TE task started while best-effort work it displaced was still to finish
+    assert max(te_start) < ends[-1]
+    assert st["requested"] >= 2 and st["yielded"] >= 2 and st["ignored"] == 0
+    resumed = [r for r in results if r["runs"] > 1]
+    assert len(resumed) >= 2
+    # the displaced tasks resumed from their checkpoints (work lost: at most one step)
+    assert all(r["resumed_at"][-1] > 0 for r in resumed)
+    # and return what an unpreempted run returns
+    assert [(r["step"], r["acc"]) for r in results] == [(STEPS, expected_acc(i)) for i in range(4)]
+    # a finished task's checkpoint is removed
+    assert not list((store / "daskjobs-store-v1" / "checkpoints").glob("*"))
+
+
+def test_without_preemption_interactive_tasks_wait_for_best_effort_ones(store: Path) -> None:
+    plugin = JobsPlugin(policy="fifo")
+    with dask.config.set(VALIDATE), _gpu_cluster(plugin) as cl, Client(cl) as c:
+        with dask.annotate(resources={"GPU": 1}):
+            be = [c.submit(train, i, key=f"train-{i}") for i in range(4)]
+        deadline = time.time() + 30
+        while sum(c.run(lambda dask_worker: len(dask_worker.state.executing)).values()) < 4:
+            assert time.time() < deadline, "the best-effort tasks did not all start"
+            time.sleep(0.02)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = [c.submit(probe, i, key=f"probe-{i}") for i in range(2)]
+        te_start = c.gather(te)
+        results = c.gather(be)
+    assert min(te_start) >= min(r["end"] for r in results)  # a GPU came free first
+    assert all(r["runs"] == 1 for r in results)
+
+
+def test_a_task_that_never_checks_keeps_its_gpu_and_is_counted(store: Path) -> None:
+    plugin = JobsPlugin(policy="fifo", preemption={**PREEMPTION, "grace": "200ms"})
+    with dask.config.set(VALIDATE), _gpu_cluster(plugin) as cl, Client(cl) as c:
+        with dask.annotate(resources={"GPU": 2}):
+            be = [c.submit(stubborn, 1.5, key=f"stubborn-{i}") for i in range(2)]
+        _wait_running(plugin, 2)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = c.submit(probe, 0, key="probe-0")
+        started = te.result()
+        ends = c.gather(be)
+        st = status(c)["preemption"]
+    assert started >= min(ends)  # it waited for a GPU to come free
+    # each stubborn task was asked once and, past the grace period, counted and left alone
+    assert st["requested"] == 2 and st["ignored"] == 2 and st["yielded"] == 0
+
+
+def test_a_checkpoint_round_trip_across_a_reschedule(store: Path) -> None:
+    """No plugin needed: a task that checkpoints and raises Preempted is run again by
+    dask and restores its state; its result equals an uninterrupted run's."""
+    with plugin_cluster(None) as cl, Client(cl) as c:
+        assert c.submit(once_interrupted, 8, key="once").result() == (80, [0, 4])
+    # without the plugin's worker plugin nobody removes it (docs/preemption.md)
+    assert len(list((store / "daskjobs-store-v1" / "checkpoints").glob("*"))) == 1
+    assert not daskjobs.preempted() and daskjobs.restore("outside") == "outside"
+    with pytest.raises(TypeError, match="inside a dask task"):
+        daskjobs.checkpoint(1)
+
+
+def test_a_bad_job_class_is_refused_at_submission() -> None:
+    plugin = JobsPlugin(policy="fifo", preemption=PREEMPTION)
+    with plugin_cluster(plugin) as cl, Client(cl) as c:
+        with dask.annotate(job_class="urgent"):
+            fut = c.submit(probe, 0, key="probe-bad")
+        with pytest.raises(Exception, match="job_class 'urgent'"):
+            fut.result(timeout=30)
