@@ -104,6 +104,7 @@ def test_interactive_tasks_take_gpus_from_checkpointing_best_effort_ones(store: 
     # each TE task started while best-effort work it displaced was still to finish
     assert max(te_start) < ends[-1]
     assert st["requested"] >= 2 and st["yielded"] >= 2 and st["ignored"] == 0
+    assert st["requested"] == st["yielded"] + st["finished_first"] and st["asked"] == []
     resumed = [r for r in results if r["runs"] > 1]
     assert len(resumed) >= 2
     # the displaced tasks resumed from their checkpoints (work lost: at most one step)
@@ -166,3 +167,33 @@ def test_a_bad_job_class_is_refused_at_submission() -> None:
             fut = c.submit(probe, 0, key="probe-bad")
         with pytest.raises(Exception, match="job_class 'urgent'"):
             fut.result(timeout=30)
+
+
+def test_a_victims_worker_dying_mid_preemption_loses_nothing(store: Path) -> None:
+    """The worker of a victim that was asked to yield dies before it does: its tasks run
+    again elsewhere (from their checkpoints), the interactive task runs, every result is
+    an unpreempted run's, and the plugin swallowed no error."""
+    plugin = JobsPlugin(policy="fifo", preemption=PREEMPTION)
+    with dask.config.set(VALIDATE), _gpu_cluster(plugin) as cl, Client(cl) as c:
+        with dask.annotate(resources={"GPU": 1}):
+            be = [c.submit(train, i, 6, 0.3, key=f"train-{i}") for i in range(4)]
+        _wait_running(plugin, 4)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = c.submit(probe, 0, key="probe-0")
+        pe = plugin.preemptor
+        assert pe is not None
+        deadline = time.time() + 30
+        while not pe.asked:  # a victim was asked; its step lasts 0.3 s
+            assert time.time() < deadline, "no victim was asked"
+            time.sleep(0.005)
+        victim = next(iter(pe.asked))
+        doomed = pe.runs[victim].worker
+        c.sync(cl.scheduler.remove_worker, address=doomed, stimulus_id="test-kill", close=True)
+        te.result(timeout=60)
+        results = c.gather(be)
+        assert status(c)["errors"] == {}
+        st = status(c)["preemption"]
+    assert [(r["step"], r["acc"]) for r in results] == [(6, expected_acc(i, 6)) for i in range(4)]
+    # every victim asked is accounted for once
+    settled = st["yielded"] + st["finished_first"] + st["ignored"] + st["lost_with_worker"]
+    assert st["requested"] == settled and st["asked"] == []

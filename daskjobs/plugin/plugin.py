@@ -417,13 +417,13 @@ class JobsPlugin(SchedulerPlugin):
         if sp is not None:
             learn = self._speculation_transition(key, start, finish, kwargs)
         if self.preemptor is not None:
-            self._preemption_transition(key, start, finish)
+            self._preemption_transition(key, start, finish, kwargs.get("stimulus_id") or "")
         self._task_transition(key, start, finish, kwargs, learn)
 
     @guarded("preemption", key_arg=0)
-    def _preemption_transition(self, key: Key, start: str, finish: str) -> None:
+    def _preemption_transition(self, key: Key, start: str, finish: str, stimulus: str) -> None:
         assert self.preemptor is not None
-        self.preemptor.transition(key, start, finish)
+        self.preemptor.transition(key, start, finish, stimulus)
 
     @guarded("record", key_arg=0)
     def _record_transition(self, key: Key, start: str, finish: str, kwargs: Any) -> None:
@@ -471,6 +471,8 @@ class JobsPlugin(SchedulerPlugin):
         self._speeds_worker_removed(worker)
         if self.speculator is not None:
             self._speculation_worker_removed(worker)
+        if self.preemptor is not None:
+            self._preemption_worker_removed(worker)
         self._record_worker_removed(worker, stimulus_id)
 
     @guarded("speeds", key_arg=0)
@@ -481,6 +483,11 @@ class JobsPlugin(SchedulerPlugin):
     def _speculation_worker_removed(self, worker: str) -> None:
         assert self.speculator is not None
         self.speculator.worker_removed(worker)
+
+    @guarded("preemption", key_arg=0)
+    def _preemption_worker_removed(self, worker: str) -> None:
+        assert self.preemptor is not None
+        self.preemptor.worker_removed(worker)
 
     @guarded("record", key_arg=0)
     def _record_worker_removed(self, worker: str, stimulus_id: str) -> None:

@@ -104,6 +104,7 @@ class PreemptionStats:
     yielded: int = 0  # ... that gave their slot back (raised daskjobs.Preempted)
     finished_first: int = 0  # ... that ended before they yielded
     ignored: int = 0  # ... that had not yielded after the grace period
+    lost_with_worker: int = 0  # ... whose worker left before they yielded
     moved: int = 0  # TE tasks moved to the worker their victims free
     lost_seconds: float = 0.0  # resource-seconds of work since the victims' checkpoints
     preemptions: dict[str, int] = field(default_factory=dict)  # task -> times preempted
@@ -114,6 +115,7 @@ class PreemptionStats:
             "yielded": self.yielded,
             "finished_first": self.finished_first,
             "ignored": self.ignored,
+            "lost_with_worker": self.lost_with_worker,
             "moved": self.moved,
             "lost_seconds": round(self.lost_seconds, 3),
             "max_per_task": max(self.preemptions.values(), default=0),
@@ -174,7 +176,7 @@ class Preemptor:
         v = self.tasks.get(key)
         return v.job_class if v is not None else "be"
 
-    def transition(self, key: Key, start: str, finish: str) -> None:
+    def transition(self, key: Key, start: str, finish: str, stimulus_id: str = "") -> None:
         """Every scheduler transition (O(1))."""
         if finish in ("processing", "no-worker"):
             if start not in ("processing", "no-worker") and self._class(key) == "te":
@@ -200,7 +202,9 @@ class Preemptor:
         if asked is None:
             return
         self.ignoring.discard(key)
-        if finish in ("released", "waiting"):  # rescheduled: it raised Preempted
+        if finish in ("released", "waiting") and not stimulus_id.startswith("reschedule"):
+            self.stats.lost_with_worker += 1  # its worker went first: not a yield
+        elif finish in ("released", "waiting"):  # rescheduled: it raised Preempted
             st = self.stats
             st.yielded += 1
             name = str(key)
@@ -361,6 +365,20 @@ class Preemptor:
             self.audit.event(
                 "preempt-ignored", key=str(te), victims=[str(k) for k in late], grace=self.grace
             )
+
+    def worker_removed(self, address: str) -> None:
+        """A worker left (dask has moved its tasks already): what was promised there is
+        void, and a TE task moved there is let go wherever dask can run it."""
+        for te, p in list(self.promises.items()):
+            if p.worker == address:
+                del self.promises[te]
+        for key in list(self.moved):
+            ts = self.scheduler.tasks.get(key)
+            if ts is None or ts.worker_restrictions != {address}:
+                continue
+            self._unmove(key)
+            if ts.state == "no-worker":
+                self.scheduler.transitions({key: "released"}, stimulus_id="daskjobs-unmove")
 
     # -- moving a waiting TE task to the worker with room ----------------------------------
     def _move(self, ts: Any, ws: Any, why: str) -> None:
