@@ -197,3 +197,38 @@ def test_a_victims_worker_dying_mid_preemption_loses_nothing(store: Path) -> Non
     # every victim asked is accounted for once
     settled = st["yielded"] + st["finished_first"] + st["ignored"] + st["lost_with_worker"]
     assert st["requested"] == settled and st["asked"] == []
+
+
+def test_a_recorded_preemption_run_replays_under_preemption_policies(
+    store: Path, tmp_path: Path
+) -> None:
+    """The run recorded (job classes, resources, preempted runs, the plugin's preempt
+    events) becomes the job-level simulator's workload: its jobs, its cluster, and the
+    checkpoint interval and grace estimated from the trace; replayed, preemption beats
+    waiting for the interactive tasks, as it did live."""
+    from daskjobs.replay.preemption import replay_preemption, workload_from_trace
+
+    trace = tmp_path / "run.jsonl"
+    plugin = JobsPlugin(policy="fifo", preemption=PREEMPTION, record=str(trace))
+    with dask.config.set(VALIDATE), _gpu_cluster(plugin) as cl, Client(cl) as c:
+        with dask.annotate(resources={"GPU": 1}):
+            be = [c.submit(train, i, key=f"train-{i}") for i in range(4)]
+        _wait_running(plugin, 4)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = [c.submit(probe, i, key=f"probe-{i}") for i in range(2)]
+        c.gather(te)
+        c.gather(be)
+        yielded = status(c)["preemption"]["yielded"]
+    assert yielded >= 2
+    wl = workload_from_trace(trace)
+    assert sorted(j.cls for j in wl.jobs) == ["be"] * 4 + ["te"] * 2
+    assert (wl.cluster.nodes, wl.cluster.gpus_per_node) == (2, 2)
+    assert all(j.gpus == 1 for j in wl.jobs)
+    ckpt = wl.description["checkpoint"]
+    assert ckpt is not None and 0 < ckpt <= 4 * STEP_S  # a checkpoint every step
+    assert 0 < wl.cluster.grace < 5  # the victims gave their GPUs back
+    rows = {r["policy"]: r for r in replay_preemption(trace, min_runtime=0)}
+    assert set(rows) == {"fifo", "te-first", "naive", "fit-resume", "recorded"}
+    assert rows["fit-resume"]["te_slowdown_p95"] < rows["fifo"]["te_slowdown_p95"]
+    with pytest.raises(ValueError, match="no recorded task needs the resource 'TPU'"):
+        workload_from_trace(trace, resource="TPU")
