@@ -147,6 +147,39 @@ def test_bad_input_is_named() -> None:
         simulate(w, make_preemption_policy("fifo"))
 
 
+@dataclass
+class Ending:
+    job: Job
+    node: int
+    end: float
+
+
+def test_fit_resume_reserves_the_node_where_a_waiting_job_starts_first() -> None:
+    big = be(1, 6)
+    nodes = [N(0, available=2), N(1, available=0), N(2, available=1, gpus=4)]
+    running = [Ending(be(2, 4), 0, 900.0), Ending(be(3, 8), 1, 300.0), Ending(be(4, 3), 2, 10.0)]
+    # node 0 has room at 900 (2 free + 4), node 1 at 300 (8), node 2 never has 6 GPUs
+    assert FitResume().reserve(big, nodes, running, 0.0) == 1
+    assert FitResume(reservation=False).reserve(big, nodes, running, 0.0) is None
+    assert TeFirst().reserve(big, nodes, running, 0.0) is None
+
+
+def test_a_reservation_keeps_smaller_later_jobs_off_a_waiting_jobs_node() -> None:
+    """One node of 4 GPUs: A (2 GPUs, 100 s) runs; B (4 GPUs) waits for it; C (2 GPUs,
+    1000 s) arrives and would fit beside A. Without a reservation C takes the two free
+    GPUs and B waits until C ends; with one, B starts when A ends, then C."""
+    jobs = (
+        Job(0, "be", 0.0, 2, 100.0, 1800.0),
+        Job(1, "be", 1.0, 4, 50.0, 1800.0),
+        Job(2, "be", 2.0, 2, 1000.0, 1800.0),
+    )
+    wl = Workload(Cluster(1, 4, grace=0.0, restore=0.0), jobs)
+    held = simulate(wl, FitResume())["first_start"]
+    assert (held[1], held[2]) == (100.0, 150.0)
+    free = simulate(wl, FitResume(reservation=False))["first_start"]
+    assert (free[2], free[1]) == (2.0, 1002.0)
+
+
 def test_the_fit_resume_policy_loses_less_than_naive_at_equal_te_benefit() -> None:
     """The issue's comparison on two seeds of the documented workload (the figures over
     five seeds are in docs/preemption.md)."""

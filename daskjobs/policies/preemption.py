@@ -12,7 +12,10 @@ three questions, asked by a driver (today the job-level simulator,
   node left with the fewest free GPUs, ties by index);
 * :meth:`PreemptionPolicy.victims` - for a job that does not fit anywhere, the running
   jobs of one node to preempt so that it will (None: wait). Only a preempting policy
-  answers.
+  answers;
+* :meth:`PreemptionPolicy.reserve` - for the first best-effort job that waits, a node
+  held for it: no later best-effort job is placed there until it starts (fit-resume:
+  the node where it could start first; the others reserve nothing).
 
 Views (any object with these attributes): a **job** - ``jid``, ``cls`` (``"te"`` or
 ``"be"``), ``gpus``, ``arrival``; a **running job** - ``job`` plus ``node``,
@@ -77,6 +80,13 @@ class PreemptionPolicy:
     ) -> tuple[int, list[Any]] | None:
         return None
 
+    def reserve(
+        self, job: Any, nodes: Sequence[Any], running: Sequence[Any], now: float
+    ) -> int | None:
+        """The node held for ``job``, the first best-effort job that does not fit (no
+        later best-effort job is placed there until it starts); None: no reservation."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name}
 
@@ -121,14 +131,22 @@ class FitResume(TeFirst):
     more work on the documented workload, docs/preemption.md). A best-effort
     job is exempt for ``min_runtime`` seconds after it (re)starts and after
     ``max_preemptions`` preemptions; at most ``max_candidates`` jobs of a node are
-    weighed (the longest-running first)."""
+    weighed (the longest-running first). With ``reservation`` (the default) the first
+    best-effort job that waits holds the node where it could start first, so that
+    smaller later jobs do not pass it for ever (BE p95 +44.9% without it, +16.8% with
+    it, on the documented workload)."""
 
     name = "fit-resume"
     preempts = True
 
     def __init__(
-        self, min_runtime: float = 600.0, max_preemptions: int = 3, max_candidates: int = 10
+        self,
+        min_runtime: float = 600.0,
+        max_preemptions: int = 3,
+        max_candidates: int = 10,
+        reservation: bool = True,
     ) -> None:
+        self.reservation = bool(reservation)
         if not (math.isfinite(min_runtime) and min_runtime >= 0):
             raise ValueError(f"min_runtime: expected seconds >= 0, got {min_runtime!r}")
         if max_preemptions < 0:
@@ -170,11 +188,33 @@ class FitResume(TeFirst):
                         best, choice = score, (node.index, list(combo))
         return choice
 
+    def reserve(
+        self, job: Any, nodes: Sequence[Any], running: Sequence[Any], now: float
+    ) -> int | None:
+        """The node where ``job`` could start first, as its running jobs end."""
+        if not self.reservation:
+            return None
+        best: tuple[float, int] | None = None
+        for node in nodes:
+            if node.gpus < job.gpus:
+                continue
+            have = node.available
+            when = now
+            for r in sorted((r for r in running if r.node == node.index), key=lambda r: r.end):
+                if have >= job.gpus:
+                    break
+                have += r.job.gpus
+                when = r.end
+            if have >= job.gpus and (best is None or (when, node.index) < best):
+                best = (when, node.index)
+        return None if best is None else best[1]
+
     def describe(self) -> dict[str, Any]:
         return {
             "policy": self.name,
             "min_runtime": self.min_runtime,
             "max_preemptions": self.max_preemptions,
+            "reservation": self.reservation,
         }
 
 

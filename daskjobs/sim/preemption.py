@@ -246,6 +246,7 @@ def simulate(workload: Workload, policy: PreemptionPolicy) -> dict[str, Any]:
         push(run.end, "finish", (job.jid, run))
 
     def schedule(t: float) -> None:
+        reserved: set[int] = set()  # nodes held for the first best-effort job that waits
         for job in sorted(waiting.values(), key=policy.order_key):
             where = pending.get(job.jid)
             if where is not None:
@@ -255,10 +256,19 @@ def simulate(workload: Workload, policy: PreemptionPolicy) -> dict[str, Any]:
                     del pending[job.jid]
                     start(job, node, t)
                 continue
-            idx = policy.place(job, nodes)
+            offer = (
+                nodes
+                if not reserved or job.cls == "te"
+                else [n for n in nodes if n.index not in reserved]
+            )
+            idx = policy.place(job, offer)
             if idx is not None:
                 start(job, nodes[idx], t)
                 continue
+            if job.cls == "be" and not reserved:
+                r = policy.reserve(job, nodes, list(running.values()), t)
+                if r is not None:
+                    reserved.add(r)
             if policy.preempts and job.cls == "te":
                 live = [r for r in running.values() if not r.signalled]
                 choice = policy.victims(job, nodes, live, t)
