@@ -238,6 +238,7 @@ class StageOptions:
     cache: bool = True
     speculate: bool = True
     version: str | None = None
+    job_class: str = "be"
 
 
 class Stage:
@@ -549,6 +550,7 @@ class Sweep:
         speculate: bool = True,
         version: str | None = None,
         track: Iterable[Callable[..., Any]] = (),
+        job_class: str = "be",
     ) -> Stage:
         """Declare a stage: ``func`` called once per point of ``over`` and combination of inputs.
 
@@ -560,7 +562,9 @@ class Sweep:
         ``speculate`` lets the scheduler plugin run a backup copy of a late task of this stage
         (default True: a stage is a pure function by contract, its result is cached by content
         key, so a second copy is harmless and the store keeps exactly one entry); pass False for
-        a stage with side effects.
+        a stage with side effects. ``job_class="te"`` marks the stage's tasks interactive:
+        with the plugin's preemption on they take a worker resource back from best-effort
+        tasks (docs/preemption.md); the default is ``"be"``.
         """
         if not callable(func):
             where = f"stage {name!r}" if name else f"sweep {self.name!r}"
@@ -592,6 +596,11 @@ class Sweep:
             )
         if retries is not None and (not isinstance(retries, int) or retries < 0):
             raise ValueError(f"stage {stage_name!r}: retries must be a whole number >= 0")
+        if job_class not in ("te", "be"):
+            raise ValueError(
+                f"stage {stage_name!r}: job_class must be 'te' (interactive) or 'be' "
+                f"(best-effort), got {job_class!r}"
+            )
         options = StageOptions(
             estimate=estimate,
             team=team if team is not None else self.team,
@@ -600,6 +609,7 @@ class Sweep:
             cache=cache,
             speculate=speculate,
             version=version,
+            job_class=job_class,
         )
         code = code_hash(func, version=version, track=track)
         fixed_tokens = {k: tokenize_param(stage_name, k, v) for k, v in fixed.items()}
@@ -793,6 +803,8 @@ def _annotations(stage: Stage, nodes: Sequence[Node], load: bool) -> dict[str, A
         ann["resources"] = dict(opts.resources)
     if opts.retries is not None:
         ann["retries"] = opts.retries
+    if opts.job_class != "be":
+        ann["job_class"] = opts.job_class
     if load:
         ann["load"] = True
     else:

@@ -630,3 +630,17 @@ def test_a_connection_broken_while_gathering_is_an_interrupted_sweep(
     assert all("connection to the scheduler broke" in f.error for f in partial.failures)
     again = build(slow=[20]).run(client, store=store, progress=False)
     assert again.ok and again.computed == 0 and again.hits == 6  # every output loaded
+
+
+def test_a_stage_of_interactive_work_is_annotated_for_the_plugin() -> None:
+    sweep = Sweep("interactive")
+    sweep.stage(_ident, over=grid(a=[1, 2]), name="quick", job_class="te")
+    sweep.stage(_ident, over=grid(b=[1]), name="long")
+    graph = sweep.to_dask(store=False)
+    classes = {
+        (layer.annotations or {}).get("stage"): (layer.annotations or {}).get("job_class")
+        for layer in graph.graph.layers.values()
+    }
+    assert classes == {"quick": "te", "long": None}  # "be" is the default, not written
+    with pytest.raises(ValueError, match=r"job_class must be 'te' .* got 'urgent'"):
+        Sweep("bad").stage(_ident, over=grid(a=[1]), job_class="urgent")
