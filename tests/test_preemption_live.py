@@ -224,8 +224,8 @@ def test_a_recorded_preemption_run_replays_under_preemption_policies(
     assert sorted(j.cls for j in wl.jobs) == ["be"] * 4 + ["te"] * 2
     assert (wl.cluster.nodes, wl.cluster.gpus_per_node) == (2, 2)
     assert all(j.gpus == 1 for j in wl.jobs)
-    ckpt = wl.description["checkpoint"]
-    assert ckpt is not None and 0 < ckpt <= 4 * STEP_S  # a checkpoint every step
+    ckpt = wl.description["checkpoint"]  # from the recorded checkpoints: one a step
+    assert ckpt is not None and STEP_S * 0.8 <= ckpt <= STEP_S * 3
     assert 0 < wl.cluster.grace < 5  # the victims gave their GPUs back
     rows = {r["policy"]: r for r in replay_preemption(trace, min_runtime=0)}
     assert set(rows) == {"fifo", "te-first", "naive", "fit-resume", "recorded"}

@@ -388,6 +388,7 @@ class JobsPlugin(SchedulerPlugin):
         if self.preemptor is not None:
             self._preemption_report(worker, topic, key, msg)
         if topic == CHECKPOINT_TOPIC:
+            self._record_checkpoint(worker, key, msg)
             return
         if self.speculator is not None:
             if topic == STARTED_TOPIC:
@@ -396,6 +397,17 @@ class JobsPlugin(SchedulerPlugin):
                 self.speculator.returned(key, worker)
         if topic == STARTED_TOPIC and started_as is not None:
             self.recording.started(started_as, worker, msg)
+
+    @guarded("record", key_arg=1)
+    def _record_checkpoint(self, worker: str, key: Key, msg: dict[str, Any]) -> None:
+        """A task's checkpoint, into the trace only (not the audit log: one a step):
+        replay estimates the checkpoint interval from them."""
+        rec = self.audit.recorder
+        if rec is not None:
+            when = msg.get("time")
+            when = float(when) if isinstance(when, int | float) else time.time()
+            event = {"action": "checkpoint", "key": str(key), "worker": worker}
+            rec.emit({"type": "event", "time": when, "event": event})
 
     @guarded("preemption", key_arg=2)
     def _preemption_report(self, worker: str, topic: str, key: Key, msg: dict[str, Any]) -> None:

@@ -12,9 +12,11 @@ into the simulator's jobs and cluster:
 * its run time alone: the computing of its last run plus what its preempted runs did. A
   preempted run's work since its last checkpoint was done again, so this overstates the run
   time by that much (at most one checkpoint interval per preemption);
-* its checkpoint interval (best-effort tasks): twice the mean work a preemption lost (the
-  ``lost_seconds`` of the recorded ``preempt-requested`` events per victim: a preemption lands,
-  on average, half way between two checkpoints); None when the run had no preemption;
+* its checkpoint interval (best-effort tasks): the median time between a task's consecutive
+  recorded checkpoints (``checkpoint`` events, which the plugin records); for a trace without
+  them, twice the mean work a preemption lost (the ``lost_seconds`` of the recorded
+  ``preempt-requested`` events per victim: a preemption lands, on average, half way between
+  two checkpoints); None when neither is there;
 * the cluster: the workers that supplied the resource (each the same amount), and as the
   grace between a preemption's signal and the freed resource, the median time a recorded
   victim took to give it back (0 without preemptions); no restore cost (a restore is part of
@@ -78,7 +80,15 @@ def workload_from_trace(
     t0 = min(submits)
     lost: list[float] = []  # resource-seconds lost per victim
     asked: dict[str, float] = {}  # victim -> when it was asked
+    last: dict[str, float] = {}  # task -> its last checkpoint
+    between: list[float] = []  # time between a task's consecutive checkpoints
     for ev in tr.events:
+        if ev.get("action") == "checkpoint" and isinstance(ev.get("time"), int | float):
+            k, when = str(ev.get("key")), float(ev["time"])
+            if k in last and when > last[k]:
+                between.append(when - last[k])
+            last[k] = when
+            continue
         if ev.get("action") != "preempt-requested":
             continue
         victims = ev.get("victims") or []
@@ -99,13 +109,16 @@ def workload_from_trace(
                     ran += a.finished - a.started
             elif a.started is not None and a.finished is not None:
                 ran += a.finished - a.started  # a run that gave its slot back
-                when = asked.get(str(t.key))
-                if when is not None and a.started <= when <= a.finished:
-                    gaps.append(a.finished - when)
+                signal = asked.get(str(t.key))
+                if signal is not None and a.started <= signal <= a.finished:
+                    gaps.append(a.finished - signal)
         cls = "te" if t.annotations.get("job_class") == "te" else "be"
         arrival = (t.submit if t.submit is not None else t0) - t0
         jobs.append(Job(i, cls, arrival, need, max(ran, 1e-6), None))
-    checkpoint = 2 * statistics.mean(lost) if lost else None
+    if between:
+        checkpoint: float | None = statistics.median(between)
+    else:
+        checkpoint = 2 * statistics.mean(lost) if lost else None
     if checkpoint:
         jobs = [
             Job(j.jid, j.cls, j.arrival, j.gpus, j.duration, checkpoint if j.cls == "be" else None)
