@@ -541,3 +541,40 @@ def test_a_big_job_starts_its_parts_as_dask_drains_them(
     assert 0 < most <= 15 and other is not None
     assert job.result(timeout=30) == [10 * p for p in range(80)]
     assert len(marks(m)) == 80
+
+
+def test_an_interactive_jobs_attempts_carry_its_class(cluster: Any) -> None:
+    """``job_class="te"``: the attempts are annotated for the plugin's preemption; a
+    best-effort job (the default) keeps the identity it had before the field existed."""
+    from daskjobs.jobs.model import JobSpec
+
+    client, _ = cluster
+    job = jobs.submit(
+        client,
+        "quick",
+        kind="inference",
+        parts=2,
+        job_class="te",
+        target="jobtasks:score",
+        params={"seconds": 1.0},
+    )
+
+    def classes(dask_scheduler: Any) -> dict[str, Any]:
+        return {
+            str(k): ts.annotations.get("job_class")
+            for k, ts in dask_scheduler.tasks.items()
+            if str(k).startswith("daskjobs-attempt-")
+        }
+
+    deadline = time.monotonic() + 30
+    while len(seen := client.run_on_scheduler(classes)) < 2:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+    assert set(seen.values()) == {"te"}, seen
+    assert job.result(timeout=60) == [0, 10]
+    plain = JobSpec("same", target="m:f")
+    assert "job_class" not in plain.to_json()
+    assert plain.job_id == JobSpec("same", target="m:f", job_class="be").job_id
+    assert JobSpec("same", target="m:f", job_class="te").job_id != plain.job_id
+    with pytest.raises(ValueError, match=r"JobSpec\.job_class: expected 'te'"):
+        JobSpec("same", target="m:f", job_class="urgent")

@@ -138,6 +138,9 @@ class JobSpec:
     deadline: float | None = None  # seconds since the epoch
     retries: int = 2
     checkpoint_every: float | None = None  # seconds of work between checkpoints
+    #: "te": interactive work a person waits for (the plugin's preemption serves it first,
+    #: docs/preemption.md); "be": best-effort, the default
+    job_class: str = "be"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -150,6 +153,11 @@ class JobSpec:
             raise ValueError(f"JobSpec.parts: expected an integer >= 1, got {self.parts!r}")
         if self.kind != "inference" and self.parts != 1:
             raise ValueError(f"JobSpec.parts: a {self.kind} job has one part, got {self.parts}")
+        if self.job_class not in ("te", "be"):
+            raise ValueError(
+                f"JobSpec.job_class: expected 'te' (interactive) or 'be' (best-effort), "
+                f"got {self.job_class!r}"
+            )
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"JobSpec.retries: expected an integer >= 0, got {self.retries!r}")
         for name, value in (
@@ -185,6 +193,8 @@ class JobSpec:
             "deadline": self.deadline,
             "retries": self.retries,
             "checkpoint_every": self.checkpoint_every,
+            # only when not the default: a best-effort job keeps the identity it had
+            **({"job_class": self.job_class} if self.job_class != "be" else {}),
         }
 
     @classmethod

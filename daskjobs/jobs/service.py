@@ -372,7 +372,9 @@ class JobsService(SchedulerPlugin):
             self._waiting.update(keys)
             # the job's team as the tasks' team annotation: the scheduler plugin's fair
             # share and quotas count a job's attempts for its team, as any task of it
-            with dask.annotate(team=spec.team):
+            # (and its class: an interactive job's attempts take resources back from
+            # best-effort tasks when the plugin's preemption is on)
+            with dask.annotate(team=spec.team, job_class=spec.job_class):
                 futures = self.client.map(
                     run_attempt,
                     orders,
