@@ -419,6 +419,23 @@ def test_bad_sweep_submissions_are_named(cluster: Any) -> None:
         jobs.submit_sweep(client, sweep, outputs=["nope"])
 
 
+def _attempts_annotated(client: Any, name: str, n: int) -> dict[str, Any]:
+    """Annotation ``name`` of the job attempts on the scheduler, once ``n`` are there."""
+
+    def annotated(dask_scheduler: Any) -> dict[str, Any]:
+        return {
+            str(k): ts.annotations.get(name)
+            for k, ts in dask_scheduler.tasks.items()
+            if str(k).startswith("daskjobs-attempt-")
+        }
+
+    deadline = time.monotonic() + 30
+    while len(seen := client.run_on_scheduler(annotated)) < n:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+    return seen
+
+
 def test_a_jobs_attempts_carry_its_team(cluster: Any) -> None:
     """The attempts of a job are tasks annotated with the job's team, so the scheduler
     plugin's fair share and quotas count them for that team."""
@@ -432,18 +449,7 @@ def test_a_jobs_attempts_carry_its_team(cluster: Any) -> None:
         target="jobtasks:score",
         params={"seconds": 1.0},
     )
-
-    def teams(dask_scheduler: Any) -> dict[str, Any]:
-        return {
-            str(k): ts.annotations.get("team")
-            for k, ts in dask_scheduler.tasks.items()
-            if str(k).startswith("daskjobs-attempt-")
-        }
-
-    deadline = time.monotonic() + 30
-    while len(seen := client.run_on_scheduler(teams)) < 2:
-        assert time.monotonic() < deadline, seen
-        time.sleep(0.05)
+    seen = _attempts_annotated(client, "team", 2)
     assert set(seen.values()) == {"quant"}, seen
     assert job.result(timeout=60) == [0, 10]
 
@@ -558,18 +564,7 @@ def test_an_interactive_jobs_attempts_carry_its_class(cluster: Any) -> None:
         target="jobtasks:score",
         params={"seconds": 1.0},
     )
-
-    def classes(dask_scheduler: Any) -> dict[str, Any]:
-        return {
-            str(k): ts.annotations.get("job_class")
-            for k, ts in dask_scheduler.tasks.items()
-            if str(k).startswith("daskjobs-attempt-")
-        }
-
-    deadline = time.monotonic() + 30
-    while len(seen := client.run_on_scheduler(classes)) < 2:
-        assert time.monotonic() < deadline, seen
-        time.sleep(0.05)
+    seen = _attempts_annotated(client, "job_class", 2)
     assert set(seen.values()) == {"te"}, seen
     assert job.result(timeout=60) == [0, 10]
     plain = JobSpec("same", target="m:f")
