@@ -63,3 +63,24 @@ def backtest(features, fast, seconds):
     """Read the features and take ``seconds`` (times the worker's slowdown)."""
     time.sleep(seconds * slowdown())
     return {"sharpe": (len(features) % 997) / 1000 + fast, "first": features[0]}
+
+
+def train(i, steps, step_s):
+    """A best-effort task that checkpoints every step and yields when preempted."""
+    import daskjobs
+
+    state = daskjobs.restore(default={"step": 0, "acc": 0, "runs": 0})
+    state["runs"] += 1
+    while state["step"] < steps:
+        time.sleep(step_s * slowdown())
+        state["acc"] += i * state["step"]
+        state["step"] += 1
+        daskjobs.checkpoint(state)
+        if daskjobs.preempted():
+            raise daskjobs.Preempted()
+    return state
+
+
+def started_at(i):
+    """An interactive task: when did it start?"""
+    return time.time()

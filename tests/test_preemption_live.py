@@ -232,3 +232,46 @@ def test_a_recorded_preemption_run_replays_under_preemption_policies(
     assert rows["fit-resume"]["te_slowdown_p95"] < rows["fifo"]["te_slowdown_p95"]
     with pytest.raises(ValueError, match="no recorded task needs the resource 'TPU'"):
         workload_from_trace(trace, resource="TPU")
+
+
+def test_preemption_on_real_processes_with_daskjobs_defaults(
+    real_cluster: Any, tmp_path: Path
+) -> None:
+    """The plugin preloaded into a real ``dask scheduler``, two ``dask worker`` processes
+    with 2 GPUs each, dask's default configuration and validation on: interactive tasks
+    take GPUs back, the displaced tasks resume on whichever worker from the shared store,
+    results equal an unpreempted run's, and no log line shows a broken invariant."""
+    import realtasks
+
+    config = {
+        "daskjobs": {
+            "policy": "fifo",
+            "store": str(tmp_path / "store"),
+            "preemption": {
+                "enabled": True,
+                "min-runtime": "0s",
+                "grace": "10s",
+                "interval": "20ms",
+            },
+        }
+    }
+    rc = real_cluster(n_workers=2, nthreads=4, config=config, worker_resources="GPU=2")
+    with rc.client() as c:
+        with dask.annotate(resources={"GPU": 1}):
+            be = [c.submit(realtasks.train, i, 20, 0.05, key=f"train-{i}") for i in range(4)]
+        deadline = time.time() + 60
+        while (status(c)["preemption"] or {}).get("running", 0) < 4:
+            assert time.time() < deadline, status(c)["preemption"]
+            time.sleep(0.05)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = [c.submit(realtasks.started_at, i, key=f"probe-{i}") for i in range(2)]
+        c.gather(te)
+        results = c.gather(be)
+        st = status(c)
+    assert st["errors"] == {}
+    pre = st["preemption"]
+    assert pre["yielded"] >= 2 and pre["requested"] == pre["yielded"] + pre["finished_first"]
+    assert sum(r["runs"] > 1 for r in results) >= 2
+    assert [(r["step"], r["acc"]) for r in results] == [(20, expected_acc(i, 20)) for i in range(4)]
+    assert all(rc.alive(f"w{i}") for i in range(2))
+    assert rc.problems() == []
