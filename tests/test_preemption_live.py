@@ -88,8 +88,11 @@ def _wait_running(plugin: JobsPlugin, n: int, timeout: float = 30.0) -> None:
 PREEMPTION = {"enabled": True, "min_runtime": 0, "grace": "10s", "interval": "20ms"}
 
 
-def test_interactive_tasks_take_gpus_from_checkpointing_best_effort_ones(store: Path) -> None:
-    plugin = JobsPlugin(policy="fifo", preemption=PREEMPTION)
+@pytest.mark.parametrize("policy", ["fifo", "fair-share"])  # a heap policy and a popper
+def test_interactive_tasks_take_gpus_from_checkpointing_best_effort_ones(
+    store: Path, policy: str
+) -> None:
+    plugin = JobsPlugin(policy=policy, preemption=PREEMPTION)
     with dask.config.set(VALIDATE), _gpu_cluster(plugin) as cl, Client(cl) as c:
         with dask.annotate(resources={"GPU": 1}):
             be = [c.submit(train, i, key=f"train-{i}") for i in range(4)]

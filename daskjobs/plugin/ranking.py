@@ -199,9 +199,12 @@ class Ranker:
         te_ahead = self.te_first
         for ts, v, rank in zip(new, views, ranks, strict=True):
             p = ts.priority
-            # interactive work first, within a user priority (whole numbers): a freed slot,
-            # or the resources a preempted task gives back, go to a waiting TE task
-            first = p[0] - 0.5 if te_ahead and v.job_class == "te" else p[0]
+            # interactive work first, within a user priority (whole numbers): the resources
+            # a preempted task gives back go to a waiting TE task. Only tasks with resource
+            # restrictions: they wait on workers, never in dask's queue, whose order the
+            # release gate keeps for a popper (a boost there would pass its released task).
+            te = te_ahead and v.job_class == "te" and bool(ts.resource_restrictions)
+            first = p[0] - 0.5 if te else p[0]
             ts.priority = (first, rank, p[1], p[2])
             self.tasks[ts.key] = v
             sources[v.source] += 1
