@@ -2,24 +2,38 @@
 
 Usage::
 
-    python benchmarks/bench_sim.py            # chapter sweep + the million-task sweep
-    python benchmarks/bench_sim.py --quick    # chapter sweep + a 100,000-task sweep
-    python benchmarks/bench_sim.py --profile lpt   # also cProfile one policy on the big sweep
+    python benchmarks/bench_sim.py                 # chapter sweep + the million-task sweep
+    python benchmarks/bench_sim.py --quick         # chapter sweep + a 100,000-task sweep
+    python benchmarks/bench_sim.py --runs 3        # best of 3 fresh interpreters per case
+    python benchmarks/bench_sim.py --against /tmp/sim-old   # old code side by side
+    python benchmarks/bench_sim.py --profile node-aware:backups   # cProfile one case
 
-Two workloads from :mod:`daskjobs.workloads`:
+Two workloads from :mod:`daskjobs.workloads`, every policy (FIFO, LPT, critical
+path, work stealing, fair share, node-aware) with and without backups:
 
-* the chapter sweep (10,000 tasks, 384 cores) under every policy, with and
-  without backups; target: well under a second per run;
+* the chapter sweep (10,000 tasks, 384 cores); target: well under a second per
+  run (each run is repeated, ``--repeat``, best of, because it is short);
 * a sweep of 1,000,000 tasks on 38,400 cores (2,400 nodes x 16;
   ``chapter(n=1_000_000, n_long=4000, nodes=2400, cores_per_node=16)``);
-  targets: >= 100,000 tasks/s under FIFO and LPT, no policy below 50,000/s.
+  target: >= 100,000 tasks/s for every policy, with and without backups.
 
-Only ``simulate`` is timed (wall clock, ``time.perf_counter``), not task
-generation; a fresh policy object per run. Each chapter run is repeated
-(``--repeat``, best of) because it is short. Prints a markdown table and the
-machine it ran on. A run that misses its target is marked ``MISS``; with
-``--profile POLICY`` (or ``--profile-misses``) it is re-run under cProfile and
-the top functions by own time are printed.
+Each case runs in a fresh interpreter (this script again, with a hidden
+``--case`` option): a run of a million tasks leaves a heap of a million freed
+records behind, and a case measured after another would pay for its
+predecessor's garbage. ``--runs N`` starts N interpreters per case and keeps the
+best (other work on the machine only ever slows a run down). Only ``simulate``
+is timed (wall clock, ``time.perf_counter``), not task generation; a fresh
+policy object per run.
+
+``--against DIR`` runs every case a second time with the ``daskjobs`` package of
+``DIR`` (a checkout of older code, e.g. ``git worktree add /tmp/sim-old
+<commit>``), interleaved with the current code's runs so that both see the same
+load, and adds the old rate and the ratio new / old to the table.
+
+Prints a markdown table and the machine, date and command. A case that misses
+its target is marked ``MISS``; with ``--profile POLICY[:backups]`` (or
+``--profile-misses``) it is run again under cProfile and the top functions by
+own time are printed.
 
 This is a script, not a test: nothing here asserts.
 """
@@ -27,36 +41,96 @@ This is a script, not a test: nothing here asserts.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import datetime
-import gc
-import io
-import math
+import json
 import os
 import platform
-import pstats
+import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-
-from daskjobs import workloads
-from daskjobs.policies import FairShare, Policy, make_policy
-from daskjobs.sim import simulate
+from pathlib import Path
+from typing import Any
 
 POLICIES = ("fifo", "lpt", "critical-path", "work-stealing", "fair-share", "node-aware")
-BIG_TARGET = {"fifo": 100_000.0, "lpt": 100_000.0}
-BIG_FLOOR = 50_000.0
+BIG_TARGET = 100_000.0  # tasks/s, every policy, with and without backups
 CHAPTER_TARGET_S = 1.0
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
 
 
-def policy_factory(name: str, team: str) -> Callable[[], Policy]:
-    """A fresh policy per call; fair share gets one team (the sweep's)."""
-    if name == "fair-share":
-        return lambda: FairShare({team: 1.0})
-    return lambda: make_policy(name)
+# -- one case, in this (fresh) interpreter ---------------------------------------------------
+def _workload(kind: str, seed: int) -> Any:
+    from daskjobs import workloads
+
+    if kind == "chapter":
+        return workloads.chapter(seed)
+    n, n_long, nodes = {
+        "big": (1_000_000, 4000, 2400),
+        "quick": (100_000, 400, 240),
+    }[kind]
+    return workloads.chapter(seed, n=n, n_long=n_long, nodes=nodes, cores_per_node=16)
 
 
+def _policy(name: str, team: str) -> Any:
+    from daskjobs.policies import FairShare, make_policy
+
+    if name == "fair-share":  # one team: the sweep's
+        return FairShare({team: 1.0})
+    return make_policy(name)
+
+
+def run_case(
+    kind: str, name: str, backups: bool, seed: int, repeat: int, prof: bool
+) -> dict[str, Any]:
+    """Simulate one case ``repeat`` times (best of); the figures as a dict."""
+    import gc
+    import time
+
+    from daskjobs.sim import simulate
+
+    t0 = time.perf_counter()
+    w = _workload(kind, seed)
+    gen = time.perf_counter() - t0
+    spec = w.spec if backups else None
+    team = w.tasks[0].team
+    best = float("inf")
+    makespan_h, events = float("nan"), 0
+    profile_text = ""
+    for _ in range(repeat):
+        policy = _policy(name, team)
+        gc.collect()  # start each run from a clean heap: no garbage of the previous one
+        if prof:
+            import cProfile
+            import io
+            import pstats
+
+            p = cProfile.Profile()
+            p.enable()
+        t0 = time.perf_counter()
+        s = simulate(w.tasks, w.cluster, policy, spec=spec, seed=w.seed)
+        best = min(best, time.perf_counter() - t0)
+        if prof:
+            p.disable()
+            out = io.StringIO()
+            pstats.Stats(p, stream=out).sort_stats("tottime").print_stats(20)
+            profile_text = out.getvalue()
+        makespan_h, events = s.makespan_h, s.events
+        del s, policy
+    import daskjobs
+
+    return {
+        "tasks": len(w.tasks),
+        "cores": w.cluster.total_cores,
+        "seconds": best,
+        "makespan_h": makespan_h,
+        "events": events,
+        "generate_s": gen,
+        "package": str(Path(daskjobs.__file__).parent),
+        "profile": profile_text,
+    }
+
+
+# -- the driver -------------------------------------------------------------------------------
 @dataclass
 class Row:
     workload: str
@@ -68,10 +142,18 @@ class Row:
     makespan_h: float
     events: int
     target: float | None  # tasks/s, or None for a wall-time target
+    old_seconds: float | None = None
+    same: bool | None = None  # the old code's makespan and event count equal
 
     @property
     def rate(self) -> float:
         return self.tasks / self.seconds if self.seconds else float("inf")
+
+    @property
+    def old_rate(self) -> float | None:
+        if self.old_seconds is None:
+            return None
+        return self.tasks / self.old_seconds if self.old_seconds else float("inf")
 
     @property
     def ok(self) -> bool:
@@ -80,60 +162,67 @@ class Row:
         return self.rate >= self.target
 
 
-def run(w: workloads.Workload, name: str, backups: bool, repeat: int, target: float | None) -> Row:
-    make = policy_factory(name, w.tasks[0].team)
-    best = float("inf")
-    makespan_h, events = math.nan, 0
-    for _ in range(repeat):
-        policy = make()
-        gc.collect()  # start each run from a clean heap: no garbage of the previous one
-        t0 = time.perf_counter()
-        s = simulate(w.tasks, w.cluster, policy, spec=w.spec if backups else None, seed=w.seed)
-        best = min(best, time.perf_counter() - t0)
-        makespan_h, events = s.makespan_h, s.events
-        del s, policy
-    return Row(
-        w.name,
-        len(w.tasks),
-        w.cluster.total_cores,
-        name,
-        backups,
-        best,
-        makespan_h,
-        events,
-        target,
-    )
-
-
-def profile(w: workloads.Workload, name: str, backups: bool, top: int = 18) -> str:
-    """cProfile one run; the ``top`` functions by own time."""
-    make = policy_factory(name, w.tasks[0].team)
-    prof = cProfile.Profile()
-    prof.enable()
-    simulate(w.tasks, w.cluster, make(), spec=w.spec if backups else None, seed=w.seed)
-    prof.disable()
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
-    return out.getvalue()
-
-
-def table(rows: list[Row]) -> str:
-    lines = [
-        "| workload | tasks | cores | policy | backups | simulate s | tasks/s | makespan h "
-        "| events | target |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        if r.target is None:
-            target = f"< {CHAPTER_TARGET_S:g} s"
-        else:
-            target = f">= {r.target:,.0f}/s"
-        mark = "ok" if r.ok else "MISS"
-        lines.append(
-            f"| {r.workload} | {r.tasks:,} | {r.cores:,} | {r.policy} | "
-            f"{'yes' if r.backups else 'no'} | {r.seconds:.3f} | {r.rate:,.0f} | "
-            f"{r.makespan_h:.2f} | {r.events:,} | {target} {mark} |"
+def child(
+    kind: str,
+    name: str,
+    backups: bool,
+    seed: int,
+    repeat: int,
+    package_dir: str | None = None,
+    prof: bool = False,
+) -> dict[str, Any]:
+    """Run one case in a fresh interpreter; ``package_dir`` puts another checkout's
+    ``daskjobs`` first on the path."""
+    env = dict(os.environ)
+    if package_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package_dir, *filter(None, [env.get("PYTHONPATH", "")])]
         )
+    cmd = [
+        sys.executable,
+        str(HERE),
+        "--case",
+        f"{kind}:{name}:{int(backups)}",
+        "--seed",
+        str(seed),
+        "--repeat",
+        str(repeat),
+    ]
+    if prof:
+        cmd.append("--case-profile")
+    # run from outside the repository, so that `package_dir` (not the working
+    # tree on the path of a script run from the repo root) provides daskjobs
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd="/")
+    got: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    if package_dir is not None and not got["package"].startswith(str(Path(package_dir).resolve())):
+        raise RuntimeError(f"--against {package_dir}: the child imported {got['package']}")
+    return got
+
+
+def table(rows: list[Row], against: bool) -> str:
+    head = "| workload | tasks | cores | policy | backups | simulate s | tasks/s "
+    rule = "|---|---:|---:|---|---|---:|---:"
+    if against:
+        head += "| old tasks/s | new / old "
+        rule += "|---:|---:"
+    head += "| makespan h | events | target |"
+    rule += "|---:|---:|---|"
+    lines = [head, rule]
+    for r in rows:
+        target = f"< {CHAPTER_TARGET_S:g} s" if r.target is None else f">= {r.target:,.0f}/s"
+        mark = "ok" if r.ok else "MISS"
+        line = (
+            f"| {r.workload} | {r.tasks:,} | {r.cores:,} | {r.policy} | "
+            f"{'yes' if r.backups else 'no'} | {r.seconds:.3f} | {r.rate:,.0f} "
+        )
+        if against:
+            old = r.old_rate
+            ratio = f"{r.rate / old:.2f}x" if old else "-"
+            if r.same is False:
+                ratio += " (schedule differs!)"
+            line += f"| {old:,.0f} | {ratio} " if old else "| - | - "
+        line += f"| {r.makespan_h:.2f} | {r.events:,} | {target} {mark} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -144,8 +233,17 @@ def machine() -> str:
         np_version = numpy.__version__
     except ImportError:  # pragma: no cover
         np_version = "?"
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):  # pragma: no cover - not a checkout
+        commit = "?"
     return (
-        f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}\n"
+        f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, code at {commit}\n"
         f"- python {platform.python_version()} ({platform.python_implementation()}), "
         f"numpy {np_version}\n"
         f"- platform: {platform.platform()}\n"
@@ -162,57 +260,120 @@ def _load() -> str:
         return "n/a"
 
 
+def _parse_profile(spec: str) -> tuple[str, bool]:
+    name, _, flag = spec.partition(":")
+    if name not in POLICIES or flag not in ("", "backups"):
+        raise SystemExit(f"--profile: expected POLICY or POLICY:backups, got {spec!r}")
+    return name, flag == "backups"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="big sweep of 100,000 tasks, not 1M")
-    ap.add_argument("--repeat", type=int, default=3, help="chapter runs per policy (best of)")
+    ap.add_argument("--repeat", type=int, default=3, help="chapter runs per interpreter (best of)")
+    ap.add_argument(
+        "--runs", type=int, default=1, help="fresh interpreters per case (best of; default 1)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help="comma-separated policies for the big sweep (default: all)",
+        help="comma-separated policies (default: all)",
     )
     ap.add_argument("--no-backups-big", action="store_true", help="big sweep without backups only")
-    ap.add_argument("--profile", action="append", default=[], metavar="POLICY")
+    ap.add_argument("--no-chapter", action="store_true", help="skip the chapter sweep")
+    ap.add_argument(
+        "--against",
+        metavar="DIR",
+        help="also run every case with the daskjobs package in DIR (old code), interleaved",
+    )
+    ap.add_argument(
+        "--profile", action="append", default=[], metavar="POLICY[:backups]", type=_parse_profile
+    )
     ap.add_argument("--profile-misses", action="store_true")
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--case-profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    rows: list[Row] = []
-    print(f"chapter sweep (seed {args.seed}) ...", file=sys.stderr)
-    w = workloads.chapter(args.seed)
-    for name in POLICIES:
-        for backups in (False, True):
-            rows.append(run(w, name, backups, args.repeat, None))
-            print(f"  {name} backups={backups}: {rows[-1].seconds:.3f} s", file=sys.stderr)
+    if args.case:  # a child: one case, its figures as one JSON line
+        kind, name, backups = args.case.split(":")
+        got = run_case(kind, name, backups == "1", args.seed, args.repeat, args.case_profile)
+        print(json.dumps(got))
+        return 0
 
-    n, n_long, nodes = (100_000, 400, 240) if args.quick else (1_000_000, 4000, 2400)
-    t0 = time.perf_counter()
-    big = workloads.chapter(args.seed, n=n, n_long=n_long, nodes=nodes, cores_per_node=16)
-    gen = time.perf_counter() - t0
-    print(f"big sweep: {n:,} tasks generated in {gen:.1f} s", file=sys.stderr)
-    big_rows: list[Row] = []
-    for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        for backups in (False,) if args.no_backups_big else (False, True):
-            r = run(big, name, backups, 1, BIG_TARGET.get(name, BIG_FLOOR))
-            big_rows.append(r)
-            print(
-                f"  {name} backups={backups}: {r.seconds:.1f} s, {r.rate:,.0f}/s", file=sys.stderr
-            )
-    rows += big_rows
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    big = "quick" if args.quick else "big"
+    cases: list[tuple[str, str, bool]] = []
+    if not args.no_chapter:
+        cases += [("chapter", p, b) for p in policies for b in (False, True)]
+    cases += [
+        (big, p, b) for p in policies for b in ((False,) if args.no_backups_big else (False, True))
+    ]
+    new: dict[tuple[str, str, bool], dict] = {}
+    old: dict[tuple[str, str, bool], dict] = {}
+    gen = 0.0
+    for run in range(args.runs):
+        for case in cases:
+            kind, name, backups = case
+            repeat = args.repeat if kind == "chapter" else 1
+            versions: list[tuple[dict, str | None]] = [(new, None)]
+            if args.against:
+                versions.append((old, args.against))
+            if run % 2:  # alternate which code runs first
+                versions.reverse()
+            for store, pkg in versions:
+                got = child(kind, name, backups, args.seed, repeat, pkg)
+                if kind != "chapter":
+                    gen = got["generate_s"]
+                if case not in store or got["seconds"] < store[case]["seconds"]:
+                    store[case] = got
+            msg = f"  run {run + 1}: {kind} {name} backups={backups}: {new[case]['seconds']:.3f} s"
+            if args.against:
+                msg += f" (old {old[case]['seconds']:.3f} s)"
+            print(msg, file=sys.stderr)
+
+    rows: list[Row] = []
+    for case in cases:
+        kind, name, backups = case
+        g = new[case]
+        r = Row(
+            "chapter" if kind == "chapter" else "chapter, 1M" if kind == "big" else "chapter, 100k",
+            g["tasks"],
+            g["cores"],
+            name,
+            backups,
+            g["seconds"],
+            g["makespan_h"],
+            g["events"],
+            None if kind == "chapter" else BIG_TARGET,
+        )
+        if args.against:
+            o = old[case]
+            r.old_seconds = o["seconds"]
+            r.same = (o["makespan_h"], o["events"]) == (g["makespan_h"], g["events"])
+        rows.append(r)
 
     print("## Simulator throughput\n")
     print(machine())
     print(f"- command: python benchmarks/bench_sim.py {' '.join(argv or sys.argv[1:])}".rstrip())
-    print(f"- big sweep generation (not timed below): {gen:.1f} s\n")
-    print(table(rows))
+    print(
+        f"- every case in a fresh interpreter, best of {args.runs} "
+        f"({'interleaved with the old code, ' if args.against else ''}"
+        f"chapter runs best of {args.repeat} within it)"
+    )
+    if gen:
+        print(f"- big sweep generation (not timed): {gen:.1f} s")
+    print()
+    print(table(rows, bool(args.against)))
 
-    to_profile = [(p, False) for p in args.profile]
+    to_profile = list(args.profile)
     if args.profile_misses:
-        to_profile += [(r.policy, r.backups) for r in big_rows if not r.ok]
+        to_profile += [(r.policy, r.backups) for r in rows if r.target is not None and not r.ok]
     for name, backups in to_profile:
-        print(f"\n### cProfile: {name}, backups={backups}, {n:,} tasks\n")
+        got = child(big, name, backups, args.seed, 1, prof=True)
+        print(f"\n### cProfile: {name}, backups={backups}, {got['tasks']:,} tasks\n")
         print("```")
-        print(profile(big, name, backups))
+        print(got["profile"].rstrip())
         print("```")
     return 0
 
