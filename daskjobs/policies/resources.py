@@ -346,10 +346,26 @@ class Request:
         return ", ".join(parts) or "nothing"
 
 
+def _feasible(request: Request, inventory: Inventory) -> bool:
+    """``why_not(request, inventory) is None``, without building the reason (the
+    packing loops ask this for every node of every waiting member)."""
+    if request.accelerator and inventory.accelerator not in request.accelerator:
+        return False
+    if request.gpu_memory and inventory.gpu_memory < request.gpu_memory:
+        return False
+    have = inventory.resources
+    for name, need in request.resources.items():
+        if have.get(name, 0.0) < need:
+            return False
+    return request.constraint is None or request.constraint(inventory)
+
+
 def why_not(request: Request, inventory: Inventory) -> str | None:
     """Why a worker with ``inventory`` can never run a task asking ``request`` (None: it
     can, once enough of its resources are free). The hard filter: no policy scores a
     worker this answers for."""
+    if _feasible(request, inventory):  # the hot path: no message to build
+        return None
     missing = []
     if request.accelerator and inventory.accelerator not in request.accelerator:
         have = inventory.accelerator or "no accelerator"
@@ -407,18 +423,29 @@ class _Free:
 
 
 def _fits(req: Request, free: Mapping[str, float]) -> bool:
-    return all(free.get(k, 0.0) >= v for k, v in req.resources.items())
+    # a loop, not all(genexpr): packing asks this per node per member per decision
+    for k, v in req.resources.items():  # noqa: SIM110 - twice as fast as all() here
+        if free.get(k, 0.0) < v:
+            return False
+    return True
 
 
-def _pack(requests: Sequence[Request], nodes: Sequence[_Free]) -> list[int] | None:
+def _pack(
+    requests: Sequence[Request],
+    nodes: Sequence[_Free],
+    feasible: dict[int, list[_Free]] | None = None,
+) -> list[int] | None:
     """A node index per member, every member on a feasible node with room, or None.
 
     Packing (topology preference, after feasibility): the largest members first; each on
     a node already used by this demand when one has room, else on the host already used,
-    else on the feasible node with the most room (ties: lowest index)."""
+    else on the feasible node with the most room (ties: lowest index). ``feasible``:
+    id(request) -> its feasible nodes among ``nodes``, a cache a caller may share between
+    calls on the same ``nodes`` (requests alive meanwhile)."""
     free = {n.index: dict(n.free) for n in nodes}
     by_index = {n.index: n for n in nodes}
-    feasible: dict[int, list[_Free]] = {}  # id(request) -> its feasible nodes
+    if feasible is None:
+        feasible = {}
     order = sorted(range(len(requests)), key=lambda i: -sum(requests[i].resources.values()))
     chosen: list[int] = [0] * len(requests)
     used: list[int] = []
@@ -427,7 +454,7 @@ def _pack(requests: Sequence[Request], nodes: Sequence[_Free]) -> list[int] | No
         req = requests[i]
         cands = feasible.get(id(req))
         if cands is None:
-            cands = [n for n in nodes if why_not(req, n.inventory) is None]
+            cands = [n for n in nodes if _feasible(req, n.inventory)]
             feasible[id(req)] = cands
         best: tuple[Any, ...] | None = None
         for n in cands:
@@ -508,8 +535,10 @@ class GangPolicy:
         ends = sorted((r for r in running if r.node in free), key=lambda r: r.end)
         at = now
         i = 0
+        feasible: dict[int, list[_Free]] = {}
+        order = list(free.values())
         while True:
-            got = _pack(demand.requests, list(free.values()))
+            got = _pack(demand.requests, order, feasible)
             if got is not None:
                 need: dict[int, dict[str, float]] = {}
                 for idx, req in zip(got, demand.requests, strict=True):
@@ -568,8 +597,9 @@ class GangPolicy:
         starts: list[Placement] = []
         reservation: Reservation | None = None
         held_back = 0
+        feasible: dict[int, list[_Free]] = {}  # shared by every packing on ``free``
         for demand in sorted(waiting, key=self.order_key):
-            got = _pack(demand.requests, free)
+            got = _pack(demand.requests, free, feasible)
             if got is not None and reservation is not None:
                 if not self.may_backfill(demand, got, reservation, now):
                     held_back += 1
@@ -620,6 +650,6 @@ def fragmentation(waiting: Iterable[Any], nodes: Sequence[Any], resource: str) -
         units = n.free.get(resource, 0.0)
         if units <= 0:
             continue
-        if not any(why_not(r, n.inventory) is None and _fits(r, n.free) for r in requests):
+        if not any(_fits(r, n.free) and _feasible(r, n.inventory) for r in requests):
             lost += units
     return lost
