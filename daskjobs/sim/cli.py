@@ -2,9 +2,10 @@
 
 Subcommands ``chapter``, ``fairshare`` and ``graph`` each run one experiment of
 :mod:`daskjobs.sim.report`, ``preemption`` the job-level preemption experiment of
-:mod:`daskjobs.sim.preemption` (docs/preemption.md); each prints an aligned table with the published
-figures beside the measured ones (``--json``: exactly one JSON object on
-stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
+:mod:`daskjobs.sim.preemption` (docs/preemption.md), ``gangs`` the resource-vector and gang
+experiment of :mod:`daskjobs.sim.gangs` (docs/resources.md); each prints an aligned table, with
+the published figures beside the measured ones where there are any (``--json``: exactly one JSON
+object on stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
 extra). Progress goes to stderr, so stdout stays clean for pipes.
 
 ``--policy NAME`` (repeat it) runs an experiment under those policies instead of
@@ -709,3 +710,100 @@ def preemption(
     if as_json:
         report = {k: v for k, v in report.items() if k != "slowdowns"}
     _emit(report, as_json, text, figures)
+
+
+@simulate.command(short_help="Gangs among 1-GPU tasks: reservation and backfill off and on.")
+@click.option(
+    "--seeds",
+    default="0-2",
+    show_default=True,
+    metavar="LIST",
+    help="Seeds of the synthetic workload: N, N-M, or a comma-separated list of them.",
+)
+@click.option(
+    "--hours",
+    type=click.FloatRange(min=0.5),
+    default=24.0,
+    show_default=True,
+    help="Hours of arrivals.",
+)
+@click.option(
+    "--load",
+    type=click.FloatRange(min=0.05, max=1.5),
+    default=0.9,
+    show_default=True,
+    help="Offered GPU load (1.0: arrivals ask for the whole cluster on average).",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=2),
+    default=16,
+    show_default=True,
+    help="Nodes of 8 GPUs: the first half A100 (80 GB), the rest V100 (32 GB).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> None:
+    """Gangs (2-8 members x 1-8 GPUs, some A100 only) among a Poisson stream of 1- and
+    2-GPU tasks on 16 nodes x 8 GPUs of two accelerator types (docs/resources.md),
+    under GangPolicy with its reservation off and on. Waits are from arrival to start;
+    utilisation is GPU-seconds allocated over capacity x makespan (and over the hours of
+    arrivals only); fragmentation is free GPUs that no waiting request fits, averaged
+    over time, and its share of the free GPU-time while something waited. Medians over
+    the seeds; every seed and the ranges in the JSON.
+    """
+    from daskjobs.sim.gangs import run_gangs
+
+    chosen = _parse_seeds(seeds)
+    try:
+        report = run_gangs(chosen, hours=hours, load=load, nodes=nodes)
+    except ValueError as exc:
+        raise click.UsageError(f"invalid workload: {exc}") from None
+
+    def h(x: float | None) -> str:
+        return "—" if x is None else f"{x / 3600:.2f}"
+
+    headers = [
+        "reservation",
+        "gang p50 h",
+        "gang p95 h",
+        "gang max h",
+        "task p50 h",
+        "task p95 h",
+        "util",
+        "util arrivals",
+        "frag GPUs",
+        "frag share",
+    ]
+    rows = [
+        [
+            "on" if r["reservation"] else "off",
+            h(r["gang_wait_p50_s"]),
+            h(r["gang_wait_p95_s"]),
+            h(r["gang_wait_max_s"]),
+            h(r["single_wait_p50_s"]),
+            h(r["single_wait_p95_s"]),
+            f"{r['utilisation']:.3f}",
+            f"{r['utilisation_arrivals']:.3f}",
+            f"{r['fragmentation_units']:.1f}",
+            f"{r['fragmentation_share']:.2f}",
+        ]
+        for r in report["rows"]
+    ]
+    w = report["workload"]
+    demands = [s["demands"] for s in report["per_seed"]]
+    gang_counts = [s["gangs"] for s in report["per_seed"]]
+    text = "\n".join(
+        [
+            f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs (half A100 80 GB, half V100 "
+            f"32 GB); {w['hours']:g} h of arrivals at load {w['load']:g} "
+            f"({100 * w['gang_share']:g}% of it gangs); seeds {report['seeds']}; "
+            f"{min(demands):,}-{max(demands):,} demands, {min(gang_counts)}-{max(gang_counts)} "
+            "gangs per seed",
+            "",
+            table(headers, rows),
+            "",
+            "waits (arrival to start) in hours, medians over the seeds; frag: free GPUs no "
+            "waiting request fits (time average; share of the free GPU-time while work waited)",
+        ]
+    )
+    _emit(report, as_json, text, [])
