@@ -552,7 +552,7 @@ class GangPolicy:
                 return Reservation(demand, at, tuple(got), spare)
             if i >= len(ends):
                 return None
-            at = ends[i].end
+            at = max(now, ends[i].end)  # one past its expected end is taken to end now
             # every allocation ending by then frees its resources
             while i < len(ends) and ends[i].end <= at:
                 f = free[ends[i].node].free
