@@ -289,3 +289,31 @@ def test_replay_busy_never_exceeds_the_slots_and_the_legend_stays_off_the_curves
     legend = ax.get_legend().get_window_extent()
     assert legend.y1 < ax.get_window_extent().y0  # below the axes, off the curves
     assert "6 slots (3 workers)" in _legend_labels(ax)
+
+
+def test_gangs_json_rows_are_the_seeds_spread() -> None:
+    result = invoke("gangs", "--seeds", "0,1,2", "--hours", "4", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["seeds"] == [0, 1, 2] and len(report["per_seed"]) == 3
+    assert [r["reservation"] for r in report["rows"]] == [False, True]
+    for i, row in enumerate(report["rows"]):
+        got = sorted(s["rows"][i]["gang_wait_max_s"] for s in report["per_seed"])
+        assert (row["gang_wait_max_s_min"], row["gang_wait_max_s"]) == (got[0], got[1])
+        assert row["gang_wait_max_s_max"] == got[2]
+        assert 0 < row["utilisation"] <= 1 and 0 <= row["fragmentation_share"] <= 1
+    off, on = report["rows"]
+    assert on["gang_wait_max_s"] < off["gang_wait_max_s"]
+    assert report["workload"]["nodes"] == 16 and report["workload"]["hours"] == 4
+
+
+def test_gangs_table_and_bad_input() -> None:
+    result = invoke("gangs", "--seeds", "0", "--hours", "2", "--load", "0.7")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "2 h of arrivals at load 0.7" in lines[0] and "seeds [0]" in lines[0]
+    assert lines[2].split()[:4] == ["reservation", "gang", "p50", "h"]
+    assert [ln.split()[0] for ln in lines[4:6]] == ["off", "on"]
+    bad = invoke("gangs", "--nodes", "4")  # 2 A100 nodes cannot hold a 32-GPU A100 gang
+    assert bad.exit_code == 2 and "invalid workload: gang_max_gpus 32" in bad.output
+    assert invoke("gangs", "--seeds", "x").exit_code == 2
