@@ -1,12 +1,33 @@
-"""Speculative copies of late tasks on a live dask cluster with one slow worker.
+"""Speculative copies of late tasks on a live dask cluster with slow workers.
 
 Usage::
 
-    python benchmarks/bench_speculation.py            # 3 seeds, 4 configurations (a few minutes)
-    python benchmarks/bench_speculation.py --quick    # 1 seed
+    python benchmarks/bench_speculation.py            # the grid: 16 workloads (~7 minutes)
+    python benchmarks/bench_speculation.py --quick    # 4 workloads of the grid
+    python benchmarks/bench_speculation.py --reps 3   # each run 3 times
+    python benchmarks/bench_speculation.py --chapter  # the chapter table below (3 seeds)
+    python benchmarks/bench_speculation.py --real     # ... and on real processes
 
-The laptop-scaled chapter sweep of ``benchmarks/bench_plugin.py`` (32 slots as 4
-workers x 8 threads, ``processes=False``, sleep tasks with durations from
+**The grid** (issue 16, the default): the full plugin (``JobsPlugin(policy=
+"node-aware", speculation=...)``) against plain dask, side by side (alternating, a
+fresh in-process cluster per run), on 16 workloads (:data:`GRID`): 400 to 3,200 sleep
+tasks (median 0.1 s, sigma 0.76, the 4 longest at 30x the median submitted last),
+16 to 64 slots (4 or 8 workers of 4 or 8 threads), one or two workers 4x slow,
+estimates with ``exp(0.3 z)`` noise or exact, seeds other than the chapter table's,
+the sweep submitted as one graph of ``dask.delayed`` calls. For each run: makespan
+(first task start to last task end) over the speed bound ``max(work / slot
+equivalents, longest task)``, the time from ``client.compute`` to the first task
+start and from the last task end to the results in the client's hands, and where the
+lost slot-time went (:func:`decompose`: ramp-up, dispatch round trips, idle slots
+while work waited, tail, losing copies, tasks overrunning their sleep), read from the
+timeline of every attempt (copies and beaten primaries included), which the tasks
+log themselves, so that plain dask and the plugin are measured by the same ruler.
+Target (issue 16): the full plugin at or below 1.05x the bound on every workload, and
+its fixed costs within 0.1 s of plain dask's.
+
+**The chapter table** (``--chapter``, issue 5): the laptop-scaled chapter sweep of
+``benchmarks/bench_plugin.py`` (32 slots as 4 workers x 8 threads, ``processes=False``,
+sleep tasks with durations from
 :func:`daskjobs.workloads.chapter` with ``n=832, n_long=4, median=0.1``, the 4
 longest at 30x the median and submitted last, estimates with ``exp(0.3 z)`` noise
 as ``estimate`` annotations, the sweep submitted as one graph, keys named so that
@@ -54,6 +75,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -427,6 +449,379 @@ def table(rows: list[dict[str, Any]], n: int, slow_worker: int, slow_factor: flo
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------------------------------
+# The grid (issue 16): the full plugin against plain dask on many workloads, side by side
+# ---------------------------------------------------------------------------------------
+
+#: Every attempt's (task index, worker name, start, end), appended by the thread that ran
+#: it when its sleep returns: losing copies and beaten primaries included. The cluster
+#: runs in this process (``processes=False``) and :func:`nap_logged` is imported from
+#: this module by name, so the workers append to this very list.
+SPANS: list[tuple[int, str, float, float]] = []
+
+
+def nap_logged(
+    i: int, seconds: float, slow: tuple[str, ...], slow_factor: float
+) -> tuple[float, float, str]:
+    """Sleep ``seconds`` (``slow_factor`` times longer on a worker named in ``slow``) and
+    log the attempt in :data:`SPANS`."""
+    name = str(get_worker().name)
+    t0 = time.time()
+    time.sleep(seconds * (slow_factor if name in slow else 1.0))
+    t1 = time.time()
+    SPANS.append((i, name, t0, t1))
+    return t0, t1, name
+
+
+@dataclass(frozen=True)
+class Case:
+    """One workload of the grid."""
+
+    n: int
+    workers: int
+    threads: int
+    slow: int  # how many workers run SLOW_FACTOR x slower (the first ones)
+    noise: float  # sigma of the estimates' exp(noise z) error; 0: exact estimates
+    seed: int
+
+    @property
+    def slots(self) -> int:
+        return self.workers * self.threads
+
+    @property
+    def slot_equivalents(self) -> float:
+        return (self.workers - self.slow) * self.threads + self.slow * self.threads / SLOW_FACTOR
+
+    def label(self) -> str:
+        est = f"noise {self.noise:g}" if self.noise else "exact"
+        return (
+            f"{self.n} x {self.workers}x{self.threads}, {self.slow} slow, {est}, seed {self.seed}"
+        )
+
+
+#: 16 workloads: 400-3,200 tasks, 16-64 slots, one or two slow workers, estimates with
+#: and without noise, other seeds than the chapter table's. Sizes go with slot counts so
+#: that every run is a few seconds (the median task stays 0.1 s, as in the issue).
+GRID = (
+    Case(400, 4, 4, 1, 0.3, 11),
+    Case(400, 4, 4, 2, 0.0, 12),
+    Case(800, 4, 4, 1, 0.3, 13),
+    Case(800, 4, 8, 1, 0.3, 14),
+    Case(800, 4, 8, 1, 0.3, 15),
+    Case(800, 4, 8, 1, 0.3, 16),
+    Case(800, 4, 8, 1, 0.0, 17),
+    Case(800, 4, 8, 2, 0.3, 18),
+    Case(1600, 4, 8, 1, 0.3, 19),
+    Case(1600, 4, 8, 2, 0.0, 20),
+    Case(1600, 8, 8, 1, 0.3, 21),
+    Case(1600, 8, 8, 2, 0.3, 22),
+    Case(1600, 8, 8, 1, 0.0, 23),
+    Case(3200, 8, 8, 1, 0.3, 24),
+    Case(3200, 8, 8, 2, 0.3, 25),
+    Case(3200, 8, 8, 2, 0.0, 26),
+)
+QUICK = (GRID[1], GRID[3], GRID[10], GRID[14])
+GRID_CONFIGS = ("plain", "aware")
+GRID_TARGET = 1.05
+
+
+def grid_graph(case: Case) -> tuple[list[Any], list[float]]:
+    """The sweep of ``case`` as one graph of ``dask.delayed`` calls (the 4 longest last)."""
+    w = workloads.chapter(
+        case.seed, n=case.n, n_long=N_LONG, median=0.1, sigma=0.76, estimate_noise=case.noise
+    )
+    import bench_speculation  # by name, so the tasks log into this module's SPANS
+
+    fn = bench_speculation.nap_logged
+    slow = tuple(str(i) for i in range(case.slow))
+    parts, durations = [], []
+    last = len(w.tasks) - 1
+    for i, t in enumerate(w.tasks):
+        with dask.annotate(estimate=float(t.estimate)):
+            parts.append(
+                dask.delayed(fn)(
+                    i, float(t.duration), slow, SLOW_FACTOR, dask_key_name=f"bt-{last - i:06d}"
+                )
+            )
+        durations.append(float(t.duration))
+    return parts, durations
+
+
+def decompose(
+    spans: list[tuple[int, str, float, float]], durations: list[float], case: Case
+) -> dict[str, float]:
+    """Where the slot-time of a run went, in slot-equivalent seconds (a slow worker's
+    slot counts ``1 / SLOW_FACTOR``, so a task's slot-time is its nominal duration
+    wherever it ran). ``capacity = slot_equivalents x makespan`` splits into the work,
+    and the lost slot-time:
+
+    * ``ramp``: each slot idle from the first start until its first task;
+    * ``dispatch``: refills of a freed slot while work waited, at the median refill gap
+      each (the round trip of handing the next task to a free thread), so also
+      ``releases`` (their count) and ``gap_ms`` (that median);
+    * ``waited``: the rest of the idle slot-time while work waited (a slot idle longer
+      than a round trip while tasks had not started: held back, or queued elsewhere);
+    * ``tail``: idle slot-time after the last task started (nothing left to start);
+    * ``copies``: slot-time of losing attempts (losing copies and beaten primaries);
+    * ``overrun``: winners' slot-time beyond their nominal duration (sleep overshoot,
+      the GIL);
+    * ``other``: what remains (rounding, threads over-filled by zombie threads).
+    """
+    weight = {str(w): (1 / SLOW_FACTOR if w < case.slow else 1.0) for w in range(case.workers)}
+    t0 = min(s for _, _, s, _ in spans)
+    t_end = max(e for _, _, _, e in spans)
+    makespan = t_end - t0
+    capacity = case.slot_equivalents * makespan
+    work = sum(durations)
+    # the first attempt to end per task wins; the others lost
+    winner: dict[int, tuple[int, str, float, float]] = {}
+    for sp in spans:
+        cur = winner.get(sp[0])
+        if cur is None or sp[3] < cur[3]:
+            winner[sp[0]] = sp
+    busy_win = sum(weight[w] * (e - s) for _, w, s, e in winner.values())
+    busy_all = sum(weight[w] * (e - s) for _, w, s, e in spans)
+    first_start: dict[int, float] = {}
+    for i, _, s, _ in spans:
+        first_start[i] = min(s, first_start.get(i, s))
+    last_start = max(first_start.values())  # after this, no task is left to start
+    ramp = dispatch = waited = tail = waited_slow = 0.0
+    gaps: list[float] = []
+    per_worker_gaps: dict[str, list[float]] = {}
+    for w in weight:
+        mine = [(s, e) for _, ww, s, e in spans if ww == w]
+        starts = sorted(s for s, _ in mine)
+        ends = sorted(e for _, e in mine)
+        nt = case.threads
+        # ramp: slot k idle until the k-th start on the worker
+        ramp_w = sum(starts[k] - t0 for k in range(min(nt, len(starts))))
+        ramp_w += max(nt - len(starts), 0) * makespan
+        # idle integral over time, split at last_start, after each slot's first start
+        events = [(s, 1) for s in starts] + [(e, -1) for e in ends]
+        events.sort()
+        running = 0
+        idle_before = idle_after = 0.0
+        prev = t0
+        for t, d in [*events, (t_end, 0)]:
+            if t > prev:
+                idle = max(nt - running, 0)
+                # idle slots during the ramp are counted by ramp_w already: the j-th
+                # slot is in its ramp until starts[j]
+                ramping = sum(1 for k in range(min(nt, len(starts))) if starts[k] > prev)
+                ramping += max(nt - len(starts), 0)
+                idle = max(idle - ramping, 0)
+                a, b = prev, t
+                if b <= last_start:
+                    idle_before += idle * (b - a)
+                elif a >= last_start:
+                    idle_after += idle * (b - a)
+                else:
+                    idle_before += idle * (last_start - a)
+                    idle_after += idle * (b - last_start)
+            running += d
+            prev = t
+        # refills: the (nt + j)-th start needed the j-th end to free a thread
+        wg = [max(s - e, 0.0) for e, s in zip(ends, starts[nt:], strict=False) if s <= last_start]
+        per_worker_gaps[w] = wg
+        gaps.extend(wg)
+        ramp += weight[w] * ramp_w
+        waited += weight[w] * idle_before
+        if weight[w] < 1:
+            waited_slow += weight[w] * idle_before
+        tail += weight[w] * idle_after
+    gap = statistics.median(gaps) if gaps else 0.0
+    for w, wg in per_worker_gaps.items():
+        dispatch += weight[w] * sum(min(g, gap) for g in wg)
+    waited = max(waited - dispatch, 0.0)
+    copies = busy_all - busy_win
+    overrun = busy_win - work
+    lost = capacity - work
+    other = lost - (ramp + dispatch + waited + tail + copies + overrun)
+    return {
+        "makespan": makespan,
+        "capacity": capacity,
+        "work": work,
+        "lost": lost,
+        "ramp": ramp,
+        "dispatch": dispatch,
+        "waited": waited,
+        "tail": tail,
+        "copies": copies,
+        "overrun": overrun,
+        "other": other,
+        "waited_slow": waited_slow,
+        "releases": float(len(gaps)),
+        "gap_ms": gap * 1000,
+    }
+
+
+def run_grid_case(case: Case, config: str) -> dict[str, Any]:
+    """One run of ``case`` on a fresh in-process cluster; see :func:`grid`."""
+    plugin = None
+    if config == "aware":
+        plugin = JobsPlugin(policy="node-aware", speculation=dict(SPECULATION))
+    parts, durations = grid_graph(case)
+    with (
+        LocalCluster(
+            n_workers=case.workers,
+            threads_per_worker=case.threads,
+            processes=False,
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [plugin] if plugin else []},
+        ) as cl,
+        Client(cl) as client,
+    ):
+        client.wait_for_workers(case.workers)
+        import bench_speculation  # the module the tasks log into (not __main__)
+
+        log = bench_speculation.SPANS
+        log.clear()
+        t_submit = time.time()
+        out = client.compute(parts, sync=True)
+        t_results = time.time()
+        status = client.run_on_scheduler(_status) if plugin else None
+        spans = list(log)
+    d = decompose(spans, durations, case)
+    first = min(s for _, _, s, _ in spans)
+    last = max(e for _, _, _, e in spans)
+    bound = max(sum(durations) / case.slot_equivalents, max(durations))
+    r: dict[str, Any] = {
+        **d,
+        "bound": bound,
+        "ratio": d["makespan"] / bound,
+        "wall": t_results - t_submit,
+        "to_first": first - t_submit,
+        "after_last": t_results - last,
+        "results": len(out),
+    }
+    if status is not None:
+        r["speculation"] = status.get("speculation")
+    return r
+
+
+def grid(cases: tuple[Case, ...], reps: int) -> list[dict[str, Any]]:
+    """Each case, plugin and plain dask alternating (the order flips every case), on a
+    fresh cluster per run."""
+    rows = []
+    for k, case in enumerate(cases):
+        row: dict[str, Any] = {"case": case, "runs": {c: [] for c in GRID_CONFIGS}}
+        for rep in range(reps):
+            order = GRID_CONFIGS if (k + rep) % 2 == 0 else GRID_CONFIGS[::-1]
+            for config in order:
+                r = run_grid_case(case, config)
+                row["runs"][config].append(r)
+                print(
+                    f"  {case.label()} {config}: {r['makespan']:.2f} s, {r['ratio']:.3f}x, "
+                    f"first start {r['to_first']:.3f} s, wall {r['wall']:.2f} s",
+                    file=sys.stderr,
+                )
+        rows.append(row)
+    return rows
+
+
+def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run by ratio (the upper median with an even count)."""
+    return sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
+
+
+def _ratios(runs: list[dict[str, Any]]) -> str:
+    return "/".join(f"{r['ratio']:.3f}" for r in runs)
+
+
+def grid_table(rows: list[dict[str, Any]], reps: int) -> str:
+    out = [
+        "| workload (tasks x workers x threads, slow, estimates, seed) | bound (s) | "
+        "plain dask / bound | full plugin / bound | submit to first start, plain / plugin (s) | "
+        "last end to results, plain / plugin (s) | wall, plain / plugin (s) | "
+        "copies launched / won / lost |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        case = row["case"]
+        p = _best(row["runs"]["plain"])
+        a = _best(row["runs"]["aware"])
+        runs = row["runs"]
+        mark = " ok" if max(r["ratio"] for r in row["runs"]["aware"]) <= GRID_TARGET else " MISS"
+        s = a.get("speculation") or {}
+        out.append(
+            f"| {case.label()} | {a['bound']:.2f} | {_ratios(runs['plain'])} | "
+            f"{_ratios(runs['aware'])}{mark} | "
+            f"{p['to_first']:.3f} / {a['to_first']:.3f} | "
+            f"{p['after_last']:.3f} / {a['after_last']:.3f} | "
+            f"{p['wall']:.2f} / {a['wall']:.2f} | "
+            f"{s.get('launched', 0)} / {s.get('won', 0)} / {s.get('lost', 0)} |"
+        )
+    allr = {c: [r["ratio"] for row in rows for r in row["runs"][c]] for c in GRID_CONFIGS}
+    fixed = {
+        c: [r["to_first"] + r["after_last"] for row in rows for r in row["runs"][c]]
+        for c in GRID_CONFIGS
+    }
+    out.append(
+        f"\nMakespan / bound over {len(rows)} workloads x {reps} run(s): full plugin median "
+        f"{statistics.median(allr['aware']):.3f}, worst {max(allr['aware']):.3f} "
+        f"(target <= {GRID_TARGET:.2f}: "
+        f"{sum(r <= GRID_TARGET for r in allr['aware'])} of {len(allr['aware'])} runs); "
+        f"plain dask median {statistics.median(allr['plain']):.3f}, worst "
+        f"{max(allr['plain']):.3f}. Fixed costs (submission to first start + last end to "
+        f"results), median: plain {statistics.median(fixed['plain']):.3f} s, plugin "
+        f"{statistics.median(fixed['aware']):.3f} s."
+    )
+    out.append(
+        "\nLost slot-time of the full plugin's runs (the median run per workload), in seconds "
+        "of makespan (slot-equivalent seconds / slot-equivalents; they add up to makespan "
+        "- work / slot-equivalents):\n"
+    )
+    out.append(
+        "| workload | makespan - work/slots (s) | ramp-up | dispatch (releases x median gap) | "
+        "idle while work waited | tail | losing copies | overrun | other |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    keys = ("ramp", "dispatch", "waited", "tail", "copies", "overrun", "other")
+    tot = {k: 0.0 for k in keys}
+    for row in rows:
+        case = row["case"]
+        a = _best(row["runs"]["aware"])
+        se = case.slot_equivalents
+        cells = [case.label(), f"{a['lost'] / se:.3f}"]
+        for k in keys:
+            v = a[k] / se
+            tot[k] += v
+            cell = f"{v:.3f}"
+            if k == "dispatch":
+                cell += f" ({a['releases']:.0f} x {a['gap_ms']:.1f} ms)"
+            cells.append(cell)
+        out.append("| " + " | ".join(cells) + " |")
+    out.append(
+        "| **sum over workloads** | "
+        + f"{sum(tot.values()):.3f} | "
+        + " | ".join(f"{tot[k]:.3f}" for k in keys)
+        + " |"
+    )
+    out.append("\nThe same for plain dask (median run per workload):\n")
+    out.append(
+        "| workload | makespan - work/slots (s) | ramp-up | dispatch | idle while work waited "
+        "| tail | losing copies | overrun | other |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        case = row["case"]
+        p = _best(row["runs"]["plain"])
+        se = case.slot_equivalents
+        out.append(
+            "| "
+            + " | ".join(
+                [case.label(), f"{p['lost'] / se:.3f}"]
+                + [
+                    f"{p[k] / se:.3f}"
+                    + (f" ({p['releases']:.0f} x {p['gap_ms']:.1f} ms)" if k == "dispatch" else "")
+                    for k in keys
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(out)
+
+
 def revision() -> str:
     """The commit measured, and any uncommitted change to the package at run time."""
     root = __file__.rsplit("/benchmarks/", 1)[0] if "/benchmarks/" in __file__ else "."
@@ -452,28 +847,47 @@ def revision() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one seed")
+    ap.add_argument("--quick", action="store_true", help="4 workloads of the grid (one seed)")
+    ap.add_argument("--reps", type=int, default=1, help="runs per workload and configuration")
+    ap.add_argument("--cases", default=None, help="grid rows to run, e.g. 0,3,10 (default all)")
+    ap.add_argument(
+        "--chapter", action="store_true", help="the chapter table (5 configurations) instead"
+    )
     ap.add_argument("--sweep-tasks", type=int, default=832, help="tasks per chapter sweep")
-    ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3)")
+    ap.add_argument("--seeds", type=int, default=None, help="chapter seeds (default 3)")
     ap.add_argument("--slow-worker", type=int, default=SLOW_WORKER, help="slow worker's name")
     ap.add_argument("--slow-factor", type=float, default=SLOW_FACTOR)
     ap.add_argument(
         "--real",
         action="store_true",
-        help="also run on real dask scheduler/worker processes with dask's defaults",
+        help="the chapter table, also on real dask scheduler/worker processes",
     )
     ap.add_argument("--only-real", action="store_true", help="only the real-process runs")
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds or (1 if args.quick else 3)))
     n = args.sweep_tasks
+    command = f"- command: python benchmarks/bench_speculation.py {' '.join(sys.argv[1:])}"
     if args.only_real:
         real = sweep_real(seeds, n)
         print("## Speculation on real processes\n")
         print(machine())
         print(revision())
-        print(f"- command: python benchmarks/bench_speculation.py {' '.join(sys.argv[1:])}")
+        print(command)
         print()
         print(real_table(real, n))
+        return 0
+    if not (args.chapter or args.real):
+        cases = QUICK if args.quick else GRID
+        if args.cases:
+            cases = tuple(GRID[int(k)] for k in args.cases.split(","))
+        print(f"grid: {len(cases)} workloads x {args.reps} run(s) ...", file=sys.stderr)
+        rows = grid(cases, args.reps)
+        print("## Speculation: the full plugin against plain dask on a grid of workloads\n")
+        print(machine())
+        print(revision())
+        print(command.rstrip())
+        print()
+        print(grid_table(rows, args.reps))
         return 0
     print(f"chapter sweep with a slow worker: {n} tasks, seeds {seeds} ...", file=sys.stderr)
     rows = sweep(seeds, n, args.slow_worker, args.slow_factor)
@@ -481,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     print("## Speculation\n")
     print(machine())
     print(revision())
-    print(f"- command: python benchmarks/bench_speculation.py {' '.join(sys.argv[1:])}".rstrip())
+    print(command.rstrip())
     print("\n### The chapter sweep on 32 slots, one worker 4x slow: makespan over the bound\n")
     print(table(rows, n, args.slow_worker, args.slow_factor))
     if args.real:
