@@ -172,6 +172,14 @@ class PreemptionSettings:
 
 
 @dataclass(frozen=True)
+class ResourcesSettings:
+    enabled: bool = _default("resources.enabled")
+    reservation: bool = _default("resources.reservation")
+    refuse_unsatisfiable: bool = _default("resources.refuse-unsatisfiable")
+    interval: float = _default_seconds("resources.interval") or MIN_INTERVAL
+
+
+@dataclass(frozen=True)
 class ClientSettings:
     """What clients may change on an operator's scheduler (docs/plugin.md#trust)."""
 
@@ -206,6 +214,7 @@ class Settings:
     record: str | None = _default("record")
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
+    resources: ResourcesSettings = field(default_factory=ResourcesSettings)
     record_dir: str | None = _default("record-dir")
     clients: ClientSettings = field(default_factory=ClientSettings)
 
@@ -473,6 +482,16 @@ def _preemption(pr: Mapping[str, Any]) -> PreemptionSettings:
     )
 
 
+def _resources(rs: Mapping[str, Any]) -> ResourcesSettings:
+    key = "daskjobs.resources"
+    return ResourcesSettings(
+        enabled=_boolean(f"{key}.enabled", rs["enabled"]),
+        reservation=_boolean(f"{key}.reservation", rs["reservation"]),
+        refuse_unsatisfiable=_boolean(f"{key}.refuse-unsatisfiable", rs["refuse-unsatisfiable"]),
+        interval=_seconds(f"{key}.interval", rs["interval"], floor=MIN_INTERVAL) or MIN_INTERVAL,
+    )
+
+
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
     if isinstance(value, str) and value in choices:
         return value
@@ -578,6 +597,7 @@ def settings(**overrides: Any) -> Settings:
         record=_path("daskjobs.record", raw["record"], "the path of a trace file"),
         speculation=_speculation(raw["speculation"]),
         preemption=_preemption(raw["preemption"]),
+        resources=_resources(raw["resources"]),
         record_dir=_path("daskjobs.record-dir", raw["record-dir"], "a directory"),
         clients=ClientSettings(
             replace_plugin=_boolean(

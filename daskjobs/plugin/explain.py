@@ -117,6 +117,7 @@ def status(plugin: JobsPlugin) -> dict[str, Any]:
     return {
         "speculation": plugin.speculator.stats() if plugin.speculator is not None else None,
         "preemption": plugin.preemptor.status() if plugin.preemptor is not None else None,
+        "resources": plugin.placer.status() if plugin.placer is not None else None,
         "teams": teams(plugin),
         "workers": plugin.worker_speeds(),
         "policy": plugin.settings.policy,

@@ -36,6 +36,7 @@ streams.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -48,6 +49,8 @@ from daskjobs.plugin import explain as _explain
 from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler, compute_seconds
 from daskjobs.plugin.audit import Audit, guarded
 from daskjobs.plugin.dashboard import install_dashboard, uninstall_dashboard
+from daskjobs.plugin.gangs import Placer
+from daskjobs.plugin.inventory import INVENTORY_NAME, INVENTORY_TOPIC, inventory_bytes
 from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
 from daskjobs.plugin.preemption import Preemptor
 from daskjobs.plugin.ranking import Ranker, UnknownTeam
@@ -60,6 +63,7 @@ from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.plugin.worker import REPORTER_NAME, RETURNED_TOPIC, STARTED_TOPIC, reporter_bytes
 from daskjobs.policies import FairShare, HeapPolicy, Policy, Speculation
 from daskjobs.policies.preemption import make_preemption_policy, preemption_options
+from daskjobs.policies.resources import GangPolicy
 from daskjobs.tasks import CHECKPOINT_TOPIC
 
 if TYPE_CHECKING:
@@ -69,7 +73,7 @@ __all__ = ["JobsPlugin", "LiveAttempt", "LiveTask", "UnknownTeam"]
 
 logger = logging.getLogger("daskjobs.plugin")
 
-_WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC, CHECKPOINT_TOPIC)
+_WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC, CHECKPOINT_TOPIC, INVENTORY_TOPIC)
 
 #: What the RPC handlers answer once the plugin was unregistered (dask keeps handlers).
 _REMOVED = {"daskjobs": "removed"}
@@ -118,8 +122,25 @@ class JobsPlugin(SchedulerPlugin):
             # the object the job-level simulator runs, with the operator's settings
             self.preemption_policy = make_preemption_policy(pr.policy, **preemption_options(pr))
             self.ranker.te_first = self.preemption_policy.te_first
+        self.placer: Placer | None = None
+        rs = self.settings.resources
+        if rs.enabled:
+            if pr.enabled:
+                raise ValueError(
+                    "daskjobs.resources.enabled and daskjobs.preemption.enabled cannot both be "
+                    "on yet: both would place the same resource tasks (docs/resources.md)"
+                )
+            self.placer = Placer(
+                GangPolicy(reservation=rs.reservation),
+                refuse_unsatisfiable=rs.refuse_unsatisfiable,
+                interval=rs.interval,
+                default_estimate=self.settings.default_estimate,
+                audit=self.audit,
+                tasks=self.ranker.tasks,
+            )
         # the scheduler's "log-event" stream handler and the plugin's wrapper of it
         self._log_event_original: tuple[Any, Any] | None = None
+        self._starting = False
 
     # -- the parts, as the rest of daskjobs and the tests read them -----------------------
     @property
@@ -205,6 +226,13 @@ class JobsPlugin(SchedulerPlugin):
                 )
 
     async def start(self, scheduler: Any) -> None:
+        self._starting = True
+        try:
+            await self._start(scheduler)
+        finally:
+            self._starting = False
+
+    async def _start(self, scheduler: Any) -> None:
         check_scheduler(scheduler)
         self._apply_trust(scheduler)
         if getattr(scheduler, "_daskjobs_wrapped", None) is not None:
@@ -228,8 +256,11 @@ class JobsPlugin(SchedulerPlugin):
                     uninstall_metrics(scheduler, self)
                 return
             tasks = kwargs["tasks"]
+            placed = self._check_resources(tasks) if self.placer is not None else None
             new = self.ranker.unranked(tasks) if self.recorder is not None else None
             self.ranker.rank(tasks)
+            if placed:
+                self._admit_resources(placed)
             if new:  # after ranking: estimates and teams are known (a rejected graph raised)
                 self.recording.graph(new)
 
@@ -283,6 +314,47 @@ class JobsPlugin(SchedulerPlugin):
             self.preemptor.start(scheduler)
             await self._ensure_reporter()
             self.audit.event("preemption", **self.preemption_policy.describe())
+        if self.placer is not None:
+            self.placer.start(scheduler)
+            await self._ensure_reporter()  # true starts; a gang's stop signal
+            await self._ensure_inventory()
+            self.audit.event("resources", **self.placer.policy.describe())
+
+    def _check_resources(self, tasks: Any) -> list[Any]:
+        """The new tasks the placer places; a malformed or impossible request fails the
+        submission, naming it (as a bad estimate does), and leaves nothing behind."""
+        from daskjobs.plugin.gangs import ResourceRequestError
+
+        assert self.placer is not None
+        new = self.ranker.unranked(tasks)
+        try:
+            return self.placer.check(new)
+        except ResourceRequestError as e:
+            self.audit.event("rejected-graph", error=str(e), tasks=len(new))
+            keys = [ts.key for ts in new]
+            cleanup = self.audit.guard("cleanup", self.ranker._forget_rejected)
+            asyncio.get_running_loop().call_soon(cleanup, keys)
+            raise
+        except Exception:
+            self.audit.failed("resources")
+            return []
+
+    @guarded("resources")
+    def _admit_resources(self, placed: list[Any]) -> None:
+        assert self.placer is not None
+        self.placer.admit(placed)
+
+    async def _ensure_inventory(self) -> None:
+        """The worker plugin that reports each worker's inventory (resources need it)."""
+        sched = self.scheduler
+        if INVENTORY_NAME in getattr(sched, "worker_plugins", {}):
+            return
+        try:
+            await sched.register_worker_plugin(
+                None, inventory_bytes(), name=INVENTORY_NAME, idempotent=False
+            )
+        except Exception:
+            self.audit.failed("inventory-install")
 
     async def _ensure_reporter(self) -> None:
         """The worker plugin that reports true starts (recording and speculation need it)."""
@@ -299,7 +371,9 @@ class JobsPlugin(SchedulerPlugin):
     async def _drop_reporter(self) -> None:
         """Recording stopped: remove the start reporter unless speculation still needs it."""
         sched = self.scheduler
-        needed = self.speculator is not None or self.preemptor is not None
+        needed = (
+            self.speculator is not None or self.preemptor is not None or self.placer is not None
+        )
         if not needed and REPORTER_NAME in getattr(sched, "worker_plugins", {}):
             try:
                 await sched.unregister_worker_plugin(None, REPORTER_NAME)
@@ -317,6 +391,11 @@ class JobsPlugin(SchedulerPlugin):
                 self.preemptor.close()
             except Exception:
                 self.audit.failed("preemption")
+        if self.placer is not None:
+            try:
+                self.placer.close()
+            except Exception:
+                self.audit.failed("resources")
         self.audit.guard("save-history", self._save_history)()
         try:
             await self.recording.stop()
@@ -364,7 +443,9 @@ class JobsPlugin(SchedulerPlugin):
 
         def log_event_from_worker(worker: str, topic: Any, msg: Any, **kwargs: Any) -> Any:
             if topic in _WORKER_TOPICS and isinstance(msg, dict):
-                if self._registered():
+                # while start() runs, dask has not added the plugin yet: the workers'
+                # first reports (inventories, at once) are ours already
+                if self._starting or self._registered():
                     self._worker_report(worker, topic, msg)
                 elif scheduler.stream_handlers.get("log-event") is log_event_from_worker:
                     scheduler.stream_handlers["log-event"] = original  # step aside
@@ -381,10 +462,17 @@ class JobsPlugin(SchedulerPlugin):
 
     @guarded("worker-report")
     def _worker_report(self, worker: str, topic: str, msg: dict[str, Any]) -> None:
+        if topic == INVENTORY_TOPIC:
+            if self.placer is not None:
+                self.placer.inventory_report(worker, msg)
+            return
         key = msg.get("key")
         if key is None:
             return
         started_as: Any = key
+        if self.placer is not None and topic == STARTED_TOPIC:
+            when = msg.get("time")
+            self.placer.started(key, float(when) if isinstance(when, int | float) else time.time())
         if self.preemptor is not None:
             self._preemption_report(worker, topic, key, msg)
         if topic == CHECKPOINT_TOPIC:
@@ -430,12 +518,19 @@ class JobsPlugin(SchedulerPlugin):
             learn = self._speculation_transition(key, start, finish, kwargs)
         if self.preemptor is not None:
             self._preemption_transition(key, start, finish, kwargs.get("stimulus_id") or "")
+        if self.placer is not None:
+            self._resources_transition(key, start, finish)
         self._task_transition(key, start, finish, kwargs, learn)
 
     @guarded("preemption", key_arg=0)
     def _preemption_transition(self, key: Key, start: str, finish: str, stimulus: str) -> None:
         assert self.preemptor is not None
         self.preemptor.transition(key, start, finish, stimulus)
+
+    @guarded("resources", key_arg=0)
+    def _resources_transition(self, key: Key, start: str, finish: str) -> None:
+        assert self.placer is not None
+        self.placer.transition(key, start, finish)
 
     @guarded("record", key_arg=0)
     def _record_transition(self, key: Key, start: str, finish: str, kwargs: Any) -> None:
@@ -485,6 +580,8 @@ class JobsPlugin(SchedulerPlugin):
             self._speculation_worker_removed(worker)
         if self.preemptor is not None:
             self._preemption_worker_removed(worker)
+        if self.placer is not None:
+            self._resources_worker_removed(worker)
         self._record_worker_removed(worker, stimulus_id)
 
     @guarded("speeds", key_arg=0)
@@ -500,6 +597,11 @@ class JobsPlugin(SchedulerPlugin):
     def _preemption_worker_removed(self, worker: str) -> None:
         assert self.preemptor is not None
         self.preemptor.worker_removed(worker)
+
+    @guarded("resources", key_arg=0)
+    def _resources_worker_removed(self, worker: str) -> None:
+        assert self.placer is not None
+        self.placer.worker_removed(worker)
 
     @guarded("record", key_arg=0)
     def _record_worker_removed(self, worker: str, stimulus_id: str) -> None:

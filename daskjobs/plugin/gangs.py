@@ -1,0 +1,641 @@
+"""The live half of resources and gangs (docs/resources.md, "Live on dask").
+
+With ``daskjobs.resources.enabled`` the plugin places every task that asks for a worker
+resource (dask's ``resources={"GPU": 2}``), an accelerator type, GPU memory or a
+constraint, or that belongs to a gang (``dask.annotate(gang="train-7", gang_size=4)``).
+Every decision is :class:`~daskjobs.policies.resources.GangPolicy`'s, the object the gang
+simulator (:mod:`daskjobs.sim.gangs`) runs: which worker can ever run a task (the
+feasibility filter), which waiting task or gang starts now and where (all members or
+none, packed on the fewest workers), which workers are held for the first one that
+cannot start and which smaller tasks may still use them (reservation and backfill).
+This driver adapts dask's state into the policy's views and enacts the answers:
+
+* **hold**: a placed task gets a worker restriction no worker has (:data:`HELD`), so
+  dask keeps it in ``no-worker`` once its inputs are in (tasks with restrictions are
+  never in dask's queue). A task that also names workers (``workers=``) is refused: the
+  placer chooses by what workers have;
+* **release**: a decision restricts each member to the worker the policy chose and
+  sends all members of the decision on in one ``Scheduler.transitions`` call;
+* **capacity**: a worker's allocatable amount of a resource is what dask lets it supply
+  (``dask worker --resources GPU=2``), for ``GPU`` at most the accelerators its
+  inventory reports (:mod:`daskjobs.plugin.inventory`): a worker that loses a device is
+  reconciled at once. What this driver placed there holds its resources until it leaves
+  ``processing``; nothing is placed on capacity that is not free, so a shrunk worker
+  takes nothing new until enough of its tasks end (never double-allocated). Measured
+  use (the worker's executing tasks) is reported apart from the allocation;
+* **refuse**: a request that no known worker can ever satisfy fails its submission,
+  naming what is missing (``daskjobs.resources.refuse-unsatisfiable``);
+* **restart**: a gang member that leaves its worker without finishing (its worker died,
+  it was rescheduled) stops the whole gang: the members still running are asked to
+  yield (``daskjobs.preempted()`` turns True; they checkpoint and raise
+  ``daskjobs.Preempted``), and the gang is placed again as one once every member waits.
+
+Hooks are O(1) per transition; decisions run soon after (coalesced), off dask's
+transition loop, and on a periodic callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from daskjobs.plugin.worker import PREEMPT_OP
+from daskjobs.policies.resources import (
+    GangPolicy,
+    Inventory,
+    Request,
+    RequestError,
+    fragmentation,
+    unsatisfiable,
+)
+
+if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed.scheduler import Scheduler
+
+    from daskjobs.plugin.audit import Audit
+    from daskjobs.plugin.views import LiveTask
+
+__all__ = ["HELD", "Placer", "ResourceRequestError"]
+
+decisions = logging.getLogger("daskjobs.decisions")
+logger = logging.getLogger("daskjobs.plugin.gangs")
+
+#: The worker restriction of a task the placer holds (no worker has this address).
+HELD = "daskjobs-held://waiting-for-placement"
+#: The resource whose capacity the inventory's accelerator count caps.
+ACCELERATOR_RESOURCE = "GPU"
+_GATING = ("accelerator", "gpu_memory", "constraint", "gang")
+
+
+class ResourceRequestError(ValueError):
+    """A task's resource request or gang annotation is malformed or can never be met."""
+
+
+@dataclass(slots=True, eq=False)
+class _Task:
+    key: Key
+    request: Request
+    gang: str | None
+    arrival: int
+    worker: str | None = None  # where it was placed (holds its resources there)
+    placed: float = 0.0
+    started: float | None = None
+    done: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Gang:
+    gid: str
+    size: int
+    members: list[Key] = field(default_factory=list)
+    running: bool = False  # placed, and not stopped since
+    starts: int = 0
+    restarts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    did: Any
+    keys: tuple[Key, ...]
+    requests: list[Request]
+    arrival: int
+    order: tuple[Any, ...]
+    estimate: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    index: int
+    host: str
+    inventory: Inventory
+    free: dict[str, float]
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Alloc:
+    node: int
+    resources: Mapping[str, float]
+    end: float
+
+
+@dataclass
+class PlacerStats:
+    placed: int = 0  # tasks sent to a worker by a decision
+    gangs_started: int = 0
+    gang_restarts: int = 0
+    decisions: int = 0
+    held_back: int = 0  # tasks that fit but were kept off reserved workers
+    refused: int = 0  # submissions refused (malformed or unsatisfiable)
+    stopped: int = 0  # gang members asked to yield for a restart
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Placer:
+    """Drives resource placement and gangs for the plugin (see the module docs)."""
+
+    def __init__(
+        self,
+        policy: GangPolicy,
+        *,
+        refuse_unsatisfiable: bool,
+        interval: float,
+        default_estimate: float,
+        audit: Audit,
+        tasks: Mapping[Key, LiveTask],
+    ) -> None:
+        self.policy = policy
+        self.refuse = refuse_unsatisfiable
+        self.interval = interval
+        self.default_estimate = default_estimate
+        self.audit = audit
+        self.views = tasks  # the ranked tasks' views (estimates)
+        self.scheduler: Scheduler | None = None
+        self.placed: dict[Key, _Task] = {}
+        self.gangs: dict[str, _Gang] = {}
+        self.inventories: dict[str, Inventory] = {}  # reported, by worker address
+        self.invalid: dict[str, str] = {}  # worker -> why its report was refused
+        self.used: dict[str, dict[str, float]] = {}  # worker -> allocated by this driver
+        self.waiting: set[Key] = set()  # held in no-worker, runnable
+        self.reservation: dict[str, Any] | None = None
+        self.last_fragmentation = 0.0
+        self.stats = PlacerStats()
+        self._index: dict[str, int] = {}
+        self._arrivals = itertools.count()
+        self._due = False
+        self._pc: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self, scheduler: Scheduler) -> None:
+        from tornado.ioloop import PeriodicCallback
+
+        self.scheduler = scheduler
+        self._pc = PeriodicCallback(self._tick, self.interval * 1000)
+        scheduler.periodic_callbacks["daskjobs-resources"] = self._pc
+        self._pc.start()
+
+    def close(self) -> None:
+        if self._pc is not None:
+            self._pc.stop()
+            if self.scheduler is not None:
+                self.scheduler.periodic_callbacks.pop("daskjobs-resources", None)
+        self._pc = None
+
+    # -- submission ------------------------------------------------------------------------
+    @staticmethod
+    def wants(ts: Any) -> bool:
+        ann = ts.annotations or {}
+        return bool(ts.resource_restrictions) or any(ann.get(k) is not None for k in _GATING)
+
+    def check(self, tasks: Iterable[Any]) -> list[tuple[Any, Request, str | None, int]]:
+        """The new tasks this driver places, with their requests and gangs; raises
+        :class:`ResourceRequestError` naming the problem (nothing is changed then)."""
+        out: list[tuple[Any, Request, str | None, int]] = []
+        sizes: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        for ts in tasks:
+            if ts.key in self.placed or not self.wants(ts):
+                continue
+            if ts.worker_restrictions or ts.host_restrictions:
+                raise ResourceRequestError(
+                    f"task {ts.key!r} names workers (workers=...) and asks for resources: "
+                    "with daskjobs.resources.enabled the plugin chooses the worker by what it "
+                    "has; ask for it (accelerator=, gpu_memory=, constraint=) instead"
+                )
+            ann = dict(ts.annotations or {})
+            ann["resources"] = dict(ts.resource_restrictions or {})
+            try:
+                req = Request.from_annotations(ann, what=f"task {ts.key!r}") or Request()
+            except RequestError as e:
+                raise ResourceRequestError(str(e)) from None
+            gid = ann.get("gang")
+            size: Any = 1
+            if gid is not None:
+                if not isinstance(gid, str) or not gid:
+                    raise ResourceRequestError(
+                        f"task {ts.key!r}: gang: expected a name such as 'train-7', got {gid!r}"
+                    )
+                size = ann.get("gang_size")
+                if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                    raise ResourceRequestError(
+                        f"task {ts.key!r}: gang {gid!r} needs gang_size, the number of its "
+                        f"members (an integer >= 1), got {size!r}"
+                    )
+                known = self.gangs.get(gid)
+                expected = known.size if known is not None else sizes.get(gid, size)
+                if size != expected:
+                    raise ResourceRequestError(
+                        f"task {ts.key!r}: gang {gid!r} has gang_size {expected}, this member "
+                        f"says {size}"
+                    )
+                sizes[gid] = size
+                counts[gid] = counts.get(gid, 0) + 1
+                have = len(known.members) if known is not None else 0
+                if have + counts[gid] > size:
+                    raise ResourceRequestError(
+                        f"task {ts.key!r}: gang {gid!r} has gang_size {size} but more members"
+                    )
+            out.append((ts, req, gid, size))
+        if self.refuse:
+            self._refuse_unsatisfiable(out)
+        return out
+
+    def _refuse_unsatisfiable(self, new: list[tuple[Any, Request, str | None, int]]) -> None:
+        sched = self.scheduler
+        if sched is None or not sched.workers:
+            return  # no worker yet (a cluster that scales up): nothing to judge by
+        if any(a not in self.inventories for a in sched.workers):
+            return  # a worker has not reported what it has: it might
+        inventories = {a: self._inventory(a) for a in sched.workers}
+        gangs: dict[str, list[Request]] = {}
+        for ts, req, gid, _size in new:
+            if gid is None:
+                why = unsatisfiable([req], inventories)
+                if why is not None:
+                    self.stats.refused += 1
+                    raise ResourceRequestError(f"task {ts.key!r} can never run: {why}")
+            else:
+                gangs.setdefault(gid, []).append(req)
+        for gid, reqs in gangs.items():
+            known = self.gangs.get(gid)
+            if known is not None:
+                reqs = [self.placed[k].request for k in known.members if k in self.placed] + reqs
+            if len(reqs) == known.size if known else len(reqs) == _size_of(new, gid):
+                why = unsatisfiable(reqs, inventories)
+                if why is not None:
+                    self.stats.refused += 1
+                    raise ResourceRequestError(f"gang {gid!r} can never start: {why}")
+
+    def admit(self, checked: list[tuple[Any, Request, str | None, int]]) -> None:
+        """Hold the checked tasks until a decision places them."""
+        for ts, req, gid, size in checked:
+            t = _Task(
+                ts.key,
+                req,
+                gid,
+                next(self._arrivals),
+            )
+            self.placed[ts.key] = t
+            if gid is not None:
+                g = self.gangs.get(gid)
+                if g is None:
+                    g = self.gangs[gid] = _Gang(gid, size)
+                g.members.append(ts.key)
+            _hold(ts)
+            v = self.views.get(ts.key)
+            if v is not None and v.speculate and isinstance(self.views, dict):
+                # a copy would take the resource outside the placement: never copied
+                self.views[ts.key] = replace(v, speculate=False)
+
+    # -- hooks: O(1) -----------------------------------------------------------------------
+    def transition(self, key: Key, start: str, finish: str) -> None:
+        t = self.placed.get(key)
+        if t is None:
+            return
+        if finish == "no-worker":
+            self.waiting.add(key)
+            self._soon()
+            return
+        if start == "no-worker":
+            self.waiting.discard(key)
+        if start == "processing" and finish != "processing":
+            self._free(t)
+            if finish in ("memory", "erred"):
+                t.done = True
+                g = self.gangs.get(t.gang) if t.gang is not None else None
+                if g is not None and all(self._done(k) for k in g.members):
+                    g.running = False
+            else:  # back to wait: its worker left, it was rescheduled or released
+                ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+                if ts is not None:
+                    _hold(ts)
+                if t.gang is not None:
+                    self._stop_gang(self.gangs[t.gang], key)
+            self._soon()
+        if finish == "forgotten":
+            self._forget(t)
+
+    def started(self, key: Key, when: float) -> None:
+        t = self.placed.get(key)
+        if t is not None and t.worker is not None:
+            t.started = when
+
+    def inventory_report(self, worker: str, msg: Mapping[str, Any]) -> None:
+        sched = self.scheduler
+        if sched is None or worker not in sched.workers:
+            return
+        raw = msg.get("inventory")
+        version = msg.get("version", 0)
+        try:
+            if isinstance(raw, Mapping) and "invalid" in raw:
+                raise RequestError(f"unreadable: {raw['invalid']}")
+            inv = Inventory.from_dict(
+                {**(raw or {}), "version": version}, what=f"inventory of {worker}"
+            )
+        except RequestError as e:
+            self.invalid[worker] = str(e)
+            # what dask knows of it stands in (no accelerator): never a guess
+            inv = Inventory(version=int(version) if isinstance(version, int) else 0)
+            logger.warning("daskjobs: worker %s reported a bad inventory: %s", worker, e)
+            self.audit.event("bad-inventory", worker=worker, error=str(e))
+        else:
+            self.invalid.pop(worker, None)
+        old = self.inventories.get(worker)
+        self.inventories[worker] = inv
+        self.audit.event(
+            "inventory",
+            worker=worker,
+            version=inv.version,
+            accelerator=inv.accelerator,
+            gpus=inv.gpus,
+            changed=old is not None,
+        )
+        self._soon()
+
+    def worker_removed(self, worker: str) -> None:
+        self.inventories.pop(worker, None)
+        self.invalid.pop(worker, None)
+        self.used.pop(worker, None)
+        for t in self.placed.values():
+            if t.worker == worker:
+                t.worker = None
+        self._soon()
+
+    # -- the decision ------------------------------------------------------------------------
+    def _soon(self) -> None:
+        if self._due or self.scheduler is None:
+            return
+        self._due = True
+        try:
+            asyncio.get_running_loop().call_soon(self._run)
+        except RuntimeError:  # no loop here (a test calling the hook directly)
+            self._due = False
+
+    def _tick(self) -> None:
+        if self.waiting:
+            self._run()
+
+    def _run(self) -> None:
+        self._due = False
+        try:
+            self.decide(time.time())
+        except Exception:
+            self.audit.failed("resources")
+
+    def _inventory(self, address: str) -> Inventory:
+        """What ``address`` can allocate: its report, with dask's resource counts (for
+        GPU at most the accelerators it reported)."""
+        ws = self.scheduler.workers[address]  # type: ignore[union-attr]
+        inv = self.inventories.get(address)
+        res = {str(k): float(v) for k, v in (ws.resources or {}).items()}
+        if inv is None:
+            return Inventory(cpus=ws.nthreads, memory=ws.memory_limit or 0, resources=res)
+        if inv.gpus and ACCELERATOR_RESOURCE in res:
+            res[ACCELERATOR_RESOURCE] = min(res[ACCELERATOR_RESOURCE], float(inv.gpus))
+        return replace(inv, resources=res)
+
+    def _nodes(self) -> list[_Node]:
+        sched = self.scheduler
+        assert sched is not None
+        nodes = []
+        for address, ws in sched.workers.items():
+            if ws.status.name != "running":
+                continue
+            idx = self._index.setdefault(address, len(self._index))
+            inv = self._inventory(address)
+            used = self.used.get(address, {})
+            free = {k: v - used.get(k, 0.0) for k, v in inv.resources.items()}
+            nodes.append(_Node(idx, ws.host, inv, free, address))
+        return nodes
+
+    def _estimate(self, key: Key) -> float | None:
+        v = self.views.get(key)
+        if v is None or not v.estimated:
+            return None
+        return float(v.estimate)
+
+    def _demands(self) -> list[_Demand]:
+        sched = self.scheduler
+        assert sched is not None
+        out: list[_Demand] = []
+        seen: set[str] = set()
+        for key in self.waiting:
+            t = self.placed[key]
+            ts = sched.tasks.get(key)
+            if ts is None or ts.state != "no-worker":
+                continue
+            if t.gang is None:
+                out.append(
+                    _Demand(
+                        key, (key,), [t.request], t.arrival, ts.priority or (), self._estimate(key)
+                    )
+                )
+                continue
+            if t.gang in seen:
+                continue
+            seen.add(t.gang)
+            g = self.gangs[t.gang]
+            if len(g.members) < g.size:
+                continue  # not every member submitted yet
+            left = [k for k in g.members if not self._done(k)]
+            if not left or any(k not in self.waiting for k in left):
+                continue  # a member still runs (or waits for its inputs)
+            ests = [self._estimate(k) for k in left]
+            est = None if any(e is None for e in ests) else max(e for e in ests if e is not None)
+            first = min(left, key=lambda k: self.placed[k].arrival)
+            out.append(
+                _Demand(
+                    ("gang", g.gid),
+                    tuple(left),
+                    [self.placed[k].request for k in left],
+                    self.placed[first].arrival,
+                    min(sched.tasks[k].priority or () for k in left),
+                    est,
+                )
+            )
+        return out
+
+    def _running(self, nodes: list[_Node], now: float) -> list[_Alloc]:
+        index = {n.address: n.index for n in nodes}
+        out = []
+        for t in self.placed.values():
+            if t.worker is None or t.worker not in index:
+                continue
+            est = self._estimate(t.key)
+            began = t.started if t.started is not None else max(t.placed, now)
+            end = math.inf if est is None else began + est
+            out.append(_Alloc(index[t.worker], t.request.resources, end))
+        return out
+
+    def decide(self, now: float) -> None:
+        """One decision of the policy over every waiting demand, enacted."""
+        sched = self.scheduler
+        if sched is None or not self.waiting:
+            self.reservation = None
+            return
+        nodes = self._nodes()
+        demands = self._demands()
+        if not demands or not nodes:
+            return
+        decision = self.policy.decide(demands, nodes, self._running(nodes, now), now)
+        self.stats.decisions += 1
+        self.stats.held_back += decision.held_back
+        by_index = {n.index: n for n in nodes}
+        recs: dict[Key, Any] = {}
+        for p in decision.starts:
+            d: _Demand = p.demand
+            for key, idx, req in zip(d.keys, p.nodes, d.requests, strict=True):
+                address = by_index[idx].address
+                t = self.placed[key]
+                ts = sched.tasks[key]
+                ts.worker_restrictions = {address}
+                ts.host_restrictions = None
+                ts.loose_restrictions = False
+                t.worker, t.placed, t.started = address, now, None
+                used = self.used.setdefault(address, {})
+                for k, v in req.resources.items():
+                    used[k] = used.get(k, 0.0) + v
+                self.waiting.discard(key)
+                recs[key] = "processing"
+            self.stats.placed += len(d.keys)
+            if isinstance(d.did, tuple):
+                g = self.gangs[d.did[1]]
+                g.running = True
+                g.starts += 1
+                self.stats.gangs_started += 1
+                self.audit.event(
+                    "gang-start",
+                    gang=g.gid,
+                    members=len(d.keys),
+                    workers=sorted({by_index[i].address for i in p.nodes}),
+                    restart=g.starts > 1,
+                )
+            if decisions.isEnabledFor(logging.DEBUG):
+                decisions.debug("place %s on %s", d.did, [by_index[i].address for i in p.nodes])
+        r = decision.reservation
+        self.reservation = (
+            None
+            if r is None
+            else {
+                "for": str(r.demand.did),
+                "at": r.at,
+                "workers": sorted({by_index[i].address for i in r.nodes}),
+            }
+        )
+        if recs:
+            sched.transitions(recs, stimulus_id=f"daskjobs-place-{now}")
+        started = {k for p in decision.starts for k in p.demand.keys}
+        self.last_fragmentation = fragmentation(
+            [d for d in demands if not set(d.keys) & started], self._nodes(), ACCELERATOR_RESOURCE
+        )
+
+    # -- gangs -------------------------------------------------------------------------------
+    def _stop_gang(self, g: _Gang, lost: Key) -> None:
+        """A member left its worker unfinished: ask the others still running to yield;
+        the gang is placed again, as one, once every unfinished member waits."""
+        if not g.running:
+            return
+        g.running = False
+        g.restarts += 1
+        self.stats.gang_restarts += 1
+        sched = self.scheduler
+        assert sched is not None
+        by_worker: dict[str, list[Key]] = {}
+        for k in g.members:
+            t = self.placed.get(k)
+            if k == lost or t is None or t.done or t.worker is None:
+                continue
+            by_worker.setdefault(t.worker, []).append(k)
+        for address, keys in by_worker.items():
+            comm = sched.stream_comms.get(address)
+            if comm is not None:
+                comm.send({"op": PREEMPT_OP, "keys": keys})
+                self.stats.stopped += len(keys)
+        self.audit.event("gang-stop", gang=g.gid, lost=str(lost), asked=self.stats.stopped)
+        if decisions.isEnabledFor(logging.DEBUG):
+            decisions.debug("stop gang %s (member %r left its worker)", g.gid, lost)
+
+    def _done(self, key: Key) -> bool:
+        t = self.placed.get(key)
+        return t is None or t.done
+
+    def _free(self, t: _Task) -> None:
+        if t.worker is None:
+            return
+        used = self.used.get(t.worker)
+        if used is not None:
+            for k, v in t.request.resources.items():
+                used[k] = used.get(k, 0.0) - v
+        t.worker = None
+        t.started = None
+
+    def _forget(self, t: _Task) -> None:
+        self._free(t)
+        self.placed.pop(t.key, None)
+        self.waiting.discard(t.key)
+        if t.gang is not None:
+            g = self.gangs.get(t.gang)
+            if g is not None and all(k not in self.placed for k in g.members):
+                del self.gangs[t.gang]
+
+    # -- status ------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        sched = self.scheduler
+        workers: dict[str, Any] = {}
+        if sched is not None:
+            for address, ws in sched.workers.items():
+                inv = self._inventory(address)
+                used = self.used.get(address, {})
+                executing = sum(
+                    sum((ts.resource_restrictions or {}).values())
+                    for ts in getattr(ws, "executing", {}) or {}
+                )
+                workers[address] = {
+                    "accelerator": inv.accelerator,
+                    "gpu_memory": inv.gpu_memory,
+                    "inventory_version": inv.version,
+                    "capacity": dict(inv.resources),
+                    "allocated": {k: v for k, v in used.items() if v},
+                    "executing_units": executing,
+                    "reported": address in self.inventories,
+                    **({"invalid": self.invalid[address]} if address in self.invalid else {}),
+                }
+        return {
+            "policy": self.policy.describe(),
+            "workers": workers,
+            "waiting": len(self.waiting),
+            "gangs": {
+                g.gid: {
+                    "size": g.size,
+                    "submitted": len(g.members),
+                    "done": sum(self._done(k) for k in g.members),
+                    "running": g.running,
+                    "starts": g.starts,
+                    "restarts": g.restarts,
+                }
+                for g in self.gangs.values()
+            },
+            "reservation": self.reservation,
+            "fragmentation": self.last_fragmentation,
+            **self.stats.to_dict(),
+        }
+
+
+def _size_of(new: list[tuple[Any, Request, str | None, int]], gid: str) -> int:
+    return next(size for _, _, g, size in new if g == gid)
+
+
+def _hold(ts: Any) -> None:
+    """Keep ``ts`` in dask's ``no-worker`` until a decision places it."""
+    ts.worker_restrictions = {HELD}
+    ts.host_restrictions = None
+    ts.loose_restrictions = False

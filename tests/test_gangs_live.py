@@ -1,0 +1,356 @@
+"""Resource vectors, accelerator types and gangs live on dask (docs/resources.md).
+
+Fake inventories (``daskjobs.inventory`` by worker name); dask's validation on. Order,
+causality and counts only: where a task ran, what ran before what, how many started
+together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dask
+import pytest
+from conftest import VALIDATE, plugin_cluster
+from distributed import Client, get_worker
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+import daskjobs
+from daskjobs.plugin import JobsPlugin
+from daskjobs.plugin.worker import STARTED_TOPIC, StartReporter
+
+INVENTORY = {
+    "by-name": {
+        "0": {"accelerator": "A100", "gpus": 2, "gpu_memory": "40GB"},
+        "1": {"accelerator": "V100", "gpus": 2, "gpu_memory": "16GB"},
+        "*": {"accelerator": "A100", "gpus": 2, "gpu_memory": "40GB"},
+    }
+}
+RESOURCES = {"enabled": True, "interval": "50ms"}
+
+
+def where(i: int, seconds: float = 0.01) -> tuple[int, str]:
+    time.sleep(seconds)
+    return i, str(get_worker().name)
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Path]:
+    with dask.config.set({"daskjobs.store": str(tmp_path / "store")}):
+        yield tmp_path / "store"
+
+
+def _cluster(plugin: Any, n_workers: int = 2, **kw: Any) -> Any:
+    return plugin_cluster(
+        plugin, n_workers=n_workers, threads_per_worker=4, resources={"GPU": 2}, **kw
+    )
+
+
+def _placer_status(c: Client) -> dict[str, Any]:
+    return c.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.plugins["daskjobs"].placer.status()
+    )
+
+
+def _wait_inventories(c: Client, n: int) -> None:
+    deadline = time.time() + 30
+    while sum(w["reported"] for w in _placer_status(c)["workers"].values()) < n:
+        assert time.time() < deadline, "the workers did not report their inventories"
+        time.sleep(0.02)
+
+
+def _errors(c: Client) -> dict[str, int]:
+    return c.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["daskjobs"].errors)
+
+
+def test_a_task_never_runs_on_a_worker_lacking_what_it_asks_for() -> None:
+    """Feasibility before preference: a task asking for an A100 (or 32 GB per device, or
+    a constraint only the V100 worker meets) runs only where that is, even while the
+    feasible worker is busy and the other one idles."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        _cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        futures = {}
+        for i in range(8):
+            with dask.annotate(resources={"GPU": 1}, accelerator="A100"):
+                futures[("A100", i)] = c.submit(where, i, 0.05, key=f"a100-{i}")
+            with dask.annotate(resources={"GPU": 1}, gpu_memory="32GB"):
+                futures[("32GB", i)] = c.submit(where, i, 0.05, key=f"mem-{i}")
+            with dask.annotate(resources={"GPU": 1}, constraint="gpu_memory < '20GB'"):
+                futures[("small", i)] = c.submit(where, i, 0.05, key=f"small-{i}")
+            with dask.annotate(resources={"GPU": 1}, accelerator=["V100", "H100"]):
+                futures[("V100", i)] = c.submit(where, i, 0.05, key=f"v100-{i}")
+        ran = {k: f.result(timeout=60)[1] for k, f in futures.items()}
+        expected = {"A100": "0", "32GB": "0", "small": "1", "V100": "1"}
+        wrong = {k: w for k, w in ran.items() if w != expected[k[0]]}
+        assert not wrong, f"tasks ran on workers lacking what they asked for: {wrong}"
+        st = _placer_status(c)
+        assert st["placed"] == 32
+        assert _errors(c) == {}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        ({"resources": {"GPU": 1}, "accelerator": "H100"}, r"accelerator H100 \(it has A100\)"),
+        (
+            {"resources": {"GPU": 1}, "gpu_memory": "80GB"},
+            r"gpu_memory 74\.51 GiB per device \(it has 37\.25 GiB\)",
+        ),
+        ({"resources": {"GPU": 3}}, r"GPU=3 \(it has 2\)"),
+        ({"constraint": "gpus >= 8"}, r"constraint 'gpus >= 8' is false"),
+        ({"resources": {"GPU": 1}, "accelerator": 5}, r"accelerator: expected a type"),
+        ({"constraint": "__import__('os')"}, r"is not allowed"),
+        ({"constraint": "colour == 'red'"}, r"unknown name 'colour'"),
+        ({"resources": {"GPU": 1}, "gpu_memory": "lots"}, r"'lots' is not a size"),
+        ({"resources": {"GPU": 1}, "gang": "g"}, r"gang 'g' needs gang_size"),
+    ],
+)
+def test_an_impossible_or_malformed_request_fails_at_submission(
+    annotations: dict[str, Any], message: str
+) -> None:
+    """Refused when submitted, naming what is missing, instead of waiting for ever; what
+    was computed before stays."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    inventory = {"by-name": {"*": INVENTORY["by-name"]["0"]}}
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": inventory}),
+        _cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        with dask.annotate(resources={"GPU": 1}):
+            before = c.submit(where, 0, key="before")
+        assert before.result(timeout=30)[0] == 0
+        with dask.annotate(**annotations):
+            bad = c.submit(where, 1, key="bad")
+        with pytest.raises(Exception, match=message):
+            bad.result(timeout=30)
+        assert before.result(timeout=30)[0] == 0
+        assert _placer_status(c)["waiting"] == 0
+        assert _errors(c) == {}
+
+
+def test_a_gang_no_worker_set_can_hold_is_refused() -> None:
+    """5 members of 1 GPU each on 2 workers of 2 GPUs: the gang can never start."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        _cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        with dask.annotate(resources={"GPU": 1}, gang="big", gang_size=5):
+            fs = c.map(where, range(5), key=[f"big-{i}" for i in range(5)])
+        with pytest.raises(Exception, match="gang 'big' can never start"):
+            fs[0].result(timeout=30)
+
+
+class GangWatch(SchedulerPlugin):
+    """Checks, on every true start of a gang member (the start reporter's event), that
+    every member of the gang can run now: each is assigned to a worker whose GPUs are
+    not held by tasks outside the gang (started and not finished)."""
+
+    name = "gang-watch"
+
+    def __init__(self, members: list[str], gpus_per_worker: float) -> None:
+        self.members = set(members)
+        self.capacity = gpus_per_worker
+        self.running: dict[str, tuple[str, float]] = {}  # key -> (worker, gpus)
+        self.checks: list[bool] = []
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kw: Any) -> None:
+        if start == "processing":
+            self.running.pop(key, None)
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic != STARTED_TOPIC or not isinstance(msg, dict):
+            return
+        key = msg.get("key")
+        ts = self.scheduler.tasks.get(key)
+        if ts is None or ts.processing_on is None:
+            return
+        gpus = float((ts.resource_restrictions or {}).get("GPU", 0))
+        self.running[key] = (ts.processing_on.address, gpus)
+        if key in self.members:
+            self.checks.append(self._all_can_run())
+
+    def _all_can_run(self) -> bool:
+        held: dict[str, float] = {}
+        for k, (w, g) in self.running.items():
+            if k not in self.members:
+                held[w] = held.get(w, 0.0) + g
+        need: dict[str, float] = {}
+        for m in self.members:
+            ts = self.scheduler.tasks.get(m)
+            if ts is None or ts.state == "memory":
+                continue
+            if ts.state != "processing":
+                return False
+            w = ts.processing_on.address
+            need[w] = need.get(w, 0.0) + float(ts.resource_restrictions.get("GPU", 0))
+        return all(held.get(w, 0.0) + n <= self.capacity for w, n in need.items())
+
+
+def _gang_behind_occupiers(c: Client, stream: int = 0) -> tuple[list[Any], list[Any], list[Any]]:
+    """4 one-GPU tasks with staggered ends fill the 4 GPUs; then a gang of 4 one-GPU
+    members; then ``stream`` one-GPU tasks of 0.6 s (estimates exact)."""
+    occupiers = []
+    for i, d in enumerate((0.2, 0.35, 0.5, 0.65)):
+        with dask.annotate(resources={"GPU": 1}, estimate=d):
+            occupiers.append(c.submit(nap, d, key=f"occupier-{i}"))
+    time.sleep(0.15)  # the occupiers hold the GPUs before the gang arrives
+    with dask.annotate(resources={"GPU": 1}, gang="train-7", gang_size=4, estimate=0.3):
+        gang = [c.submit(where, i, 0.3, key=f"train-7-{i}") for i in range(4)]
+    tail = []
+    for i in range(stream):
+        with dask.annotate(resources={"GPU": 1}, estimate=0.6):
+            tail.append(c.submit(nap, 0.6, key=f"stream-{i}"))
+    return occupiers, gang, tail
+
+
+@pytest.mark.parametrize("placer", [True, False], ids=["placer", "plain-dask"])
+def test_a_gang_never_starts_partially(placer: bool) -> None:
+    """Checked on every member's true start: with the placer every member can run at
+    once; plain dask (the control: the check can fail) starts members one by one as
+    GPUs free, each holding its GPU while the others wait behind other tasks."""
+    members = [f"train-7-{i}" for i in range(4)]
+    watch = GangWatch(members, 2.0)
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}):
+        cl = plugin_cluster(None, n_workers=2, threads_per_worker=4, resources={"GPU": 2})
+        with cl, Client(cl) as c:
+            c.register_plugin(watch)
+            if placer:
+                c.register_plugin(plugin)
+                _wait_inventories(c, 2)
+            else:  # plain dask, and the start reports the check needs
+                c.register_plugin(StartReporter(), name="test-start-reporter")
+            occupiers, gang, tail = _gang_behind_occupiers(c, stream=8)
+            c.gather(occupiers + gang + tail)
+            checks = c.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.plugins["gang-watch"].checks
+            )
+            assert len(checks) == 4  # one per member start
+            if placer:
+                assert all(checks), f"a member started while another could not: {checks}"
+                st = _placer_status(c)
+                assert st["gangs"]["train-7"]["starts"] == 1
+                assert _errors(c) == {}
+            else:
+                assert not all(checks), "plain dask started the gang whole: no contrast"
+
+
+def _start_order(c: Client) -> list[str]:
+    """Keys in the order the placer sent them to workers (its decisions)."""
+
+    def order(dask_scheduler: Any) -> list[str]:
+        out = []
+        for rec in dask_scheduler.transition_log:
+            if rec.finish == "processing" and str(rec.stimulus_id).startswith("daskjobs-place"):
+                out.append(str(rec.key))
+        return out
+
+    return c.run_on_scheduler(order)
+
+
+@pytest.mark.parametrize("reservation", [True, False])
+def test_a_gang_behind_a_stream_of_small_tasks_starts_with_a_reservation(
+    reservation: bool,
+) -> None:
+    """A gang needing all 4 GPUs waits behind 4 one-GPU tasks that end one by one; 12
+    more one-GPU tasks arrive after it. With the reservation the freed GPUs are held for
+    the gang (a 0.6 s task would outlast the last occupier) and it starts before any of
+    them; without, each freed GPU goes to the next small task and the gang starves until
+    the stream runs dry."""
+    plugin = JobsPlugin(policy="fifo", resources={**RESOURCES, "reservation": reservation})
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        _cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        occupiers, gang, tail = _gang_behind_occupiers(c, stream=12)
+        c.gather(occupiers + gang + tail)
+        order = _start_order(c)
+        first_member = min(order.index(f"train-7-{i}") for i in range(4))
+        streams_before = sum(1 for k in order[:first_member] if k.startswith("stream-"))
+        st = _placer_status(c)
+        assert _errors(c) == {}
+    if reservation:
+        assert streams_before == 0, order
+        assert st["held_back"] > 0  # small tasks were kept off the reserved GPUs
+    else:
+        assert streams_before >= 10, order  # starved while the stream lasted
+    assert st["gangs"]["train-7"]["starts"] == 1
+
+
+def member(i: int, steps: int = 30, step_s: float = 0.05) -> dict[str, Any]:
+    """A gang member that checkpoints every step and yields when asked."""
+    state = daskjobs.restore(default={"step": 0, "runs": 0, "resumed_at": []})
+    state["runs"] += 1
+    state["resumed_at"].append(state["step"])
+    while state["step"] < steps:
+        if daskjobs.preempted():
+            raise daskjobs.Preempted()
+        time.sleep(step_s)
+        state["step"] += 1
+        daskjobs.checkpoint(state)
+    state["worker"] = str(get_worker().name)
+    return state
+
+
+def test_a_member_whose_worker_dies_restarts_the_whole_gang(store: Path) -> None:
+    """4 members on 3 workers of 2 GPUs; the worker of one member closes mid-run: the
+    others are asked to yield, and the gang starts again, whole, on the two workers left,
+    each member from its checkpoint."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        _cluster(plugin, n_workers=3) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 3)
+        with dask.annotate(resources={"GPU": 1}, gang="ddp", gang_size=4):
+            fs = [c.submit(member, i, key=f"ddp-{i}") for i in range(4)]
+        deadline = time.time() + 30
+        while True:  # every member has checkpointed at least once
+            ran = c.run_on_scheduler(
+                lambda dask_scheduler: {
+                    str(k): ts.processing_on.name
+                    for k, ts in dask_scheduler.tasks.items()
+                    if str(k).startswith("ddp-") and ts.processing_on is not None
+                }
+            )
+            if len(ran) == 4 and (store / "daskjobs-store-v1" / "checkpoints").exists():
+                break
+            assert time.time() < deadline, "the gang did not start"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        victim = ran["ddp-0"]
+        cl.sync(cl.workers[victim].close)
+        results = c.gather(fs)
+        st = _placer_status(c)
+        assert _errors(c) == {}
+    g = st["gangs"]["ddp"]
+    assert g["starts"] == 2 and g["restarts"] == 1, g
+    assert all(r["step"] == 30 for r in results)
+    assert all(r["worker"] != str(victim) for r in results)
+    # every member ran twice and the second run resumed from its checkpoint
+    assert all(r["runs"] >= 2 for r in results), results
+    assert all(r["resumed_at"][-1] > 0 for r in results), results
