@@ -317,3 +317,31 @@ def test_synthetic_is_deterministic_and_as_documented() -> None:
             assert g in ([1.0], [2.0])
         assert d.estimate is not None and d.estimate > 0
     assert a.description["demands"] == len(a.demands)
+
+
+def test_backfill_goes_around_the_reserved_node() -> None:
+    """2 nodes x 4 GPUs: a (1 GPU) on node 0 and b (3 GPUs) on node 1 until 10; the gang
+    g (2 x 2 GPUs) reserves node 0 for 10. c (1 GPU, outlasting 10) would go to node 0
+    (the most room) and break the reservation there; it starts at once on node 1."""
+    nodes = [node(0, gpus=4), node(1, gpus=4)]
+    demands = [
+        demand("a", 0, [gpu(1)], 10),
+        demand("b", 0, [gpu(3)], 10),
+        demand("g", 1, [gpu(2), gpu(2)], 5),
+        demand("c", 2, [gpu(1)], 20),
+    ]
+    run = simulate_gangs(nodes, demands, GangPolicy())
+    assert run.nodes == {"a": (0,), "b": (1,), "g": (0, 0), "c": (1,)}
+    assert run.start == {"a": 0, "b": 0, "g": 10, "c": 2}
+    assert run.starts == ["a", "b", "c", "g"]
+
+
+def test_may_backfill_sums_the_members_on_a_reserved_node() -> None:
+    from daskjobs.policies.resources import Reservation
+
+    p = GangPolicy()
+    r = Reservation(None, 10.0, (0,), {0: {"GPU": 1.0}})
+    pair = demand("p", 0, [gpu(1), gpu(1)], 50)
+    assert not p.may_backfill(pair, (0, 0), r, now=0.0)  # 2 GPUs in a spare of 1
+    assert p.may_backfill(pair, (0, 1), r, now=0.0)
+    assert p.may_backfill(demand("q", 0, [gpu(1), gpu(1)], 5), (0, 0), r, now=0.0)

@@ -572,15 +572,34 @@ class GangPolicy:
         est = demand.estimate
         if est is not None and math.isfinite(est) and now + est <= reservation.at:
             return True
-        for i in touched:
-            spare = reservation.spare[i]
-            for req, idx in zip(demand.requests, placed, strict=True):
-                if idx != i:
-                    continue
+        taken: dict[int, dict[str, float]] = {}  # the members' sum per reserved node
+        for req, idx in zip(demand.requests, placed, strict=True):
+            if idx in reservation.spare:
+                t = taken.setdefault(idx, {})
                 for k, v in req.resources.items():
-                    if k in spare and spare[k] < v:
-                        return False
+                    t[k] = t.get(k, 0.0) + v
+        for i, t in taken.items():
+            spare = reservation.spare[i]
+            for k, v in t.items():
+                if k in spare and spare[k] < v:
+                    return False
         return True
+
+    def _pack_around(
+        self, demand: Any, free: Sequence[_Free], reservation: Reservation, feasible: Any
+    ) -> list[int] | None:
+        """A packing of ``demand`` that leaves ``reservation`` whole: reserved nodes
+        offer only what it leaves spare there (other nodes all they have free)."""
+        capped = []
+        for n in free:
+            spare = reservation.spare.get(n.index)
+            f = n.free
+            if spare is not None:
+                f = dict(f)
+                for k, v in spare.items():
+                    f[k] = min(f.get(k, 0.0), max(v, 0.0))
+            capped.append(_Free(n.index, n.host, n.inventory, f))
+        return _pack(demand.requests, capped, feasible)
 
     def decide(
         self,
@@ -602,8 +621,12 @@ class GangPolicy:
             got = _pack(demand.requests, free, feasible)
             if got is not None and reservation is not None:
                 if not self.may_backfill(demand, got, reservation, now):
-                    held_back += 1
-                    continue
+                    # the packing's first choice outlasts the reservation on a reserved
+                    # node: the demand may still start off those nodes, or in their spare
+                    got = self._pack_around(demand, free, reservation, feasible)
+                    if got is None:
+                        held_back += 1
+                        continue
                 est = demand.estimate
                 outlasts = est is None or not math.isfinite(est) or now + est > reservation.at
                 if outlasts:  # it takes from the reservation's spare
