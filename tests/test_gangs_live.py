@@ -257,16 +257,10 @@ def test_a_gang_never_starts_partially(placer: bool) -> None:
 
 
 def _start_order(c: Client) -> list[str]:
-    """Keys in the order the placer sent them to workers (its decisions)."""
-
-    def order(dask_scheduler: Any) -> list[str]:
-        out = []
-        for rec in dask_scheduler.transition_log:
-            if rec.finish == "processing" and str(rec.stimulus_id).startswith("daskjobs-place"):
-                out.append(str(rec.key))
-        return out
-
-    return c.run_on_scheduler(order)
+    """Tasks and gangs in the order the placer's decisions started them."""
+    return c.run_on_scheduler(
+        lambda dask_scheduler: [d for _, d, _ in dask_scheduler.plugins["daskjobs"].placer.starts]
+    )
 
 
 @pytest.mark.parametrize("reservation", [True, False])
@@ -288,8 +282,7 @@ def test_a_gang_behind_a_stream_of_small_tasks_starts_with_a_reservation(
         occupiers, gang, tail = _gang_behind_occupiers(c, stream=12)
         c.gather(occupiers + gang + tail)
         order = _start_order(c)
-        first_member = min(order.index(f"train-7-{i}") for i in range(4))
-        streams_before = sum(1 for k in order[:first_member] if k.startswith("stream-"))
+        streams_before = sum(1 for k in order[: order.index("train-7")] if "stream" in k)
         st = _placer_status(c)
         assert _errors(c) == {}
     if reservation:
@@ -354,3 +347,49 @@ def test_a_member_whose_worker_dies_restarts_the_whole_gang(store: Path) -> None
     # every member ran twice and the second run resumed from its checkpoint
     assert all(r["runs"] >= 2 for r in results), results
     assert all(r["resumed_at"][-1] > 0 for r in results), results
+
+
+def test_the_simulator_and_the_plugin_start_demands_in_the_same_order() -> None:
+    """One deterministic scenario, live and in :mod:`daskjobs.sim.gangs`, the same
+    GangPolicy object deciding: 4 one-GPU tasks with staggered ends fill 2 workers of 2
+    GPUs; a gang of 4 arrives, then a 0.1 s task (it ends before the gang needs the GPUs:
+    backfilled ahead of it), then 6 tasks of 0.6 s (kept behind it by the reservation)."""
+    from daskjobs.policies.resources import GangPolicy, Inventory, Request
+    from daskjobs.sim.gangs import Demand, Node, simulate_gangs
+
+    occupiers = (0.2, 0.35, 0.5, 0.65)
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        _cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        fs = []
+        for i, d in enumerate(occupiers):
+            with dask.annotate(resources={"GPU": 1}, estimate=d):
+                fs.append(c.submit(nap, d, key=f"occupier-{i}"))
+        time.sleep(0.15)
+        with dask.annotate(resources={"GPU": 1}, gang="train-7", gang_size=4, estimate=0.3):
+            fs += [c.submit(nap, 0.3, key=f"train-7-{i}") for i in range(4)]
+        with dask.annotate(resources={"GPU": 1}, estimate=0.1):
+            fs.append(c.submit(nap, 0.1, key="quick"))
+        for i in range(6):
+            with dask.annotate(resources={"GPU": 1}, estimate=0.6):
+                fs.append(c.submit(nap, 0.6, key=f"stream-{i}"))
+        c.gather(fs)
+        live = _start_order(c)
+        assert _errors(c) == {}
+
+    inv = Inventory(resources={"GPU": 2.0}, accelerator="A100", gpus=2)
+    nodes = [Node(0, "h0", inv), Node(1, "h1", inv)]
+    one = Request(resources={"GPU": 1.0})
+    demands = [
+        Demand(f"occupier-{i}", 0.001 * i, (one,), d, estimate=d) for i, d in enumerate(occupiers)
+    ]
+    demands.append(Demand("train-7", 0.15, (one,) * 4, 0.3, estimate=0.3))
+    demands.append(Demand("quick", 0.151, (one,), 0.1, estimate=0.1))
+    demands += [Demand(f"stream-{i}", 0.152 + 0.001 * i, (one,), 0.6, 0.6) for i in range(6)]
+    sim = simulate_gangs(nodes, demands, GangPolicy(reservation=True))
+    assert live == sim.starts, (live, sim.starts)
+    assert sim.starts.index("quick") < sim.starts.index("train-7") < sim.starts.index("stream-0")

@@ -41,6 +41,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -169,6 +170,8 @@ class Placer:
         self.reservation: dict[str, Any] | None = None
         self.last_fragmentation = 0.0
         self.stats = PlacerStats()
+        #: the last starts, in the order the policy made them: (time, demand, workers)
+        self.starts: deque[tuple[float, str, list[str]]] = deque(maxlen=10_000)
         self._index: dict[str, int] = {}
         self._arrivals = itertools.count()
         self._due = False
@@ -507,6 +510,8 @@ class Placer:
                 self.waiting.discard(key)
                 recs[key] = "processing"
             self.stats.placed += len(d.keys)
+            did = d.did[1] if isinstance(d.did, tuple) else str(d.did)
+            self.starts.append((now, did, [by_index[i].address for i in p.nodes]))
             if isinstance(d.did, tuple):
                 g = self.gangs[d.did[1]]
                 g.running = True
