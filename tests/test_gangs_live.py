@@ -6,6 +6,7 @@ together."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -393,3 +394,45 @@ def test_the_simulator_and_the_plugin_start_demands_in_the_same_order() -> None:
     sim = simulate_gangs(nodes, demands, GangPolicy(reservation=True))
     assert live == sim.starts, (live, sim.starts)
     assert sim.starts.index("quick") < sim.starts.index("train-7") < sim.starts.index("stream-0")
+
+
+def span(seconds: float) -> tuple[float, float]:
+    t0 = time.time()
+    time.sleep(seconds)
+    return t0, time.time()
+
+
+def test_a_worker_that_loses_a_device_is_reconciled_never_double_allocated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker with 2 GPUs runs 2 one-GPU tasks; its inventory then reports 1 GPU (a new
+    version): nothing new starts there until both have ended, then one at a time."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    two = {"accelerator": "A100", "gpus": 2, "gpu_memory": "40GB"}
+    monkeypatch.setenv("DASKJOBS_INVENTORY", json.dumps(two))
+    with (
+        dask.config.set(VALIDATE),
+        _cluster(plugin, n_workers=1) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 1)
+        with dask.annotate(resources={"GPU": 1}):
+            first = [c.submit(span, 0.6, key=f"first-{i}") for i in range(2)]
+        deadline = time.time() + 30
+        while _placer_status(c)["placed"] < 2:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        monkeypatch.setenv("DASKJOBS_INVENTORY", json.dumps({**two, "gpus": 1}))
+        c.run(lambda dask_worker: dask_worker.plugins["daskjobs-inventory"].refresh())
+        while next(iter(_placer_status(c)["workers"].values()))["inventory_version"] < 2:
+            assert time.time() < deadline, "the new inventory was not reported"
+            time.sleep(0.01)
+        with dask.annotate(resources={"GPU": 1}):
+            later = [c.submit(span, 0.1, key=f"later-{i}") for i in range(4)]
+        a = c.gather(first)
+        b = sorted(c.gather(later))
+        w = next(iter(_placer_status(c)["workers"].values()))
+        assert _errors(c) == {}
+    assert w["capacity"] == {"GPU": 1.0} and w["inventory_version"] == 2
+    assert all(s >= max(e for _, e in a) for s, _ in b), "placed on a device it lost"
+    assert all(b[i + 1][0] >= b[i][1] for i in range(3)), f"two ran at once on 1 GPU: {b}"
