@@ -20,6 +20,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
+from daskjobs.plugin.client import status
 from daskjobs.plugin.worker import STARTED_TOPIC, StartReporter
 
 INVENTORY = {
@@ -436,3 +437,56 @@ def test_a_worker_that_loses_a_device_is_reconciled_never_double_allocated(
     assert w["capacity"] == {"GPU": 1.0} and w["inventory_version"] == 2
     assert all(s >= max(e for _, e in a) for s, _ in b), "placed on a device it lost"
     assert all(b[i + 1][0] >= b[i][1] for i in range(3)), f"two ran at once on 1 GPU: {b}"
+
+
+@pytest.mark.realcluster
+def test_on_real_processes_a_killed_members_worker_restarts_the_whole_gang(
+    real_cluster: Any, tmp_path: Path
+) -> None:
+    """The plugin preloaded into a real ``dask scheduler``, 3 ``dask worker`` processes
+    with 2 GPUs each (inventories from the shared config), dask's defaults and
+    validation: a gang of 4 starts whole; the worker of two of its members is killed
+    (SIGKILL) mid-run; the two others yield, and the gang starts again, whole, on the
+    workers left, every member from its checkpoint, with an unpreempted run's results."""
+    import realtasks
+
+    a100 = {"accelerator": "A100", "gpus": 2, "gpu_memory": "40GB"}
+    config = {
+        "daskjobs": {
+            "policy": "fifo",
+            "store": str(tmp_path / "store"),
+            "resources": {"enabled": True, "interval": "50ms"},
+            "inventory": {"by-name": {"*": a100}},
+        }
+    }
+    rc = real_cluster(n_workers=3, nthreads=4, config=config, worker_resources="GPU=2")
+    with rc.client() as c:
+        deadline = time.time() + 60
+        while sum(w["reported"] for w in status(c)["resources"]["workers"].values()) < 3:
+            assert time.time() < deadline, "the workers did not report their inventories"
+            time.sleep(0.05)
+        with dask.annotate(resources={"GPU": 1}, gang="ddp", gang_size=4):
+            fs = [c.submit(realtasks.train, i, 40, 0.05, key=f"ddp-{i}") for i in range(4)]
+
+        def members(dask_scheduler: Any) -> dict[str, str]:
+            return {
+                str(k): ts.processing_on.name
+                for k, ts in dask_scheduler.tasks.items()
+                if str(k).startswith("ddp-") and ts.processing_on is not None
+            }
+
+        while len(c.run_on_scheduler(members)) < 4:
+            assert time.time() < deadline, "the gang did not start"
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few steps, checkpointed
+        victim = c.run_on_scheduler(members)["ddp-0"]
+        rc.kill(victim)
+        results = c.gather(fs)
+        st = status(c)
+    assert st["errors"] == {}
+    g = st["resources"]["gangs"]["ddp"]
+    assert g["starts"] == 2 and g["restarts"] == 1, g
+    assert [(r["step"], r["acc"]) for r in results] == [(40, i * sum(range(40))) for i in range(4)]
+    assert all(r["runs"] >= 2 for r in results), results
+    assert [n for n in ("w0", "w1", "w2") if rc.alive(n)] == sorted({"w0", "w1", "w2"} - {victim})
+    assert rc.problems() == []
