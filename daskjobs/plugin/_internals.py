@@ -58,6 +58,12 @@ scheduler's own objects and transitions:
   for are released as dask releases them after a task finishes.
   ``Scheduler.client_releases_keys`` drops the copies client's claim: the copy's
   result stays while the alias needs it, then is released as an intermediate.
+
+Resources and gangs (:mod:`daskjobs.plugin.gangs`) hold a task by giving it a worker
+restriction no worker has (``TaskState.worker_restrictions``, ``host_restrictions``
+cleared, ``loose_restrictions`` false: dask keeps it in ``no-worker``), and place it by
+restricting it to the chosen worker and recommending ``processing`` through
+``Scheduler.transitions``; all members of a gang in one call.
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "client_releases_keys": "speculation: a settled copy is no longer wanted",
     "transitions": "speculation: run a copy; redirect a task to its winning copy",
     "extensions": "speculation: move tasks off a worker whose thread a zombie holds",
+    "stream_comms": "preemption and gangs: ask running tasks to yield (daskjobs-preempt)",
+    "register_worker_plugin": "the start and inventory reporters on every worker",
 }
 
 #: TaskState attributes read or written by add_copy / redirect.
@@ -116,6 +124,7 @@ REQUIRED_TASK_ATTRS = (
     "worker_restrictions",
     "loose_restrictions",
     "resource_restrictions",
+    "host_restrictions",
     "priority",
     "run_id",
     "who_has",
