@@ -490,3 +490,24 @@ def test_on_real_processes_a_killed_members_worker_restarts_the_whole_gang(
     assert all(r["runs"] >= 2 for r in results), results
     assert [n for n in ("w0", "w1", "w2") if rc.alive(n)] == sorted({"w0", "w1", "w2"} - {victim})
     assert rc.problems() == []
+
+
+def test_a_task_that_names_workers_runs_only_there_and_an_impossible_pair_is_refused() -> None:
+    """``workers=`` is part of feasibility: a one-GPU task restricted to the V100 worker
+    runs there; asking for an A100 on the V100 worker can never run."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        _cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        v100 = next(a for a, w in c.scheduler_info()["workers"].items() if str(w["name"]) == "1")
+        with dask.annotate(resources={"GPU": 1}):
+            fs = [c.submit(where, i, key=f"pinned-{i}", workers=[v100]) for i in range(4)]
+        assert {f.result(timeout=30)[1] for f in fs} == {"1"}
+        with dask.annotate(resources={"GPU": 1}, accelerator="A100"):
+            bad = c.submit(where, 9, key="a100-on-v100", workers=[v100])
+        with pytest.raises(Exception, match="not one of the workers the task names"):
+            bad.result(timeout=30)
+        assert _errors(c) == {}

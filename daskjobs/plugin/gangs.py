@@ -12,8 +12,8 @@ This driver adapts dask's state into the policy's views and enacts the answers:
 
 * **hold**: a placed task gets a worker restriction no worker has (:data:`HELD`), so
   dask keeps it in ``no-worker`` once its inputs are in (tasks with restrictions are
-  never in dask's queue). A task that also names workers (``workers=``) is refused: the
-  placer chooses by what workers have;
+  never in dask's queue). A task that also names workers (``workers=``) may run only
+  there: that is part of its request's feasibility;
 * **release**: a decision restricts each member to the worker the policy chose and
   sends all members of the decision on in one ``Scheduler.transitions`` call;
 * **capacity**: a worker's allocatable amount of a resource is what dask lets it supply
@@ -208,18 +208,15 @@ class Placer:
         for ts in tasks:
             if ts.key in self.placed or not self.wants(ts):
                 continue
-            if ts.worker_restrictions or ts.host_restrictions:
-                raise ResourceRequestError(
-                    f"task {ts.key!r} names workers (workers=...) and asks for resources: "
-                    "with daskjobs.resources.enabled the plugin chooses the worker by what it "
-                    "has; ask for it (accelerator=, gpu_memory=, constraint=) instead"
-                )
             ann = dict(ts.annotations or {})
             ann["resources"] = dict(ts.resource_restrictions or {})
             try:
                 req = Request.from_annotations(ann, what=f"task {ts.key!r}") or Request()
             except RequestError as e:
                 raise ResourceRequestError(str(e)) from None
+            own = set(ts.worker_restrictions or ()) | set(ts.host_restrictions or ())
+            if own:  # its user's workers=: part of feasibility
+                req = replace(req, where=frozenset(own))
             gid = ann.get("gang")
             size: Any = 1
             if gid is not None:
@@ -401,10 +398,16 @@ class Placer:
         inv = self.inventories.get(address)
         res = {str(k): float(v) for k, v in (ws.resources or {}).items()}
         if inv is None:
-            return Inventory(cpus=ws.nthreads, memory=ws.memory_limit or 0, resources=res)
+            return Inventory(
+                cpus=ws.nthreads,
+                memory=ws.memory_limit or 0,
+                resources=res,
+                address=address,
+                host=ws.host,
+            )
         if inv.gpus and ACCELERATOR_RESOURCE in res:
             res[ACCELERATOR_RESOURCE] = min(res[ACCELERATOR_RESOURCE], float(inv.gpus))
-        return replace(inv, resources=res)
+        return replace(inv, resources=res, address=address, host=ws.host)
 
     def _nodes(self) -> list[_Node]:
         sched = self.scheduler

@@ -106,6 +106,10 @@ class Inventory:
     gpus: int = 0
     gpu_memory: float = 0.0
     version: int = 0
+    #: where it is (the live driver sets the worker's address and host; a request's
+    #: ``where`` is checked against them)
+    address: str | None = None
+    host: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, what: str = "inventory") -> Inventory:
@@ -297,6 +301,9 @@ class Request:
     accelerator: tuple[str, ...] = ()  # any of these types; () any (or none)
     gpu_memory: float = 0.0  # per device, bytes
     constraint: Constraint | None = None
+    #: the worker addresses or hosts it may run on at all (its user's ``workers=``
+    #: restriction); None: any
+    where: frozenset[str] | None = None
 
     @classmethod
     def from_annotations(cls, ann: Mapping[str, Any], *, what: str = "task") -> Request | None:
@@ -357,7 +364,13 @@ def _feasible(request: Request, inventory: Inventory) -> bool:
     for name, need in request.resources.items():
         if have.get(name, 0.0) < need:
             return False
+    if request.where is not None and not _placed_in(request.where, inventory):
+        return False
     return request.constraint is None or request.constraint(inventory)
+
+
+def _placed_in(where: frozenset[str], inventory: Inventory) -> bool:
+    return inventory.address in where or inventory.host in where
 
 
 def why_not(request: Request, inventory: Inventory) -> str | None:
@@ -381,6 +394,8 @@ def why_not(request: Request, inventory: Inventory) -> str | None:
             missing.append(f"{name}={need:g} (it has {have_n:g})")
     if request.constraint is not None and not request.constraint(inventory):
         missing.append(f"constraint {request.constraint.text!r} is false")
+    if request.where is not None and not _placed_in(request.where, inventory):
+        missing.append("it is not one of the workers the task names (workers=...)")
     return "; ".join(missing) or None
 
 
