@@ -191,11 +191,13 @@ class HeapPolicy(Policy):
     (:meth:`push_many`, e.g. a whole sweep submitted together) is sorted once
     and popped from the end of a list in O(1), instead of paying a heap pop of
     O(log n) tuple comparisons per task. The next task is the smaller of the
-    heap's head and the run's tail.
+    heap's head and the run's tail. The run is kept as three parallel lists
+    (keys, push counters, tasks), not as a list of ``(key, counter, task)``
+    tuples: a million tuples cost more to allocate than the sort itself.
     """
 
     def __init__(self) -> None:
-        self._buckets: dict[int, tuple[list[_HEntry], list[_HEntry]]] = {}  # (heap, run)
+        self._buckets: dict[int, _Bucket] = {}
         self._sizes: list[int] = []  # distinct core requests, ascending
         self._counter = itertools.count()
         self._n = 0
@@ -209,10 +211,10 @@ class HeapPolicy(Policy):
         key = self.key
         return [key(t) for t in tasks]
 
-    def _bucket(self, cores: int) -> tuple[list[_HEntry], list[_HEntry]]:
+    def _bucket(self, cores: int) -> _Bucket:
         bucket = self._buckets.get(cores)
         if bucket is None:
-            bucket = self._buckets[cores] = ([], [])
+            bucket = self._buckets[cores] = ([], [], [], [])
             self._sizes.append(cores)
             self._sizes.sort()
         return bucket
@@ -230,52 +232,49 @@ class HeapPolicy(Policy):
         first = next(self._counter)
         self._counter = itertools.count(first + len(tasks))
         sizes = {t.cores for t in tasks}
-        groups: list[tuple[int, Sequence[int], Sequence[TaskView]]]
+        groups: list[tuple[int, Sequence[int] | None, Sequence[TaskView]]]
         if len(sizes) == 1:  # the usual case: one core request, no regrouping
-            groups = [(sizes.pop(), range(len(tasks)), tasks)]
+            groups = [(sizes.pop(), None, tasks)]
         else:
             by_cores: dict[int, list[int]] = {}
             for pos, t in enumerate(tasks):
                 by_cores.setdefault(t.cores, []).append(pos)
             groups = [(c, ps, [tasks[p] for p in ps]) for c, ps in by_cores.items()]
         for cores, positions, group in groups:
-            heap, run = self._bucket(cores)
+            heap, keys, seqs, run = self._bucket(cores)
             if run:  # an older run still pending: fold it into the heap
-                heap.extend(run)
+                heap.extend(zip(keys, seqs, run, strict=True))
                 heapq.heapify(heap)
+                keys.clear()
+                seqs.clear()
                 run.clear()
-            keys = self.keys(group)
-            # a stable ascending sort keeps push order among equal keys;
-            # reversed, the next task to run sits at the end of the list
-            order = _stable_order(keys)
-            order.reverse()
-            run.extend(
-                zip(
-                    map(keys.__getitem__, order),
-                    map(first.__add__, map(positions.__getitem__, order)),
-                    map(group.__getitem__, order),
-                    strict=True,
-                )
-            )
+            # a stable descending order: the next task to run at the end of the lists
+            run_keys, run_seqs, run_tasks = _sorted_run(self.keys(group), positions, first, group)
+            keys.extend(run_keys)
+            seqs.extend(run_seqs)
+            run.extend(run_tasks)
         self._n += len(tasks)
 
     @staticmethod
-    def _head(bucket: tuple[list[_HEntry], list[_HEntry]]) -> _HEntry | None:
-        heap, run = bucket
+    def _head(bucket: _Bucket) -> _HEntry | None:
+        heap, keys, seqs, run = bucket
         if run:
-            if heap and heap[0][:2] < run[-1][:2]:
+            tail = (keys[-1], seqs[-1], run[-1])
+            if heap and heap[0][:2] < tail[:2]:
                 return heap[0]
-            return run[-1]
+            return tail
         return heap[0] if heap else None
 
     @staticmethod
-    def _take(bucket: tuple[list[_HEntry], list[_HEntry]]) -> TaskView:
-        heap, run = bucket
-        if run and not (heap and heap[0][:2] < run[-1][:2]):
-            return run.pop()[2]
+    def _take(bucket: _Bucket) -> TaskView:
+        heap, keys, seqs, run = bucket
+        if run and not (heap and heap[0][:2] < (keys[-1], seqs[-1])):
+            keys.pop()
+            seqs.pop()
+            return run.pop()
         return heapq.heappop(heap)[2]
 
-    def _best_bucket(self, free: int) -> tuple[list[_HEntry], list[_HEntry]] | None:
+    def _best_bucket(self, free: int) -> _Bucket | None:
         best = None
         best_head: _HEntry | None = None
         for c in self._sizes:
@@ -289,6 +288,13 @@ class HeapPolicy(Policy):
 
     def peek(self, free: int) -> TaskView | None:
         """The task ``pop`` would return on a node with ``free`` slots."""
+        if len(self._sizes) == 1:  # fast path: one core size
+            if self._sizes[0] > free:
+                return None
+            heap, keys, seqs, run = self._buckets[self._sizes[0]]
+            if run and not (heap and heap[0][:2] < (keys[-1], seqs[-1])):
+                return run[-1]
+            return heap[0][2] if heap else None
         b = self._best_bucket(free)
         if b is None:
             return None
@@ -301,10 +307,12 @@ class HeapPolicy(Policy):
         if len(self._sizes) == 1:  # fast path: one core size
             if self._sizes[0] > node.free:
                 return None
-            heap, run = self._buckets[self._sizes[0]]
+            heap, keys, seqs, run = self._buckets[self._sizes[0]]
             self._n -= 1
-            if run and not (heap and heap[0][:2] < run[-1][:2]):
-                return run.pop()[2]
+            if run and not (heap and heap[0][:2] < (keys[-1], seqs[-1])):
+                keys.pop()
+                seqs.pop()
+                return run.pop()
             return heapq.heappop(heap)[2]
         else:
             found = self._best_bucket(node.free)
@@ -319,11 +327,27 @@ class HeapPolicy(Policy):
 
 
 _HEntry = tuple[Any, int, TaskView]  # (key, push counter, task)
+# a bucket: (heap of entries, and the run as parallel lists: keys, counters, tasks)
+_Bucket = tuple[list[_HEntry], list[Any], list[int], list[TaskView]]
 
 
-def _stable_order(keys: list[Any]) -> list[int]:
-    """Positions of ``keys`` in stable ascending order (numpy for plain floats)."""
+def _sorted_run(
+    keys: list[Any], positions: Sequence[int] | None, first: int, tasks: Sequence[TaskView]
+) -> tuple[list[Any], list[int], list[TaskView]]:
+    """``keys``, push counters (``first`` + position in the batch: ``positions[i]``,
+    or ``i`` when None) and ``tasks``, in stable *descending* order of key: the
+    task that sorts first at the end. numpy sorts plain floats."""
     if all(type(k) is float for k in keys):
-        order: list[int] = np.argsort(np.asarray(keys, dtype=float), kind="stable").tolist()
-        return order
-    return sorted(range(len(keys)), key=keys.__getitem__)
+        arr = np.asarray(keys, dtype=float)
+        desc = np.argsort(arr, kind="stable")[::-1]
+        pos = desc if positions is None else np.asarray(positions, dtype=np.int64)[desc]
+        order: list[int] = desc.tolist()
+        return arr[desc].tolist(), (pos + first).tolist(), list(map(tasks.__getitem__, order))
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    order.reverse()
+    pos_list = order if positions is None else list(map(positions.__getitem__, order))
+    return (
+        list(map(keys.__getitem__, order)),
+        [first + p for p in pos_list],
+        list(map(tasks.__getitem__, order)),
+    )

@@ -151,31 +151,36 @@ class _Node:
         return f"<node {self.index} free={self.free}/{self.cores}>"
 
 
-def _validate(tasks: Sequence[Task], cluster: Cluster) -> dict[Hashable, int]:
-    """Check ``tasks`` against ``cluster``; return ``{tid: position}``.
+def _validate(tasks: Sequence[Task], cluster: Cluster) -> None:
+    """Check ``tasks`` against ``cluster``.
 
-    One pass per check, in C where it can be (the dict is needed anyway); a
-    slow loop runs only to name the offending task."""
-    if not all(type(t) is Task for t in tasks):
+    One pass per check, in C where it can be (``map`` over attribute getters,
+    a set of the ids: hashing a million ids costs half as much as building the
+    ``{tid: position}`` dict, which only a graph with edges needs); a slow loop
+    runs only to name the offending task."""
+    if not set(map(type, tasks)) <= {Task}:
         for t in tasks:
             if not isinstance(t, Task):
                 raise TypeError(
                     f"expected daskjobs.sim.Task objects, got {type(t).__name__}: {t!r}"
                 )
-    index = {t.tid: i for i, t in enumerate(tasks)}
-    if len(index) != len(tasks):
+    if len(set(map(_get_tid, tasks))) != len(tasks):
         seen: set[Hashable] = set()
         for t in tasks:
             if t.tid in seen:
                 raise ValueError(f"duplicate task id {t.tid!r}")
             seen.add(t.tid)
     cpn = cluster.cores_per_node
-    if tasks and max(t.cores for t in tasks) > cpn:
+    if tasks and max(map(_get_cores, tasks)) > cpn:
         t = next(t for t in tasks if t.cores > cpn)
         raise ValueError(
             f"task {t.tid!r} needs {t.cores} cores but a node has only {cpn}: it can never run"
         )
-    return index
+
+
+def _positions(tasks: Sequence[Task]) -> dict[Hashable, int]:
+    """``{tid: position in tasks}``."""
+    return dict(zip(map(_get_tid, tasks), range(len(tasks)), strict=True))
 
 
 def _records(
@@ -206,6 +211,9 @@ def _records(
     return start, end, node, np.bincount(ti, minlength=n).astype(np.int64), finished
 
 
+_get_tid = attrgetter("tid")
+_get_cores = attrgetter("cores")
+_get_deps = attrgetter("deps")
 _get_ti = attrgetter("ti")
 _get_start = attrgetter("start")
 _get_end = attrgetter("end")
@@ -273,15 +281,14 @@ def _simulate(
     seed = check_seed(seed)
     if spec is not None and not isinstance(spec, Speculation):
         raise TypeError(f"spec must be a Speculation or None, got {type(spec).__name__}")
-    index = _validate(tasks, cluster)
-    has_deps = any(t.deps for t in tasks)
+    _validate(tasks, cluster)
+    has_deps = any(map(_get_deps, tasks))
     order = topological_order(tasks) if has_deps else tasks
     cached_ids: set[Hashable] = set(cache) if cache else set()
     pruned = _prune(order, cached_ids) if (cached_ids and has_deps) else set()
     if pruned:
         tasks = [t for t in tasks if t.tid not in pruned]
         order = [t for t in order if t.tid not in pruned]
-        index = {t.tid: i for i, t in enumerate(tasks)}
 
     n = len(tasks)
     # Each task also carries its position, so that the task a policy returns is
@@ -307,7 +314,11 @@ def _simulate(
     is_cached = bytearray(t.tid in cached_ids for t in tasks) if cached_ids else bytearray(n)
     waiting = array("q", bytes(8 * n))
     dependents: list[Sequence[int]]
+    # {tid: position}: for the graph's edges, and for a task a policy returns that
+    # does not carry this run's stamp (built on first need)
+    index: dict[Hashable, int] | None = _positions(tasks) if has_deps else None
     if has_deps:
+        assert index is not None
         readers: list[list[int]] = [[] for _ in range(n)]
         for i, t in enumerate(tasks):
             if not is_cached[i]:
@@ -320,7 +331,9 @@ def _simulate(
         dependents = [()] * n
     submitted = bytearray(n)
     done = bytearray(n)
-    running: list[list[Attempt] | None] = [None] * n if spec is not None else []
+    # the running copies of each task: one attempt, or a list once a second runs
+    # beside it (only copies run side by side; no list for the million without one)
+    running: list[Attempt | list[Attempt] | None] = [None] * n if spec is not None else []
     backup_asked = bytearray(n)
     # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
     if spec is not None:
@@ -407,9 +420,10 @@ def _simulate(
     cls = type(policy)
     started = policy.started if cls.started is not Policy.started else None
     ended = policy.ended if cls.ended is not Policy.ended else None
-    # which attempts run on each node: only needed to re-judge them for backups
-    # (only a policy that learns speeds, through `ended`, ever re-judges them)
-    track = ended is not None
+    # which attempts run on each node: only needed to re-judge them for backups at
+    # once (only a policy that learns speeds, through `ended`, ever re-judges them;
+    # with a periodic check, `watch` holds the running primaries instead)
+    track = ended is not None and spec is not None and not interval
     p_speed = policy.speed
     p_urgent = policy.urgent
     # hooks a policy leaves as the base class has them are skipped in the hot path
@@ -555,10 +569,11 @@ def _simulate(
         if spec is not None:  # copies of one task can only run side by side with backups
             r = running[i]
             if r is None:
-                running[i] = [a]
-            else:
+                running[i] = a
+            elif isinstance(r, list):
                 r.append(a)
-        if spec is not None:
+            else:
+                running[i] = [r, a]
             k = n_att[i]
             n_att[i] = k + 1
         else:  # without copies only a failure starts a task again
@@ -621,6 +636,7 @@ def _simulate(
                 ask_backup(a, now)
 
     def dispatch(now: float) -> None:
+        nonlocal index
         declined: list[int] = []
         while free_heap:
             queued = qlen()
@@ -654,6 +670,8 @@ def _simulate(
             if 0 <= ti < n:
                 start(ti, tv, nd, now, False)  # type: ignore[arg-type]
             else:
+                if index is None:
+                    index = _positions(tasks)
                 ti = index[tv.tid]
                 start(ti, tasks[ti], nd, now, False)
         for k in declined:
@@ -732,12 +750,11 @@ def _simulate(
                     if a.backup:
                         backups_won += 1
                     r = running[i]
-                    if r is not None:
-                        if len(r) > 1:
-                            for b in r:
-                                if b is not a and b.outcome is None:
-                                    finish(b, now, "killed")
-                        running[i] = None
+                    if type(r) is list:
+                        for b in r:
+                            if b is not a and b.outcome is None:
+                                finish(b, now, "killed")
+                    running[i] = None
                 if has_deps:
                     for j in dependents[i]:
                         waiting[j] -= 1
@@ -749,8 +766,10 @@ def _simulate(
                     push(a.task)  # retry from the start
                     continue
                 r = running[i]
-                if r is not None:
-                    r.remove(a)
+                if type(r) is list:
+                    r.remove(a)  # another copy may run on
+                else:  # `a` was the only one
+                    running[i] = r = None
                 if not r:
                     backup_asked[i] = 0
                     push(a.task)  # retry from the start
@@ -765,7 +784,7 @@ def _simulate(
                 else:
                     ask_backup(a, now)
         dispatch(now)
-        if spec is not None and not interval and suspects and not len(policy) and free_heap:
+        if spec is not None and not interval and suspects and free_heap and not len(policy):
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 for b in sorted(nodes[k].running, key=lambda x: x.aid):
                     if not b.backup and copyable[b.ti] and p_urgent(b, now):
