@@ -169,6 +169,9 @@ class Placer:
         self.waiting: set[Key] = set()  # held in no-worker, runnable
         self.reservation: dict[str, Any] | None = None
         self.last_fragmentation = 0.0
+        #: GPU-seconds free that no waiting request fitted, summed between decisions
+        self.fragmented_seconds = 0.0
+        self._measured_at: float | None = None
         self.stats = PlacerStats()
         #: the last starts, in the order the policy made them: (time, demand, workers)
         self.starts: deque[tuple[float, str, list[str]]] = deque(maxlen=10_000)
@@ -485,8 +488,12 @@ class Placer:
     def decide(self, now: float) -> None:
         """One decision of the policy over every waiting demand, enacted."""
         sched = self.scheduler
+        if self._measured_at is not None:
+            self.fragmented_seconds += self.last_fragmentation * max(now - self._measured_at, 0)
+        self._measured_at = now
         if sched is None or not self.waiting:
             self.reservation = None
+            self.last_fragmentation = 0.0
             return
         nodes = self._nodes()
         demands = self._demands()
@@ -634,6 +641,7 @@ class Placer:
             },
             "reservation": self.reservation,
             "fragmentation": self.last_fragmentation,
+            "fragmented_seconds": round(self.fragmented_seconds, 3),
             **self.stats.to_dict(),
         }
 
