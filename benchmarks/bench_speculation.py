@@ -677,10 +677,13 @@ def run_grid_case(case: Case, config: str) -> dict[str, Any]:
         log = bench_speculation.SPANS
         log.clear()
         t_submit = time.time()
+        cpu0 = time.process_time()
         out = client.compute(parts, sync=True)
         t_results = time.time()
+        cpu = time.process_time() - cpu0
         status = client.run_on_scheduler(_status) if plugin else None
-        spans = list(log)
+        # a zombie thread of an earlier run's cluster may still append: not this run's
+        spans = [sp for sp in log if sp[2] >= t_submit]
     d = decompose(spans, durations, case)
     first = min(s for _, _, s, _ in spans)
     last = max(e for _, _, _, e in spans)
@@ -693,6 +696,7 @@ def run_grid_case(case: Case, config: str) -> dict[str, Any]:
         "to_first": first - t_submit,
         "after_last": t_results - last,
         "results": len(out),
+        "cpu": cpu,  # CPU seconds of this process (client, scheduler, workers) in the run
     }
     if status is not None:
         r["speculation"] = status.get("speculation")
@@ -712,7 +716,8 @@ def grid(cases: tuple[Case, ...], reps: int) -> list[dict[str, Any]]:
                 row["runs"][config].append(r)
                 print(
                     f"  {case.label()} {config}: {r['makespan']:.2f} s, {r['ratio']:.3f}x, "
-                    f"first start {r['to_first']:.3f} s, wall {r['wall']:.2f} s",
+                    f"first start {r['to_first']:.3f} s, wall {r['wall']:.2f} s, "
+                    f"CPU {r['cpu']:.2f} s",
                     file=sys.stderr,
                 )
         rows.append(row)
@@ -822,6 +827,76 @@ def grid_table(rows: list[dict[str, Any]], reps: int) -> str:
     return "\n".join(out)
 
 
+def submit_probe(n: int, reps: int) -> dict[str, list[float]]:
+    """Submission to first task start of one sweep of ``n`` tasks (4 workers x 8
+    threads, one slow), three ways, alternating on one cluster each: plain dask and the
+    full plugin given the graph of ``dask.delayed`` calls (``client.compute``), and the
+    full plugin given the same sweep through the sweep API (``Sweep.run``, no store).
+    The time includes building nothing on the client but what each call builds itself
+    (``Sweep.run`` plans its graph inside the call)."""
+    from daskjobs.sweep import Sweep
+
+    case = Case(n, 4, 8, 1, 0.3, 99)
+    w = workloads.chapter(case.seed, n=n, n_long=N_LONG, median=0.1, sigma=0.76)
+    estimates = {i: float(t.estimate) for i, t in enumerate(w.tasks)}
+    import bench_speculation
+
+    log = bench_speculation.SPANS
+    out: dict[str, list[float]] = {"plain": [], "plugin": [], "plugin, Sweep.run": []}
+    for rep in range(reps):
+        for how in out if rep % 2 == 0 else list(out)[::-1]:
+            plugin = None
+            if how != "plain":
+                plugin = JobsPlugin(policy="node-aware", speculation=dict(SPECULATION))
+            with (
+                LocalCluster(
+                    n_workers=case.workers,
+                    threads_per_worker=case.threads,
+                    processes=False,
+                    dashboard_address=":0",
+                    scheduler_kwargs={"plugins": [plugin] if plugin else []},
+                ) as cl,
+                Client(cl) as client,
+            ):
+                client.wait_for_workers(case.workers)
+                if how == "plugin, Sweep.run":
+                    sweep = Sweep("probe")
+                    sweep.stage(
+                        bench_speculation.nap_logged,
+                        over=[
+                            {"i": i, "seconds": float(t.duration)} for i, t in enumerate(w.tasks)
+                        ],
+                        params={"slow": ("0",), "slow_factor": SLOW_FACTOR},
+                        estimate=lambda p: estimates[p["i"]],
+                        cache=False,
+                        name="nap",
+                    )
+                    log.clear()
+                    t0 = time.time()
+                    sweep.run(client, store=False, progress=False)
+                else:
+                    parts, _ = grid_graph(case)
+                    log.clear()
+                    t0 = time.time()
+                    client.compute(parts, sync=True)
+                first = min(sp[2] for sp in log if sp[2] >= t0)
+            out[how].append(first - t0)
+            print(f"  submit probe {how}: first start {first - t0:.3f} s", file=sys.stderr)
+    return out
+
+
+def submit_table(out: dict[str, list[float]], n: int) -> str:
+    lines = [
+        f"Submission to first task start, {n} tasks on 4 workers x 8 threads "
+        f"({len(next(iter(out.values())))} runs each, alternating):\n",
+        "| submitted as | median (s) | min - max (s) |",
+        "|---|---:|---:|",
+    ]
+    for how, xs in out.items():
+        lines.append(f"| {how} | {statistics.median(xs):.3f} | {min(xs):.3f} - {max(xs):.3f} |")
+    return "\n".join(lines)
+
+
 def revision() -> str:
     """The commit measured, and any uncommitted change to the package at run time."""
     root = __file__.rsplit("/benchmarks/", 1)[0] if "/benchmarks/" in __file__ else "."
@@ -863,6 +938,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the chapter table, also on real dask scheduler/worker processes",
     )
     ap.add_argument("--only-real", action="store_true", help="only the real-process runs")
+    ap.add_argument(
+        "--submit",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="also time submission to first start (plain, plugin, Sweep.run), REPS runs each",
+    )
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds or (1 if args.quick else 3)))
     n = args.sweep_tasks
@@ -888,6 +970,9 @@ def main(argv: list[str] | None = None) -> int:
         print(command.rstrip())
         print()
         print(grid_table(rows, args.reps))
+        if args.submit:
+            print()
+            print(submit_table(submit_probe(800, args.submit), 800))
         return 0
     print(f"chapter sweep with a slow worker: {n} tasks, seeds {seeds} ...", file=sys.stderr)
     rows = sweep(seeds, n, args.slow_worker, args.slow_factor)
