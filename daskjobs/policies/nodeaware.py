@@ -55,8 +55,13 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
+from functools import reduce
+from itertools import repeat
+from operator import add, mul
+from operator import neg as neg_
 from typing import Any
 
+import numpy as np
 from sortedcontainers import SortedList
 
 from daskjobs.policies.base import AttemptView, NodeView, Policy, TaskView
@@ -67,6 +72,7 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
+_log, _exp, _isfinite = math.log, math.exp, math.isfinite  # hot in `_learn`
 _MAX_LOG = math.log(1000.0)
 
 
@@ -116,16 +122,41 @@ class _Ladder:
 
     def push_many(self, entries: list[_Entry]) -> None:
         """Entries ``(-estimate, seq, task)`` in push order (seq increasing)."""
+        ordered = sorted(entries)  # longest first, then push order (seq is unique)
+        ordered.reverse()
+        self._set_run(ordered)
+
+    def push_batch(self, tasks: Sequence[TaskView], estimates: list[float], first: int) -> None:
+        """``push_many`` of ``tasks`` numbered ``first``, ``first + 1``, ...: the same
+        run, sorted by numpy when the estimates are plain floats (the entries are built
+        in their sorted order, never compared: a million tuple comparisons cost more
+        than the rest of the push)."""
+        neg = (
+            -np.asarray(estimates, dtype=float)
+            if all(type(e) is float for e in estimates)
+            else None
+        )
+        if neg is None or np.isnan(neg).any():  # tuples sort NaN their own way: keep theirs
+            entries = zip(map(neg_, estimates), itertools.count(first), tasks, strict=False)
+            self.push_many(list(entries))
+            return
+        # ascending (-estimate, seq) is a stable sort on -estimate; reversed: shortest first
+        desc = np.argsort(neg, kind="stable")[::-1]
+        order = desc.tolist()
+        entries = zip(
+            neg[desc].tolist(), (desc + first).tolist(), map(tasks.__getitem__, order), strict=True
+        )
+        self._set_run(list(entries))
+
+    def _set_run(self, ordered: list[_Entry]) -> None:
         if self.lo < len(self.run):  # an older run still pending: move it to `single`
             skip = self.skip
             self.single.update(e for j, e in enumerate(self.run) if j >= self.lo and j not in skip)
             self.top = self.single[0] if self.single else None
-        ordered = sorted(entries)  # longest first, then push order (seq is unique)
-        ordered.reverse()
         self.run = ordered
         self.lo = 0
         self.skip = {}
-        self.n += len(entries)
+        self.n += len(ordered)
 
     # -- the run's live ends ------------------------------------------------------
     def _run_top(self) -> _Entry | None:
@@ -316,15 +347,15 @@ class NodeAware(Policy):
         return st is not None and st.count >= self.min_samples
 
     def _learn(self, st: _NodeState, ratio: float) -> bool:
-        if not (ratio > 0 and math.isfinite(ratio)):
+        if not (ratio > 0 and _isfinite(ratio)):
             return False
         # one sample moves the belief by at most 1000x either way: a near-zero
         # estimate must not make a node look infinitely slow
-        x = math.log(ratio)
+        x = _log(ratio)
         st.logsum += _MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x
         st.count += 1
         log_new = st.logsum / (st.count + self.prior)
-        new = math.exp(log_new)
+        new = _exp(log_new)
         self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
         st.speed = new
         if abs(log_new - st.announced) > _RATIO:
@@ -370,6 +401,17 @@ class NodeAware(Policy):
         self._n += 1
 
     def push_many(self, tasks: Sequence[TaskView]) -> None:
+        if len(tasks) >= 256 and len({t.cores for t in tasks}) == 1:
+            # one core size (a sweep): one run, sorted in numpy; the same counters,
+            # and the same sum of work, added in the same order, as the loop below
+            cores = tasks[0].cores
+            estimates = [t.estimate for t in tasks]
+            first = next(self._counter)
+            self._counter = itertools.count(first + len(tasks))
+            self._queue(cores).push_batch(tasks, estimates, first)
+            self._queued_work += reduce(add, map(mul, estimates, repeat(cores)), 0.0)
+            self._n += len(tasks)
+            return
         by_cores: dict[int, list[_Entry]] = {}
         counter = self._counter
         work = 0.0
@@ -435,7 +477,7 @@ class NodeAware(Policy):
             if one is not None:  # the common case, inlined: longest first, one queue
                 run = one.run
                 j = len(run) - 1
-                if j >= one.lo and j not in one.skip:
+                if j >= one.lo and (not one.skip or j not in one.skip):
                     first = one.top
                     if first is None or run[j][:2] < first[:2]:
                         # the run's longest is live and longer than any single push
