@@ -188,6 +188,23 @@ class FairShare(Policy):
         self._queues[self._team_of(task)].push(task)
         self._n += 1
 
+    def push_many(self, tasks: Sequence[TaskView]) -> None:
+        """As many :meth:`push` calls, in order: each team's tasks go to its queue as
+        one batch (a sorted run, not a heap push per task)."""
+        by_team: dict[str, list[TaskView]] = {}
+        team_of = self._team_of
+        for t in tasks:
+            team = team_of(t)
+            got = by_team.get(team)
+            if got is None:
+                by_team[team] = [t]
+            else:
+                got.append(t)
+        queues = self._queues
+        for team, batch in by_team.items():
+            queues[team].push_many(batch)
+        self._n += len(tasks)
+
     def hold_key(self, task: TaskView) -> float:
         """The order inside a team (FIFO: submission; LPT: longest estimate first)."""
         return float(self._inner_key(task))
@@ -217,6 +234,15 @@ class FairShare(Policy):
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
+        if len(self._teams) == 1 and self.half_life is None:
+            # One team (under any quota: alone, it borrows every idle slot) whose usage
+            # is its running cores: the loop below would serve its queue's head
+            team = self._teams[0]
+            if not self._gone.get(team):
+                task = self._queues[team].pop(node, now)
+                if task is not None:
+                    self._n -= 1
+                return task
         best_team = None
         best_score = math.inf
         borrower = None  # the best team at its quota, if no team below it waits

@@ -77,11 +77,15 @@ class CriticalPath(HeapPolicy):
     def add_graph(self, tasks: Sequence[TaskView]) -> None:
         """Rank a batch. ``tasks`` must be topologically ordered (deps first);
         dependencies outside the batch are already ranked and keep their rank."""
+        blevel = self.blevel
+        if not any(t.deps for t in tasks):  # a flat batch (a sweep): its own estimates
+            rev = list(reversed(tasks))  # the loop's order below: a repeated id ends the same
+            blevel.update(zip([t.tid for t in rev], [t.estimate + 0.0 for t in rev], strict=True))
+            return
         dependents: dict[Hashable, list[Hashable]] = {}
         for t in tasks:
             for d in t.deps:
                 dependents.setdefault(d, []).append(t.tid)
-        blevel = self.blevel
         for t in reversed(tasks):
             below = dependents.get(t.tid)
             tail = max(blevel[k] for k in below) if below else 0.0
@@ -95,3 +99,7 @@ class CriticalPath(HeapPolicy):
         if b is None:  # pushed without add_graph: rank by its own estimate
             b = task.estimate
         return -b
+
+    def keys(self, tasks: Sequence[TaskView]) -> list[Any]:
+        get = self.blevel.get
+        return [-(t.estimate if (b := get(t.tid)) is None else b) for t in tasks]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from daskjobs.policies.base import NodeView, Policy, TaskView
@@ -73,6 +74,25 @@ class WorkStealing(Policy):
         self._deques[core].append(task)
         self._n += 1
         self._note(core)
+
+    def push_many(self, tasks: Sequence[TaskView]) -> None:
+        """As many :meth:`push` calls: the same deal, round robin in push order, with
+        one length note per dealt-to deque (the lazy heap needs only its last)."""
+        if not tasks:
+            return
+        if not self._order:
+            self.add_node(0, 1)
+        order = self._order
+        m = len(order)
+        first = self._next
+        deques = self._deques
+        dealt = [order[(first + p) % m] for p in range(min(m, len(tasks)))]
+        for p, core in enumerate(dealt):  # task j goes to order[(first + j) % m]
+            deques[core].extend(tasks[p::m])
+        self._next = first + len(tasks)
+        self._n += len(tasks)
+        for core in dealt:
+            self._note(core)
 
     def _fullest(self) -> int | None:
         heap = self._lengths
