@@ -511,3 +511,37 @@ def test_a_task_that_names_workers_runs_only_there_and_an_impossible_pair_is_ref
         with pytest.raises(Exception, match="not one of the workers the task names"):
             bad.result(timeout=30)
         assert _errors(c) == {}
+
+
+def test_a_gang_waits_for_all_its_members_and_cancelled_tasks_leave_nothing_behind() -> None:
+    """Members submitted in two calls: none starts before the last arrives. Held tasks
+    the client cancels are forgotten by the placer (no waiting left, no error)."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        _cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        with dask.annotate(resources={"GPU": 1}, gang="late", gang_size=3):
+            first = [c.submit(where, i, key=f"late-{i}") for i in range(2)]
+        time.sleep(0.3)  # several decisions pass
+        assert _placer_status(c)["placed"] == 0
+        assert all(f.status == "pending" for f in first)
+        with dask.annotate(resources={"GPU": 1}, gang="late", gang_size=3):
+            last = c.submit(where, 2, key="late-2")
+        assert len(c.gather([*first, last])) == 3
+        assert _placer_status(c)["gangs"]["late"]["starts"] == 1
+        # a gang that can never complete (2 of 3 members), cancelled
+        with dask.annotate(resources={"GPU": 1}, gang="orphan", gang_size=3):
+            orphans = [c.submit(where, i, key=f"orphan-{i}") for i in range(2)]
+        time.sleep(0.2)
+        c.cancel(orphans)
+        deadline = time.time() + 30
+        while (st := _placer_status(c))["waiting"] or "orphan" in st["gangs"]:
+            assert time.time() < deadline, st
+            time.sleep(0.02)
+        with dask.annotate(resources={"GPU": 2}):
+            after = c.submit(where, 9, key="after")
+        assert after.result(timeout=30)[0] == 9
+        assert _errors(c) == {}
