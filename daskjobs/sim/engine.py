@@ -331,9 +331,10 @@ def _simulate(
         dependents = [()] * n
     submitted = bytearray(n)
     done = bytearray(n)
-    # the running copies of each task: one attempt, or a list once a second runs
-    # beside it (only copies run side by side; no list for the million without one)
-    running: list[Attempt | list[Attempt] | None] = [None] * n if spec is not None else []
+    # the running attempts of the tasks that have (had) a backup, in start order: only
+    # copies run side by side, so the tasks without one need no entry at all (a
+    # million-entry array read at every start and end costs a cache miss each)
+    copies: dict[int, list[Attempt]] = {}
     backup_asked = bytearray(n)
     # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
     if spec is not None:
@@ -341,6 +342,7 @@ def _simulate(
         copyable = bytearray(1 if may_copy(t) else 0 for t in tasks)
     else:
         copyable = bytearray(n)
+    copy_all = spec is not None and all(copyable)  # no need to read `copyable` per start
     choose = spec.choose if spec is not None else None
     may_queue = spec.may_queue if spec is not None else None
     p_horizon = policy.horizon
@@ -349,8 +351,9 @@ def _simulate(
     # come from the attempts once the run is over
     t_start = array("d", [math.nan]) * n
     t_end = array("d", [math.nan]) * n
-    n_att = array("q", [0]) * n if spec is not None else array("q")
-    again: dict[int, int] = {}  # attempts started so far, of tasks that failed (no spec)
+    # attempts started so far, of the tasks that may start again (a failure, or a
+    # copy past the first): a task absent has started none (or one, if a backup starts)
+    again: dict[int, int] = {}
 
     # submissions, in topological order within each submit time
     first_submit = tasks[0].submit if n else 0.0
@@ -551,8 +554,11 @@ def _simulate(
             k += 1
         return None
 
-    def start(i: int, task: Task, nd: _Node, now: float, backup: bool) -> None:
+    def start(i: int, task: Task, nd: _Node, now: float, primary: Attempt | None) -> None:
+        """Start an attempt of task ``i`` on ``nd``: a backup of ``primary``, or (None)
+        a first run or a retry."""
         nonlocal seq, draw_ptr, draws, backups_running, backups_launched, tick_at
+        backup = primary is not None
         c = task.cores
         stack = nd.freeheap
         base = nd.base
@@ -566,22 +572,22 @@ def _simulate(
         attempts.append(a)
         if track:
             nd.running.add(a)
-        if spec is not None:  # copies of one task can only run side by side with backups
-            r = running[i]
+        if primary is not None:  # copies of one task only run side by side with a backup
+            r = copies.get(i)
             if r is None:
-                running[i] = a
-            elif isinstance(r, list):
-                r.append(a)
+                copies[i] = [primary, a]
             else:
-                running[i] = [r, a]
-            k = n_att[i]
-            n_att[i] = k + 1
-        else:  # without copies only a failure starts a task again
-            k = again.get(i, 0) if again else 0
+                r.append(a)
+        elif copies:
+            r = copies.get(i)
+            if r is not None:
+                r.append(a)
         actual = dur[i] * speeds[nd.index] + overhead
         kind = _DONE
         when = now + actual
         if rate:
+            # attempt k of task i: a backup's primary was (at least) the first
+            k = again.get(i, 1 if backup else 0) if (again or backup) else 0
             if k < FATES:  # common random numbers: the fate of attempt k of task i
                 frac = fails[k].get(i)
                 if frac is not None:
@@ -595,7 +601,7 @@ def _simulate(
                     kind = _FAIL
                     when = now + actual * draws[draw_ptr + 1]
                 draw_ptr += 2
-            if kind and spec is None:
+            if kind or k:  # it may start again: after this failure, or as another copy
                 again[i] = k + 1
         seq += 1
         e = (kind, seq, a)
@@ -610,7 +616,7 @@ def _simulate(
             backups_launched += 1
         if started is not None:
             started(a, now)
-        if spec is not None and not backup and copyable[i]:
+        if spec is not None and not backup and (copy_all or copyable[i]):
             speed = speed_hook(nd.index) if speed_hook is not None else 1.0
             if plain_spec:
                 late = late_factor * est[i] * speed
@@ -651,14 +657,14 @@ def _simulate(
             if pending:
                 p = take_backup(nd, queued > 0)
                 if p is not None:
-                    start(p.ti, p.task, nd, now, True)
+                    start(p.ti, p.task, nd, now, p)
                     continue
             tv = pop(nd, now) if queued else None
             if tv is None:
                 if queued and pending:  # a slot no queued task wants: a copy may take it
                     p = take_backup(nd, False)
                     if p is not None:
-                        start(p.ti, p.task, nd, now, True)
+                        start(p.ti, p.task, nd, now, p)
                         continue
                 heappop(free_heap)
                 declined.append(k)
@@ -668,12 +674,12 @@ def _simulate(
             except AttributeError:
                 ti = -1
             if 0 <= ti < n:
-                start(ti, tv, nd, now, False)  # type: ignore[arg-type]
+                start(ti, tv, nd, now, None)  # type: ignore[arg-type]
             else:
                 if index is None:
                     index = _positions(tasks)
                 ti = index[tv.tid]
-                start(ti, tasks[ti], nd, now, False)
+                start(ti, tasks[ti], nd, now, None)
         for k in declined:
             heappush(free_heap, k)  # still free: offer again after the next event
 
@@ -749,12 +755,12 @@ def _simulate(
                     done[i] = 1
                     if a.backup:
                         backups_won += 1
-                    r = running[i]
-                    if type(r) is list:
-                        for b in r:
-                            if b is not a and b.outcome is None:
-                                finish(b, now, "killed")
-                    running[i] = None
+                    if copies:
+                        r = copies.pop(i, None)
+                        if r is not None:
+                            for b in r:
+                                if b is not a and b.outcome is None:
+                                    finish(b, now, "killed")
                 if has_deps:
                     for j in dependents[i]:
                         waiting[j] -= 1
@@ -765,11 +771,11 @@ def _simulate(
                 if spec is None:
                     push(a.task)  # retry from the start
                     continue
-                r = running[i]
-                if type(r) is list:
+                r = copies.get(i) if copies else None
+                if r is not None:
                     r.remove(a)  # another copy may run on
-                else:  # `a` was the only one
-                    running[i] = r = None
+                    if not r:
+                        del copies[i]
                 if not r:
                     backup_asked[i] = 0
                     push(a.task)  # retry from the start
