@@ -316,7 +316,9 @@ class NodeAware(Policy):
         self._queued_work = 0.0
         self._run_cores = 0
         self._run_end_sum = 0.0  # sum of cores * expected end
-        self._run: dict[int, tuple[int, float]] = {}  # id(attempt) -> (cores, end)
+        # id(attempt) -> (cores, expected end, estimate, estimated): what `ended` needs
+        # of the task, read while `started` has it at hand (a task view is frozen)
+        self._run: dict[int, tuple[int, float, float, bool]] = {}
 
     # -- nodes and speeds -------------------------------------------------------
     def add_node(self, index: int, cores: int) -> None:
@@ -479,13 +481,16 @@ class NodeAware(Policy):
                 j = len(run) - 1
                 if j >= one.lo and (not one.skip or j not in one.skip):
                     first = one.top
-                    if first is None or run[j][:2] < first[:2]:
+                    e = run[j]
+                    if first is None or e[:2] < first[:2]:
                         # the run's longest is live and longer than any single push
-                        task = run.pop()[2]
+                        run.pop()
                         one.n -= 1
-                        self._queued_work -= task.estimate
+                        # minus the estimate, from the entry (-estimate): the same sum,
+                        # without reading the task's estimate from scattered memory
+                        self._queued_work += e[0]
                         self._n -= 1
-                        return task
+                        return e[2]
                 got = one.head()
                 if got is None:
                     return None
@@ -538,9 +543,10 @@ class NodeAware(Policy):
     def started(self, attempt: AttemptView, now: float) -> None:
         t = attempt.task
         st = self._nodes.get(attempt.node)
-        end = attempt.start + t.estimate * (st.speed if st is not None else 1.0)
+        est = t.estimate
+        end = attempt.start + est * (st.speed if st is not None else 1.0)
         c = t.cores
-        self._run[id(attempt)] = (c, end)
+        self._run[id(attempt)] = (c, end, est, getattr(t, "estimated", True))
         self._run_cores += c
         self._run_end_sum += c * end
 
@@ -561,9 +567,14 @@ class NodeAware(Policy):
         outcome = attempt.outcome
         if outcome != "done" and outcome != "killed":
             return False
-        task = attempt.task
-        est = task.estimate
-        if not est > 0 or not getattr(task, "estimated", True):
+        if got is not None:  # the task's, as `started` read them
+            est = got[2]
+            estimated = got[3]
+        else:
+            task = attempt.task
+            est = task.estimate
+            estimated = getattr(task, "estimated", True)
+        if not est > 0 or not estimated:
             return False
         elapsed = now - attempt.start
         if outcome == "killed" and (attempt.backup or elapsed <= est):
