@@ -605,9 +605,7 @@ def _simulate(
                 again[i] = k + 1
         seq += 1
         e = (kind, seq, a)
-        x = slot.get(when)
-        if x is None:
-            slot[when] = e
+        if slot.setdefault(when, e) is e:  # the usual case: a time of its own
             heappush(times, when)
         else:
             post(when, e)
@@ -641,48 +639,6 @@ def _simulate(
             if urgent_hook is not None and not interval and urgent_hook(a, now):
                 ask_backup(a, now)
 
-    def dispatch(now: float) -> None:
-        nonlocal index
-        declined: list[int] = []
-        while free_heap:
-            queued = qlen()
-            if not queued and (not pending or backups_running >= cap):
-                break
-            k = free_heap[0]
-            nd = nodes[k]
-            if not nd.free:
-                heappop(free_heap)
-                in_heap[k] = False
-                continue
-            if pending:
-                p = take_backup(nd, queued > 0)
-                if p is not None:
-                    start(p.ti, p.task, nd, now, p)
-                    continue
-            tv = pop(nd, now) if queued else None
-            if tv is None:
-                if queued and pending:  # a slot no queued task wants: a copy may take it
-                    p = take_backup(nd, False)
-                    if p is not None:
-                        start(p.ti, p.task, nd, now, p)
-                        continue
-                heappop(free_heap)
-                declined.append(k)
-                continue
-            try:
-                ti = tv._ti - stamp  # type: ignore[attr-defined]
-            except AttributeError:
-                ti = -1
-            if 0 <= ti < n:
-                start(ti, tv, nd, now, None)  # type: ignore[arg-type]
-            else:
-                if index is None:
-                    index = _positions(tasks)
-                ti = index[tv.tid]
-                start(ti, tasks[ti], nd, now, None)
-        for k in declined:
-            heappush(free_heap, k)  # still free: offer again after the next event
-
     inf = math.inf
     while True:
         t_ev = times[0] if times else inf
@@ -703,15 +659,15 @@ def _simulate(
                     ready(i, now, runnable)
             policy.push_many(runnable)
         while times and times[0] == now:
-            x = slot[now]
-            if isinstance(x, tuple):
-                del slot[now]
+            x = slot.pop(now)
+            if isinstance(x, tuple):  # the usual case: the only event at its time
                 heappop(times)
                 kind, _, a = x
             else:
                 kind, _, a = heappop(x)
-                if not x:
-                    del slot[now]
+                if x:
+                    slot[now] = x
+                else:
                     heappop(times)
             n_events += 1
             if kind == _TICK:
@@ -789,14 +745,65 @@ def _simulate(
                     post(d, (_CHECK, seq, a))
                 else:
                     ask_backup(a, now)
-        dispatch(now)
-        if spec is not None and not interval and suspects and free_heap and not len(policy):
+        # Dispatch: offer the free nodes, lowest index first, to waiting copies and to
+        # the policy; if capacity is still idle with nothing queued, rescue attempts on
+        # suspect nodes and dispatch once more. (Inlined: it runs after every event.)
+        rescued = False
+        while True:
+            declined: list[int] | None = None
+            while free_heap:
+                queued = qlen()
+                if not queued and (not pending or backups_running >= cap):
+                    break
+                k = free_heap[0]
+                nd = nodes[k]
+                if not nd.free:
+                    heappop(free_heap)
+                    in_heap[k] = False
+                    continue
+                if pending:
+                    p = take_backup(nd, queued > 0)
+                    if p is not None:
+                        start(p.ti, p.task, nd, now, p)
+                        continue
+                tv = pop(nd, now) if queued else None
+                if tv is None:
+                    if queued and pending:  # a slot no queued task wants: a copy may take it
+                        p = take_backup(nd, False)
+                        if p is not None:
+                            start(p.ti, p.task, nd, now, p)
+                            continue
+                    heappop(free_heap)
+                    if declined is None:
+                        declined = [k]
+                    else:
+                        declined.append(k)
+                    continue
+                try:
+                    ti = tv._ti - stamp  # type: ignore[attr-defined]
+                except AttributeError:
+                    ti = -1
+                if 0 <= ti < n:
+                    start(ti, tv, nd, now, None)  # type: ignore[arg-type]
+                else:
+                    if index is None:
+                        index = _positions(tasks)
+                    ti = index[tv.tid]
+                    start(ti, tasks[ti], nd, now, None)
+            if declined is not None:
+                for k in declined:
+                    heappush(free_heap, k)  # still free: offer again after the next event
+            if rescued or not (
+                spec is not None and not interval and suspects and free_heap and not len(policy)
+            ):
+                break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 for b in sorted(nodes[k].running, key=lambda x: x.aid):
                     if not b.backup and copyable[b.ti] and p_urgent(b, now):
                         ask_backup(b, now)
-            if pending:
-                dispatch(now)
+            if not pending:
+                break
+            rescued = True
 
     start_, end_, node_, n_attempts, finished = _records(attempts, n, t_start, t_end)
     finished |= np.frombuffer(is_cached, dtype=np.uint8).astype(bool)
