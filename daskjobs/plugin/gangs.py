@@ -167,6 +167,8 @@ class Placer:
         self.invalid: dict[str, str] = {}  # worker -> why its report was refused
         self.used: dict[str, dict[str, float]] = {}  # worker -> allocated by this driver
         self.waiting: set[Key] = set()  # held in no-worker, runnable
+        self.holding: dict[Key, _Task] = {}  # placed on a worker, holding its resources
+        self._singles: dict[Key, _Demand] = {}  # the view of each waiting single task
         self.reservation: dict[str, Any] | None = None
         self.last_fragmentation = 0.0
         #: GPU-seconds free that no waiting request fitted, summed between decisions
@@ -310,6 +312,7 @@ class Placer:
             return
         if start == "no-worker":
             self.waiting.discard(key)
+            self._singles.pop(key, None)
         if start == "processing" and finish != "processing":
             self._free(t)
             if finish in ("memory", "erred"):
@@ -368,9 +371,10 @@ class Placer:
         self.inventories.pop(worker, None)
         self.invalid.pop(worker, None)
         self.used.pop(worker, None)
-        for t in self.placed.values():
+        for t in list(self.holding.values()):
             if t.worker == worker:
                 t.worker = None
+                self.holding.pop(t.key, None)
         self._soon()
 
     # -- the decision ------------------------------------------------------------------------
@@ -437,17 +441,23 @@ class Placer:
         assert sched is not None
         out: list[_Demand] = []
         seen: set[str] = set()
+        singles = self._singles
         for key in self.waiting:
+            d = singles.get(key)
+            if d is not None:  # still waiting (its view goes when it leaves no-worker)
+                out.append(d)
+                continue
             t = self.placed[key]
             ts = sched.tasks.get(key)
             if ts is None or ts.state != "no-worker":
                 continue
             if t.gang is None:
-                out.append(
-                    _Demand(
+                d = self._singles.get(key)
+                if d is None:
+                    d = self._singles[key] = _Demand(
                         key, (key,), [t.request], t.arrival, ts.priority or (), self._estimate(key)
                     )
-                )
+                out.append(d)
                 continue
             if t.gang in seen:
                 continue
@@ -476,7 +486,7 @@ class Placer:
     def _running(self, nodes: list[_Node], now: float) -> list[_Alloc]:
         index = {n.address: n.index for n in nodes}
         out = []
-        for t in self.placed.values():
+        for t in self.holding.values():
             if t.worker is None or t.worker not in index:
                 continue
             est = self._estimate(t.key)
@@ -514,10 +524,12 @@ class Placer:
                 ts.host_restrictions = None
                 ts.loose_restrictions = False
                 t.worker, t.placed, t.started = address, now, None
+                self.holding[key] = t
                 used = self.used.setdefault(address, {})
                 for k, v in req.resources.items():
                     used[k] = used.get(k, 0.0) + v
                 self.waiting.discard(key)
+                self._singles.pop(key, None)
                 recs[key] = "processing"
             self.stats.placed += len(d.keys)
             did = d.did[1] if isinstance(d.did, tuple) else str(d.did)
@@ -548,9 +560,9 @@ class Placer:
         )
         if recs:
             sched.transitions(recs, stimulus_id=f"daskjobs-place-{now}")
-        started = {k for p in decision.starts for k in p.demand.keys}
+        started = {id(p.demand) for p in decision.starts}
         self.last_fragmentation = fragmentation(
-            [d for d in demands if not set(d.keys) & started], self._nodes(), ACCELERATOR_RESOURCE
+            [d for d in demands if id(d) not in started], self._nodes(), ACCELERATOR_RESOURCE
         )
 
     # -- gangs -------------------------------------------------------------------------------
@@ -584,6 +596,7 @@ class Placer:
         return t is None or t.done
 
     def _free(self, t: _Task) -> None:
+        self.holding.pop(t.key, None)
         if t.worker is None:
             return
         used = self.used.get(t.worker)
@@ -597,6 +610,7 @@ class Placer:
         self._free(t)
         self.placed.pop(t.key, None)
         self.waiting.discard(t.key)
+        self._singles.pop(t.key, None)
         if t.gang is not None:
             g = self.gangs.get(t.gang)
             if g is not None and all(k not in self.placed for k in g.members):

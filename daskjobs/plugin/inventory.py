@@ -123,7 +123,12 @@ class InventoryReporter(WorkerPlugin):
         if isinstance(raw, dict) and "by-name" in raw:
             table = raw["by-name"] or {}
             raw = table.get(str(worker.name), table.get("*"))
-        inv = dict(raw or {}) if isinstance(raw, dict) else {"invalid": raw}
+        if raw is None:
+            inv: dict[str, Any] = {}
+        elif isinstance(raw, dict):
+            inv = dict(raw)
+        else:
+            inv = {"invalid": f"expected a mapping, got {raw!r}"}
         inv.setdefault("cpus", worker.state.nthreads)
         limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
         inv.setdefault("memory", limit or 0)

@@ -304,6 +304,19 @@ class Request:
     #: the worker addresses or hosts it may run on at all (its user's ``workers=``
     #: restriction); None: any
     where: frozenset[str] | None = None
+    #: what it asks, as a hashable value (equal requests, equal shapes); set once
+    shape: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        c = self.constraint
+        shape = (
+            tuple(sorted(self.resources.items())),
+            self.accelerator,
+            self.gpu_memory,
+            None if c is None else c.text,
+            self.where,
+        )
+        object.__setattr__(self, "shape", shape)
 
     @classmethod
     def from_annotations(cls, ann: Mapping[str, Any], *, what: str = "task") -> Request | None:
@@ -632,8 +645,18 @@ class GangPolicy:
         reservation: Reservation | None = None
         held_back = 0
         feasible: dict[int, list[_Free]] = {}  # shared by every packing on ``free``
+        # shapes that found no room in this pass: free room only shrinks as the pass
+        # starts demands, so an equal demand later in it finds none either (a queue of
+        # thousands of equal tasks costs one packing, not thousands)
+        unfit: set[tuple[Any, ...]] = set()
         for demand in sorted(waiting, key=self.order_key):
+            reqs = demand.requests
+            shape = reqs[0].shape if len(reqs) == 1 else tuple(r.shape for r in reqs)
+            if shape in unfit:
+                continue
             got = _pack(demand.requests, free, feasible)
+            if got is None:
+                unfit.add(shape)
             if got is not None and reservation is not None:
                 if not self.may_backfill(demand, got, reservation, now):
                     # the packing's first choice outlasts the reservation on a reserved
@@ -680,7 +703,9 @@ def fragmentation(waiting: Iterable[Any], nodes: Sequence[Any], resource: str) -
     waiting request fits (0 when nothing waits: idle capacity with nothing waiting is not
     fragmentation). Separates fragmentation (free units in
     pieces too small or of the wrong type) from a true shortage (no free units)."""
-    requests = list({id(r): r for d in waiting for r in d.requests}.values())
+    if not any(n.free.get(resource, 0.0) > 0 for n in nodes):
+        return 0.0  # nothing free: a shortage, not fragmentation
+    requests = list({r.shape: r for d in waiting for r in d.requests}.values())
     if not requests:
         return 0.0
     lost = 0.0
