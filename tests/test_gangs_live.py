@@ -545,3 +545,22 @@ def test_a_gang_waits_for_all_its_members_and_cancelled_tasks_leave_nothing_behi
             after = c.submit(where, 9, key="after")
         assert after.result(timeout=30)[0] == 9
         assert _errors(c) == {}
+
+
+def test_a_worker_without_an_inventory_reports_no_accelerator_not_an_error() -> None:
+    """No DASKJOBS_INVENTORY, no daskjobs.inventory, no nvidia-smi: the worker's report is
+    its threads, memory and dask resources; plain resource requests run, an accelerator
+    request is refused naming it."""
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with dask.config.set(VALIDATE), _cluster(plugin) as cl, Client(cl) as c:
+        _wait_inventories(c, 2)
+        workers = _placer_status(c)["workers"].values()
+        assert all("invalid" not in w and w["accelerator"] is None for w in workers)
+        assert all(w["capacity"] == {"GPU": 2.0} for w in workers)
+        with dask.annotate(resources={"GPU": 2}):
+            assert c.submit(where, 1, key="plain").result(timeout=30)[0] == 1
+        with dask.annotate(resources={"GPU": 1}, accelerator="A100"):
+            bad = c.submit(where, 2, key="typed")
+        with pytest.raises(Exception, match=r"accelerator A100 \(it has no accelerator\)"):
+            bad.result(timeout=30)
+        assert _errors(c) == {}
