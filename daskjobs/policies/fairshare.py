@@ -270,16 +270,22 @@ class FairShare(Policy):
         return self._queues[best_team].pop(node, now)
 
     def started(self, attempt: AttemptView, now: float) -> None:
-        team = self._team_of(attempt.task)
+        task = attempt.task
+        team = task.team
+        if team not in self._queues:  # not known yet (or an error): the one rule
+            team = self._team_of(task)
         if self.half_life is not None:
             self._advance(team, now)
-        self._running[team] += attempt.task.cores
+        self._running[team] += task.cores
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
-        team = self._team_of(attempt.task)
+        task = attempt.task
+        team = task.team
+        if team not in self._queues:
+            team = self._team_of(task)
         if self.half_life is not None:
             self._advance(team, now)
-        self._running[team] = max(self._running[team] - attempt.task.cores, 0)
+        self._running[team] = max(self._running[team] - task.cores, 0)
         return False
 
     def reconcile(self, running: Mapping[str, int], queued: Sequence[TaskView], now: float) -> None:

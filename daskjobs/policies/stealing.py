@@ -63,8 +63,11 @@ class WorkStealing(Policy):
     def _note(self, core: int) -> None:
         heapq.heappush(self._lengths, (-len(self._deques[core]), core))
         if len(self._lengths) > 4 * len(self._deques) + 64:
-            self._lengths = [(-len(d), c) for c, d in self._deques.items() if d]
-            heapq.heapify(self._lengths)
+            self._compact()
+
+    def _compact(self) -> None:
+        self._lengths = [(-len(d), c) for c, d in self._deques.items() if d]
+        heapq.heapify(self._lengths)
 
     def push(self, task: TaskView) -> None:
         if not self._order:
@@ -107,12 +110,17 @@ class WorkStealing(Policy):
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
-        slot = self._slot(node)
+        core = getattr(node, "core", None)
+        slot = int(core) if core is not None else self._slot(node)
         own = self._deques.get(slot)
         if own and own[0].cores <= node.free:
             self._n -= 1
             task = own.popleft()
-            self._note(slot)
+            # self._note(slot), inlined: this is the path of nearly every pop
+            lengths = self._lengths
+            heapq.heappush(lengths, (-len(own), slot))
+            if len(lengths) > 4 * len(self._deques) + 64:
+                self._compact()
             return task
         victim = self._fullest()
         if victim is None:
