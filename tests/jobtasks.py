@@ -59,3 +59,10 @@ def until_file(attempt: Any, path: str, marks: str | None = None, **_: Any) -> s
     while not os.path.exists(path):
         time.sleep(0.02)
     return f"released part {attempt.part}"
+
+
+def worker_name(attempt: Any, **_: Any) -> str:
+    """The name of the worker the attempt ran on."""
+    from distributed import get_worker
+
+    return str(get_worker().name)

@@ -564,3 +564,59 @@ def test_a_worker_without_an_inventory_reports_no_accelerator_not_an_error() -> 
         with pytest.raises(Exception, match=r"accelerator A100 \(it has no accelerator\)"):
             bad.result(timeout=30)
         assert _errors(c) == {}
+
+
+def test_a_jobs_attempts_run_only_where_its_accelerator_is(tmp_path: Path) -> None:
+    """``jobs.submit(..., accelerator="V100")``: every part's attempt is placed on the V100
+    worker, never on the A100 one."""
+    from distributed import LocalCluster
+
+    from daskjobs import jobs
+    from daskjobs.jobs import JobsService
+
+    service = JobsService(
+        ledger=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        store=str(tmp_path / "store"),
+        lease="5s",
+        interval="50ms",
+    )
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=4,
+            processes=False,
+            dashboard_address=":0",
+            resources={"GPU": 2},
+            scheduler_kwargs={"plugins": [plugin, service]},
+        ) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, 2)
+        job = jobs.submit(
+            c,
+            "typed",
+            kind="inference",
+            parts=6,
+            target="jobtasks:worker_name",
+            resources={"GPU": 1},
+            accelerator="V100",
+        )
+        assert job.result(timeout=60) == ["1"] * 6
+        assert _errors(c) == {}
+
+
+def test_a_job_spec_checks_its_placement_and_keeps_its_identity_without_one() -> None:
+    from daskjobs.jobs.model import JobSpec
+
+    plain = JobSpec("same", target="m:f")
+    assert not {"accelerator", "gpu_memory", "constraint"} & set(plain.to_json())
+    typed = JobSpec("same", target="m:f", accelerator=["A100", "H100"], gpu_memory="40GB")
+    assert typed.job_id != plain.job_id
+    assert JobSpec.from_json(typed.to_json()) == typed
+    assert typed.placement() == {"accelerator": ["A100", "H100"], "gpu_memory": "40GB"}
+    with pytest.raises(ValueError, match="unknown name 'colour'"):
+        JobSpec("same", target="m:f", constraint="colour == 'red'")
+    with pytest.raises(ValueError, match="'lots' is not a size"):
+        JobSpec("same", target="m:f", gpu_memory="lots")

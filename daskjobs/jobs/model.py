@@ -141,6 +141,12 @@ class JobSpec:
     #: "te": interactive work a person waits for (the plugin's preemption serves it first,
     #: docs/preemption.md); "be": best-effort, the default
     job_class: str = "be"
+    #: what each attempt's worker must have (docs/resources.md; placed by the plugin when
+    #: ``daskjobs.resources.enabled``): an accelerator type or list of types, memory per
+    #: device (``"40GB"``), a constraint over the worker's inventory
+    accelerator: str | tuple[str, ...] | None = None
+    gpu_memory: str | float | None = None
+    constraint: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -175,6 +181,15 @@ class JobSpec:
                 raise ValueError(
                     f"JobSpec.resources[{key!r}]: expected a number >= 0, got {amount!r}"
                 )
+        if isinstance(self.accelerator, list):
+            object.__setattr__(self, "accelerator", tuple(self.accelerator))
+        if self.placement():
+            from daskjobs.policies.resources import Request, RequestError
+
+            try:
+                Request.from_annotations(self.placement(), what="JobSpec")
+            except RequestError as e:
+                raise ValueError(str(e)) from None
         try:
             json.dumps(dict(self.params), sort_keys=True)
         except (TypeError, ValueError) as e:
@@ -195,7 +210,22 @@ class JobSpec:
             "checkpoint_every": self.checkpoint_every,
             # only when not the default: a best-effort job keeps the identity it had
             **({"job_class": self.job_class} if self.job_class != "be" else {}),
+            # only when asked: a job without them keeps the identity it had
+            **_json(self.placement()),
         }
+
+    def placement(self) -> dict[str, Any]:
+        """The attempts' placement annotations (accelerator, gpu_memory, constraint) that
+        are set."""
+        out: dict[str, Any] = {}
+        if self.accelerator is not None:
+            acc = self.accelerator
+            out["accelerator"] = acc if isinstance(acc, str) else list(acc)
+        if self.gpu_memory is not None:
+            out["gpu_memory"] = self.gpu_memory
+        if self.constraint is not None:
+            out["constraint"] = self.constraint
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:

@@ -374,7 +374,8 @@ class JobsService(SchedulerPlugin):
             # share and quotas count a job's attempts for its team, as any task of it
             # (and its class: an interactive job's attempts take resources back from
             # best-effort tasks when the plugin's preemption is on)
-            with dask.annotate(team=spec.team, job_class=spec.job_class):
+            # (and what their workers must have: the plugin's resource placement)
+            with dask.annotate(team=spec.team, job_class=spec.job_class, **spec.placement()):
                 futures = self.client.map(
                     run_attempt,
                     orders,
