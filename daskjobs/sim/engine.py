@@ -501,6 +501,7 @@ def _simulate(
                 ask_backup(b, now)
 
     def finish(a: Attempt, now: float, outcome: str) -> None:
+        """End attempt ``a`` (the main loop inlines this for an attempt that is done)."""
         nonlocal backups_running
         a.end = now
         a.outcome = outcome
@@ -706,7 +707,32 @@ def _simulate(
                 continue  # killed earlier, or a stale check
             i = a.ti
             if kind == _DONE:
-                finish(a, now, "done")
+                # finish(a, now, "done"), inlined: the end of nearly every attempt
+                a.end = now
+                a.outcome = "done"
+                nd = nodes[a.node]
+                stack = nd.freeheap
+                cores = a.cores
+                if len(cores) == 1:
+                    stack.append(cores[0] - nd.base)
+                    nd.free += 1
+                else:
+                    for c in cores:
+                        stack.append(c - nd.base)
+                    nd.free += len(cores)
+                nd.core = nd.base + stack[-1]
+                if track:
+                    nd.running.discard(a)
+                if watch:
+                    watch.pop(a, None)
+                k = nd.index
+                if not in_heap[k]:
+                    in_heap[k] = True
+                    heappush(free_heap, k)
+                if a.backup:
+                    backups_running -= 1
+                if ended is not None and ended(a, now):
+                    rejudge(a.node, now)
                 if spec is not None:
                     done[i] = 1
                     if a.backup:
