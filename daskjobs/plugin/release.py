@@ -23,6 +23,13 @@ policy then sees a submitted sweep as the simulator does (``NodeAware`` sorts it
 once and measures a new worker with a task from the batch's short end, not the very
 shortest), at O(1) per queued transition instead of a sorted insertion each.
 
+A slot the policy leaves idle (``pop`` answers None for the worker a task just left)
+stays idle: dask fills every free slot of the workers in its ``idle_task_count`` from
+its queue, so the gate takes that worker out of the set until dask puts it back at
+the worker's next task end (:meth:`ReleaseGate._keep_idle`); the simulator idles the
+slot the same way. Without this, a worker measured slow got the shortest held task
+whenever the policy refused it.
+
 Tasks that do not wait in dask's queue (tasks with inputs, or with resource
 restrictions, which dask sends to a worker as soon as they are runnable) are
 counted in the policy's books but ordered by the held rank on their worker.
@@ -78,6 +85,7 @@ class ReleaseGate:
         self.held: set[Key] = set()
         self.released: Key | None = None
         self.pending: list[LiveTask] = []  # queued since the policy was last asked
+        self.kept_idle = 0  # slots the policy left idle that dask would have filled
         self._seq = 0
         self.attempts: dict[Key, LiveAttempt] = {}
         self._reconcile_pending = False
@@ -196,7 +204,35 @@ class ReleaseGate:
         if self.released is None and self.held:
             idle = self.scheduler.idle_task_count
             if slot_opened is not None or idle:
-                self._release(self._slot_view(slot_opened, idle))
+                view = self._slot_view(slot_opened, idle)
+                self._release(view)
+                if (
+                    self.released is None
+                    and self.held
+                    and slot_opened is not None
+                    and slot_opened >= 0
+                    and isinstance(view, Slot)
+                ):
+                    self._keep_idle(slot_opened)
+
+    def _keep_idle(self, node: int) -> None:
+        """The policy leaves the slot a task just freed on ``node`` idle (``pop`` chose
+        nothing for it: on a worker measured slow, nothing would end before the projected
+        end of the run). dask would fill it anyway, from the head of its queue, right
+        after this transition (``stimulus_queue_slots_maybe_opened`` counts the free
+        slots of the workers in ``idle_task_count``): the worker leaves that set, so
+        dask leaves its slots alone. dask puts it back itself when the worker's
+        processing changes next (``check_idle_saturated``: one of its tasks ends), and
+        the policy is asked again then. Only a worker with tasks still running is taken
+        out (their ends bring it back), and only here, before dask counts free slots,
+        never while it fills them."""
+        sched = self.scheduler
+        address = self.speeds.addresses.get(node)
+        ws = sched.workers.get(address) if address is not None else None
+        if ws is None or not ws.processing or ws not in sched.idle_task_count:
+            return
+        sched.idle_task_count.discard(ws)
+        self.kept_idle += 1
 
     def _schedule_reconcile(self) -> None:
         """After a failed hook: rebuild the held set, the running attempts and the

@@ -28,6 +28,7 @@ class WorkerSpeeds:
         self.audit = audit
         self.learner = learner if learner is not None else NodeAware()
         self.nodes: dict[str, int] = {}  # worker address -> node index of the policies
+        self.addresses: dict[int, str] = {}  # node index -> address, of present workers
         self._next = 0  # node indices are never reused
         self.gone: dict[str, int] = {}  # workers that left: their index, for status rows
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
@@ -37,6 +38,7 @@ class WorkerSpeeds:
         node = self.nodes.get(address)
         if node is None:
             node = self.nodes[address] = self._next
+            self.addresses[node] = address
             self._next += 1
             sched = self.scheduler
             ws = sched.workers.get(address) if sched is not None else None
@@ -47,6 +49,7 @@ class WorkerSpeeds:
         """The worker left: its slots no longer count in the learner's capacity."""
         node = self.nodes.pop(address, None)
         if node is not None:
+            self.addresses.pop(node, None)
             self.gone[address] = node
             self.learner.remove_node(node)
 
