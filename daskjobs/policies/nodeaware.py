@@ -316,9 +316,11 @@ class NodeAware(Policy):
         self._queued_work = 0.0
         self._run_cores = 0
         self._run_end_sum = 0.0  # sum of cores * expected end
-        # id(attempt) -> (cores, expected end, estimate, estimated): what `ended` needs
-        # of the task, read while `started` has it at hand (a task view is frozen)
-        self._run: dict[int, tuple[int, float, float, bool]] = {}
+        # attempt -> (cores, expected end, estimate, estimated): what `ended` needs of
+        # the task, read while `started` has it at hand (a task view is frozen); attempt
+        # views hash by identity (as in Horizon)
+        self._run: dict[AttemptView, tuple[int, float, float, bool]] = {}
+        self._popped: _Entry | None = None  # the queue entry `pop` returned last
 
     # -- nodes and speeds -------------------------------------------------------
     def add_node(self, index: int, cores: int) -> None:
@@ -490,6 +492,7 @@ class NodeAware(Policy):
                         # without reading the task's estimate from scattered memory
                         self._queued_work += e[0]
                         self._n -= 1
+                        self._popped = e
                         return e[2]
                 got = one.head()
                 if got is None:
@@ -543,10 +546,13 @@ class NodeAware(Policy):
     def started(self, attempt: AttemptView, now: float) -> None:
         t = attempt.task
         st = self._nodes.get(attempt.node)
-        est = t.estimate
+        e = self._popped
+        # the task just popped (the usual case): its estimate from the queue entry, not
+        # from the task's float elsewhere in memory (-(-x) is x, bit for bit)
+        est = -e[0] if e is not None and e[2] is t else t.estimate
         end = attempt.start + est * (st.speed if st is not None else 1.0)
         c = t.cores
-        self._run[id(attempt)] = (c, end, est, getattr(t, "estimated", True))
+        self._run[attempt] = (c, end, est, getattr(t, "estimated", True))
         self._run_cores += c
         self._run_end_sum += c * end
 
@@ -560,7 +566,7 @@ class NodeAware(Policy):
         copy) that had already run past its estimate gives that ratio as a lower
         bound, or a node whose every task is rescued would never be measured.
         """
-        got = self._run.pop(id(attempt), None)
+        got = self._run.pop(attempt, None)
         if got is not None:
             self._run_cores -= got[0]
             self._run_end_sum -= got[0] * got[1]
