@@ -339,7 +339,7 @@ def _simulate(
     # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
     if spec is not None:
         may_copy = spec.may_copy
-        copyable = bytearray(1 if may_copy(t) else 0 for t in tasks)
+        copyable = bytearray(map(bool, map(may_copy, tasks)))
     else:
         copyable = bytearray(n)
     copy_all = spec is not None and all(copyable)  # no need to read `copyable` per start
