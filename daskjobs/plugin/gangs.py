@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin.worker import PREEMPT_OP
 from daskjobs.policies.resources import (
+    Allocation,
     GangPolicy,
     Inventory,
     Request,
@@ -118,13 +119,6 @@ class _Node:
     inventory: Inventory
     free: dict[str, float]
     address: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Alloc:
-    node: int
-    resources: Mapping[str, float]
-    end: float
 
 
 @dataclass
@@ -483,7 +477,7 @@ class Placer:
             )
         return out
 
-    def _running(self, nodes: list[_Node], now: float) -> list[_Alloc]:
+    def _running(self, nodes: list[_Node], now: float) -> list[Allocation]:
         index = {n.address: n.index for n in nodes}
         out = []
         for t in self.holding.values():
@@ -492,7 +486,7 @@ class Placer:
             est = self._estimate(t.key)
             began = t.started if t.started is not None else max(t.placed, now)
             end = math.inf if est is None else began + est
-            out.append(_Alloc(index[t.worker], t.request.resources, end))
+            out.append(Allocation(index[t.worker], t.request.resources, end))
         return out
 
     def decide(self, now: float) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 __all__ = [
     "CONSTRAINT_NAMES",
+    "Allocation",
     "Constraint",
     "Decision",
     "GangPolicy",
@@ -681,7 +682,7 @@ class GangPolicy:
                     f = by_index[idx].free
                     for k, v in req.resources.items():
                         f[k] = f.get(k, 0.0) - v
-                    running.append(_Alloc(idx, dict(req.resources), end))
+                    running.append(Allocation(idx, dict(req.resources), end))
                 continue
             if self.reservation and reservation is None:
                 reservation = self.reserve(demand, free, running, now)
@@ -692,7 +693,11 @@ class GangPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class _Alloc:
+class Allocation:
+    """A running member as :meth:`GangPolicy.decide` and :meth:`GangPolicy.reserve` read
+    it (the drivers build these): its node, the resources it holds, its expected end
+    (start + estimate; ``math.inf`` when unknown)."""
+
     node: int
     resources: Mapping[str, float]
     end: float

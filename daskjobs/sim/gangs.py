@@ -54,13 +54,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from daskjobs.policies.resources import (
+    Allocation,
     GangPolicy,
     Inventory,
     Request,
@@ -146,15 +147,6 @@ class _NodeState:
     free: dict[str, float]
 
 
-@dataclass(frozen=True, slots=True)
-class _Alloc:
-    """A running member's view: node, resources, expected end (start + estimate)."""
-
-    node: int
-    resources: Mapping[str, float]
-    end: float
-
-
 @dataclass
 class GangRun:
     """The outcome of :func:`simulate_gangs`.
@@ -231,7 +223,7 @@ def simulate_gangs(
         seq += 1
     heapq.heapify(events)
     waiting: dict[Any, _DemandView] = {}
-    running: dict[Any, list[_Alloc]] = {}
+    running: dict[Any, list[Allocation]] = {}
     free_units = run.capacity
     frag_now = 0.0  # fragmentation since the last event
     last = 0.0
@@ -276,7 +268,7 @@ def simulate_gangs(
                 run.nodes[did] = tuple(placement.nodes)
                 end = math.inf if d.estimate is None else now + d.estimate
                 running[did] = [
-                    _Alloc(idx, req.resources, end)
+                    Allocation(idx, req.resources, end)
                     for req, idx in zip(d.requests, placement.nodes, strict=True)
                 ]
                 units = sum(r.resources.get(resource, 0.0) for r in d.requests)
