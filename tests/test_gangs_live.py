@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,19 @@ def _cluster(plugin: Any, n_workers: int = 2, **kw: Any) -> Any:
     )
 
 
+@contextmanager
+def _gpu_client(plugin: Any, n_workers: int = 2, inventory: Any = INVENTORY) -> Iterator[Client]:
+    """A client of an in-process cluster of ``n_workers`` x 2 GPUs whose scheduler runs
+    ``plugin``, validation on, once every worker has reported ``inventory``."""
+    with (
+        dask.config.set({**VALIDATE, "daskjobs.inventory": inventory}),
+        _cluster(plugin, n_workers=n_workers) as cl,
+        Client(cl) as c,
+    ):
+        _wait_inventories(c, n_workers)
+        yield c
+
+
 def _placer_status(c: Client) -> dict[str, Any]:
     return c.run_on_scheduler(
         lambda dask_scheduler: dask_scheduler.plugins["daskjobs"].placer.status()
@@ -77,12 +91,7 @@ def test_a_task_never_runs_on_a_worker_lacking_what_it_asks_for() -> None:
     a constraint only the V100 worker meets) runs only where that is, even while the
     feasible worker is busy and the other one idles."""
     plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
-        _cluster(plugin) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 2)
+    with _gpu_client(plugin) as c:
         futures = {}
         for i in range(8):
             with dask.annotate(resources={"GPU": 1}, accelerator="A100"):
@@ -126,12 +135,7 @@ def test_an_impossible_or_malformed_request_fails_at_submission(
     was computed before stays."""
     plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
     inventory = {"by-name": {"*": INVENTORY["by-name"]["0"]}}
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": inventory}),
-        _cluster(plugin) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 2)
+    with _gpu_client(plugin, inventory=inventory) as c:
         with dask.annotate(resources={"GPU": 1}):
             before = c.submit(where, 0, key="before")
         assert before.result(timeout=30)[0] == 0
@@ -147,12 +151,7 @@ def test_an_impossible_or_malformed_request_fails_at_submission(
 def test_a_gang_no_worker_set_can_hold_is_refused() -> None:
     """5 members of 1 GPU each on 2 workers of 2 GPUs: the gang can never start."""
     plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
-        _cluster(plugin) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 2)
+    with _gpu_client(plugin) as c:
         with dask.annotate(resources={"GPU": 1}, gang="big", gang_size=5):
             fs = c.map(where, range(5), key=[f"big-{i}" for i in range(5)])
         with pytest.raises(Exception, match="gang 'big' can never start"):
@@ -275,12 +274,7 @@ def test_a_gang_behind_a_stream_of_small_tasks_starts_with_a_reservation(
     them; without, each freed GPU goes to the next small task and the gang starves until
     the stream runs dry."""
     plugin = JobsPlugin(policy="fifo", resources={**RESOURCES, "reservation": reservation})
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
-        _cluster(plugin) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 2)
+    with _gpu_client(plugin) as c:
         occupiers, gang, tail = _gang_behind_occupiers(c, stream=12)
         c.gather(occupiers + gang + tail)
         order = _start_order(c)
@@ -315,12 +309,7 @@ def test_a_member_whose_worker_dies_restarts_the_whole_gang(store: Path) -> None
     others are asked to yield, and the gang starts again, whole, on the two workers left,
     each member from its checkpoint."""
     plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
-        _cluster(plugin, n_workers=3) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 3)
+    with _gpu_client(plugin, n_workers=3) as c:
         with dask.annotate(resources={"GPU": 1}, gang="ddp", gang_size=4):
             fs = [c.submit(member, i, key=f"ddp-{i}") for i in range(4)]
         deadline = time.time() + 30
@@ -338,7 +327,7 @@ def test_a_member_whose_worker_dies_restarts_the_whole_gang(store: Path) -> None
             time.sleep(0.05)
         time.sleep(0.3)
         victim = ran["ddp-0"]
-        cl.sync(cl.workers[victim].close)
+        c.cluster.sync(c.cluster.workers[victim].close)
         results = c.gather(fs)
         st = _placer_status(c)
         assert _errors(c) == {}
@@ -361,12 +350,7 @@ def test_the_simulator_and_the_plugin_start_demands_in_the_same_order() -> None:
 
     occupiers = (0.2, 0.35, 0.5, 0.65)
     plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
-        _cluster(plugin) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 2)
+    with _gpu_client(plugin) as c:
         fs = []
         for i, d in enumerate(occupiers):
             with dask.annotate(resources={"GPU": 1}, estimate=d):
@@ -496,12 +480,7 @@ def test_a_task_that_names_workers_runs_only_there_and_an_impossible_pair_is_ref
     """``workers=`` is part of feasibility: a one-GPU task restricted to the V100 worker
     runs there; asking for an A100 on the V100 worker can never run."""
     plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
-        _cluster(plugin) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 2)
+    with _gpu_client(plugin) as c:
         v100 = next(a for a, w in c.scheduler_info()["workers"].items() if str(w["name"]) == "1")
         with dask.annotate(resources={"GPU": 1}):
             fs = [c.submit(where, i, key=f"pinned-{i}", workers=[v100]) for i in range(4)]
@@ -517,12 +496,7 @@ def test_a_gang_waits_for_all_its_members_and_cancelled_tasks_leave_nothing_behi
     """Members submitted in two calls: none starts before the last arrives. Held tasks
     the client cancels are forgotten by the placer (no waiting left, no error)."""
     plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
-    with (
-        dask.config.set({**VALIDATE, "daskjobs.inventory": INVENTORY}),
-        _cluster(plugin) as cl,
-        Client(cl) as c,
-    ):
-        _wait_inventories(c, 2)
+    with _gpu_client(plugin) as c:
         with dask.annotate(resources={"GPU": 1}, gang="late", gang_size=3):
             first = [c.submit(where, i, key=f"late-{i}") for i in range(2)]
         time.sleep(0.3)  # several decisions pass
