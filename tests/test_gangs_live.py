@@ -7,6 +7,7 @@ together."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -594,3 +595,41 @@ def test_a_job_spec_checks_its_placement_and_keeps_its_identity_without_one() ->
         JobSpec("same", target="m:f", constraint="colour == 'red'")
     with pytest.raises(ValueError, match="'lots' is not a size"):
         JobSpec("same", target="m:f", gpu_memory="lots")
+
+
+def test_nvidia_smi_is_read_where_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake ``nvidia-smi`` on the PATH: two A100s of 80 GB and a smaller third device."""
+    from daskjobs.plugin.inventory import nvidia_smi
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo 'NVIDIA A100-SXM4-80GB, 81920'\n"
+        "echo 'NVIDIA A100-SXM4-80GB, 81920'\n"
+        "echo 'NVIDIA A100-PCIE-40GB, 40960'\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert nvidia_smi() == {"accelerator": "A100", "gpus": 3, "gpu_memory": 40960 * 2**20}
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert nvidia_smi() is None
+
+
+def test_a_malformed_inventory_is_named_and_counts_as_no_accelerator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DASKJOBS_INVENTORY", '{"accelerator": "A100", "gpus": "two"}')
+    plugin = JobsPlugin(policy="fifo", resources=RESOURCES)
+    with _gpu_client(plugin, n_workers=1) as c:
+        (w,) = _placer_status(c)["workers"].values()
+        assert "gpus: expected a number, got 'two'" in w["invalid"]
+        assert w["accelerator"] is None
+        monkeypatch.setenv("DASKJOBS_INVENTORY", "{not json")
+        c.run(lambda dask_worker: dask_worker.plugins["daskjobs-inventory"].refresh())
+        deadline = time.time() + 30
+        while "JSONDecodeError" not in next(iter(_placer_status(c)["workers"].values())).get(
+            "invalid", ""
+        ):
+            assert time.time() < deadline
+            time.sleep(0.02)
+        assert _errors(c) == {}
