@@ -302,6 +302,7 @@ def member(i: int, steps: int = 30, step_s: float = 0.05) -> dict[str, Any]:
         state["step"] += 1
         daskjobs.checkpoint(state)
     state["worker"] = str(get_worker().name)
+    state["end"] = time.time()
     return state
 
 
@@ -633,3 +634,36 @@ def test_a_malformed_inventory_is_named_and_counts_as_no_accelerator(
             assert time.time() < deadline
             time.sleep(0.02)
         assert _errors(c) == {}
+
+
+def test_an_interactive_task_preempts_a_best_effort_gang_whole(store: Path) -> None:
+    """Preemption and gangs together: a best-effort gang of 4 holds every GPU; an
+    interactive one-GPU task arrives. The preemption policy picks a victim; its whole gang
+    yields (all 4 members), the interactive task runs, and the gang starts again whole
+    from its checkpoints, with an unpreempted run's results."""
+    plugin = JobsPlugin(
+        policy="fifo",
+        resources=RESOURCES,
+        preemption={"enabled": True, "min_runtime": 0, "grace": "10s", "interval": "20ms"},
+    )
+    with _gpu_client(plugin) as c:
+        with dask.annotate(resources={"GPU": 1}, gang="bg", gang_size=4):
+            fs = [c.submit(member, i, 40, key=f"bg-{i}") for i in range(4)]
+        deadline = time.time() + 30
+        while not (store / "daskjobs-store-v1" / "checkpoints").exists():
+            assert time.time() < deadline, "the gang did not start"
+            time.sleep(0.02)
+        time.sleep(0.2)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = c.submit(span, 0.05, key="interactive")
+        te_end = te.result(timeout=60)[1]
+        results = c.gather(fs)
+        st = _placer_status(c)
+        assert _errors(c) == {}
+    g = st["gangs"]["bg"]
+    assert g["starts"] == 2 and g["restarts"] == 1, g
+    assert st["preempt_requested"] == 4 and st["preempt_yielded"] == 4, st
+    assert st["gangs_preempted"] == 1
+    assert all(r["step"] == 40 and r["runs"] == 2 for r in results), results
+    assert all(r["resumed_at"][-1] > 0 for r in results), results
+    assert te_end < min(r["end"] for r in results)

@@ -55,6 +55,7 @@ from daskjobs.policies.resources import (
     RequestError,
     fragmentation,
     unsatisfiable,
+    why_not,
 )
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
 
     from daskjobs.plugin.audit import Audit
     from daskjobs.plugin.views import LiveTask
+    from daskjobs.policies.preemption import PreemptionPolicy
 
 __all__ = ["HELD", "Placer", "ResourceRequestError"]
 
@@ -121,6 +123,37 @@ class _Node:
     address: str
 
 
+@dataclass(frozen=True, slots=True)
+class _PJob:
+    """A task as the preemption policy sees a job."""
+
+    jid: Any
+    cls: str
+    gpus: float
+    arrival: float
+
+
+@dataclass(slots=True)
+class _PNode:
+    index: int
+    gpus: float
+    available: float
+
+
+@dataclass(frozen=True, slots=True)
+class _PRun:
+    """A best-effort placed task as the preemption policy sees a running job."""
+
+    job: _PJob
+    node: int
+    started: float
+    preemptions: int
+    lost: float  # resource-seconds lost if it yielded now (its whole gang's, for a member)
+
+    def lost_at(self, t: float) -> float:
+        return self.lost
+
+
 @dataclass
 class PlacerStats:
     placed: int = 0  # tasks sent to a worker by a decision
@@ -130,6 +163,10 @@ class PlacerStats:
     held_back: int = 0  # tasks that fit but were kept off reserved workers
     refused: int = 0  # submissions refused (malformed or unsatisfiable)
     stopped: int = 0  # gang members asked to yield for a restart
+    preempt_requested: int = 0  # best-effort tasks asked to yield for interactive ones
+    preempt_yielded: int = 0
+    preempt_ignored: int = 0
+    gangs_preempted: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -147,8 +184,21 @@ class Placer:
         default_estimate: float,
         audit: Audit,
         tasks: Mapping[Key, LiveTask],
+        preemption: PreemptionPolicy | None = None,
+        preempt_resource: str = ACCELERATOR_RESOURCE,
+        grace: float = 30.0,
     ) -> None:
         self.policy = policy
+        #: with preemption on: interactive tasks take the resource back from best-effort
+        #: placed tasks (a gang is preempted whole); every choice the policy's
+        self.preemption = preemption
+        self.preempt_resource = preempt_resource
+        self.grace = grace
+        self.checkpoints: dict[Key, float] = {}  # task -> its last checkpoint
+        self.asked: dict[Key, float] = {}  # victim -> when it was asked to yield
+        self.ignoring: set[Key] = set()  # victims that kept their slot past the grace
+        self.promised: dict[Any, tuple[int, float, list[Key], float]] = {}
+        self.preemptions: dict[Key, int] = {}  # task -> times it yielded
         self.refuse = refuse_unsatisfiable
         self.interval = interval
         self.default_estimate = default_estimate
@@ -309,6 +359,10 @@ class Placer:
             self._singles.pop(key, None)
         if start == "processing" and finish != "processing":
             self._free(t)
+            if self.asked.pop(key, None) is not None and finish not in ("memory", "erred"):
+                self.stats.preempt_yielded += 1
+                self.preemptions[key] = self.preemptions.get(key, 0) + 1
+            self.ignoring.discard(key)
             if finish in ("memory", "erred"):
                 t.done = True
                 g = self.gangs.get(t.gang) if t.gang is not None else None
@@ -323,6 +377,11 @@ class Placer:
             self._soon()
         if finish == "forgotten":
             self._forget(t)
+            self.checkpoints.pop(key, None)
+            self.preemptions.pop(key, None)
+
+    def checkpointed(self, key: Key, when: float) -> None:
+        self.checkpoints[key] = when
 
     def started(self, key: Key, when: float) -> None:
         t = self.placed.get(key)
@@ -554,10 +613,161 @@ class Placer:
         )
         if recs:
             sched.transitions(recs, stimulus_id=f"daskjobs-place-{now}")
+        if self.preemption is not None:
+            started_ids = {id(p.demand) for p in decision.starts}
+            self._preempt([d for d in demands if id(d) not in started_ids], nodes, now)
         started = {id(p.demand) for p in decision.starts}
         self.last_fragmentation = fragmentation(
             [d for d in demands if id(d) not in started], self._nodes(), ACCELERATOR_RESOURCE
         )
+
+    # -- preemption ---------------------------------------------------------------------------
+    def _class(self, key: Key) -> str:
+        v = self.views.get(key)
+        return v.job_class if v is not None else "be"
+
+    def _preempt(self, waiting: list[_Demand], nodes: list[_Node], now: float) -> None:
+        """Interactive demands that did not start: victims from the preemption policy,
+        asked to yield; a victim in a gang stops its whole gang."""
+        assert self.preemption is not None
+        res = self.preempt_resource
+        self._expire(now)
+        # a promise ends when its demand started or left
+        waiting_ids = {d.did for d in waiting}
+        for did in [d for d in self.promised if d not in waiting_ids]:
+            del self.promised[did]
+        te = [
+            d
+            for d in waiting
+            if len(d.keys) == 1
+            and d.did not in self.promised
+            and self._class(d.keys[0]) == "te"
+            and d.requests[0].resources.get(res, 0.0) > 0
+        ]
+        if not te:
+            return
+        promised_on: dict[int, float] = {}
+        for idx, gpus, _, _ in self.promised.values():
+            promised_on[idx] = promised_on.get(idx, 0.0) + gpus
+        pnodes = [
+            _PNode(
+                n.index,
+                n.inventory.resources.get(res, 0.0),
+                n.free.get(res, 0.0) - promised_on.get(n.index, 0.0),
+            )
+            for n in nodes
+            if n.inventory.resources.get(res, 0.0) > 0
+        ]
+        index = {n.address: n.index for n in nodes}
+        running = self._victim_views(index, now)
+        address = {n.index: n.address for n in nodes}
+        for d in sorted(te, key=self.policy.order_key):
+            key = d.keys[0]
+            feasible = {n.index for n in nodes if why_not(d.requests[0], n.inventory) is None}
+            job = _PJob(key, "te", d.requests[0].resources[res], d.arrival)
+            choice = self.preemption.victims(
+                job, [n for n in pnodes if n.index in feasible], running, now
+            )
+            if choice is None:
+                continue
+            idx, victims = choice
+            keys = self._whole_gangs([r.job.jid for r in victims])
+            self._ask(keys, now)
+            self.promised[d.did] = (idx, job.gpus, keys, now)
+            for n in pnodes:
+                if n.index == idx:
+                    n.available -= job.gpus
+            asked = set(keys)
+            running = [r for r in running if r.job.jid not in asked]
+            self.audit.event(
+                "preempt",
+                key=str(key),
+                worker=address.get(idx),
+                victims=[str(k) for k in keys],
+            )
+            if decisions.isEnabledFor(logging.DEBUG):
+                decisions.debug("preempt %s for %r on %s", keys, key, address.get(idx))
+
+    def _victim_views(self, index: Mapping[str, int], now: float) -> list[_PRun]:
+        """Best-effort placed tasks as the preemption policy sees running jobs; a gang
+        member loses its whole gang's work since their checkpoints."""
+        res = self.preempt_resource
+        runs: list[_PRun] = []
+        gang_loss: dict[str, float] = {}
+        for t in self.holding.values():
+            if t.gang is not None and t.worker is not None:
+                began = t.started if t.started is not None else t.placed
+                last = max(self.checkpoints.get(t.key, began), began)
+                lost = max(now - last, 0.0) * t.request.resources.get(res, 0.0)
+                gang_loss[t.gang] = gang_loss.get(t.gang, 0.0) + lost
+        for t in self.holding.values():
+            gpus = t.request.resources.get(res, 0.0)
+            if (
+                t.worker is None
+                or t.worker not in index
+                or gpus <= 0
+                or t.started is None  # not running yet: nothing to yield
+                or t.key in self.asked
+                or t.key in self.ignoring
+                or self._class(t.key) != "be"
+            ):
+                continue
+            last = max(self.checkpoints.get(t.key, t.started), t.started)
+            lost = gang_loss[t.gang] if t.gang is not None else max(now - last, 0.0) * gpus
+            runs.append(
+                _PRun(
+                    _PJob(t.key, "be", gpus, t.arrival),
+                    index[t.worker],
+                    t.started,
+                    self.preemptions.get(t.key, 0),
+                    lost,
+                )
+            )
+        return runs
+
+    def _whole_gangs(self, keys: list[Key]) -> list[Key]:
+        """``keys`` with every running member of their gangs (a gang yields whole)."""
+        out = list(keys)
+        seen = set(keys)
+        for key in keys:
+            t = self.placed.get(key)
+            if t is None or t.gang is None:
+                continue
+            self.stats.gangs_preempted += 1
+            for m in self.gangs[t.gang].members:
+                mt = self.placed.get(m)
+                if m not in seen and mt is not None and mt.worker is not None and not mt.done:
+                    out.append(m)
+                    seen.add(m)
+        return out
+
+    def _ask(self, keys: list[Key], now: float) -> None:
+        sched = self.scheduler
+        assert sched is not None
+        by_worker: dict[str, list[Key]] = {}
+        for k in keys:
+            t = self.placed.get(k)
+            if t is not None and t.worker is not None:
+                by_worker.setdefault(t.worker, []).append(k)
+                self.asked[k] = now
+        for address, ks in by_worker.items():
+            comm = sched.stream_comms.get(address)
+            if comm is not None:
+                comm.send({"op": PREEMPT_OP, "keys": ks})
+                self.stats.preempt_requested += len(ks)
+
+    def _expire(self, now: float) -> None:
+        """Victims still running ``grace`` after they were asked keep their slot (dask
+        cannot stop a thread) and are never asked again; their promise is dropped."""
+        for did, (_, _, keys, asked) in list(self.promised.items()):
+            if now - asked < self.grace:
+                continue
+            late = [k for k in keys if k in self.asked]
+            for k in late:
+                del self.asked[k]
+                self.ignoring.add(k)
+            self.stats.preempt_ignored += len(late)
+            del self.promised[did]
 
     # -- gangs -------------------------------------------------------------------------------
     def _stop_gang(self, g: _Gang, lost: Key) -> None:

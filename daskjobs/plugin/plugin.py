@@ -125,11 +125,7 @@ class JobsPlugin(SchedulerPlugin):
         self.placer: Placer | None = None
         rs = self.settings.resources
         if rs.enabled:
-            if pr.enabled:
-                raise ValueError(
-                    "daskjobs.resources.enabled and daskjobs.preemption.enabled cannot both be "
-                    "on yet: both would place the same resource tasks (docs/resources.md)"
-                )
+            # with both on, the placer enacts preemption too (it places every resource task)
             self.placer = Placer(
                 GangPolicy(reservation=rs.reservation),
                 refuse_unsatisfiable=rs.refuse_unsatisfiable,
@@ -137,6 +133,9 @@ class JobsPlugin(SchedulerPlugin):
                 default_estimate=self.settings.default_estimate,
                 audit=self.audit,
                 tasks=self.ranker.tasks,
+                preemption=self.preemption_policy if pr.enabled else None,
+                preempt_resource=pr.resource,
+                grace=pr.grace,
             )
         # the scheduler's "log-event" stream handler and the plugin's wrapper of it
         self._log_event_original: tuple[Any, Any] | None = None
@@ -302,7 +301,7 @@ class JobsPlugin(SchedulerPlugin):
                 "speculation", late_factor=sp.late_factor, max_fraction=sp.max_fraction
             )
         pr = s.preemption
-        if pr.enabled:
+        if pr.enabled and self.placer is None:
             self.preemptor = Preemptor(
                 self.preemption_policy,
                 pr.resource,
@@ -319,6 +318,8 @@ class JobsPlugin(SchedulerPlugin):
             await self._ensure_reporter()  # true starts; a gang's stop signal
             await self._ensure_inventory()
             self.audit.event("resources", **self.placer.policy.describe())
+            if pr.enabled:  # enacted by the placer: it places every resource task
+                self.audit.event("preemption", **self.preemption_policy.describe())
 
     def _check_resources(self, tasks: Any) -> list[Any]:
         """The new tasks the placer places; a malformed or impossible request fails the
@@ -476,6 +477,10 @@ class JobsPlugin(SchedulerPlugin):
         if self.preemptor is not None:
             self._preemption_report(worker, topic, key, msg)
         if topic == CHECKPOINT_TOPIC:
+            if self.placer is not None:
+                when = msg.get("time")
+                when = when if isinstance(when, int | float) else time.time()
+                self.placer.checkpointed(key, when)
             self._record_checkpoint(worker, key, msg)
             return
         if self.speculator is not None:
