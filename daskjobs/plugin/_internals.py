@@ -27,7 +27,11 @@ What is used, and why (see docs/plugin.md and the research notes):
   ``Scheduler.idle_task_count`` - fair share promotes the one task the policy
   chose (``discard`` then ``add`` with a smaller priority, which the heap's lazy
   deletion handles; a demotion would not be safe and is never done) when a slot
-  is about to be filled.
+  is about to be filled. The release gate also *removes* a worker from
+  ``idle_task_count`` when the policy leaves the slot a task just freed there idle
+  (a worker measured slow, tasks still running on it): dask fills only the slots of
+  workers in that set, and puts the worker back itself when one of its tasks ends
+  (``check_idle_saturated``).
 * ``TaskState.annotations``, ``.dependencies``, ``.key``, ``.prefix.name``,
   ``.state``, ``.group`` - read only.
 * ``Scheduler.stream_handlers["log-event"]`` - wrapped (and passed through) so that
@@ -103,7 +107,7 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "handlers": "the plugin's RPC handlers (explain, status)",
     "periodic_callbacks": "periodic history saves",
     "queued": "fair share: promote the task the policy chose to the head of the queue",
-    "idle_task_count": "fair share: are slots free right now?",
+    "idle_task_count": "are slots free right now? (a slot the policy leaves idle: not)",
     "stream_handlers": "start reports read from the workers' own streams ('log-event')",
     "new_task": "speculation: a backup copy is a task of its own",
     "client_desires_keys": "speculation: the copies client wants a running copy",
