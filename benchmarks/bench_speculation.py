@@ -473,6 +473,20 @@ def nap_logged(
     return t0, t1, name
 
 
+def nap_file(
+    i: int, seconds: float, slow: tuple[str, ...], slow_factor: float, path: str
+) -> tuple[float, float, str]:
+    """:func:`nap_logged` for worker processes: the attempt is appended to the file
+    ``path`` (one line per attempt; small appends do not interleave)."""
+    name = str(get_worker().name)
+    t0 = time.time()
+    time.sleep(seconds * (slow_factor if name in slow else 1.0))
+    t1 = time.time()
+    with open(path, "a") as f:
+        f.write(f"{i} {name} {t0!r} {t1!r}\n")
+    return t0, t1, name
+
+
 @dataclass(frozen=True)
 class Case:
     """One workload of the grid."""
@@ -525,22 +539,34 @@ GRID_CONFIGS = ("plain", "aware")
 GRID_TARGET = 1.05
 
 
-def grid_graph(case: Case) -> tuple[list[Any], list[float]]:
-    """The sweep of ``case`` as one graph of ``dask.delayed`` calls (the 4 longest last)."""
+def grid_graph(case: Case, spans_file: str | None = None) -> tuple[list[Any], list[float]]:
+    """The sweep of ``case`` as one graph of ``dask.delayed`` calls (the 4 longest last);
+    with ``spans_file``, for real worker processes (named ``w0``, ``w1``, ...), the attempts
+    are logged to that file."""
     w = workloads.chapter(
         case.seed, n=case.n, n_long=N_LONG, median=0.1, sigma=0.76, estimate_noise=case.noise
     )
     import bench_speculation  # by name, so the tasks log into this module's SPANS
 
-    fn = bench_speculation.nap_logged
+    fn: Any = bench_speculation.nap_logged
     slow = tuple(str(i) for i in range(case.slow))
+    extra: tuple[Any, ...] = ()
+    if spans_file is not None:
+        fn = bench_speculation.nap_file
+        slow = tuple(f"w{i}" for i in range(case.slow))
+        extra = (spans_file,)
     parts, durations = [], []
     last = len(w.tasks) - 1
     for i, t in enumerate(w.tasks):
         with dask.annotate(estimate=float(t.estimate)):
             parts.append(
                 dask.delayed(fn)(
-                    i, float(t.duration), slow, SLOW_FACTOR, dask_key_name=f"bt-{last - i:06d}"
+                    i,
+                    float(t.duration),
+                    slow,
+                    SLOW_FACTOR,
+                    *extra,
+                    dask_key_name=f"bt-{last - i:06d}",
                 )
             )
         durations.append(float(t.duration))
@@ -567,7 +593,11 @@ def decompose(
       the GIL);
     * ``other``: what remains (rounding, threads over-filled by zombie threads).
     """
-    weight = {str(w): (1 / SLOW_FACTOR if w < case.slow else 1.0) for w in range(case.workers)}
+    # workers by name: 0, 1, ... in process; w0, w1, ... as real processes
+    prefix = "w" if any(str(w).startswith("w") for _, w, _, _ in spans) else ""
+    weight = {
+        f"{prefix}{w}": (1 / SLOW_FACTOR if w < case.slow else 1.0) for w in range(case.workers)
+    }
     t0 = min(s for _, _, s, _ in spans)
     t_end = max(e for _, _, _, e in spans)
     makespan = t_end - t0
@@ -703,16 +733,79 @@ def run_grid_case(case: Case, config: str) -> dict[str, Any]:
     return r
 
 
-def grid(cases: tuple[Case, ...], reps: int) -> list[dict[str, Any]]:
+def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
+    """One run of ``case`` on a fresh cluster of real processes: ``dask scheduler``
+    (the plugin preloaded for the full plugin) and ``case.workers`` ``dask worker``
+    processes of ``case.threads`` threads, dask's defaults; see :func:`grid`."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tests"))
+    from realcluster import RealCluster
+
+    conf = None
+    if config == "aware":
+        spec = {k.replace("_", "-"): v for k, v in SPECULATION.items()}
+        conf = {"daskjobs": {"policy": "node-aware", "speculation": spec}}
+    path = os.pathsep.join(
+        [str(root / "benchmarks"), str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")]
+    )
+    here = Path(workdir) / f"{case.seed}-{case.workers}x{case.threads}-{config}-{time.time()}"
+    rc = RealCluster(
+        here,
+        n_workers=case.workers,
+        nthreads=case.threads,
+        preload=None if config == "plain" else "plugins/daskjobs_scheduler.py",
+        config=conf,
+        validate=False,  # dask's defaults, as on a production cluster
+        env={"PYTHONPATH": path},
+    )
+    spans_file = str(here / "spans.txt")
+    parts, durations = grid_graph(case, spans_file)
+    with rc, rc.client() as client:
+        t_submit = time.time()
+        out = client.compute(parts, sync=True)
+        t_results = time.time()
+        status = client.run_on_scheduler(_status) if config != "plain" else None
+    spans = []
+    for line in Path(spans_file).read_text().splitlines():
+        i, name, t0, t1 = line.split()
+        if float(t0) >= t_submit:
+            spans.append((int(i), name, float(t0), float(t1)))
+    d = decompose(spans, durations, case)
+    first = min(sp[2] for sp in spans)
+    last = max(sp[3] for sp in spans)
+    bound = max(sum(durations) / case.slot_equivalents, max(durations))
+    r: dict[str, Any] = {
+        **d,
+        "bound": bound,
+        "ratio": d["makespan"] / bound,
+        "wall": t_results - t_submit,
+        "to_first": first - t_submit,
+        "after_last": t_results - last,
+        "results": len(out),
+        "cpu": float("nan"),  # spread over the processes
+        "problems": rc.problems(),
+    }
+    if status is not None:
+        r["speculation"] = status.get("speculation")
+    return r
+
+
+def grid(cases: tuple[Case, ...], reps: int, real: str | None = None) -> list[dict[str, Any]]:
     """Each case, plugin and plain dask alternating (the order flips every case), on a
-    fresh cluster per run."""
+    fresh cluster per run (of real processes, under the directory ``real``, if given)."""
     rows = []
     for k, case in enumerate(cases):
         row: dict[str, Any] = {"case": case, "runs": {c: [] for c in GRID_CONFIGS}}
         for rep in range(reps):
             order = GRID_CONFIGS if (k + rep) % 2 == 0 else GRID_CONFIGS[::-1]
             for config in order:
-                r = run_grid_case(case, config)
+                if real is not None:
+                    r = run_grid_case_real(case, config, real)
+                else:
+                    r = run_grid_case(case, config)
                 row["runs"][config].append(r)
                 print(
                     f"  {case.label()} {config}: {r['makespan']:.2f} s, {r['ratio']:.3f}x, "
@@ -939,6 +1032,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--only-real", action="store_true", help="only the real-process runs")
     ap.add_argument(
+        "--real-grid",
+        action="store_true",
+        help="the grid on real dask scheduler/worker processes (dask's defaults)",
+    )
+    ap.add_argument(
         "--submit",
         type=int,
         default=0,
@@ -963,8 +1061,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.cases:
             cases = tuple(GRID[int(k)] for k in args.cases.split(","))
         print(f"grid: {len(cases)} workloads x {args.reps} run(s) ...", file=sys.stderr)
-        rows = grid(cases, args.reps)
-        print("## Speculation: the full plugin against plain dask on a grid of workloads\n")
+        if args.real_grid:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="bench-spec-") as tmp:
+                rows = grid(cases, args.reps, real=tmp)
+        else:
+            rows = grid(cases, args.reps)
+        where = " (real processes)" if args.real_grid else ""
+        print(
+            "## Speculation: the full plugin against plain dask on a grid of workloads"
+            + where
+            + "\n"
+        )
         print(machine())
         print(revision())
         print(command.rstrip())
