@@ -714,6 +714,21 @@ def run_grid_case(case: Case, config: str) -> dict[str, Any]:
         status = client.run_on_scheduler(_status) if plugin else None
         # a zombie thread of an earlier run's cluster may still append: not this run's
         spans = [sp for sp in log if sp[2] >= t_submit]
+    # CPU seconds of this process (client, scheduler, workers) in the run
+    return _grid_result(spans, durations, case, t_submit, t_results, len(out), status, cpu=cpu)
+
+
+def _grid_result(
+    spans: list[tuple[int, str, float, float]],
+    durations: list[float],
+    case: Case,
+    t_submit: float,
+    t_results: float,
+    results: int,
+    status: dict[str, Any] | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One run's figures: the decomposition, the ratio to the bound, the fixed costs."""
     d = decompose(spans, durations, case)
     first = min(s for _, _, s, _ in spans)
     last = max(e for _, _, _, e in spans)
@@ -725,8 +740,8 @@ def run_grid_case(case: Case, config: str) -> dict[str, Any]:
         "wall": t_results - t_submit,
         "to_first": first - t_submit,
         "after_last": t_results - last,
-        "results": len(out),
-        "cpu": cpu,  # CPU seconds of this process (client, scheduler, workers) in the run
+        "results": results,
+        **extra,
     }
     if status is not None:
         r["speculation"] = status.get("speculation")
@@ -773,24 +788,17 @@ def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
         i, name, t0, t1 = line.split()
         if float(t0) >= t_submit:
             spans.append((int(i), name, float(t0), float(t1)))
-    d = decompose(spans, durations, case)
-    first = min(sp[2] for sp in spans)
-    last = max(sp[3] for sp in spans)
-    bound = max(sum(durations) / case.slot_equivalents, max(durations))
-    r: dict[str, Any] = {
-        **d,
-        "bound": bound,
-        "ratio": d["makespan"] / bound,
-        "wall": t_results - t_submit,
-        "to_first": first - t_submit,
-        "after_last": t_results - last,
-        "results": len(out),
-        "cpu": float("nan"),  # spread over the processes
-        "problems": rc.problems(),
-    }
-    if status is not None:
-        r["speculation"] = status.get("speculation")
-    return r
+    return _grid_result(
+        spans,
+        durations,
+        case,
+        t_submit,
+        t_results,
+        len(out),
+        status,
+        cpu=float("nan"),  # spread over the processes
+        problems=rc.problems(),
+    )
 
 
 def grid(cases: tuple[Case, ...], reps: int, real: str | None = None) -> list[dict[str, Any]]:
