@@ -181,7 +181,6 @@ class Placer:
         *,
         refuse_unsatisfiable: bool,
         interval: float,
-        default_estimate: float,
         audit: Audit,
         tasks: Mapping[Key, LiveTask],
         preemption: PreemptionPolicy | None = None,
@@ -201,7 +200,6 @@ class Placer:
         self.preemptions: dict[Key, int] = {}  # task -> times it yielded
         self.refuse = refuse_unsatisfiable
         self.interval = interval
-        self.default_estimate = default_estimate
         self.audit = audit
         self.views = tasks  # the ranked tasks' views (estimates)
         self.scheduler: Scheduler | None = None

@@ -130,7 +130,6 @@ class JobsPlugin(SchedulerPlugin):
                 GangPolicy(reservation=rs.reservation),
                 refuse_unsatisfiable=rs.refuse_unsatisfiable,
                 interval=rs.interval,
-                default_estimate=self.settings.default_estimate,
                 audit=self.audit,
                 tasks=self.ranker.tasks,
                 preemption=self.preemption_policy if pr.enabled else None,
