@@ -13,8 +13,21 @@ slot is: the node view passed to :meth:`WorkStealing.pop` carries ``core``, a
 global core index (the simulator's views do). Without it the node index is used,
 which makes the deques per node (as dask's own stealing is per worker).
 
-Cost: O(1) to push and to pop the own head, O(log C) to find the fullest of C
-deques (a lazy max-heap of lengths, compacted when it grows past 4 C entries).
+Cost: O(1) to pop the own head, O(1) amortized to push (plus O(log C) once per
+deque a batch deals to), O(log C) amortized to find the fullest of C deques.
+
+The fullest deque is found in a lazy max-heap of ``(-length, core)`` notes. A note
+is written only when a deque *grows* (a push), never when it shrinks (a pop), so a
+note may be higher than its deque is now, never lower than the deque's latest note:
+every non-empty deque has a note at least its length. The top note is then checked
+against its deque: equal, and no deque is longer (any longer one would have a higher
+note) nor, at the same length, lower in index (its note would sort first), so it is
+the victim; higher, and the note is replaced by the deque's length now (dropped if
+the deque is empty) and the next top is checked; lower, and a later, higher note of
+the same deque is in the heap, so it is dropped. Each replacement follows at least
+one pop from that deque, so finding victims costs O(log C) amortized per pop, and
+the pops of own heads, nearly all of them, touch no heap at all (the heap is
+compacted when it holds more than 4 C notes).
 """
 
 from __future__ import annotations
@@ -38,7 +51,8 @@ class WorkStealing(Policy):
         self._deques: dict[int, deque[TaskView]] = {}
         self._order: list[int] = []  # core ids in dealing order
         self._next = 0
-        self._lengths: list[tuple[int, int]] = []  # lazy max-heap of (-len, core)
+        # lazy max-heap of notes (-length, core), written when a deque grows (see above)
+        self._lengths: list[tuple[int, int]] = []
         self._n = 0
         self._cores_per_node: dict[int, int] = {}
         self._base: dict[int, int] = {}
@@ -98,30 +112,30 @@ class WorkStealing(Policy):
             self._note(core)
 
     def _fullest(self) -> int | None:
+        """The longest deque (lowest core on ties), or None if all are empty."""
         heap = self._lengths
+        deques = self._deques
         while heap:
             neg, core = heap[0]
-            d = self._deques[core]
-            if d and -neg == len(d):
+            m = len(deques[core])
+            if m == -neg:
                 return core
-            heapq.heappop(heap)
+            if 0 < m < -neg:  # shorter than noted: note its length now
+                heapq.heapreplace(heap, (-m, core))
+            else:  # empty, or a later note (written when it grew) holds its length
+                heapq.heappop(heap)
         return None
 
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
         core = getattr(node, "core", None)
-        slot = int(core) if core is not None else self._slot(node)
+        slot = core if type(core) is int else self._slot(node)
         own = self._deques.get(slot)
         if own and own[0].cores <= node.free:
+            # the path of nearly every pop: a deque that shrinks needs no note
             self._n -= 1
-            task = own.popleft()
-            # self._note(slot), inlined: this is the path of nearly every pop
-            lengths = self._lengths
-            heapq.heappush(lengths, (-len(own), slot))
-            if len(lengths) > 4 * len(self._deques) + 64:
-                self._compact()
-            return task
+            return own.popleft()
         victim = self._fullest()
         if victim is None:
             return None
@@ -130,9 +144,7 @@ class WorkStealing(Policy):
             return None
         self._n -= 1
         self.steals += 1
-        task = d.pop()
-        self._note(victim)
-        return task
+        return d.pop()
 
     def __len__(self) -> int:
         return self._n
