@@ -1,9 +1,13 @@
 """A slot the policy leaves idle stays idle: the release gate takes the worker out of
-dask's set of workers with free slots (``idle_task_count``) until one of its tasks ends.
+dask's set of workers with free slots (``idle_task_count``) and offers it again at the
+next task end.
 
-A scheduler stand-in drives the gate's transitions (order and causality only): a
-refusal after a task ended takes the worker out; a worker with nothing running, or a
-refusal while dask is filling slots, does not; a choice does not.
+A scheduler stand-in drives the gate's transitions (order and causality only): the
+policy is asked about the worker dask would fill next (the least busy with a free
+slot); a refusal after a task ended takes that worker out, with or without tasks
+running on it, and the next least busy is asked; a refusal while dask is filling slots
+does not take a worker out; refused workers come back when offered again and accepted,
+when nothing is held, and when nothing runs anywhere.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ class Scheduler:
         self.idle_task_count: set[WS] = set()
         self.queued: set[TS] = set()
 
+    def check_idle_saturated(self, ws: WS) -> None:
+        """dask's rule for ``idle_task_count`` (worker saturation 1.0 here)."""
+        if len(ws.processing) < ws.nthreads:
+            self.idle_task_count.add(ws)
+        else:
+            self.idle_task_count.discard(ws)
+
 
 class Refusing(NodeAware):
     """Node-aware that refuses the nodes in ``refuse`` (as it refuses a slow worker
@@ -69,7 +80,7 @@ def make() -> tuple[ReleaseGate, Refusing, Scheduler, WS, WS]:
     gate.scheduler = sched  # type: ignore[assignment]
     for address in (fast.address, slow.address):
         speeds.node(address)
-    for i in range(6):
+    for i in range(10):
         key = f"t-{i}"
         tasks[key] = LiveTask(key, 1.0 + i, 1, "default", 0.0, (), "annotation", "t")
         sched.tasks[key] = ts = TS(key)
@@ -82,6 +93,7 @@ def start(gate: ReleaseGate, sched: Scheduler, key: str, ws: WS) -> None:
     ts.state, ts.processing_on = "processing", ws
     sched.queued.discard(ts)
     ws.processing.add(ts)
+    sched.check_idle_saturated(ws)  # dask's _add_to_processing, before the hooks
     gate.transition(key, "queued", "processing")
 
 
@@ -93,7 +105,7 @@ def end(gate: ReleaseGate, sched: Scheduler, key: str) -> None:
     assert ws is not None
     ws.processing.discard(ts)
     ts.state, ts.processing_on = "memory", None
-    sched.idle_task_count.add(ws)
+    sched.check_idle_saturated(ws)
     gate.transition(key, "processing", "memory")
 
 
@@ -121,14 +133,90 @@ def test_a_refused_slot_takes_its_worker_out_of_the_free_slots() -> None:
     assert gate.kept_idle == 1
 
 
-def test_a_worker_with_nothing_running_is_left_to_dask() -> None:
-    gate, policy, sched, _, slow = make()
-    start(gate, sched, "t-0", slow)
-    queue_all(gate, sched, ["t-2", "t-3"])
-    policy.refuse.add(gate.speeds.nodes[slow.address])
-    end(gate, sched, "t-0")  # nothing else runs there: nothing would bring it back
+def full(gate: ReleaseGate, sched: Scheduler, fast: WS, slow: WS) -> None:
+    """Both workers busy (t-0, t-1 on the slow one; t-2, t-3 on the fast one), t-4 ...
+    t-9 queued: dask queues tasks only while no worker has a free slot."""
+    for key, ws in (("t-0", slow), ("t-1", slow), ("t-2", fast), ("t-3", fast)):
+        start(gate, sched, key, ws)
+    assert not sched.idle_task_count
+    queue_all(gate, sched, [f"t-{i}" for i in range(4, 10)])
+    assert gate.released is None
+
+
+def test_a_worker_with_nothing_running_is_taken_out_and_offered_again() -> None:
+    gate, policy, sched, fast, slow = make()
+    full(gate, sched, fast, slow)
+    slow_node = gate.speeds.nodes[slow.address]
+    fast_node = gate.speeds.nodes[fast.address]
+    policy.refuse.add(slow_node)
+    end(gate, sched, "t-0")
+    end(gate, sched, "t-1")  # the slow worker is empty now, and the only one free
+    assert policy.asked[-1] == slow_node
+    assert slow not in sched.idle_task_count  # dask will not fill it from its queue
+    assert gate.refused == {slow.address}
+    assert gate.released is None
+    # a task ends on the fast worker: the slow one is offered again (refused again: it
+    # stays out), then the fast one, the least busy after it, gets the policy's task
+    del policy.asked[:]
+    end(gate, sched, "t-2")
+    assert policy.asked == [slow_node, fast_node]  # the least busy first (0/2 < 1/2)
+    assert slow not in sched.idle_task_count
+    released = gate.released
+    assert released is not None
+    start(gate, sched, released, fast)  # dask gives the promoted task to the fast worker
+    # accepted at the next offer: back among the free slots, asked first (the least busy)
+    policy.refuse.clear()
+    del policy.asked[:]
+    end(gate, sched, "t-3")
     assert slow in sched.idle_task_count
-    assert gate.kept_idle == 0
+    assert gate.refused == set()
+    # every free slot is asked about, in dask's order: first the slow worker (0 of 2
+    # busy), then both at 1 of 2 (a tie: dask's set order); a task promoted for each
+    assert policy.asked[0] == slow_node
+    assert sorted(policy.asked) == sorted([slow_node, slow_node, fast_node])
+    assert len(gate.promoted) == 3
+
+
+def test_the_policy_is_asked_about_the_worker_dask_fills_next() -> None:
+    """Not the worker the task ended on: dask gives the head of its queue to the least
+    busy worker with a free slot."""
+    gate, policy, sched, fast, slow = make()
+    full(gate, sched, fast, slow)
+    end(gate, sched, "t-0")  # the slow worker: 1 of 2 busy
+    start(gate, sched, gate.released, slow)
+    del policy.asked[:]
+    end(gate, sched, "t-1")
+    end(gate, sched, "t-2")  # ends on the fast worker; the slow one (0 of 2) is less busy
+    assert policy.asked[-1] == gate.speeds.nodes[slow.address]
+
+
+def test_refused_workers_come_back_when_nothing_is_held() -> None:
+    gate, policy, sched, fast, slow = make()
+    full(gate, sched, fast, slow)
+    policy.refuse.add(gate.speeds.nodes[slow.address])
+    end(gate, sched, "t-0")
+    assert slow not in sched.idle_task_count
+    for i in range(4, 10):  # dask runs every held task elsewhere
+        key = f"t-{i}"
+        ts = sched.tasks[key]
+        ts.state = "memory"
+        gate.transition(key, "queued", "released")
+    assert not gate.held
+    assert slow in sched.idle_task_count and gate.refused == set()
+
+
+def test_refusing_every_worker_with_nothing_running_gives_them_back() -> None:
+    """Liveness: with nothing running anywhere, no task end would offer a refused
+    worker again; dask gets them back (and fills them from its queue)."""
+    gate, policy, sched, fast, slow = make()
+    full(gate, sched, fast, slow)
+    policy.refuse.update(gate.speeds.nodes.values())
+    for key in ("t-0", "t-1", "t-2"):
+        end(gate, sched, key)  # t-3 still runs: refused workers stay out
+    assert not sched.idle_task_count and gate.refused == {slow.address, fast.address}
+    end(gate, sched, "t-3")  # nothing runs now, and the policy refuses both
+    assert slow in sched.idle_task_count and fast in sched.idle_task_count
+    assert gate.refused == set()
 
 
 def test_no_worker_is_taken_out_while_dask_fills_slots() -> None:
@@ -143,3 +231,69 @@ def test_no_worker_is_taken_out_while_dask_fills_slots() -> None:
     start(gate, sched, "t-2", fast)  # from dask's queue, no slot opened by an end
     assert slow in sched.idle_task_count
     assert gate.kept_idle == 0
+
+
+# -- live: a LocalCluster with dask's validation on ------------------------------------
+
+
+class RefuseOne(NodeAware):
+    """Node-aware that leaves one node idle while anything else runs (as it does a
+    worker measured slow when nothing would end there in time)."""
+
+    name = "refuse-one-test"
+    refuse: int | None = None  # the node index, set by the test
+
+    def pop(self, node: Any, now: float) -> Any:
+        if node.index == type(self).refuse and self._run_cores:
+            return None
+        return super().pop(node, now)
+
+
+def _nap(i: int) -> str:
+    import time
+
+    from distributed import get_worker
+
+    time.sleep(0.02)
+    return str(get_worker().name)
+
+
+def test_live_a_refused_worker_gets_no_queued_task_while_others_run() -> None:
+    """dask's validation on; 2 workers x 2 threads, 40 queued tasks. The policy refuses
+    worker "slow" whenever a task runs elsewhere: it runs only what dask sent it
+    straight from the graph (before anything was queued, ceil(1.1 x 2) = 3 at most),
+    never a queued task. Before the gate offered dask's next worker, an emptied refused
+    worker was filled from dask's queue (held order) every time it emptied."""
+    import dask
+    from conftest import plugin_cluster
+    from distributed import Client
+
+    from daskjobs.plugin import JobsPlugin
+    from daskjobs.policies import register
+
+    register("refuse-one-test", RefuseOne, replace=True)
+    plugin = JobsPlugin(policy="refuse-one-test")
+    with (
+        dask.config.set({"distributed.scheduler.validate": True}),
+        plugin_cluster(plugin, n_workers=0) as cluster,
+    ):
+        from distributed import Worker
+
+        with Client(cluster) as client:
+            for name in ("fast", "slow"):  # two named workers
+                cluster.worker_spec[name] = {"cls": Worker, "options": {"nthreads": 2}}
+            cluster.scale(2)
+            client.wait_for_workers(2)
+            slow = next(
+                a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "slow"
+            )
+            RefuseOne.refuse = plugin.speeds.node(slow)
+            parts = []
+            for i in range(40):
+                with dask.annotate(estimate=0.02):
+                    parts.append(dask.delayed(_nap)(i, dask_key_name=f"nap-{i:03d}"))
+            names = client.compute(parts, sync=True)
+    assert len(names) == 40
+    assert names.count("slow") <= 3, names
+    assert names.count("fast") >= 37
+    assert plugin.gate is not None and plugin.gate.kept_idle >= 1

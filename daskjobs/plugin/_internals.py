@@ -27,11 +27,14 @@ What is used, and why (see docs/plugin.md and the research notes):
   ``Scheduler.idle_task_count`` - fair share promotes the one task the policy
   chose (``discard`` then ``add`` with a smaller priority, which the heap's lazy
   deletion handles; a demotion would not be safe and is never done) when a slot
-  is about to be filled. The release gate also *removes* a worker from
-  ``idle_task_count`` when the policy leaves the slot a task just freed there idle
-  (a worker measured slow, tasks still running on it): dask fills only the slots of
-  workers in that set, and puts the worker back itself when one of its tasks ends
-  (``check_idle_saturated``).
+  is about to be filled. The release gate reads that set as dask does (the least
+  busy worker, ``len(processing) / nthreads``, gets the head of the queue; free slots
+  as ``_task_slots_available`` counts them), promotes one task per free slot in that
+  order, and *removes* a worker from ``idle_task_count`` when the policy leaves its
+  slots idle (a worker measured slow), only while a task end is being handled, before
+  dask counts the free slots: dask fills only the slots of workers in that set. It
+  puts refused workers back with dask's own ``check_idle_saturated`` at the next task
+  end (then asks again), when nothing is held, and when nothing runs anywhere.
 * ``TaskState.annotations``, ``.dependencies``, ``.key``, ``.prefix.name``,
   ``.state``, ``.group`` - read only.
 * ``Scheduler.stream_handlers["log-event"]`` - wrapped (and passed through) so that
@@ -108,6 +111,7 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "periodic_callbacks": "periodic history saves",
     "queued": "fair share: promote the task the policy chose to the head of the queue",
     "idle_task_count": "are slots free right now? (a slot the policy leaves idle: not)",
+    "check_idle_saturated": "a worker the policy left idle goes back among the free slots",
     "stream_handlers": "start reports read from the workers' own streams ('log-event')",
     "new_task": "speculation: a backup copy is a task of its own",
     "client_desires_keys": "speculation: the copies client wants a running copy",

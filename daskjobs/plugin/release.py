@@ -23,12 +23,18 @@ policy then sees a submitted sweep as the simulator does (``NodeAware`` sorts it
 once and measures a new worker with a task from the batch's short end, not the very
 shortest), at O(1) per queued transition instead of a sorted insertion each.
 
-A slot the policy leaves idle (``pop`` answers None for the worker a task just left)
-stays idle: dask fills every free slot of the workers in its ``idle_task_count`` from
-its queue, so the gate takes that worker out of the set until dask puts it back at
-the worker's next task end (:meth:`ReleaseGate._keep_idle`); the simulator idles the
-slot the same way. Without this, a worker measured slow got the shortest held task
-whenever the policy refused it.
+Which worker a slot is on: dask gives the task at the head of its queue to the least
+busy worker of its ``idle_task_count`` (``decide_worker_rootish_queuing_enabled``), so
+that is the worker the policy is asked about. A slot the policy leaves idle (``pop``
+answers None for that worker) stays idle: when a task has just ended, before dask
+counts the free slots, the gate takes the refused worker out of ``idle_task_count``
+and asks about the next least busy one, until the policy chooses a task or no worker
+is left (:meth:`ReleaseGate._offer`). The refused workers are offered again at every
+later task end, and put back when nothing is held; the simulator idles the slot the
+same way and offers it again when something changes. Without this, dask filled a
+refused worker's free slots from its queue (the shortest held tasks): a worker measured
+slow took the last tasks of a sweep four times slower than a free fast thread would
+have run them, and a worker with nothing running took the task chosen for another.
 
 Tasks that do not wait in dask's queue (tasks with inputs, or with resource
 restrictions, which dask sends to a worker as soon as they are runnable) are
@@ -42,6 +48,7 @@ scheduler's state, O(processing + queued log queued), only after a failure.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -61,13 +68,35 @@ __all__ = ["ReleaseGate"]
 _RELEASED = -1e12
 
 
+def _next_worker(idle: Any) -> Any:
+    """The worker dask gives the head of its queue to: the least busy with a free slot
+    (``decide_worker_rootish_queuing_enabled``; the same ``min`` over the same set, so
+    the same worker on ties)."""
+    return min(idle, key=_load) if idle else None
+
+
+def _load(ws: Any) -> float:
+    return len(ws.processing) / ws.nthreads
+
+
+def _slots(ws: Any, saturation: float) -> int:
+    """Free slots of a worker in ``idle_task_count``, as dask counts them
+    (``_task_slots_available``)."""
+    if math.isinf(saturation):
+        return max(ws.nthreads - len(ws.processing), 0)
+    cap = max(math.ceil(saturation * ws.nthreads), 1)
+    return cap - (len(ws.processing) - len(getattr(ws, "long_running", ())))
+
+
 class ReleaseGate:
     """Holds dask's queued root tasks and releases, slot by slot, what ``popper`` picks.
 
     State: ``held`` (keys queued in dask and in the policy's queue, or in
-    ``pending``: queued in dask, not yet pushed to the policy), ``released`` (the one
-    key promoted to the head of dask's queue, or None), ``attempts`` (the running
-    attempt per key, as the policy was told of it).
+    ``pending``: queued in dask, not yet pushed to the policy), ``promoted`` (the keys
+    promoted to the head of dask's queue and not yet taken, in order; ``released`` is
+    the first), ``attempts`` (the running
+    attempt per key, as the policy was told of it), ``refused`` (workers the policy
+    left idle, out of dask's ``idle_task_count`` until offered again).
     """
 
     def __init__(
@@ -83,9 +112,11 @@ class ReleaseGate:
         self.audit = audit
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         self.held: set[Key] = set()
-        self.released: Key | None = None
+        # keys promoted to the head of dask's queue, not yet taken, in promotion order
+        self.promoted: dict[Key, None] = {}
         self.pending: list[LiveTask] = []  # queued since the policy was last asked
         self.kept_idle = 0  # slots the policy left idle that dask would have filled
+        self.refused: set[str] = set()  # workers taken out of idle_task_count (addresses)
         self._seq = 0
         self.attempts: dict[Key, LiveAttempt] = {}
         self._reconcile_pending = False
@@ -113,18 +144,23 @@ class ReleaseGate:
             self.audit.failed("transition")
             self._schedule_reconcile()
 
-    def _release(self, node: Any = ANY_NODE) -> None:
+    @property
+    def released(self) -> Key | None:
+        """The key dask takes next from its queue (promoted by the policy), or None."""
+        return next(iter(self.promoted), None)
+
+    def _release(self, node: Any = ANY_NODE) -> bool:
         """Promote the task the policy chooses for ``node``'s free slot to the head of
-        dask's queue."""
+        dask's queue (after any promoted before it); False if the policy chose none."""
         if self.pending:
             self._flush()
         popper = self.popper
         sched = self.scheduler
         now = time.time()
-        while self.released is None and self.held:
+        while self.held:
             v = popper.pop(node, now)
             if v is None:
-                return  # nothing the policy would run in this slot now
+                return False  # nothing the policy would run in this slot now
             if v.tid not in self.held:
                 continue  # dask already ran or dropped it (a stale queue entry)
             ts = sched.tasks.get(v.tid)
@@ -137,19 +173,17 @@ class ReleaseGate:
             sched.queued.discard(ts)
             ts.priority = (p[0], _RELEASED + self._seq, *p[2:])
             sched.queued.add(ts)  # a promotion: safe with HeapSet's lazy deletion
-            self.released = v.tid
+            self.promoted[v.tid] = None
+            return True
+        return False
 
-    def _slot_view(self, node: int | None, idle: Any) -> Any:
-        """The slot about to be filled, as the policy sees it: the worker a task just
-        left, else one with free slots (only a policy that learns speeds cares which)."""
+    def _slot_view(self, idle: Any) -> Any:
+        """The slot about to be filled, as the policy sees it: on the worker dask will
+        give the head of its queue to (only a policy that learns speeds cares which)."""
         if self.popper is not self.speeds.learner:
             return ANY_NODE
-        if node is None or node < 0:
-            ws = min(idle, key=lambda w: w.address) if idle else None
-            if ws is None:
-                return ANY_NODE
-            node = self.speeds.node(ws.address)
-        return Slot(node)
+        ws = _next_worker(idle)
+        return ANY_NODE if ws is None else Slot(self.speeds.node(ws.address))
 
     def transition(self, key: Key, start: str, finish: str) -> None:
         """Every transition of a ranked task (O(1) plus ``pop``); after a failure the
@@ -172,8 +206,8 @@ class ReleaseGate:
             self.pending.append(v)  # pushed with the rest of its burst (_flush)
             self.held.add(key)
         elif start == "queued":
-            if key == self.released:
-                self.released = None
+            if key in self.promoted:
+                del self.promoted[key]
             elif key in self.held:  # dask ran or dropped it without our release
                 if self.pending:
                     self._flush()
@@ -200,39 +234,69 @@ class ReleaseGate:
             else:
                 slot_opened = -1
         # Decide when a slot is about to be filled, with usage as it is now: a
-        # task just ended (dask fills its slot next), or slots are free already.
-        if self.released is None and self.held:
-            idle = self.scheduler.idle_task_count
-            if slot_opened is not None or idle:
-                view = self._slot_view(slot_opened, idle)
-                self._release(view)
-                if (
-                    self.released is None
-                    and self.held
-                    and slot_opened is not None
-                    and slot_opened >= 0
-                    and isinstance(view, Slot)
-                ):
-                    self._keep_idle(slot_opened)
+        # task just ended (dask fills the free slots next), or slots are free already.
+        if not self.promoted and self.held:
+            if slot_opened is not None and self.popper is self.speeds.learner:
+                self._offer()
+            else:
+                idle = self.scheduler.idle_task_count
+                if slot_opened is not None or idle:
+                    self._release(self._slot_view(idle))
+        elif self.refused and not self.held:
+            self._readmit()  # nothing left to refuse for
 
-    def _keep_idle(self, node: int) -> None:
-        """The policy leaves the slot a task just freed on ``node`` idle (``pop`` chose
-        nothing for it: on a worker measured slow, nothing would end before the projected
-        end of the run). dask would fill it anyway, from the head of its queue, right
-        after this transition (``stimulus_queue_slots_maybe_opened`` counts the free
-        slots of the workers in ``idle_task_count``): the worker leaves that set, so
-        dask leaves its slots alone. dask puts it back itself when the worker's
-        processing changes next (``check_idle_saturated``: one of its tasks ends), and
-        the policy is asked again then. Only a worker with tasks still running is taken
-        out (their ends bring it back), and only here, before dask counts free slots,
-        never while it fills them."""
+    def _offer(self) -> None:
+        """A task just ended, and dask fills the free slots of the workers in
+        ``idle_task_count`` right after this transition
+        (``stimulus_queue_slots_maybe_opened``), each time with the head of its queue on
+        the least busy of them. Walk those slots in dask's order and ask the policy
+        about each: a task it chooses is promoted (dask takes the promoted tasks in
+        order, each to the worker it was chosen for); a worker it leaves idle (``pop``
+        answers None: on a worker measured slow, nothing would end before the projected
+        end of the run) leaves the set, so dask leaves its slots alone. Workers refused
+        earlier are put back first (dask's own ``check_idle_saturated``) and asked again.
+        Only here, before dask counts free slots, never while it fills them (it counted
+        them already: a worker taken out then would leave a counted slot without a
+        worker). One ``pop`` per free slot, as dask's filling would ask."""
         sched = self.scheduler
-        address = self.speeds.addresses.get(node)
-        ws = sched.workers.get(address) if address is not None else None
-        if ws is None or not ws.processing or ws not in sched.idle_task_count:
-            return
-        sched.idle_task_count.discard(ws)
-        self.kept_idle += 1
+        if self.refused:
+            self._readmit()
+        idle = sched.idle_task_count
+        saturation = getattr(sched, "WORKER_SATURATION", 1.0)
+        free = {ws: _slots(ws, saturation) for ws in idle}  # dask's order of the set
+        taken: dict[Any, int] = {}
+        while self.held and free:
+            ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
+            if self._release(Slot(self.speeds.node(ws.address))):
+                taken[ws] = taken.get(ws, 0) + 1
+                free[ws] -= 1
+                if free[ws] <= 0:
+                    del free[ws]
+                continue
+            del free[ws]
+            if self.held and ws not in taken:  # left idle
+                idle.discard(ws)
+                self.refused.add(ws.address)
+                self.kept_idle += 1
+        if (
+            not self.promoted
+            and self.held
+            and not idle
+            and not any(w.processing for w in sched.workers.values())
+        ):
+            # the policy refused every worker with nothing running anywhere: no task
+            # end would offer them again; dask fills them from its queue (held order)
+            self._readmit()
+
+    def _readmit(self) -> None:
+        """Put the refused workers back into dask's ``idle_task_count`` (dask's own
+        rule: running and not full)."""
+        sched = self.scheduler
+        refused, self.refused = self.refused, set()
+        for address in refused:
+            ws = sched.workers.get(address)
+            if ws is not None:
+                sched.check_idle_saturated(ws)
 
     def _schedule_reconcile(self) -> None:
         """After a failed hook: rebuild the held set, the running attempts and the
@@ -245,6 +309,7 @@ class ReleaseGate:
     def reconcile(self) -> None:
         """O(processing + queued log queued); runs only after a failure."""
         self._reconcile_pending = False
+        self._readmit()
         if isinstance(self.popper, FairShare):
             self.pending = []  # its books are rebuilt below from dask's queue
         else:
@@ -262,12 +327,12 @@ class ReleaseGate:
                 old = self.attempts.get(ts.key)
                 attempts[ts.key] = old or LiveAttempt(v, self.speeds.node(ws.address), now)
         self.attempts = attempts
-        if self.released is not None:
-            rts = sched.tasks.get(self.released)
+        for key in list(self.promoted):
+            rts = sched.tasks.get(key)
             if rts is None or rts.state != "queued":
-                self.released = None
+                del self.promoted[key]
         queued = sorted(
-            (ts for ts in sched.queued if ts.key in self.tasks and ts.key != self.released),
+            (ts for ts in sched.queued if ts.key in self.tasks and ts.key not in self.promoted),
             key=lambda ts: ts.priority or (),
         )
         held = [self.tasks[ts.key] for ts in queued]
