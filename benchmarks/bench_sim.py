@@ -30,7 +30,10 @@ policy object per run.
 <commit>``), interleaved with the current code's runs so that both see the same
 load, and adds the old rate and the ratio new / old to the table.
 
-Prints a markdown table and the machine, date and command. A case that misses
+Prints a markdown table and the machine, date and command. With FIFO among the
+policies, a column gives each rate over FIFO's measured in the same run (same
+workload, same backups setting), and with ``--against`` the old code's likewise:
+absolute rates move with the machine's load, these ratios much less. A case that misses
 its target is marked ``MISS``; with ``--profile POLICY[:backups]`` (or
 ``--profile-misses``) it is run again under cProfile and the top functions by
 own time are printed.
@@ -199,28 +202,51 @@ def child(
     return got
 
 
+def _vs_fifo(rows: list[Row], old: bool = False) -> dict[int, float]:
+    """Each row's rate over FIFO's in the same workload and backups setting (rows of
+    this run only: FIFO measured beside the policy), by row position."""
+    rate = (lambda r: r.old_rate) if old else (lambda r: r.rate)
+    fifo = {(r.workload, r.backups): rate(r) for r in rows if r.policy == "fifo"}
+    out = {}
+    for k, r in enumerate(rows):
+        base = fifo.get((r.workload, r.backups))
+        if base and rate(r):
+            out[k] = rate(r) / base
+    return out
+
+
 def table(rows: list[Row], against: bool) -> str:
+    vs = _vs_fifo(rows)
+    vs_old = _vs_fifo(rows, old=True) if against else {}
     head = "| workload | tasks | cores | policy | backups | simulate s | tasks/s "
     rule = "|---|---:|---:|---|---|---:|---:"
+    if vs:
+        head += "| / FIFO "
+        rule += "|---:"
     if against:
-        head += "| old tasks/s | new / old "
-        rule += "|---:|---:"
+        head += "| old tasks/s " + ("| old / FIFO " if vs else "") + "| new / old "
+        rule += "|---:" + ("|---:" if vs else "") + "|---:"
     head += "| makespan h | events | target |"
     rule += "|---:|---:|---|"
     lines = [head, rule]
-    for r in rows:
+    for k, r in enumerate(rows):
         target = f"< {CHAPTER_TARGET_S:g} s" if r.target is None else f">= {r.target:,.0f}/s"
         mark = "ok" if r.ok else "MISS"
         line = (
             f"| {r.workload} | {r.tasks:,} | {r.cores:,} | {r.policy} | "
             f"{'yes' if r.backups else 'no'} | {r.seconds:.3f} | {r.rate:,.0f} "
         )
+        if vs:
+            line += f"| {vs[k]:.2f} " if k in vs else "| - "
         if against:
             old = r.old_rate
             ratio = f"{r.rate / old:.2f}x" if old else "-"
             if r.same is False:
                 ratio += " (schedule differs!)"
-            line += f"| {old:,.0f} | {ratio} " if old else "| - | - "
+            line += f"| {old:,.0f} " if old else "| - "
+            if vs:
+                line += f"| {vs_old[k]:.2f} " if k in vs_old else "| - "
+            line += f"| {ratio} " if old else "| - "
         line += f"| {r.makespan_h:.2f} | {r.events:,} | {target} {mark} |"
         lines.append(line)
     return "\n".join(lines)
