@@ -78,6 +78,7 @@ def make() -> tuple[ReleaseGate, Refusing, Scheduler, WS, WS]:
     tasks: dict[str, LiveTask] = {}
     gate = ReleaseGate(policy, tasks, speeds, audit)
     gate.scheduler = sched  # type: ignore[assignment]
+    gate.reoffer_interval = 0.0  # offer refused workers again at every task end
     for address in (fast.address, slow.address):
         speeds.node(address)
     for i in range(10):
@@ -297,3 +298,25 @@ def test_live_a_refused_worker_gets_no_queued_task_while_others_run() -> None:
     assert names.count("slow") <= 3, names
     assert names.count("fast") >= 37
     assert plugin.gate is not None and plugin.gate.kept_idle >= 1
+
+
+def test_refused_workers_are_offered_again_at_most_every_interval() -> None:
+    """With many refused workers, asking each at every task end would cost O(refused)
+    per task: the gate asks them again at most every ``reoffer_interval``."""
+    gate, policy, sched, fast, slow = make()
+    gate.reoffer_interval = 3600.0
+    full(gate, sched, fast, slow)
+    slow_node = gate.speeds.nodes[slow.address]
+    policy.refuse.add(slow_node)
+    end(gate, sched, "t-0")
+    end(gate, sched, "t-1")  # refused (the first offer after the interval started)
+    assert gate.refused == {slow.address}
+    del policy.asked[:]
+    end(gate, sched, "t-2")  # within the interval: not asked again, stays out
+    assert slow_node not in policy.asked
+    assert slow not in sched.idle_task_count
+    gate._reoffered -= 3600.0  # the interval has passed
+    start(gate, sched, gate.released, fast)
+    del policy.asked[:]
+    end(gate, sched, "t-3")
+    assert policy.asked[0] == slow_node

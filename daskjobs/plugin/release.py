@@ -25,16 +25,16 @@ shortest), at O(1) per queued transition instead of a sorted insertion each.
 
 Which worker a slot is on: dask gives the task at the head of its queue to the least
 busy worker of its ``idle_task_count`` (``decide_worker_rootish_queuing_enabled``), so
-that is the worker the policy is asked about. A slot the policy leaves idle (``pop``
-answers None for that worker) stays idle: when a task has just ended, before dask
-counts the free slots, the gate takes the refused worker out of ``idle_task_count``
-and asks about the next least busy one, until the policy chooses a task or no worker
-is left (:meth:`ReleaseGate._offer`). The refused workers are offered again at every
-later task end, and put back when nothing is held; the simulator idles the slot the
-same way and offers it again when something changes. Without this, dask filled a
-refused worker's free slots from its queue (the shortest held tasks): a worker measured
-slow took the last tasks of a sweep four times slower than a free fast thread would
-have run them, and a worker with nothing running took the task chosen for another.
+when a task ends the gate walks the free slots in that order, before dask counts them,
+and asks the policy about each: a chosen task is promoted (one per slot, in order); a
+worker the policy leaves idle (``pop`` answers None for it) leaves ``idle_task_count``,
+so its slots stay idle (:meth:`ReleaseGate._offer`). Refused workers are offered again
+at a later task end (at most every ``reoffer_interval``, 50 ms) and put back when
+nothing is held or nothing runs; the simulator idles the slot the same way and offers
+it again when something changes. Without this, dask filled a refused worker's free
+slots from its queue (the shortest held tasks): a worker measured slow took the last
+tasks of a sweep four times slower than a free fast thread would have run them, and a
+worker with nothing running took the task chosen for another.
 
 Tasks that do not wait in dask's queue (tasks with inputs, or with resource
 restrictions, which dask sends to a worker as soon as they are runnable) are
@@ -117,6 +117,10 @@ class ReleaseGate:
         self.pending: list[LiveTask] = []  # queued since the policy was last asked
         self.kept_idle = 0  # slots the policy left idle that dask would have filled
         self.refused: set[str] = set()  # workers taken out of idle_task_count (addresses)
+        # refused workers are asked again at a task end at most this often (seconds): with
+        # many refused workers, asking each at every task end would cost O(refused) a task
+        self.reoffer_interval = 0.05
+        self._reoffered = 0.0
         self._seq = 0
         self.attempts: dict[Key, LiveAttempt] = {}
         self._reconcile_pending = False
@@ -254,13 +258,19 @@ class ReleaseGate:
         order, each to the worker it was chosen for); a worker it leaves idle (``pop``
         answers None: on a worker measured slow, nothing would end before the projected
         end of the run) leaves the set, so dask leaves its slots alone. Workers refused
-        earlier are put back first (dask's own ``check_idle_saturated``) and asked again.
-        Only here, before dask counts free slots, never while it fills them (it counted
-        them already: a worker taken out then would leave a counted slot without a
-        worker). One ``pop`` per free slot, as dask's filling would ask."""
+        earlier are put back first (dask's own ``check_idle_saturated``) and asked again,
+        at most every ``reoffer_interval`` (a refused worker whose own task ends is back
+        in dask's set at once, and asked). Only here, before dask counts free slots,
+        never while it fills them (it counted them already: a worker taken out then
+        would leave a counted slot without a worker). One ``pop`` per free slot, as
+        dask's filling would ask, plus one per refused worker at most every
+        ``reoffer_interval``."""
         sched = self.scheduler
         if self.refused:
-            self._readmit()
+            now = time.monotonic()
+            if now - self._reoffered >= self.reoffer_interval:
+                self._reoffered = now
+                self._readmit()
         idle = sched.idle_task_count
         saturation = getattr(sched, "WORKER_SATURATION", 1.0)
         free = {ws: _slots(ws, saturation) for ws in idle}  # dask's order of the set
