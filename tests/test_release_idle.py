@@ -183,12 +183,16 @@ def test_the_policy_is_asked_about_the_worker_dask_fills_next() -> None:
     busy worker with a free slot."""
     gate, policy, sched, fast, slow = make()
     full(gate, sched, fast, slow)
-    end(gate, sched, "t-0")  # the slow worker: 1 of 2 busy
-    start(gate, sched, gate.released, slow)
+    slow_node = gate.speeds.nodes[slow.address]
+    policy.refuse.add(slow_node)
+    end(gate, sched, "t-0")
+    end(gate, sched, "t-1")  # the slow worker is empty, and refused
+    policy.refuse.clear()
     del policy.asked[:]
-    end(gate, sched, "t-1")
-    end(gate, sched, "t-2")  # ends on the fast worker; the slow one (0 of 2) is less busy
-    assert policy.asked[-1] == gate.speeds.nodes[slow.address]
+    end(gate, sched, "t-2")  # ends on the fast worker (1 of 2 busy); the slow one: 0 of 2
+    assert policy.asked[0] == slow_node
+    assert policy.asked.count(slow_node) == 2  # both its free slots, then the fast one's
+    assert len(gate.promoted) == 3
 
 
 def test_refused_workers_come_back_when_nothing_is_held() -> None:
@@ -320,3 +324,23 @@ def test_refused_workers_are_offered_again_at_most_every_interval() -> None:
     del policy.asked[:]
     end(gate, sched, "t-3")
     assert policy.asked[0] == slow_node
+
+
+def test_a_slot_freed_by_a_task_the_policy_does_not_rank_is_offered() -> None:
+    """A speculative copy (or another client's task) ending frees a slot dask fills next
+    from its queue: the policy is asked about it, and a refused worker leaves the set."""
+    gate, policy, sched, fast, slow = make()
+    full(gate, sched, fast, slow)
+    slow.nthreads = 3  # its third thread runs the copy
+    copy = TS("copy-of-t-9", state="processing", processing_on=slow)
+    sched.tasks[copy.key] = copy
+    slow.processing.add(copy)
+    sched.check_idle_saturated(slow)
+    policy.refuse.add(gate.speeds.nodes[slow.address])
+    del policy.asked[:]
+    slow.processing.discard(copy)
+    copy.state, copy.processing_on = "released", None
+    sched.check_idle_saturated(slow)
+    gate.transition(copy.key, "processing", "released")  # not one of the policy's tasks
+    assert policy.asked == [gate.speeds.nodes[slow.address]]
+    assert slow not in sched.idle_task_count

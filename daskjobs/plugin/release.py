@@ -202,6 +202,10 @@ class ReleaseGate:
         popper = self.popper
         v = self.tasks.get(key)
         if v is None:
+            # a task the policy does not rank (a speculative copy, another client's task)
+            # freed a slot: dask fills it from its queue next, so the policy is asked
+            if start == "processing" and popper is self.speeds.learner and self.held:
+                self._offer()
             return
         now = time.time()
         if finish == "queued":
@@ -239,13 +243,12 @@ class ReleaseGate:
                 slot_opened = -1
         # Decide when a slot is about to be filled, with usage as it is now: a
         # task just ended (dask fills the free slots next), or slots are free already.
-        if not self.promoted and self.held:
-            if slot_opened is not None and self.popper is self.speeds.learner:
-                self._offer()
-            else:
-                idle = self.scheduler.idle_task_count
-                if slot_opened is not None or idle:
-                    self._release(self._slot_view(idle))
+        if self.held and slot_opened is not None and popper is self.speeds.learner:
+            self._offer()  # with promotions pending too: this end may free another worker
+        elif not self.promoted and self.held:
+            idle = self.scheduler.idle_task_count
+            if slot_opened is not None or idle:
+                self._release(self._slot_view(idle))
         elif self.refused and not self.held:
             self._readmit()  # nothing left to refuse for
 
@@ -262,9 +265,10 @@ class ReleaseGate:
         at most every ``reoffer_interval`` (a refused worker whose own task ends is back
         in dask's set at once, and asked). Only here, before dask counts free slots,
         never while it fills them (it counted them already: a worker taken out then
-        would leave a counted slot without a worker). One ``pop`` per free slot, as
-        dask's filling would ask, plus one per refused worker at most every
-        ``reoffer_interval``."""
+        would leave a counted slot without a worker). Tasks promoted before this end
+        and not taken yet go first, to the least busy slots, as dask hands them out. One
+        ``pop`` per free slot, as dask's filling would ask, plus one per refused worker
+        at most every ``reoffer_interval``."""
         sched = self.scheduler
         if self.refused:
             now = time.monotonic()
@@ -275,9 +279,15 @@ class ReleaseGate:
         saturation = getattr(sched, "WORKER_SATURATION", 1.0)
         free = {ws: _slots(ws, saturation) for ws in idle}  # dask's order of the set
         taken: dict[Any, int] = {}
+        ahead = len(self.promoted)  # promoted already: dask hands them out first
         while self.held and free:
             ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
-            if self._release(Slot(self.speeds.node(ws.address))):
+            if ahead:  # this slot takes a task promoted before
+                ahead -= 1
+                chosen = True
+            else:
+                chosen = self._release(Slot(self.speeds.node(ws.address)))
+            if chosen:
                 taken[ws] = taken.get(ws, 0) + 1
                 free[ws] -= 1
                 if free[ws] <= 0:
