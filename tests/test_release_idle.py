@@ -344,3 +344,19 @@ def test_a_slot_freed_by_a_task_the_policy_does_not_rank_is_offered() -> None:
     gate.transition(copy.key, "processing", "released")  # not one of the policy's tasks
     assert policy.asked == [gate.speeds.nodes[slow.address]]
     assert slow not in sched.idle_task_count
+
+
+def test_a_refused_worker_leaves_even_when_a_promoted_task_would_have_gone_there() -> None:
+    """A task promoted for one slot is still waiting when another worker's task ends (a
+    copy's win releases its primary on a slow worker in the same stimulus): that worker,
+    refused, leaves dask's free slots; the promoted task goes to another free slot."""
+    gate, policy, sched, fast, slow = make()
+    full(gate, sched, fast, slow)
+    end(gate, sched, "t-2")  # the fast worker: a task promoted for its slot, not taken yet
+    assert len(gate.promoted) == 1
+    policy.refuse.add(gate.speeds.nodes[slow.address])
+    end(gate, sched, "t-0")  # the slow worker (1 of 2 busy), in the same stimulus
+    assert slow not in sched.idle_task_count
+    assert fast in sched.idle_task_count
+    # the fast slot was asked again: its new choice waits behind the earlier one
+    assert len(gate.promoted) == 2

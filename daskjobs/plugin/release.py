@@ -266,9 +266,11 @@ class ReleaseGate:
         in dask's set at once, and asked). Only here, before dask counts free slots,
         never while it fills them (it counted them already: a worker taken out then
         would leave a counted slot without a worker). Tasks promoted before this end
-        and not taken yet go first, to the least busy slots, as dask hands them out. One
-        ``pop`` per free slot, as dask's filling would ask, plus one per refused worker
-        at most every ``reoffer_interval``."""
+        and not taken yet (several slots opening in one stimulus: a copy's win releases
+        its primary) stay ahead: dask hands them out first, so a slot may get another
+        worker's choice, but a refused worker never gets a task. One ``pop`` per free
+        slot, as dask's filling would ask, plus one per refused worker at most every
+        ``reoffer_interval``."""
         sched = self.scheduler
         if self.refused:
             now = time.monotonic()
@@ -279,28 +281,23 @@ class ReleaseGate:
         saturation = getattr(sched, "WORKER_SATURATION", 1.0)
         free = {ws: _slots(ws, saturation) for ws in idle}  # dask's order of the set
         taken: dict[Any, int] = {}
-        ahead = len(self.promoted)  # promoted already: dask hands them out first
         while self.held and free:
             ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
-            if ahead:  # this slot takes a task promoted before
-                ahead -= 1
-                chosen = True
-            else:
-                chosen = self._release(Slot(self.speeds.node(ws.address)))
-            if chosen:
+            if self._release(Slot(self.speeds.node(ws.address))):
                 taken[ws] = taken.get(ws, 0) + 1
                 free[ws] -= 1
                 if free[ws] <= 0:
                     del free[ws]
                 continue
             del free[ws]
-            if self.held and ws not in taken:  # left idle
+            # left idle: out of dask's free slots, unless the policy chose a task for one
+            # of its slots in this walk (dask will hand that task out to it)
+            if self.held and ws not in taken:
                 idle.discard(ws)
                 self.refused.add(ws.address)
                 self.kept_idle += 1
         if (
-            not self.promoted
-            and self.held
+            (self.held or self.promoted)
             and not idle
             and not any(w.processing for w in sched.workers.values())
         ):
