@@ -40,11 +40,7 @@ at ``2.5 x estimate``. And :meth:`urgent` asks for a backup at once when an
 attempt's expected end on its slow node is past the horizon and a fresh copy
 on a nominal node would finish well before it: the long task that landed on
 the slow node at time zero is copied as soon as that node is measured slow, not
-30 hours later. ``urgent`` is never True on a node believed faster than
-``slow_threshold``, which :attr:`urgent_from` promises, and :meth:`started`
-returns the node's belief: the simulator, judging every attempt as it starts,
-asks neither ``speed`` nor ``urgent`` there (see the policy interface in
-:mod:`daskjobs.policies.base`).
+30 hours later.
 
 Cost per decision: O(b log n) for b distinct core requests (a batch is a
 sorted run served from both ends, single pushes a sorted list; see
