@@ -33,24 +33,6 @@ runs (1.0 = nominal; only policies that learn speeds answer anything else), and
 ``urgent(attempt, now)`` asks whether an attempt should get a backup *now*,
 before the lateness deadline of :class:`~daskjobs.policies.speculation.Speculation`.
 
-Fewer calls per attempt (optional; for a driver that starts millions of attempts,
-the simulator). A driver that judges an attempt's deadline as it starts asks
-``speed`` and ``urgent`` right after ``started``. Two hooks let a policy spare it
-calls whose answer it already gives, without changing any answer:
-
-* ``started`` may *return* ``speed(attempt.node)`` as it stands once the start is
-  booked (a policy that learns speeds has the node's belief at hand there). The
-  driver then does not call ``speed`` for that start. Returning ``None``, as the
-  base class does, means "ask me": the driver calls ``speed`` as before.
-* :attr:`Policy.urgent_from` is a promise: ``urgent(attempt, now)`` is False
-  whenever ``speed(attempt.node) < urgent_from``, so a driver may skip the call
-  there. The default, ``-inf``, promises nothing: ``urgent`` is asked every time.
-
-Both are shortcuts, never rules: a driver that ignores them (the plugin, replay)
-and asks ``speed`` and ``urgent`` gets the same answers, and a policy that does not
-implement them is asked exactly as before. ``tests/test_sim_interface.py`` runs a
-policy through both paths and checks the simulations equal.
-
 Determinism: policies hold no randomness of their own; ties are broken by a
 push counter (earlier push sorts first), documented on each policy.
 """
@@ -152,12 +134,8 @@ class Policy:
         """Choose a queued task that fits in ``node.free`` slots, or ``None``."""
         raise NotImplementedError
 
-    def started(self, attempt: AttemptView, now: float) -> float | None:
-        """An attempt started running.
-
-        May return ``speed(attempt.node)`` as it stands after this start, which spares
-        the driver that call (see the module docs); None (the default): not answered."""
-        return None
+    def started(self, attempt: AttemptView, now: float) -> None:
+        """An attempt started running."""
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """An attempt ended. Return True if the policy's belief of the speed of
@@ -192,12 +170,6 @@ class Policy:
     def urgent(self, attempt: AttemptView, now: float) -> bool:
         """Should ``attempt`` get a backup copy now, whatever its deadline says?"""
         return False
-
-    @property
-    def urgent_from(self) -> float:
-        """:meth:`urgent` is False for an attempt on a node whose :meth:`speed` is below
-        this: a driver may skip asking there. ``-inf`` (the default): no promise."""
-        return -math.inf
 
     def __len__(self) -> int:
         raise NotImplementedError

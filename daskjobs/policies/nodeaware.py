@@ -72,7 +72,7 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
-_log, _exp, _INF = math.log, math.exp, math.inf  # hot in `ended`
+_log, _exp, _isfinite = math.log, math.exp, math.isfinite  # hot in `_learn`
 _MAX_LOG = math.log(1000.0)
 
 
@@ -316,10 +316,10 @@ class NodeAware(Policy):
         self._queued_work = 0.0
         self._run_cores = 0
         self._run_end_sum = 0.0  # sum of cores * expected end
-        # attempt -> (cores, expected end, estimate to learn from or 0.0): what `ended`
-        # needs of the task, read while `started` has it at hand (a task view is frozen);
-        # attempt views hash by identity (as in Horizon)
-        self._run: dict[AttemptView, tuple[int, float, float]] = {}
+        # attempt -> (cores, expected end, estimate, estimated): what `ended` needs of
+        # the task, read while `started` has it at hand (a task view is frozen); attempt
+        # views hash by identity (as in Horizon)
+        self._run: dict[AttemptView, tuple[int, float, float, bool]] = {}
         self._popped: _Entry | None = None  # the queue entry `pop` returned last
 
     # -- nodes and speeds -------------------------------------------------------
@@ -349,6 +349,27 @@ class NodeAware(Policy):
     def measured(self, node: int) -> bool:
         st = self._nodes.get(node)
         return st is not None and st.count >= self.min_samples
+
+    def _learn(self, st: _NodeState, ratio: float) -> bool:
+        if not (ratio > 0 and _isfinite(ratio)):
+            return False
+        # one sample moves the belief by at most 1000x either way: a near-zero
+        # estimate must not make a node look infinitely slow
+        x = _log(ratio)
+        st.logsum += _MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x
+        st.count += 1
+        log_new = st.logsum / (st.count + self.prior)
+        new = _exp(log_new)
+        self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
+        st.speed = new
+        if abs(log_new - st.announced) > _RATIO:
+            st.announced = log_new
+            if new < self._best:
+                self._best, self._best_node = new, st
+            elif st is self._best_node:  # the fastest node looks slower now: rescan
+                self._rescan_best()
+            return True
+        return False
 
     def _rescan_best(self) -> None:
         self._best, self._best_node = min(
@@ -522,27 +543,18 @@ class NodeAware(Policy):
         return float(task.estimate)
 
     # -- attempts ---------------------------------------------------------------
-    def started(self, attempt: AttemptView, now: float) -> float:
-        """Book ``attempt`` as running (the horizon's sums) and answer the believed
-        slow-down of its node, :meth:`speed`, which the simulator would ask next."""
+    def started(self, attempt: AttemptView, now: float) -> None:
         t = attempt.task
         st = self._nodes.get(attempt.node)
-        s = st.speed if st is not None else 1.0
         e = self._popped
         # the task just popped (the usual case): its estimate from the queue entry, not
         # from the task's float elsewhere in memory (-(-x) is x, bit for bit)
         est = -e[0] if e is not None and e[2] is t else t.estimate
-        end = attempt.start + est * s
+        end = attempt.start + est * (st.speed if st is not None else 1.0)
         c = t.cores
-        # what `ended` needs: the estimate to learn from, 0.0 if none (a default)
-        try:
-            learn = est if t.estimated else 0.0  # type: ignore[attr-defined]
-        except AttributeError:  # a view without the flag: a real estimate
-            learn = est
-        self._run[attempt] = (c, end, learn)
+        self._run[attempt] = (c, end, est, getattr(t, "estimated", True))
         self._run_cores += c
         self._run_end_sum += c * end
-        return s
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """Close the books on ``attempt`` and learn its node's speed from it.
@@ -553,27 +565,22 @@ class NodeAware(Policy):
         ``run time / estimate``; a primary beaten by its copy (``killed``, not itself a
         copy) that had already run past its estimate gives that ratio as a lower
         bound, or a node whose every task is rescued would never be measured.
-
-        Returns True when the belief moved by more than 20% since it was last
-        announced (deadlines on the node should be re-judged). The learning is
-        written out here rather than in a method of its own: this runs once per
-        attempt, a million times in a big simulation, and a call costs as much as the
-        arithmetic.
         """
         got = self._run.pop(attempt, None)
+        if got is not None:
+            self._run_cores -= got[0]
+            self._run_end_sum -= got[0] * got[1]
         outcome = attempt.outcome
+        if outcome != "done" and outcome != "killed":
+            return False
         if got is not None:  # the task's, as `started` read them
-            c, end, est = got
-            self._run_cores -= c
-            self._run_end_sum -= c * end
-            if outcome != "done" and outcome != "killed":
-                return False
+            est = got[2]
+            estimated = got[3]
         else:
-            if outcome != "done" and outcome != "killed":
-                return False
             task = attempt.task
-            est = task.estimate if getattr(task, "estimated", True) else 0.0
-        if not est > 0:
+            est = task.estimate
+            estimated = getattr(task, "estimated", True)
+        if not est > 0 or not estimated:
             return False
         elapsed = now - attempt.start
         if outcome == "killed" and (attempt.backup or elapsed <= est):
@@ -581,35 +588,7 @@ class NodeAware(Policy):
         st = self._nodes.get(attempt.node)
         if st is None:
             return False
-        ratio = elapsed / est
-        if not 0 < ratio < _INF:  # also NaN
-            return False
-        # one sample moves the belief by at most 1000x either way: a near-zero
-        # estimate must not make a node look infinitely slow
-        x = _log(ratio)
-        logsum = st.logsum + (_MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x)
-        st.logsum = logsum
-        count = st.count + 1
-        st.count = count
-        log_new = logsum / (count + self.prior)
-        new = _exp(log_new)
-        self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
-        st.speed = new
-        moved = log_new - st.announced
-        if moved > _RATIO or moved < -_RATIO:
-            st.announced = log_new
-            if new < self._best:
-                self._best, self._best_node = new, st
-            elif st is self._best_node:  # the fastest node looks slower now: rescan
-                self._rescan_best()
-            return True
-        return False
-
-    @property
-    def urgent_from(self) -> float:
-        """:meth:`urgent` asks for copies only on nodes believed ``slow_threshold``
-        slow or more."""
-        return self.slow_threshold
+        return self._learn(st, elapsed / est)
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
         st = self._nodes.get(attempt.node)

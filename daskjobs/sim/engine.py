@@ -135,7 +135,7 @@ class _Offer:
 class _Node:
     """A node as the policy sees it when the driver offers its free cores."""
 
-    __slots__ = ("base", "core", "cores", "free", "freeheap", "index")
+    __slots__ = ("base", "core", "cores", "free", "freeheap", "index", "running")
 
     def __init__(self, index: int, cores: int) -> None:
         self.index = index
@@ -145,6 +145,7 @@ class _Node:
         # free local cores as a stack: pop() gives the lowest first, then the last freed
         self.freeheap = list(range(cores - 1, -1, -1))
         self.core = self.base  # global id of the lowest free core (for per-core policies)
+        self.running: set[Attempt] = set()
 
     def __repr__(self) -> str:
         return f"<node {self.index} free={self.free}/{self.cores}>"
@@ -217,7 +218,6 @@ _get_ti = attrgetter("ti")
 _get_start = attrgetter("start")
 _get_end = attrgetter("end")
 _get_node = attrgetter("node")
-_get_aid = attrgetter("aid")
 
 
 def _prune(order: Sequence[Task], cached: set[Hashable]) -> set[Hashable]:
@@ -427,19 +427,11 @@ def _simulate(
     # once (only a policy that learns speeds, through `ended`, ever re-judges them;
     # with a periodic check, `watch` holds the running primaries instead)
     track = ended is not None and spec is not None and not interval
-    # ... kept per core: the attempt that last started on it. A core is freed only when
-    # its attempt ends, so the attempts still running on a node are those of its cores
-    # whose outcome is still None: a store per start, nothing at the end (a set per
-    # node cost an add and a discard per attempt)
-    cpn = cluster.cores_per_node
-    on_core: list[Attempt | None] = [None] * (cluster.nodes * cpn) if track else []
     p_speed = policy.speed
     p_urgent = policy.urgent
     # hooks a policy leaves as the base class has them are skipped in the hot path
     urgent_hook = p_urgent if cls.urgent is not Policy.urgent else None
     speed_hook = p_speed if cls.speed is not Policy.speed else None
-    # `urgent` is False below this believed slow-down (the policy's promise): not asked
-    urgent_from = policy.urgent_from
     # the plain Speculation deadline, inlined (a subclass keeps its own method)
     plain_spec = type(spec) is Speculation
     late_factor = spec.late_factor if spec is not None else 0.0
@@ -487,11 +479,6 @@ def _simulate(
             ahead.add(a)
         pending.append(a)
 
-    def running_on(k: int) -> list[Attempt]:
-        """The attempts running on node ``k``, in start order (``track`` only)."""
-        here = {b for b in on_core[k * cpn : (k + 1) * cpn] if b is not None and b.outcome is None}
-        return sorted(here, key=_get_aid)
-
     def rejudge(node: int, now: float) -> None:
         """The policy's belief of ``node``'s speed changed: re-judge its attempts."""
         nonlocal seq
@@ -502,7 +489,7 @@ def _simulate(
             suspects.discard(node)
         if spec is None or interval:  # with a periodic check: judged at the next one
             return
-        for b in running_on(node):
+        for b in sorted(nodes[node].running, key=lambda x: x.aid):
             if b.backup or not copyable[b.ti]:
                 continue
             d = spec.deadline(b.start, b.task.estimate, s)
@@ -530,6 +517,8 @@ def _simulate(
                 stack.append(c - nd.base)
             nd.free += len(cores)
         nd.core = nd.base + stack[-1]
+        if track:
+            nd.running.discard(a)
         if watch:
             watch.pop(a, None)
         k = nd.index
@@ -583,8 +572,7 @@ def _simulate(
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
         if track:
-            for c in cores:
-                on_core[c] = a
+            nd.running.add(a)
         if primary is not None:  # copies of one task only run side by side with a backup
             r = copies.get(i)
             if r is None:
@@ -625,13 +613,10 @@ def _simulate(
         if backup:
             backups_running += 1
             backups_launched += 1
-        # a policy may answer `speed(node)` as it starts the attempt (base.py): one call
-        told = started(a, now) if started is not None else None
+        if started is not None:
+            started(a, now)
         if spec is not None and not backup and (copy_all or copyable[i]):
-            if told is not None:
-                speed = told
-            else:
-                speed = speed_hook(nd.index) if speed_hook is not None else 1.0
+            speed = speed_hook(nd.index) if speed_hook is not None else 1.0
             if plain_spec:
                 late = late_factor * est[i] * speed
                 a.check_at = now + (late if late > min_runtime else min_runtime)
@@ -652,12 +637,7 @@ def _simulate(
                 # (A deadline moved earlier by a new speed belief is queued afresh.)
                 seq += 1
                 post(a.check_at, (_CHECK, seq, a))
-            if (
-                urgent_hook is not None
-                and not interval
-                and not speed < urgent_from
-                and urgent_hook(a, now)
-            ):
+            if urgent_hook is not None and not interval and urgent_hook(a, now):
                 ask_backup(a, now)
 
     inf = math.inf
@@ -741,6 +721,8 @@ def _simulate(
                         stack.append(c - nd.base)
                     nd.free += len(cores)
                 nd.core = nd.base + stack[-1]
+                if track:
+                    nd.running.discard(a)
                 if watch:
                     watch.pop(a, None)
                 k = nd.index
@@ -842,7 +824,7 @@ def _simulate(
             ):
                 break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
-                for b in running_on(k):
+                for b in sorted(nodes[k].running, key=lambda x: x.aid):
                     if not b.backup and copyable[b.ti] and p_urgent(b, now):
                         ask_backup(b, now)
             if not pending:
