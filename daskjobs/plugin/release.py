@@ -94,9 +94,9 @@ class ReleaseGate:
     State: ``held`` (keys queued in dask and in the policy's queue, or in
     ``pending``: queued in dask, not yet pushed to the policy), ``promoted`` (the keys
     promoted to the head of dask's queue and not yet taken, in order; ``released`` is
-    the first), ``attempts`` (the running
-    attempt per key, as the policy was told of it), ``refused`` (workers the policy
-    left idle, out of dask's ``idle_task_count`` until offered again).
+    the first), ``attempts`` (the running attempt per key, as the policy was told of
+    it), ``refused`` (workers the policy left idle, out of dask's ``idle_task_count``
+    until offered again).
     """
 
     def __init__(
@@ -221,7 +221,7 @@ class ReleaseGate:
                     self._flush()
                 popper.discard(v)
             self.held.discard(key)
-        slot_opened: Any = None
+        slot_opened = False  # a task left processing: dask fills free slots next
         if finish == "processing":
             ts = self.scheduler.tasks.get(key)
             ws = ts.processing_on if ts is not None else None
@@ -238,16 +238,14 @@ class ReleaseGate:
                 learner = popper is self.speeds.learner
                 ended.outcome = None if learner else OUTCOME.get(finish, "killed")
                 popper.ended(ended, now)
-                slot_opened = ended.node
-            else:
-                slot_opened = -1
+            slot_opened = True
         # Decide when a slot is about to be filled, with usage as it is now: a
         # task just ended (dask fills the free slots next), or slots are free already.
-        if self.held and slot_opened is not None and popper is self.speeds.learner:
+        if self.held and slot_opened and popper is self.speeds.learner:
             self._offer()  # with promotions pending too: this end may free another worker
         elif not self.promoted and self.held:
             idle = self.scheduler.idle_task_count
-            if slot_opened is not None or idle:
+            if slot_opened or idle:
                 self._release(self._slot_view(idle))
         elif self.refused and not self.held:
             self._readmit()  # nothing left to refuse for
