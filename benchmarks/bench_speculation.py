@@ -2,16 +2,19 @@
 
 Usage::
 
-    python benchmarks/bench_speculation.py            # the grid: 16 workloads (~7 minutes)
+    python benchmarks/bench_speculation.py            # the grid: 16 workloads (~8 minutes)
     python benchmarks/bench_speculation.py --quick    # 4 workloads of the grid
+    python benchmarks/bench_speculation.py --in-process  # the grid, all in one process
+    python benchmarks/bench_speculation.py --real-grid   # ... on dask scheduler/worker processes
     python benchmarks/bench_speculation.py --reps 3   # each run 3 times
     python benchmarks/bench_speculation.py --chapter  # the chapter table below (3 seeds)
     python benchmarks/bench_speculation.py --real     # ... and on real processes
 
 **The grid** (issue 16, the default): the full plugin (``JobsPlugin(policy=
 "node-aware", speculation=...)``) against plain dask, side by side (alternating, a
-fresh in-process cluster per run), on 16 workloads (:data:`GRID`): 400 to 3,200 sleep
-tasks (median 0.1 s, sigma 0.76, the 4 longest at 30x the median submitted last),
+fresh ``LocalCluster`` per run, as a user starts one: the scheduler and the client in
+this process, each worker a process of its own), on 16 workloads (:data:`GRID`): 400
+to 3,200 sleep tasks (median 0.1 s, sigma 0.76, the 4 longest at 30x the median submitted last),
 16 to 64 slots (4 or 8 workers of 4 or 8 threads), one or two workers 4x slow,
 estimates with ``exp(0.3 z)`` noise or exact, seeds other than the chapter table's,
 the sweep submitted as one graph of ``dask.delayed`` calls. For each run: makespan
@@ -29,7 +32,12 @@ and workload (:func:`sim_ratio`), without overhead and with plain dask's median 
 gap of that run as every attempt's overhead: what the policy's decisions reach, and
 what they reach once the machine's cost per task is paid. Target (issue 16): the full
 plugin at or below 1.05x the bound on every workload, and its fixed costs within 0.1 s
-of plain dask's.
+of plain dask's. ``--in-process`` runs the same grid with ``processes=False``: the
+scheduler, the client and every worker thread share one interpreter, so on a small
+machine a task's sleep ends late by its wait for the GIL (the decomposition's
+*overrun*, 2-4% of the bound at 32 slots): the harness's cost, which no cluster of
+worker processes pays. ``--real-grid`` runs it on ``dask scheduler`` and ``dask worker``
+processes with dask's default configuration.
 
 **The chapter table** (``--chapter``, issue 5): the laptop-scaled chapter sweep of
 ``benchmarks/bench_plugin.py`` (32 slots as 4 workers x 8 threads, ``processes=False``,
@@ -77,6 +85,7 @@ nothing here asserts.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -545,9 +554,12 @@ GRID_CONFIGS = ("plain", "aware")
 GRID_TARGET = 1.05
 
 
-def grid_graph(case: Case, spans_file: str | None = None) -> tuple[list[Any], list[float]]:
+def grid_graph(
+    case: Case, spans_file: str | None = None, prefix: str = "w"
+) -> tuple[list[Any], list[float]]:
     """The sweep of ``case`` as one graph of ``dask.delayed`` calls (the 4 longest last);
-    with ``spans_file``, for real worker processes (named ``w0``, ``w1``, ...), the attempts
+    with ``spans_file``, for worker processes (named ``{prefix}0``, ``{prefix}1``, ...:
+    ``w0`` for ``dask worker`` processes, ``0`` for a ``LocalCluster``'s), the attempts
     are logged to that file."""
     w = workloads.chapter(
         case.seed, n=case.n, n_long=N_LONG, median=0.1, sigma=0.76, estimate_noise=case.noise
@@ -559,7 +571,7 @@ def grid_graph(case: Case, spans_file: str | None = None) -> tuple[list[Any], li
     extra: tuple[Any, ...] = ()
     if spans_file is not None:
         fn = bench_speculation.nap_file
-        slow = tuple(f"w{i}" for i in range(case.slow))
+        slow = tuple(f"{prefix}{i}" for i in range(case.slow))
         extra = (spans_file,)
     parts, durations = [], []
     last = len(w.tasks) - 1
@@ -705,17 +717,25 @@ def decompose(
     }
 
 
-def run_grid_case(case: Case, config: str) -> dict[str, Any]:
-    """One run of ``case`` on a fresh in-process cluster; see :func:`grid`."""
+def run_grid_case(case: Case, config: str, spans_dir: str | None = None) -> dict[str, Any]:
+    """One run of ``case`` on a fresh ``LocalCluster``: all in this process
+    (``processes=False``), or with ``spans_dir``, the workers as processes of their own
+    (``LocalCluster``'s default; the scheduler stays in this process), logging their
+    attempts to a file under ``spans_dir``; see :func:`grid`."""
     plugin = None
     if config == "aware":
         plugin = JobsPlugin(policy="node-aware", speculation=dict(SPECULATION))
-    parts, durations = grid_graph(case)
+    processes = spans_dir is not None
+    spans_file = None
+    if processes:
+        assert spans_dir is not None
+        spans_file = os.path.join(spans_dir, f"spans-{case.seed}-{config}-{time.time()}.txt")
+    parts, durations = grid_graph(case, spans_file, prefix="")
     with (
         LocalCluster(
             n_workers=case.workers,
             threads_per_worker=case.threads,
-            processes=False,
+            processes=processes,
             dashboard_address=":0",
             scheduler_kwargs={"plugins": [plugin] if plugin else []},
         ) as cl,
@@ -732,10 +752,24 @@ def run_grid_case(case: Case, config: str) -> dict[str, Any]:
         t_results = time.time()
         cpu = time.process_time() - cpu0
         status = client.run_on_scheduler(_status) if plugin else None
-        # a zombie thread of an earlier run's cluster may still append: not this run's
-        spans = [sp for sp in log if sp[2] >= t_submit]
-    # CPU seconds of this process (client, scheduler, workers) in the run
+        if spans_file is not None:
+            spans = _read_spans(spans_file, t_submit)
+        else:
+            # a zombie thread of an earlier run's cluster may still append: not this run's
+            spans = [sp for sp in log if sp[2] >= t_submit]
+    # CPU seconds of this process (client, scheduler, and in process the workers)
     return _grid_result(spans, durations, case, t_submit, t_results, len(out), status, cpu=cpu)
+
+
+def _read_spans(path: str, t_submit: float) -> list[tuple[int, str, float, float]]:
+    """The attempts :func:`nap_file` logged to ``path`` since ``t_submit``."""
+    spans = []
+    with open(path) as f:
+        for line in f:
+            i, name, t0, t1 = line.split()
+            if float(t0) >= t_submit:
+                spans.append((int(i), name, float(t0), float(t1)))
+    return spans
 
 
 def _grid_result(
@@ -803,11 +837,7 @@ def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
         out = client.compute(parts, sync=True)
         t_results = time.time()
         status = client.run_on_scheduler(_status) if config != "plain" else None
-    spans = []
-    for line in Path(spans_file).read_text().splitlines():
-        i, name, t0, t1 = line.split()
-        if float(t0) >= t_submit:
-            spans.append((int(i), name, float(t0), float(t1)))
+    spans = _read_spans(spans_file, t_submit)
     return _grid_result(
         spans,
         durations,
@@ -821,9 +851,13 @@ def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
     )
 
 
-def grid(cases: tuple[Case, ...], reps: int, real: str | None = None) -> list[dict[str, Any]]:
+def grid(
+    cases: tuple[Case, ...], reps: int, real: str | None = None, processes: str | None = None
+) -> list[dict[str, Any]]:
     """Each case, plugin and plain dask alternating (the order flips every case), on a
-    fresh cluster per run (of real processes, under the directory ``real``, if given)."""
+    fresh cluster per run: of real processes under the directory ``real``, a
+    ``LocalCluster`` with worker processes logging under the directory ``processes``,
+    else a ``LocalCluster`` in this process."""
     rows = []
     for k, case in enumerate(cases):
         row: dict[str, Any] = {"case": case, "runs": {c: [] for c in GRID_CONFIGS}}
@@ -833,7 +867,7 @@ def grid(cases: tuple[Case, ...], reps: int, real: str | None = None) -> list[di
                 if real is not None:
                     r = run_grid_case_real(case, config, real)
                 else:
-                    r = run_grid_case(case, config)
+                    r = run_grid_case(case, config, processes)
                 row["runs"][config].append(r)
                 print(
                     f"  {case.label()} {config}: {r['makespan']:.2f} s, {r['ratio']:.3f}x, "
@@ -1100,6 +1134,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the grid on real dask scheduler/worker processes (dask's defaults)",
     )
     ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the grid on LocalClusters all in this process (processes=False), not with "
+        "worker processes (LocalCluster's default, the grid's)",
+    )
+    ap.add_argument(
         "--submit",
         type=int,
         default=0,
@@ -1124,14 +1164,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.cases:
             cases = tuple(GRID[int(k)] for k in args.cases.split(","))
         print(f"grid: {len(cases)} workloads x {args.reps} run(s) ...", file=sys.stderr)
-        if args.real_grid:
+        if args.in_process and not args.real_grid:
+            rows = grid(cases, args.reps)
+        else:
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="bench-spec-") as tmp:
-                rows = grid(cases, args.reps, real=tmp)
-        else:
-            rows = grid(cases, args.reps)
-        where = " (real processes)" if args.real_grid else ""
+                if args.real_grid:
+                    rows = grid(cases, args.reps, real=tmp)
+                else:
+                    rows = grid(cases, args.reps, processes=tmp)
+        where = (
+            " (real dask scheduler and worker processes)"
+            if args.real_grid
+            else " (LocalCluster, all in one process)"
+            if args.in_process
+            else " (LocalCluster with worker processes)"
+        )
         print(
             "## Speculation: the full plugin against plain dask on a grid of workloads"
             + where
