@@ -104,6 +104,9 @@ SLOW_WORKER = 0  # the LocalCluster worker name (0..3) that runs 4x slower
 SLOW_FACTOR = 4.0
 N_LONG = 4
 SPECULATION = {"enabled": True, "late_factor": 2.5, "min_runtime": "100ms", "interval": "50ms"}
+#: Settings of the grid's node-aware policy (``--policy-option KEY=VALUE``), live and in the
+#: simulator column alike; empty: its defaults.
+POLICY_OPTIONS: dict[str, Any] = {}
 CONFIGS = ("plain", "hand", "lpt", "spec", "aware")
 LABELS = {
     "plain": "plain dask",
@@ -724,7 +727,11 @@ def run_grid_case(case: Case, config: str, spans_dir: str | None = None) -> dict
     attempts to a file under ``spans_dir``; see :func:`grid`."""
     plugin = None
     if config == "aware":
-        plugin = JobsPlugin(policy="node-aware", speculation=dict(SPECULATION))
+        plugin = JobsPlugin(
+            policy="node-aware",
+            policy_options=dict(POLICY_OPTIONS),
+            speculation=dict(SPECULATION),
+        )
     processes = spans_dir is not None
     spans_file = None
     if processes:
@@ -806,7 +813,6 @@ def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
     """One run of ``case`` on a fresh cluster of real processes: ``dask scheduler``
     (the plugin preloaded for the full plugin) and ``case.workers`` ``dask worker``
     processes of ``case.threads`` threads, dask's defaults; see :func:`grid`."""
-    import os
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
@@ -816,7 +822,13 @@ def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
     conf = None
     if config == "aware":
         spec = {k.replace("_", "-"): v for k, v in SPECULATION.items()}
-        conf = {"daskjobs": {"policy": "node-aware", "speculation": spec}}
+        conf = {
+            "daskjobs": {
+                "policy": "node-aware",
+                "policy-options": dict(POLICY_OPTIONS),
+                "speculation": spec,
+            }
+        }
     path = os.pathsep.join(
         [str(root / "benchmarks"), str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")]
     )
@@ -914,7 +926,7 @@ def sim_ratio(case: Case, overhead: float) -> float:
         min_runtime=parse_timedelta(SPECULATION["min_runtime"]),
         interval=parse_timedelta(SPECULATION["interval"]),
     )
-    schedule = simulate(w.tasks, cluster, NodeAware(), spec)
+    schedule = simulate(w.tasks, cluster, NodeAware(**POLICY_OPTIONS), spec)
     durations = [t.duration for t in w.tasks]
     bound = max(sum(durations) / case.slot_equivalents, max(durations))
     return schedule.makespan / bound
@@ -1134,6 +1146,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the grid on real dask scheduler/worker processes (dask's defaults)",
     )
     ap.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the grid's node-aware policy (a number), e.g. interleave=0.25; "
+        "repeatable",
+    )
+    ap.add_argument(
         "--in-process",
         action="store_true",
         help="the grid on LocalClusters all in this process (processes=False), not with "
@@ -1147,6 +1167,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also time submission to first start (plain, plugin, Sweep.run), REPS runs each",
     )
     args = ap.parse_args(argv)
+    for item in args.policy_option:
+        key, sep, value = item.partition("=")
+        try:
+            POLICY_OPTIONS[key.strip().replace("-", "_")] = float(value)
+        except ValueError:
+            ap.error(f"--policy-option wants KEY=NUMBER, got {item!r}")
+        if not sep or not key.strip():
+            ap.error(f"--policy-option wants KEY=NUMBER, got {item!r}")
     seeds = list(range(args.seeds or (1 if args.quick else 3)))
     n = args.sweep_tasks
     command = f"- command: python benchmarks/bench_speculation.py {' '.join(sys.argv[1:])}"
