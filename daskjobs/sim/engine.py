@@ -369,6 +369,9 @@ def _simulate(
     nodes = [_Node(k, cluster.cores_per_node) for k in range(cluster.nodes)]
     speeds = cluster.speeds
     overhead = cluster.overhead
+    # one dispatcher for the cluster: each start takes `gap` seconds of it, in turn
+    gap = 1.0 / cluster.dispatch_rate if cluster.dispatch_rate else 0.0
+    dispatcher_free = -math.inf
     for nd in nodes:
         policy.add_node(nd.index, nd.cores)
     free_heap = list(range(cluster.nodes))  # nodes with free cores (lazy)
@@ -559,7 +562,11 @@ def _simulate(
         """Start an attempt of task ``i`` on ``nd``: a backup of ``primary``, or (None)
         a first run or a retry."""
         nonlocal seq, draw_ptr, draws, backups_running, backups_launched, tick_at
+        nonlocal dispatcher_free
         backup = primary is not None
+        if gap:  # the attempt starts once the dispatcher has served it; its slot is held
+            now = (now if now > dispatcher_free else dispatcher_free) + gap
+            dispatcher_free = now
         c = task.cores
         stack = nd.freeheap
         base = nd.base

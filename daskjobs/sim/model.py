@@ -82,6 +82,11 @@ class Cluster:
     and the task restarts from the beginning. ``overhead`` is what every attempt
     holds its slot for beyond its work, on any node (dask's per-task cost; a
     replay fits it from the trace): unlike the work it is not slowed down.
+    ``dispatch_rate`` (0: unlimited) is how many attempts the scheduler can start
+    a second over the whole cluster: every start queues for one dispatcher (first
+    come, first served) and takes ``1 / dispatch_rate`` seconds of it, the slot
+    held meanwhile. It models a scheduler that many short tasks on many slots
+    keep busy (docs/benchmarks.md, the end of a longest-first run).
     """
 
     nodes: int
@@ -89,6 +94,7 @@ class Cluster:
     slow: Mapping[int, float] | None = None
     failure_rate: float = 0.0
     overhead: float = 0.0
+    dispatch_rate: float = 0.0
     speeds: tuple[float, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +106,11 @@ class Cluster:
             raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
         if not (_is_number(self.overhead) and math.isfinite(self.overhead) and self.overhead >= 0):
             raise ValueError(f"overhead must be >= 0 seconds, got {self.overhead!r}")
+        rate = self.dispatch_rate
+        if not (_is_number(rate) and math.isfinite(rate) and rate >= 0):
+            raise ValueError(
+                f"dispatch_rate must be >= 0 starts per second (0: unlimited), got {rate!r}"
+            )
         speeds = [1.0] * self.nodes
         for node, factor in (self.slow or {}).items():
             if not (isinstance(node, int) and 0 <= node < self.nodes):
@@ -119,7 +130,14 @@ class Cluster:
         return sum(self.cores_per_node / s for s in self.speeds)
 
     def without_slow(self) -> Cluster:
-        return Cluster(self.nodes, self.cores_per_node, None, self.failure_rate, self.overhead)
+        return Cluster(
+            self.nodes,
+            self.cores_per_node,
+            None,
+            self.failure_rate,
+            self.overhead,
+            self.dispatch_rate,
+        )
 
 
 class Attempt:
