@@ -900,11 +900,12 @@ def _ratios(runs: list[dict[str, Any]]) -> str:
     return "/".join(f"{r['ratio']:.3f}" for r in runs)
 
 
-def sim_ratio(case: Case, overhead: float) -> float:
+def sim_ratio(case: Case, overhead: float, dispatch_rate: float = 0.0) -> float:
     """The same policy and speculation settings on the same workload in the simulator
     (the workload's true durations, its slow workers as slow nodes), every attempt
-    holding its slot ``overhead`` seconds longer (dask's cost per task): what the
-    policy's decisions reach without the live cluster's other costs."""
+    holding its slot ``overhead`` seconds longer (dask's cost per task) and, with a
+    ``dispatch_rate``, waiting for a scheduler that starts that many tasks a second:
+    what the policy's decisions reach without the live cluster's other costs."""
     from dask.utils import parse_timedelta
 
     from daskjobs.policies import NodeAware
@@ -920,6 +921,7 @@ def sim_ratio(case: Case, overhead: float) -> float:
         case.threads,
         {i: SLOW_FACTOR for i in range(case.slow)},
         overhead=overhead,
+        dispatch_rate=dispatch_rate,
     )
     spec = Speculation(
         late_factor=float(SPECULATION["late_factor"]),
@@ -930,6 +932,30 @@ def sim_ratio(case: Case, overhead: float) -> float:
     durations = [t.duration for t in w.tasks]
     bound = max(sum(durations) / case.slot_equivalents, max(durations))
     return schedule.makespan / bound
+
+
+def model_table(rates: list[float]) -> str:
+    """The grid in the simulator alone, under a scheduler that starts ``rate`` tasks a
+    second (``Cluster.dispatch_rate``; 0: unlimited): the full plugin's policy and
+    speculation settings, with ``--policy-option`` settings, by slot count."""
+    lines = [
+        "| dispatch capacity (tasks/s) | 16 slots | 32 slots | 64 slots | median "
+        "| at or below 1.05x |",
+        "|---|---|---|---|---:|---:|",
+    ]
+    for rate in rates:
+        ratios = [sim_ratio(case, 0.0, rate) for case in GRID]
+        by_slots: dict[int, list[float]] = {}
+        for case, r in zip(GRID, ratios, strict=True):
+            by_slots.setdefault(case.slots, []).append(r)
+        cells = [f"{min(v):.3f}-{max(v):.3f}" for _, v in sorted(by_slots.items())]
+        ok = sum(r <= GRID_TARGET for r in ratios)
+        label = f"{rate:,.0f}" if rate else "unlimited"
+        lines.append(
+            f"| {label} | {' | '.join(cells)} | {statistics.median(ratios):.3f} | "
+            f"{ok} of {len(ratios)} |"
+        )
+    return "\n".join(lines)
 
 
 def grid_table(rows: list[dict[str, Any]], reps: int) -> str:
@@ -1154,6 +1180,13 @@ def main(argv: list[str] | None = None) -> int:
         "repeatable",
     )
     ap.add_argument(
+        "--model",
+        default=None,
+        metavar="RATES",
+        help="only the grid in the simulator, for each dispatch capacity in RATES (tasks "
+        "started a second, comma-separated; 0: unlimited), e.g. 0,600,800,1200",
+    )
+    ap.add_argument(
         "--in-process",
         action="store_true",
         help="the grid on LocalClusters all in this process (processes=False), not with "
@@ -1186,6 +1219,15 @@ def main(argv: list[str] | None = None) -> int:
         print(command)
         print()
         print(real_table(real, n))
+        return 0
+    if args.model is not None:
+        rates = [float(x) for x in args.model.split(",")]
+        print("## Speculation: the grid in the simulator, by dispatch capacity\n")
+        print(machine())
+        print(revision())
+        print(command.rstrip())
+        print()
+        print(model_table(rates))
         return 0
     if not (args.chapter or args.real):
         cases = QUICK if args.quick else GRID
