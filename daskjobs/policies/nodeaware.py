@@ -42,6 +42,16 @@ on a nominal node would finish well before it: the long task that landed on
 the slow node at time zero is copied as soon as that node is measured slow, not
 30 hours later.
 
+Spreading short tasks (``interleave``, default 0: off). Longest-first leaves the
+shortest tasks for the end of the run, when the scheduler must start tasks fastest;
+a scheduler that starts a bounded number a second (``Cluster.dispatch_rate`` in the
+simulator; dask's own cost per task live) leaves threads idle there. With
+``interleave=f``, every ``round(1 / f)``-th task a node measured nominal takes is the
+shortest queued one, so the shortest tasks run alongside the long ones. It costs a
+little where starting tasks is free (the run ends on tasks near the ``f`` quantile,
+not the shortest) and gains where it is not (docs/benchmarks.md, the end of a
+longest-first run).
+
 Cost per decision: O(b log n) for b distinct core requests (a batch is a
 sorted run served from both ends, single pushes a sorted list; see
 ``_Ladder``), O(1) on a measured nominal node with one core size; O(1) to read
@@ -288,6 +298,7 @@ class NodeAware(Policy):
         fill: float = 0.3,
         unmeasured_slowdown: float = 4.0,
         measure_quantile: float = 0.05,
+        interleave: float = 0.0,
     ) -> None:
         if not slow_threshold > 1:
             raise ValueError(f"slow_threshold must be > 1, got {slow_threshold!r}")
@@ -303,6 +314,14 @@ class NodeAware(Policy):
         self.fill = fill
         self.unmeasured_slowdown = unmeasured_slowdown
         self.measure_quantile = measure_quantile
+        if isinstance(interleave, bool) or not (
+            isinstance(interleave, int | float) and 0 <= interleave <= 0.5
+        ):
+            raise ValueError(f"interleave must be in [0, 0.5], got {interleave!r}")
+        self.interleave = interleave
+        # every `_every`-th task a nominal node takes is the shortest queued one
+        self._every = round(1 / interleave) if interleave else 0
+        self._nominal_pops = 0
         self._queues: dict[int, _Ladder] = {}
         self._sizes: list[int] = []
         self._one: _Ladder | None = None  # the only queue, while all tasks ask for 1 core
@@ -477,6 +496,16 @@ class NodeAware(Policy):
         s = st.speed
         measured = st.count >= self.min_samples
         if measured and s < self.slow_threshold:
+            if self._every:
+                self._nominal_pops += 1
+                if self._nominal_pops % self._every == 0:
+                    found = self._pick(node.free, "low")
+                    if found is not None:
+                        q, where, entry = found
+                        task = q.take(where, entry)
+                        self._queued_work -= task.estimate * task.cores
+                        self._n -= 1
+                        return task
             one = self._one
             if one is not None:  # the common case, inlined: longest first, one queue
                 run = one.run
@@ -605,6 +634,7 @@ class NodeAware(Policy):
             "slow_threshold": self.slow_threshold,
             "min_samples": self.min_samples,
             "probe": self.probe,
+            "interleave": self.interleave,
             "speeds": {
                 k: round(v.speed, 3) for k, v in self._nodes.items() if abs(v.speed - 1) > 0.05
             },
