@@ -85,6 +85,7 @@ nothing here asserts.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -1221,7 +1222,12 @@ def main(argv: list[str] | None = None) -> int:
         print(real_table(real, n))
         return 0
     if args.model is not None:
-        rates = [float(x) for x in args.model.split(",")]
+        try:
+            rates = [float(x) for x in args.model.split(",")]
+        except ValueError:
+            ap.error(f"--model wants dispatch capacities (numbers >= 0), got {args.model!r}")
+        if not all(math.isfinite(r) and r >= 0 for r in rates):
+            ap.error(f"--model wants dispatch capacities (numbers >= 0), got {args.model!r}")
         print("## Speculation: the grid in the simulator, by dispatch capacity\n")
         print(machine())
         print(revision())
