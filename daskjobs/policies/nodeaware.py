@@ -52,7 +52,20 @@ little where starting tasks is free (the run ends on tasks near the ``f`` quanti
 not the shortest) and gains where it is not (docs/benchmarks.md, the end of a
 longest-first run).
 
-Cost per decision: O(b log n) for b distinct core requests (a batch is a
+Pacing the tasks the scheduler cannot start fast enough (``dispatch_rate``, default 0:
+off). Given the rate ``r`` at which the scheduler can start tasks, a task is
+*dispatch-bound* if every core running tasks that short would ask for more than ``r``
+starts a second (estimate below ``cores / r``). A node measured nominal takes the shortest
+queued task while it is dispatch-bound and the dispatch-bound attempts running ask for fewer
+starts a second (their cores over their expected run time) than the queued dispatch-bound
+tasks need to start by the projected end (their count over ``horizon - now``); otherwise the
+longest. So they run at the pace the run's length allows, spread over it, and the end is
+left to tasks the scheduler can keep up with; tasks that are not dispatch-bound keep the
+longest-first order. Unlike ``interleave`` it needs no fraction chosen by hand, and leaves
+clusters whose scheduler keeps up (few cores, long tasks) as they were.
+
+Cost per decision: O(b log n) for b distinct core requests (with ``dispatch_rate``, plus a
+bisection of each core size's queue) (a batch is a
 sorted run served from both ends, single pushes a sorted list; see
 ``_Ladder``), O(1) on a measured nominal node with one core size; O(1) to read
 speeds and the horizon; O(nodes) only when the fastest node's belief moves
@@ -246,6 +259,13 @@ class _Ladder:
             return None
         return j, run[j]
 
+    def count_below(self, limit: float) -> int:
+        """About how many queued tasks have an estimate below ``limit``: exact for single
+        pushes; in the run, entries taken from its middle (slow nodes' picks) still count."""
+        single = self.single
+        n = len(single) - single.bisect_right((-limit, math.inf)) if single else 0
+        return n + max(bisect.bisect_left(self.run, limit, lo=self.lo, key=_est) - self.lo, 0)
+
     def take(self, where: object, entry: _Entry) -> TaskView:
         if where is _TOP:
             self.run.pop()
@@ -299,6 +319,7 @@ class NodeAware(Policy):
         unmeasured_slowdown: float = 4.0,
         measure_quantile: float = 0.05,
         interleave: float = 0.0,
+        dispatch_rate: float = 0.0,
     ) -> None:
         if not slow_threshold > 1:
             raise ValueError(f"slow_threshold must be > 1, got {slow_threshold!r}")
@@ -319,6 +340,16 @@ class NodeAware(Policy):
         ):
             raise ValueError(f"interleave must be in [0, 0.5], got {interleave!r}")
         self.interleave = interleave
+        if isinstance(dispatch_rate, bool) or not (
+            isinstance(dispatch_rate, int | float) and 0 <= dispatch_rate < math.inf
+        ):
+            raise ValueError(
+                "dispatch_rate must be a finite number of task starts a second >= 0 "
+                f"(0: no limit), got {dispatch_rate!r}"
+            )
+        self.dispatch_rate = float(dispatch_rate)
+        self._demand = 0.0  # starts a second the running attempts will ask for (see `pop`)
+        self._cores = 0  # cores of the known nodes
         # every `_every`-th task a nominal node takes is the shortest queued one
         self._every = round(1 / interleave) if interleave else 0
         self._nominal_pops = 0
@@ -335,10 +366,10 @@ class NodeAware(Policy):
         self._queued_work = 0.0
         self._run_cores = 0
         self._run_end_sum = 0.0  # sum of cores * expected end
-        # attempt -> (cores, expected end, estimate, estimated): what `ended` needs of
-        # the task, read while `started` has it at hand (a task view is frozen); attempt
-        # views hash by identity (as in Horizon)
-        self._run: dict[AttemptView, tuple[int, float, float, bool]] = {}
+        # attempt -> (cores, expected end, estimate, estimated, starts a second it asks
+        # for): what `ended` needs of the task, read while `started` has it at hand (a
+        # task view is frozen); attempt views hash by identity (as in Horizon)
+        self._run: dict[AttemptView, tuple[int, float, float, bool, float]] = {}
         self._popped: _Entry | None = None  # the queue entry `pop` returned last
 
     # -- nodes and speeds -------------------------------------------------------
@@ -346,13 +377,16 @@ class NodeAware(Policy):
         old = self._nodes.get(index)
         if old is not None:
             self._capacity -= old.cores / old.speed
+            self._cores -= old.cores
         self._nodes[index] = _NodeState(cores)
         self._capacity += cores
+        self._cores += cores
 
     def remove_node(self, index: int) -> None:
         st = self._nodes.pop(index, None)
         if st is not None:
             self._capacity -= st.cores / st.speed
+            self._cores -= st.cores
             if st is self._best_node:
                 self._rescan_best()
 
@@ -496,6 +530,14 @@ class NodeAware(Policy):
         s = st.speed
         measured = st.count >= self.min_samples
         if measured and s < self.slow_threshold:
+            if self.dispatch_rate:
+                found = self._pick(node.free, "low")
+                if found is not None and self._dispatch_behind(found[2][2], now):
+                    q, where, entry = found
+                    task = q.take(where, entry)
+                    self._queued_work -= task.estimate * task.cores
+                    self._n -= 1
+                    return task
             if self._every:
                 self._nominal_pops += 1
                 if self._nominal_pops % self._every == 0:
@@ -563,6 +605,27 @@ class NodeAware(Policy):
         self._n -= 1
         return task
 
+    def _dispatch_behind(self, task: TaskView, now: float) -> bool:
+        """Should a nominal node take ``task``, the shortest queued, now (``dispatch_rate``)?
+
+        A task is *dispatch-bound* if every core running tasks that short would ask the
+        scheduler for more than ``dispatch_rate`` starts a second (estimate below
+        ``cores / dispatch_rate``). Longest-first leaves them all for the end, where the
+        scheduler cannot start them fast enough and cores idle. So they are spread over
+        the run: a nominal node takes the shortest queued task while it is dispatch-bound
+        and the dispatch-bound attempts running ask for fewer starts a second than the
+        queued dispatch-bound tasks need to start by the projected end (their count over
+        ``horizon - now``); otherwise the longest, as before."""
+        est = task.estimate
+        limit = self._cores / self.dispatch_rate
+        if not 0 < est < limit:
+            return False
+        left = self.horizon(now) - now
+        if left <= 0:
+            return False
+        bound = sum(q.count_below(limit) for q in self._queues.values())
+        return self._demand * left < bound
+
     def __len__(self) -> int:
         return self._n
 
@@ -581,9 +644,16 @@ class NodeAware(Policy):
         est = -e[0] if e is not None and e[2] is t else t.estimate
         end = attempt.start + est * (st.speed if st is not None else 1.0)
         c = t.cores
-        self._run[attempt] = (c, end, est, getattr(t, "estimated", True))
+        # the starts a second this attempt asks for (cores freed / expected run time)
+        ask = (
+            c / (end - attempt.start)
+            if self.dispatch_rate and end > attempt.start and est * self.dispatch_rate < self._cores
+            else 0.0
+        )
+        self._run[attempt] = (c, end, est, getattr(t, "estimated", True), ask)
         self._run_cores += c
         self._run_end_sum += c * end
+        self._demand += ask
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """Close the books on ``attempt`` and learn its node's speed from it.
@@ -599,6 +669,9 @@ class NodeAware(Policy):
         if got is not None:
             self._run_cores -= got[0]
             self._run_end_sum -= got[0] * got[1]
+            if got[4]:
+                # nothing running: exactly 0 (float sums of adds and removals drift)
+                self._demand = self._demand - got[4] if self._run else 0.0
         outcome = attempt.outcome
         if outcome != "done" and outcome != "killed":
             return False
@@ -635,6 +708,7 @@ class NodeAware(Policy):
             "min_samples": self.min_samples,
             "probe": self.probe,
             "interleave": self.interleave,
+            "dispatch_rate": self.dispatch_rate,
             "speeds": {
                 k: round(v.speed, 3) for k, v in self._nodes.items() if abs(v.speed - 1) > 0.05
             },

@@ -1,0 +1,125 @@
+"""NodeAware's ``dispatch_rate``: the tasks a scheduler cannot start fast enough, spread.
+
+Longest-first leaves the shortest tasks for the end of a run. A task is *dispatch-bound* when
+every core running tasks that short would ask the scheduler for more than ``dispatch_rate``
+starts a second; at the end of a longest-first run those are all that is left, and cores idle
+while the scheduler starts them (docs/benchmarks.md, "the end of a longest-first run"). With
+``dispatch_rate=r`` a nominal node takes the shortest queued task while it is dispatch-bound
+and the dispatch-bound attempts running ask for fewer starts a second than the queued ones
+need to start by the projected end of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+from daskjobs import workloads
+from daskjobs.config import policy_settings, settings
+from daskjobs.policies import NodeAware, Speculation, registry
+from daskjobs.sim import Cluster, Task, simulate
+
+
+@dataclass(eq=False)  # attempts hash by identity, as the simulator's and the plugin's do
+class _Attempt:
+    task: Task
+    node: int
+    start: float
+    end: float = math.nan
+    outcome: str | None = None
+    backup: bool = False
+
+
+def _measured(policy: NodeAware, cores: int = 4) -> SimpleNamespace:
+    """Node 0 with ``cores`` cores, measured nominal (attempts that ran as estimated)."""
+    policy.add_node(0, cores)
+    for j in range(policy.min_samples):
+        a = _Attempt(Task(f"m{j}", 1.0), 0, 0.0, 1.0, "done")
+        policy.started(a, 0.0)
+        policy.ended(a, 1.0)
+    assert policy.measured(0) and policy.speed(0) < policy.slow_threshold
+    return SimpleNamespace(index=0, cores=cores, free=cores)
+
+
+def test_dispatch_bound_tasks_are_taken_while_they_fall_behind_and_not_after() -> None:
+    # 4 cores at 1 start a second: a task shorter than 4 s is dispatch-bound (1, 2, 3 s)
+    policy = NodeAware(dispatch_rate=1)
+    node = _measured(policy)
+    policy.push_many([Task(i, float(i + 1)) for i in range(100)])
+    # nothing dispatch-bound runs and three are queued: the shortest goes now
+    first = policy.pop(node, 1.0)
+    assert first is not None and first.estimate == 1.0
+    policy.started(_Attempt(first, 0, 1.0), 1.0)  # type: ignore[arg-type]
+    # it asks for 1 start a second; the two queued need 2 over the ~1,260 s left: longest
+    assert [policy.pop(node, 1.0).estimate for _ in range(3)] == [100, 99, 98]  # type: ignore[union-attr]
+
+
+def test_a_shortest_task_that_is_not_dispatch_bound_waits_for_the_end() -> None:
+    # 4 cores at 4 starts a second: only tasks under 1 s are dispatch-bound, and none is
+    policy = NodeAware(dispatch_rate=4)
+    node = _measured(policy)
+    policy.push_many([Task(i, float(i + 1)) for i in range(10)])
+    assert [policy.pop(node, 1.0).estimate for _ in range(4)] == [10, 9, 8, 7]  # type: ignore[union-attr]
+
+
+def test_unmeasured_and_slow_nodes_keep_their_rules() -> None:
+    # an unmeasured node measures itself with a short task either way
+    a, b = NodeAware(), NodeAware(dispatch_rate=1)
+    for p in (a, b):
+        p.add_node(0, 4)
+        p.push_many([Task(i, float(i + 1)) for i in range(100)])
+    node = SimpleNamespace(index=0, cores=4, free=4)
+    assert [a.pop(node, 0.0).tid for _ in range(5)] == [b.pop(node, 0.0).tid for _ in range(5)]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "600", True, None])
+def test_a_bad_dispatch_rate_is_named(bad: object) -> None:
+    with pytest.raises(ValueError, match="dispatch_rate must be a finite number"):
+        NodeAware(dispatch_rate=bad)  # type: ignore[arg-type]
+
+
+def test_the_setting_reaches_the_policy_from_dask_config_and_is_described() -> None:
+    s = settings(policy="node-aware", policy_options={"dispatch-rate": 600})
+    made = registry.make(s.policy, **policy_settings(s))
+    assert isinstance(made, NodeAware) and made.dispatch_rate == 600.0
+    assert made.describe()["dispatch_rate"] == 600.0
+    assert NodeAware().describe()["dispatch_rate"] == 0.0
+
+
+def _grid_like(seed: int) -> workloads.Workload:
+    """A sweep of the bench's shape: 1,600 tasks, median 0.1 s, the longest 30x."""
+    return workloads.chapter(seed, n=1600, n_long=4, median=0.1, sigma=0.76, estimate_noise=0.3)
+
+
+def test_zero_is_the_default_schedule() -> None:
+    w = workloads.chapter(3, n=2000, n_long=4, nodes=8, cores_per_node=4)
+    cluster = Cluster(8, 4, slow={0: 4.0})
+
+    def trace(policy: NodeAware) -> list[tuple[object, ...]]:
+        s = simulate(w.tasks, cluster, policy, spec=Speculation(), seed=1)
+        return [(a.task.tid, a.node, a.start, a.end, a.outcome) for a in s.attempts]
+
+    assert trace(NodeAware(dispatch_rate=0)) == trace(NodeAware())
+
+
+@pytest.mark.parametrize("seed", [21, 24])
+def test_a_scheduler_that_starts_500_tasks_a_second_ends_sooner(seed: int) -> None:
+    # 8 nodes x 8 cores, one 4x slow; the scheduler starts at most 500 tasks a second
+    w = _grid_like(seed)
+    cluster = Cluster(8, 8, {0: 4.0}, dispatch_rate=500)
+    spec = Speculation(late_factor=2.5, min_runtime=0.1, interval=0.05)
+    lpt = simulate(w.tasks, cluster, NodeAware(), spec)
+    spread = simulate(w.tasks, cluster, NodeAware(dispatch_rate=500), spec)
+    assert {a.task.tid for a in spread.attempts if a.outcome == "done"} == {t.tid for t in w.tasks}
+    assert spread.makespan < 0.97 * lpt.makespan
+    # the dispatch-bound tasks (under 64 / 500 s) started earlier on average
+    bound = [t.tid for t in w.tasks if t.estimate < 64 / 500]
+    assert len(bound) > len(w.tasks) // 4
+
+    def mean_start(s: object) -> float:
+        return sum(s.record(t).start for t in bound) / len(bound)  # type: ignore[attr-defined]
+
+    assert mean_start(spread) < 0.8 * mean_start(lpt)
