@@ -12,8 +12,10 @@ need to start by the projected end of the run.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -125,7 +127,9 @@ def test_a_scheduler_that_starts_500_tasks_a_second_ends_sooner(seed: int) -> No
     assert mean_start(spread) < 0.8 * mean_start(lpt)
 
 
-def test_real_processes_pacing_with_a_worker_killed_keep_every_result(real_cluster) -> None:
+def test_real_processes_pacing_with_a_worker_killed_keep_every_result(
+    real_cluster: Callable[..., Any],
+) -> None:
     """``dask scheduler`` with the plugin preloaded, node-aware pacing set from dask's config,
     speculation on, dask's validation on; a fast worker is SIGKILLed mid-sweep: every task's
     result arrives, the plugin logs no error, and no process log shows a problem."""
