@@ -41,6 +41,7 @@ _LAZY = {
     "explain": "daskjobs.plugin.client",
     "status": "daskjobs.plugin.client",
     "local_cluster": "daskjobs.plugin.client",
+    "start_rate": "daskjobs.plugin.client",
     "record": "daskjobs.plugin.record",
 }
 

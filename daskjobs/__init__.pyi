@@ -7,6 +7,7 @@ from daskjobs.cache.store import StoreAccessError as StoreAccessError
 from daskjobs.plugin import JobsPlugin as JobsPlugin
 from daskjobs.plugin.client import explain as explain
 from daskjobs.plugin.client import local_cluster as local_cluster
+from daskjobs.plugin.client import start_rate as start_rate
 from daskjobs.plugin.client import status as status
 from daskjobs.plugin.record import record as record
 from daskjobs.sweep import ClusterImportError as ClusterImportError

@@ -173,3 +173,49 @@ def test_real_processes_pacing_with_a_worker_killed_keep_every_result(
 def _policy_settings(dask_scheduler: object) -> tuple[str, float]:
     policy = dask_scheduler.plugins["daskjobs"].ranker.popper  # type: ignore[attr-defined]
     return policy.name, policy.dispatch_rate
+
+
+def test_start_rate_is_tasks_over_first_start_to_last_end() -> None:
+    from daskjobs.plugin.client import _rate
+
+    assert _rate([(10.0, 10.5), (10.2, 11.0), (10.9, 12.0)]) == 3 / 2.0
+    with pytest.raises(ValueError, match="too few tasks to time"):
+        _rate([(5.0, 5.0), (5.0, 5.0)])
+    with pytest.raises(ValueError, match="at least 2 tasks"):
+        _rate([(1.0, 2.0)])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tasks": 1}, "tasks must be an integer >= 2"),
+        ({"tasks": 10.0}, "tasks must be an integer >= 2"),
+        ({"tasks": True}, "tasks must be an integer >= 2"),
+        ({"seconds": -1}, "seconds must be a finite number >= 0"),
+        ({"seconds": float("nan")}, "seconds must be a finite number >= 0"),
+    ],
+)
+def test_start_rate_names_a_bad_argument(kwargs: dict[str, Any], match: str) -> None:
+    import daskjobs
+
+    with pytest.raises(ValueError, match=match):
+        daskjobs.start_rate(object(), **kwargs)
+
+
+def test_start_rate_runs_its_tasks_on_a_cluster_with_the_plugin() -> None:
+    from distributed import Client
+
+    import daskjobs
+    from daskjobs.plugin.client import status
+
+    with (
+        daskjobs.local_cluster(
+            n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        rate = daskjobs.start_rate(client, tasks=200, seconds=0.001)
+        assert math.isfinite(rate) and rate > 0
+        # 200 tasks of at least 1 ms on 4 threads take at least 50 ms: at most 4,000 a second
+        assert rate <= 4000
+        assert status(client)["errors"] == {}
