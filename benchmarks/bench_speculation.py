@@ -1177,8 +1177,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a setting of the grid's node-aware policy (a number), e.g. interleave=0.25; "
-        "repeatable",
+        help="a setting of the grid's node-aware policy (a number), e.g. interleave=0.25 or "
+        "dispatch_rate=600; repeatable",
     )
     ap.add_argument(
         "--model",
