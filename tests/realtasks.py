@@ -84,3 +84,20 @@ def train(i, steps, step_s):
 def started_at(i):
     """An interactive task: when did it start?"""
     return time.time()
+
+
+def nap_graph(n, *, seed, mu, sigma, cap, prefix, fn=None):
+    """``n`` independent calls of ``fn`` (default :func:`nap`) as ``dask.delayed``, of
+    log-normal duration (``exp(mu + sigma z)`` seconds, at most ``cap``), each annotated
+    with its duration as its estimate; keys ``{prefix}-{i}``, results ``0 .. n - 1``."""
+    import random
+
+    import dask
+
+    rng = random.Random(seed)
+    graph = []
+    for i in range(n):
+        d = min(cap, rng.lognormvariate(mu, sigma))
+        with dask.annotate(estimate=d):
+            graph.append(dask.delayed(fn or nap)(i, d, dask_key_name=f"{prefix}-{i}"))
+    return graph

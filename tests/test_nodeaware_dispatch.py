@@ -133,10 +133,8 @@ def test_real_processes_pacing_with_a_worker_killed_keep_every_result(
     """``dask scheduler`` with the plugin preloaded, node-aware pacing set from dask's config,
     speculation on, dask's validation on; a fast worker is SIGKILLed mid-sweep: every task's
     result arrives, the plugin logs no error, and no process log shows a problem."""
-    import random
     import time
 
-    import dask
     import realtasks
     from realcluster import SPECULATION_CONFIG
 
@@ -149,12 +147,7 @@ def test_real_processes_pacing_with_a_worker_killed_keep_every_result(
         }
     }
     rc = real_cluster(n_workers=3, nthreads=2, config=config, env={"DASKJOBS_TEST_SLOW": "w0=4"})
-    rng = random.Random(5)
-    graph = []
-    for i in range(240):
-        d = min(0.4, rng.lognormvariate(-3.0, 0.7))
-        with dask.annotate(estimate=d):
-            graph.append(dask.delayed(realtasks.nap)(i, d, dask_key_name=f"paced-{i}"))
+    graph = realtasks.nap_graph(240, seed=5, mu=-3.0, sigma=0.7, cap=0.4, prefix="paced")
     with rc.client() as c:
         c.wait_for_workers(3)
         assert c.run_on_scheduler(_policy_settings) == ("node-aware", 40.0)

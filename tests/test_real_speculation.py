@@ -60,9 +60,6 @@ def test_a_recorded_real_run_replays_with_the_same_copies(real_cluster, tmp_path
     independent tasks on 3 workers x 2 threads, w0 4x slow, recorded by the plugin;
     replayed on the recorded placement, it copies the same tasks (within one) and
     the races both ran have the same winners (docs/replay.md)."""
-    import random
-
-    import dask
     from conftest import assert_same_copies
 
     from daskjobs.replay import load, replay
@@ -71,12 +68,7 @@ def test_a_recorded_real_run_replays_with_the_same_copies(real_cluster, tmp_path
     speculation = {"enabled": True, "late-factor": 2.0, "min-runtime": "100ms", "interval": "50ms"}
     config = {"daskjobs": {"policy": "lpt", "speculation": speculation, "record": str(trace)}}
     rc = real_cluster(n_workers=3, nthreads=2, config=config, env={"DASKJOBS_TEST_SLOW": "w0=4"})
-    rng = random.Random(7)
-    graph = []
-    for i in range(80):
-        d = min(0.25, rng.lognormvariate(-2.5, 0.5))
-        with dask.annotate(estimate=d):
-            graph.append(dask.delayed(realtasks.nap)(i, d, dask_key_name=f"bt-{i}"))
+    graph = realtasks.nap_graph(80, seed=7, mu=-2.5, sigma=0.5, cap=0.25, prefix="bt")
     with rc.client() as c:
         assert c.compute(graph, sync=True) == list(range(80))
         assert status(c)["speculation"]["launched"] > 0
