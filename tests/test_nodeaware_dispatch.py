@@ -212,3 +212,41 @@ def test_start_rate_runs_its_tasks_on_a_cluster_with_the_plugin() -> None:
         # 200 tasks of at least 1 ms on 4 threads take at least 50 ms: at most 4,000 a second
         assert rate <= 4000
         assert status(client)["errors"] == {}
+
+
+def test_the_start_rate_command_prints_the_rate_and_the_setting() -> None:
+    from click.testing import CliRunner
+    from distributed import LocalCluster
+
+    from daskjobs.cli import main
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
+    ) as cluster:
+        args = ["start-rate", cluster.scheduler_address, "--tasks", "200", "--seconds", "0.001"]
+        result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    first, second = result.output.splitlines()
+    head, sep, _ = first.partition(" tasks started a second on 4 threads (200 tasks of 0.001 s")
+    assert sep, first
+    rate = float(head.replace(",", ""))
+    assert 0 < rate <= 4000  # 4 threads, tasks of at least 1 ms
+    assert second.startswith("node-aware: policy-options: {dispatch-rate: "), second
+    setting = int(second.rsplit(" ", 1)[1].rstrip("}"))
+    assert abs(setting - 0.8 * rate) <= 1  # 0.8 of the rate the first line rounds
+
+
+def test_the_start_rate_command_names_what_is_wrong() -> None:
+    from click.testing import CliRunner
+    from distributed import LocalCluster
+
+    from daskjobs.cli import main
+
+    bad = CliRunner().invoke(main, ["start-rate", "tcp://127.0.0.1:1", "--seconds", "nan"])
+    assert bad.exit_code == 2 and "'--seconds'" in bad.stderr and "not a finite" in bad.stderr
+    bad = CliRunner().invoke(main, ["start-rate", "tcp://127.0.0.1:1", "--tasks", "1"])
+    assert bad.exit_code == 2 and "'--tasks'" in bad.stderr
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster:
+        empty = CliRunner().invoke(main, ["start-rate", cluster.scheduler_address])
+    assert empty.exit_code == 1, empty.output
+    assert "has no workers to run the tasks on" in empty.stderr

@@ -202,15 +202,13 @@ async def _handshake(address: str, seconds: float, text: str, url: bool) -> str 
             await comm.close()
 
 
-def fetch_status(address: str, timeout: str) -> dict[str, Any]:
-    """The plugin's status on the scheduler at ``address``; a one-line
+def connect(address: str, timeout: str) -> tuple[Any, str]:
+    """A client of the scheduler at ``address``, and its address; a one-line
     :class:`click.ClickException` naming the problem if the address is not one (exit status
-    2), it cannot be reached within ``timeout``, or its scheduler does not run the plugin."""
+    2) or it cannot be reached within ``timeout``."""
     import asyncio
 
     from distributed import Client
-
-    from daskjobs.plugin.client import status
 
     seconds = _seconds(timeout)
     target, url = scheduler_address(address)
@@ -218,11 +216,20 @@ def fetch_status(address: str, timeout: str) -> dict[str, Any]:
     if why is not None:
         raise click.ClickException(f"cannot reach a dask scheduler at {target!r}: {why}")
     try:
-        client = Client(target, timeout=seconds, set_as_default=False)
+        return Client(target, timeout=seconds, set_as_default=False), target
     except (OSError, TimeoutError) as e:
         raise click.ClickException(
             f"cannot reach a dask scheduler at {target!r} within {timeout}: {e}"
         ) from None
+
+
+def fetch_status(address: str, timeout: str) -> dict[str, Any]:
+    """The plugin's status on the scheduler at ``address``; a one-line
+    :class:`click.ClickException` naming the problem if the address is not one (exit status
+    2), it cannot be reached within ``timeout``, or its scheduler does not run the plugin."""
+    from daskjobs.plugin.client import status
+
+    client, target = connect(address, timeout)
     try:
         return status(client)
     except RuntimeError as e:  # the plugin is not loaded
@@ -307,3 +314,49 @@ def status_command(address: str, timeout: str, as_json: bool) -> None:
         click.echo(json.dumps({"address": address, **st}, sort_keys=True, default=str))
     else:
         click.echo(render(st, address))
+
+
+@click.command("start-rate", short_help="How many tasks a second a scheduler starts.")
+@click.argument("address")
+@click.option(
+    "--tasks", default=2000, show_default=True, type=click.IntRange(min=2), help="Tasks to time."
+)
+@click.option(
+    "--seconds",
+    default=0.02,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="How long each task sleeps.",
+)
+@click.option(
+    "--timeout",
+    default="10s",
+    show_default=True,
+    metavar="DURATION",
+    help="Give up connecting after this long.",
+)
+def start_rate_command(address: str, tasks: int, seconds: float, timeout: str) -> None:
+    """Time TASKS tasks of SECONDS each on the cluster at ADDRESS: the tasks its scheduler
+    starts a second when every thread wants one (``daskjobs.start_rate``), and the node-aware
+    ``dispatch-rate`` setting to go with it (a little less).
+
+    ADDRESS is the scheduler's address, e.g. tcp://10.0.0.5:8786. The tasks run on the
+    cluster's workers like any others: time it when the cluster is otherwise idle.
+    """
+    from daskjobs.plugin.client import start_rate
+
+    if not math.isfinite(seconds):
+        raise click.BadParameter(f"{seconds!r} is not a finite number", param_hint="'--seconds'")
+    client, target = connect(address, timeout)
+    try:
+        threads = sum(client.nthreads().values())
+        if not threads:
+            raise click.ClickException(f"scheduler {target} has no workers to run the tasks on")
+        rate = start_rate(client, tasks=tasks, seconds=seconds)
+    finally:
+        client.close()
+    click.echo(
+        f"{rate:,.0f} tasks started a second on {threads} threads "
+        f"({tasks} tasks of {seconds:g} s, scheduler {target})"
+    )
+    click.echo(f"node-aware: policy-options: {{dispatch-rate: {math.floor(0.8 * rate)}}}")
