@@ -293,15 +293,19 @@ def render(st: dict[str, Any], address: str) -> str:
     return "\n".join(lines)
 
 
-@click.command("status", short_help="What the daskjobs plugin on a scheduler is doing.")
-@click.argument("address")
-@click.option(
+#: ``--timeout`` of the commands that connect to a scheduler.
+_timeout_option = click.option(
     "--timeout",
     default="10s",
     show_default=True,
     metavar="DURATION",
     help="Give up connecting after this long.",
 )
+
+
+@click.command("status", short_help="What the daskjobs plugin on a scheduler is doing.")
+@click.argument("address")
+@_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status_command(address: str, timeout: str, as_json: bool) -> None:
     """Policy, teams, measured stages and counters of the daskjobs plugin on ADDRESS.
@@ -328,13 +332,7 @@ def status_command(address: str, timeout: str, as_json: bool) -> None:
     type=click.FloatRange(min=0),
     help="How long each task sleeps.",
 )
-@click.option(
-    "--timeout",
-    default="10s",
-    show_default=True,
-    metavar="DURATION",
-    help="Give up connecting after this long.",
-)
+@_timeout_option
 def start_rate_command(address: str, tasks: int, seconds: float, timeout: str) -> None:
     """Time TASKS tasks of SECONDS each on the cluster at ADDRESS: the tasks its scheduler
     starts a second when every thread wants one (``daskjobs.start_rate``), and the node-aware
