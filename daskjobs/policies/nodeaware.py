@@ -64,10 +64,10 @@ left to tasks the scheduler can keep up with; tasks that are not dispatch-bound 
 longest-first order. Unlike ``interleave`` it needs no fraction chosen by hand, and leaves
 clusters whose scheduler keeps up (few cores, long tasks) as they were.
 
-Cost per decision: O(b log n) for b distinct core requests (with ``dispatch_rate``, plus a
-bisection of each core size's queue) (a batch is a
-sorted run served from both ends, single pushes a sorted list; see
-``_Ladder``), O(1) on a measured nominal node with one core size; O(1) to read
+Cost per decision: O(b log n) for b distinct core requests (a batch is a sorted run
+served from both ends, single pushes a sorted list; see ``_Ladder``), O(1) on a measured
+nominal node with one core size (with ``dispatch_rate``: O(b log n), a bisection of each
+core size's queue); O(1) to read
 speeds and the horizon; O(nodes) only when the fastest node's belief moves
 up by more than 20%. Ties: push order.
 """
