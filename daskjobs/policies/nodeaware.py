@@ -533,21 +533,13 @@ class NodeAware(Policy):
             if self.dispatch_rate:
                 found = self._pick(node.free, "low")
                 if found is not None and self._dispatch_behind(found[2][2], now):
-                    q, where, entry = found
-                    task = q.take(where, entry)
-                    self._queued_work -= task.estimate * task.cores
-                    self._n -= 1
-                    return task
+                    return self._take(*found)
             if self._every:
                 self._nominal_pops += 1
                 if self._nominal_pops % self._every == 0:
                     found = self._pick(node.free, "low")
                     if found is not None:
-                        q, where, entry = found
-                        task = q.take(where, entry)
-                        self._queued_work -= task.estimate * task.cores
-                        self._n -= 1
-                        return task
+                        return self._take(*found)
             one = self._one
             if one is not None:  # the common case, inlined: longest first, one queue
                 run = one.run
@@ -600,6 +592,10 @@ class NodeAware(Policy):
                 st.heads += 1
             else:
                 st.lows += 1
+        return self._take(q, where, entry)
+
+    def _take(self, q: _Ladder, where: object, entry: _Entry) -> TaskView:
+        """Take ``entry`` from ``q`` (as ``_pick`` found it) and close the queue's books."""
         task = q.take(where, entry)
         self._queued_work -= task.estimate * task.cores
         self._n -= 1
