@@ -95,7 +95,7 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
-_log, _exp, _isfinite = math.log, math.exp, math.isfinite  # hot in `_learn`
+_log, _exp, _isfinite = math.log, math.exp, math.isfinite  # hot in `ended`
 _MAX_LOG = math.log(1000.0)
 
 
@@ -403,27 +403,6 @@ class NodeAware(Policy):
         st = self._nodes.get(node)
         return st is not None and st.count >= self.min_samples
 
-    def _learn(self, st: _NodeState, ratio: float) -> bool:
-        if not (ratio > 0 and _isfinite(ratio)):
-            return False
-        # one sample moves the belief by at most 1000x either way: a near-zero
-        # estimate must not make a node look infinitely slow
-        x = _log(ratio)
-        st.logsum += _MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x
-        st.count += 1
-        log_new = st.logsum / (st.count + self.prior)
-        new = _exp(log_new)
-        self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
-        st.speed = new
-        if abs(log_new - st.announced) > _RATIO:
-            st.announced = log_new
-            if new < self._best:
-                self._best, self._best_node = new, st
-            elif st is self._best_node:  # the fastest node looks slower now: rescan
-                self._rescan_best()
-            return True
-        return False
-
     def _rescan_best(self) -> None:
         self._best, self._best_node = min(
             ((x.speed, x) for x in self._nodes.values()),
@@ -663,30 +642,49 @@ class NodeAware(Policy):
         """
         got = self._run.pop(attempt, None)
         if got is not None:
-            self._run_cores -= got[0]
-            self._run_end_sum -= got[0] * got[1]
-            if got[4]:
+            c, end, est, estimated, ask = got  # the task's, as `started` read them
+            self._run_cores -= c
+            self._run_end_sum -= c * end
+            if ask:
                 # nothing running: exactly 0 (float sums of adds and removals drift)
-                self._demand = self._demand - got[4] if self._run else 0.0
-        outcome = attempt.outcome
-        if outcome != "done" and outcome != "killed":
-            return False
-        if got is not None:  # the task's, as `started` read them
-            est = got[2]
-            estimated = got[3]
+                self._demand = self._demand - ask if self._run else 0.0
         else:
             task = attempt.task
             est = task.estimate
             estimated = getattr(task, "estimated", True)
+        outcome = attempt.outcome
+        if outcome != "done" and (outcome != "killed" or attempt.backup):
+            return False
         if not est > 0 or not estimated:
             return False
         elapsed = now - attempt.start
-        if outcome == "killed" and (attempt.backup or elapsed <= est):
+        if outcome == "killed" and elapsed <= est:
             return False
         st = self._nodes.get(attempt.node)
         if st is None:
             return False
-        return self._learn(st, elapsed / est)
+        # Learn from the ratio: its log, clamped so that one sample moves the belief by
+        # at most 1000x either way (a near-zero estimate must not make a node look
+        # infinitely slow), joins the node's sum; the belief is the sum's mean with
+        # `prior` samples of 0 (nominal) beside it.
+        ratio = elapsed / est
+        if not (ratio > 0 and _isfinite(ratio)):
+            return False
+        x = _log(ratio)
+        st.logsum += _MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x
+        st.count += 1
+        log_new = st.logsum / (st.count + self.prior)
+        new = _exp(log_new)
+        self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
+        st.speed = new
+        if abs(log_new - st.announced) > _RATIO:  # moved by more than 20%: announce it
+            st.announced = log_new
+            if new < self._best:
+                self._best, self._best_node = new, st
+            elif st is self._best_node:  # the fastest node looks slower now: rescan
+                self._rescan_best()
+            return True
+        return False
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
         st = self._nodes.get(attempt.node)

@@ -135,7 +135,7 @@ class _Offer:
 class _Node:
     """A node as the policy sees it when the driver offers its free cores."""
 
-    __slots__ = ("base", "core", "cores", "free", "freeheap", "index", "running")
+    __slots__ = ("base", "core", "cores", "free", "freeheap", "index")
 
     def __init__(self, index: int, cores: int) -> None:
         self.index = index
@@ -145,7 +145,6 @@ class _Node:
         # free local cores as a stack: pop() gives the lowest first, then the last freed
         self.freeheap = list(range(cores - 1, -1, -1))
         self.core = self.base  # global id of the lowest free core (for per-core policies)
-        self.running: set[Attempt] = set()
 
     def __repr__(self) -> str:
         return f"<node {self.index} free={self.free}/{self.cores}>"
@@ -218,6 +217,7 @@ _get_ti = attrgetter("ti")
 _get_start = attrgetter("start")
 _get_end = attrgetter("end")
 _get_node = attrgetter("node")
+_aid = attrgetter("aid")
 
 
 def _prune(order: Sequence[Task], cached: set[Hashable]) -> set[Hashable]:
@@ -430,6 +430,17 @@ def _simulate(
     # once (only a policy that learns speeds, through `ended`, ever re-judges them;
     # with a periodic check, `watch` holds the running primaries instead)
     track = ended is not None and spec is not None and not interval
+    # the attempt each core started last (with `track`): a node's running attempts are
+    # those of its cores without an outcome yet, as a core runs one attempt at a time (a
+    # store per start, not a set's add and discard per attempt)
+    on_core: list[Attempt | None] = [None] * cluster.total_cores if track else []
+
+    def running_on(k: int) -> list[Attempt]:
+        """The attempts running on node ``k`` (with ``track``), in start order."""
+        nd = nodes[k]
+        here = {a: None for a in on_core[nd.base : nd.base + nd.cores] if a is not None}
+        return sorted((a for a in here if a.outcome is None), key=_aid)
+
     p_speed = policy.speed
     p_urgent = policy.urgent
     # hooks a policy leaves as the base class has them are skipped in the hot path
@@ -492,7 +503,7 @@ def _simulate(
             suspects.discard(node)
         if spec is None or interval:  # with a periodic check: judged at the next one
             return
-        for b in sorted(nodes[node].running, key=lambda x: x.aid):
+        for b in running_on(node):
             if b.backup or not copyable[b.ti]:
                 continue
             d = spec.deadline(b.start, b.task.estimate, s)
@@ -520,8 +531,6 @@ def _simulate(
                 stack.append(c - nd.base)
             nd.free += len(cores)
         nd.core = nd.base + stack[-1]
-        if track:
-            nd.running.discard(a)
         if watch:
             watch.pop(a, None)
         k = nd.index
@@ -579,7 +588,11 @@ def _simulate(
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
         if track:
-            nd.running.add(a)
+            if c == 1:
+                on_core[cores[0]] = a
+            else:
+                for x in cores:
+                    on_core[x] = a
         if primary is not None:  # copies of one task only run side by side with a backup
             r = copies.get(i)
             if r is None:
@@ -728,8 +741,6 @@ def _simulate(
                         stack.append(c - nd.base)
                     nd.free += len(cores)
                 nd.core = nd.base + stack[-1]
-                if track:
-                    nd.running.discard(a)
                 if watch:
                     watch.pop(a, None)
                 k = nd.index
@@ -831,7 +842,7 @@ def _simulate(
             ):
                 break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
-                for b in sorted(nodes[k].running, key=lambda x: x.aid):
+                for b in running_on(k):
                     if not b.backup and copyable[b.ti] and p_urgent(b, now):
                         ask_backup(b, now)
             if not pending:
