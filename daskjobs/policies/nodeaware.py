@@ -625,7 +625,11 @@ class NodeAware(Policy):
             if self.dispatch_rate and end > attempt.start and est * self.dispatch_rate < self._cores
             else 0.0
         )
-        self._run[attempt] = (c, end, est, getattr(t, "estimated", True), ask)
+        books = (c, end, est, getattr(t, "estimated", True), ask)
+        try:  # the simulator's attempts carry a slot for it: no dict entry per attempt
+            attempt.books = books  # type: ignore[attr-defined]
+        except AttributeError:
+            self._run[attempt] = books
         self._run_cores += c
         self._run_end_sum += c * end
         self._demand += ask
@@ -640,14 +644,18 @@ class NodeAware(Policy):
         copy) that had already run past its estimate gives that ratio as a lower
         bound, or a node whose every task is rescued would never be measured.
         """
-        got = self._run.pop(attempt, None)
+        got = getattr(attempt, "books", None)
+        if got is not None:
+            attempt.books = None  # type: ignore[attr-defined]  # closed once
+        else:
+            got = self._run.pop(attempt, None)
         if got is not None:
             c, end, est, estimated, ask = got  # the task's, as `started` read them
             self._run_cores -= c
             self._run_end_sum -= c * end
             if ask:
                 # nothing running: exactly 0 (float sums of adds and removals drift)
-                self._demand = self._demand - ask if self._run else 0.0
+                self._demand = self._demand - ask if self._run_cores else 0.0
         else:
             task = attempt.task
             est = task.estimate

@@ -151,6 +151,7 @@ class Attempt:
     __slots__ = (
         "aid",
         "backup",
+        "books",
         "check_at",
         "cores",
         "end",
