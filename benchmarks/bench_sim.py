@@ -6,6 +6,7 @@ Usage::
     python benchmarks/bench_sim.py --quick         # chapter sweep + a 100,000-task sweep
     python benchmarks/bench_sim.py --runs 3        # best of 3 fresh interpreters per case
     python benchmarks/bench_sim.py --against /tmp/sim-old   # old code side by side
+    python benchmarks/bench_sim.py --against /tmp/sim-old --paired --runs 4  # ... at once
     python benchmarks/bench_sim.py --profile node-aware:backups   # cProfile one case
 
 Two workloads from :mod:`daskjobs.workloads`, every policy (FIFO, LPT, critical
@@ -28,7 +29,13 @@ policy object per run.
 ``--against DIR`` runs every case a second time with the ``daskjobs`` package of
 ``DIR`` (a checkout of older code, e.g. ``git worktree add /tmp/sim-old
 <commit>``), interleaved with the current code's runs so that both see the same
-load, and adds the old rate and the ratio new / old to the table.
+load, and adds the old rate and the ratio new / old to the table. On a shared machine
+whose speed moves by 10-30% within minutes, interleaving is not enough for changes of a
+few percent: ``--paired`` runs the two at the same time instead, each child pinned to a
+CPU of its own (CPUs 0 and 1, swapped every run), and adds the median of the runs' ratios
+and their range (four runs: a spread of a few percent where sequential best-of runs
+moved by ten). Paired times share the memory bus and the caches, so they are slower than
+a lone run's: read the ratio, not the rates, in that mode.
 
 Prints a markdown table and the machine, date and command. With FIFO among the
 policies, a column gives each rate over FIFO's measured in the same run (same
@@ -48,9 +55,10 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +155,7 @@ class Row:
     target: float | None  # tasks/s, or None for a wall-time target
     old_seconds: float | None = None
     same: bool | None = None  # the old code's makespan and event count equal
+    paired: list[float] = field(default_factory=list)  # --paired: old s / new s per round
 
     @property
     def rate(self) -> float:
@@ -165,7 +174,7 @@ class Row:
         return self.rate >= self.target
 
 
-def child(
+def _child_cmd(
     kind: str,
     name: str,
     backups: bool,
@@ -173,9 +182,9 @@ def child(
     repeat: int,
     package_dir: str | None = None,
     prof: bool = False,
-) -> dict[str, Any]:
-    """Run one case in a fresh interpreter; ``package_dir`` puts another checkout's
-    ``daskjobs`` first on the path."""
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a child running one case; ``package_dir``
+    puts another checkout's ``daskjobs`` first on the path."""
     env = dict(os.environ)
     if package_dir is not None:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -193,13 +202,67 @@ def child(
     ]
     if prof:
         cmd.append("--case-profile")
-    # run from outside the repository, so that `package_dir` (not the working
-    # tree on the path of a script run from the repo root) provides daskjobs
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd="/")
-    got: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    return cmd, env
+
+
+def _child_result(stdout: str, package_dir: str | None) -> dict[str, Any]:
+    got: dict = json.loads(stdout.strip().splitlines()[-1])
     if package_dir is not None and not got["package"].startswith(str(Path(package_dir).resolve())):
         raise RuntimeError(f"--against {package_dir}: the child imported {got['package']}")
     return got
+
+
+def child(
+    kind: str,
+    name: str,
+    backups: bool,
+    seed: int,
+    repeat: int,
+    package_dir: str | None = None,
+    prof: bool = False,
+) -> dict[str, Any]:
+    """Run one case in a fresh interpreter; ``package_dir`` puts another checkout's
+    ``daskjobs`` first on the path."""
+    cmd, env = _child_cmd(kind, name, backups, seed, repeat, package_dir, prof)
+    # run from outside the repository, so that `package_dir` (not the working
+    # tree on the path of a script run from the repo root) provides daskjobs
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd="/")
+    return _child_result(out.stdout, package_dir)
+
+
+def paired_children(
+    kind: str, name: str, backups: bool, seed: int, repeat: int, package_dir: str, swap: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The new code and the code in ``package_dir`` on the same case *at the same time*,
+    each child pinned to a CPU of its own (CPU 0 and 1, swapped with ``swap``): both
+    see the same load, so their ratio holds still where sequential runs on a shared
+    machine move by 10-30%. Their absolute times are not a single run's (the two share
+    the memory bus and the caches)."""
+    cpus = (1, 0) if swap else (0, 1)
+    procs = []
+    for cpu, pkg in zip(cpus, (None, package_dir), strict=True):
+        cmd, env = _child_cmd(kind, name, backups, seed, repeat, pkg)
+        procs.append(
+            (
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    cwd="/",
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu}),  # type: ignore[misc]
+                ),
+                pkg,
+            )
+        )
+    got = []
+    for proc, pkg in procs:
+        out, err = proc.communicate()
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
+        got.append(_child_result(out, pkg))
+    return got[0], got[1]
 
 
 def _vs_fifo(rows: list[Row], old: bool = False) -> dict[int, float]:
@@ -226,6 +289,10 @@ def table(rows: list[Row], against: bool) -> str:
     if against:
         head += "| old tasks/s " + ("| old / FIFO " if vs else "") + "| new / old "
         rule += "|---:" + ("|---:" if vs else "") + "|---:"
+    paired = any(r.paired for r in rows)
+    if paired:
+        head += "| paired new / old "
+        rule += "|---:"
     head += "| makespan h | events | target |"
     rule += "|---:|---:|---|"
     lines = [head, rule]
@@ -247,9 +314,21 @@ def table(rows: list[Row], against: bool) -> str:
             if vs:
                 line += f"| {vs_old[k]:.2f} " if k in vs_old else "| - "
             line += f"| {ratio} " if old else "| - "
+        if paired:
+            line += f"| {_paired_text(r.paired)} "
         line += f"| {r.makespan_h:.2f} | {r.events:,} | {target} {mark} |"
         lines.append(line)
     return "\n".join(lines)
+
+
+def _paired_text(ratios: list[float]) -> str:
+    """Median of the paired rounds' speed-ups, and their range."""
+    if not ratios:
+        return "-"
+    med = statistics.median(ratios)
+    if len(ratios) == 1:
+        return f"{med:.3f}x"
+    return f"{med:.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 def machine() -> str:
@@ -314,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also run every case with the daskjobs package in DIR (old code), interleaved",
     )
     ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="with --against: run the new and the old code at the same time, one per CPU "
+        "(CPUs 0 and 1, swapped each run), and report the median ratio of the rounds",
+    )
+    ap.add_argument(
         "--profile", action="append", default=[], metavar="POLICY[:backups]", type=_parse_profile
     )
     ap.add_argument("--profile-misses", action="store_true")
@@ -327,6 +412,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(got))
         return 0
 
+    if args.paired:
+        if not args.against:
+            ap.error("--paired needs --against DIR (the code to pair the new code with)")
+        getaff = getattr(os, "sched_getaffinity", None)
+        if getaff is None or not {0, 1} <= getaff(0):
+            ap.error("--paired needs CPUs 0 and 1 and os.sched_setaffinity (Linux)")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     big = "quick" if args.quick else "big"
     cases: list[tuple[str, str, bool]] = []
@@ -337,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     new: dict[tuple[str, str, bool], dict] = {}
     old: dict[tuple[str, str, bool], dict] = {}
+    pairs: dict[tuple[str, str, bool], list[float]] = {}  # --paired: old s / new s per run
     gen = 0.0
     for run in range(args.runs):
         for case in cases:
@@ -347,8 +439,18 @@ def main(argv: list[str] | None = None) -> int:
                 versions.append((old, args.against))
             if run % 2:  # alternate which code runs first
                 versions.reverse()
-            for store, pkg in versions:
-                got = child(kind, name, backups, args.seed, repeat, pkg)
+            if args.paired:
+                a, b = paired_children(
+                    kind, name, backups, args.seed, repeat, args.against, swap=bool(run % 2)
+                )
+                pairs.setdefault(case, []).append(b["seconds"] / a["seconds"])
+                outcomes: list[tuple[dict, dict]] = [(new, a), (old, b)]
+            else:
+                outcomes = [
+                    (store, child(kind, name, backups, args.seed, repeat, pkg))
+                    for store, pkg in versions
+                ]
+            for store, got in outcomes:
                 if kind != "chapter":
                     gen = got["generate_s"]
                 if case not in store or got["seconds"] < store[case]["seconds"]:
@@ -377,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             o = old[case]
             r.old_seconds = o["seconds"]
             r.same = (o["makespan_h"], o["events"]) == (g["makespan_h"], g["events"])
+            r.paired = pairs.get(case, [])
         rows.append(r)
 
     print("## Simulator throughput\n")
@@ -387,6 +490,13 @@ def main(argv: list[str] | None = None) -> int:
         f"({'interleaved with the old code, ' if args.against else ''}"
         f"chapter runs best of {args.repeat} within it)"
     )
+    if args.paired:
+        print(
+            "- paired: each run, the new and the old code at the same time, one per CPU "
+            "(swapped each run); the two share the memory bus and the caches, so their "
+            "times are not a lone run's: read the paired ratio (median of the runs, range), "
+            "not the rates, against the other code"
+        )
     if gen:
         print(f"- big sweep generation (not timed): {gen:.1f} s")
     print()
