@@ -95,7 +95,7 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
-_log, _exp, _isfinite = math.log, math.exp, math.isfinite  # hot in `ended`
+_log, _exp, _INF = math.log, math.exp, math.inf  # hot in `ended`
 _MAX_LOG = math.log(1000.0)
 
 
@@ -156,7 +156,7 @@ class _Ladder:
         than the rest of the push)."""
         neg = (
             -np.asarray(estimates, dtype=float)
-            if all(type(e) is float for e in estimates)
+            if set(map(type, estimates)) == {float}
             else None
         )
         if neg is None or np.isnan(neg).any():  # tuples sort NaN their own way: keep theirs
@@ -632,7 +632,8 @@ class NodeAware(Policy):
             self._run[attempt] = books
         self._run_cores += c
         self._run_end_sum += c * end
-        self._demand += ask
+        if ask:
+            self._demand += ask
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """Close the books on ``attempt`` and learn its node's speed from it.
@@ -676,7 +677,7 @@ class NodeAware(Policy):
         # infinitely slow), joins the node's sum; the belief is the sum's mean with
         # `prior` samples of 0 (nominal) beside it.
         ratio = elapsed / est
-        if not (ratio > 0 and _isfinite(ratio)):
+        if not 0.0 < ratio < _INF:  # (NaN fails both)
             return False
         x = _log(ratio)
         st.logsum += _MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x
