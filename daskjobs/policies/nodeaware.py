@@ -154,11 +154,7 @@ class _Ladder:
         run, sorted by numpy when the estimates are plain floats (the entries are built
         in their sorted order, never compared: a million tuple comparisons cost more
         than the rest of the push)."""
-        neg = (
-            -np.asarray(estimates, dtype=float)
-            if set(map(type, estimates)) == {float}
-            else None
-        )
+        neg = -np.asarray(estimates, dtype=float) if set(map(type, estimates)) == {float} else None
         if neg is None or np.isnan(neg).any():  # tuples sort NaN their own way: keep theirs
             entries = zip(map(neg_, estimates), itertools.count(first), tasks, strict=False)
             self.push_many(list(entries))
