@@ -180,6 +180,7 @@ def _child_cmd(
     backups: bool,
     seed: int,
     repeat: int,
+    *,
     package_dir: str | None = None,
     prof: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
@@ -212,18 +213,11 @@ def _child_result(stdout: str, package_dir: str | None) -> dict[str, Any]:
     return got
 
 
-def child(
-    kind: str,
-    name: str,
-    backups: bool,
-    seed: int,
-    repeat: int,
-    package_dir: str | None = None,
-    prof: bool = False,
-) -> dict[str, Any]:
-    """Run one case in a fresh interpreter; ``package_dir`` puts another checkout's
-    ``daskjobs`` first on the path."""
-    cmd, env = _child_cmd(kind, name, backups, seed, repeat, package_dir, prof)
+def child(*case: Any, package_dir: str | None = None, prof: bool = False) -> dict[str, Any]:
+    """Run one case (``kind, name, backups, seed, repeat``, as :func:`_child_cmd` takes
+    them) in a fresh interpreter; ``package_dir`` puts another checkout's ``daskjobs``
+    first on the path."""
+    cmd, env = _child_cmd(*case, package_dir=package_dir, prof=prof)
     # run from outside the repository, so that `package_dir` (not the working
     # tree on the path of a script run from the repo root) provides daskjobs
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd="/")
@@ -241,7 +235,7 @@ def paired_children(
     cpus = (1, 0) if swap else (0, 1)
     procs = []
     for cpu, pkg in zip(cpus, (None, package_dir), strict=True):
-        cmd, env = _child_cmd(kind, name, backups, seed, repeat, pkg)
+        cmd, env = _child_cmd(kind, name, backups, seed, repeat, package_dir=pkg)
         procs.append(
             (
                 subprocess.Popen(
@@ -447,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                 outcomes: list[tuple[dict, dict]] = [(new, a), (old, b)]
             else:
                 outcomes = [
-                    (store, child(kind, name, backups, args.seed, repeat, pkg))
+                    (store, child(kind, name, backups, args.seed, repeat, package_dir=pkg))
                     for store, pkg in versions
                 ]
             for store, got in outcomes:
