@@ -98,3 +98,27 @@ def test_an_attempt_ended_twice_closes_its_books_once(kind: str) -> None:
     p.ended(a, 1.0)  # type: ignore[arg-type]
     assert p.horizon(1.0) == once
     assert once < before  # the long attempt's expected end left the sums
+
+
+class _OpenView:
+    """A plain class: takes any attribute, and has a ``books`` of its own (a user's)."""
+
+    def __init__(self, task: Task, node: int, start: float) -> None:
+        self.task, self.node, self.start = task, node, start
+        self.end, self.outcome, self.backup = math.nan, None, False
+        self.books = "the user's"
+
+
+def test_only_a_books_slot_carries_the_books_a_views_own_attribute_is_left_alone() -> None:
+    p = _policy()
+    t = Task("t", 2.0, 2.0)
+    p.push(t)
+    a = _OpenView(t, 0, 0.0)
+    p.started(a, 0.0)  # type: ignore[arg-type]
+    assert a.books == "the user's"
+    assert set(p._run) == {a}
+    a.end, a.outcome = 2.0, "done"
+    p.ended(a, 2.0)  # type: ignore[arg-type]
+    assert a.books == "the user's"
+    assert not p._run
+    assert p.samples(0) == 1

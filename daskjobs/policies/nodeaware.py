@@ -82,6 +82,7 @@ from functools import reduce
 from itertools import repeat
 from operator import add, mul
 from operator import neg as neg_
+from types import MemberDescriptorType
 from typing import Any
 
 import numpy as np
@@ -97,6 +98,13 @@ _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
 _log, _exp, _INF = math.log, math.exp, math.inf  # hot in `ended`
 _MAX_LOG = math.log(1000.0)
+
+
+def _carries(cls: type) -> bool:
+    """Has ``cls`` a ``books`` slot (the simulator's Attempt)? Then an attempt's books
+    ride on it; any other class (the plugin's, a user's view, whatever attributes it
+    has) keeps the dict."""
+    return isinstance(getattr(cls, "books", None), MemberDescriptorType)
 
 
 def _est(entry: _Entry) -> float:
@@ -367,6 +375,10 @@ class NodeAware(Policy):
         # task view is frozen); attempt views hash by identity (as in Horizon)
         self._run: dict[AttemptView, tuple[int, float, float, bool, float]] = {}
         self._popped: _Entry | None = None  # the queue entry `pop` returned last
+        # the attempt class whose instances carry their books (see `started`), and the
+        # last class seen that does not: one class per driver, decided once, not per start
+        self._carrier: type | None = None
+        self._other: type | None = None
 
     # -- nodes and speeds -------------------------------------------------------
     def add_node(self, index: int, cores: int) -> None:
@@ -622,14 +634,23 @@ class NodeAware(Policy):
             else 0.0
         )
         books = (c, end, est, getattr(t, "estimated", True), ask)
-        try:  # the simulator's attempts carry a slot for it: no dict entry per attempt
-            attempt.books = books  # type: ignore[attr-defined]
-        except AttributeError:
+        cls = type(attempt)
+        if cls is self._carrier or (cls is not self._other and self._learn_class(cls)):
+            attempt.books = books  # type: ignore[attr-defined]  # no dict entry each
+        else:
             self._run[attempt] = books
         self._run_cores += c
         self._run_end_sum += c * end
         if ask:
             self._demand += ask
+
+    def _learn_class(self, cls: type) -> bool:
+        """Does ``cls`` carry books (a ``books`` slot)? Remembered for the next start."""
+        if _carries(cls):
+            self._carrier = cls
+            return True
+        self._other = cls
+        return False
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """Close the books on ``attempt`` and learn its node's speed from it.
@@ -641,8 +662,9 @@ class NodeAware(Policy):
         copy) that had already run past its estimate gives that ratio as a lower
         bound, or a node whose every task is rescued would never be measured.
         """
-        got = getattr(attempt, "books", None)
-        if got is not None:
+        cls = type(attempt)
+        if cls is self._carrier or (cls is not self._other and _carries(cls)):
+            got = getattr(attempt, "books", None)  # unset: never started here
             attempt.books = None  # type: ignore[attr-defined]  # closed once
         else:
             got = self._run.pop(attempt, None)
