@@ -251,11 +251,17 @@ def paired_children(
             )
         )
     got = []
-    for proc, pkg in procs:
-        out, err = proc.communicate()
-        if proc.returncode:
-            raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
-        got.append(_child_result(out, pkg))
+    try:
+        for proc, pkg in procs:
+            out, err = proc.communicate()
+            if proc.returncode:
+                raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
+            got.append(_child_result(out, pkg))
+    finally:
+        for proc, _ in procs:  # one failed: do not leave the other running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return got[0], got[1]
 
 
