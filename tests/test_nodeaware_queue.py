@@ -27,6 +27,9 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("push"), estimates),
         st.tuples(st.just("batch"), st.lists(estimates, min_size=1, max_size=12)),
+        st.tuples(st.just("sorted"), st.lists(estimates, min_size=1, max_size=12)),
+        st.tuples(st.just("quantile"), st.sampled_from([0.0, 0.05, 0.5, 0.99])),
+        st.tuples(st.just("below"), st.sampled_from([0.0, 1.0, 2.5, 3.0, 9.0, 59.0, 1e4])),
         st.tuples(st.just("head"), st.none()),
         st.tuples(st.just("low"), st.none()),
         st.tuples(st.just("fit"), st.sampled_from([0.0, 1.0, 2.5, 3.0, 9.0, 59.0, 1e4])),
@@ -41,6 +44,7 @@ def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
     q = _Ladder()
     live: dict[int, tuple[float, T]] = {}  # seq -> (estimate, task)
     seq = 0
+    middle = 0  # tasks taken from the middle of a run (count_below may still count them)
     for op, arg in program:
         if op == "push":
             assert isinstance(arg, float)
@@ -57,6 +61,18 @@ def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
                 live[seq] = (est, t)
                 seq += 1
             q.push_many(entries)
+        elif op == "sorted":  # a batch sorted by numpy (the sweep's path)
+            assert isinstance(arg, list)
+            tasks = [T(seq + k, est) for k, est in enumerate(arg)]
+            q.push_batch(tasks, list(arg), seq)
+            for t in tasks:
+                live[t.tid] = (t.estimate, t)
+            seq += len(tasks)
+        elif op == "below":
+            assert isinstance(arg, float)
+            exact = sum(1 for e, _ in live.values() if e < arg)
+            assert exact <= q.count_below(arg) <= exact + middle
+            continue
         else:
             if op == "head":
                 got = q.head()
@@ -65,6 +81,11 @@ def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
                     assert got is None
                 else:
                     assert got is not None and got[1][1] == want  # longest, then pushed first
+            elif op == "quantile":
+                assert isinstance(arg, float)
+                got = q.quantile(arg)
+                if got is not None:  # a live entry of the run
+                    assert isinstance(got[0], int) and got[1][1] in live
             elif op == "low":
                 got = q.low()
                 if not live:
@@ -81,6 +102,7 @@ def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
                     want = min(fits, key=lambda s: (-live[s][0], s))
                     assert got is not None and got[1][1] == want
             if got is not None:  # take what was found: the queue must drop exactly it
+                middle += isinstance(got[0], int)
                 task = q.take(*got)
                 est, t = live.pop(got[1][1])
                 assert task is t
