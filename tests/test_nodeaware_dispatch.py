@@ -233,7 +233,7 @@ def test_the_start_rate_command_prints_the_rate_and_the_setting() -> None:
     assert 0 < rate <= 4000  # 4 threads, tasks of at least 1 ms
     assert second.startswith("node-aware: policy-options: {dispatch-rate: "), second
     setting = int(second.rsplit(" ", 1)[1].rstrip("}"))
-    assert abs(setting - 0.8 * rate) <= 1  # 0.8 of the rate the first line rounds
+    assert setting == math.floor(0.8 * rate)  # 0.8 of the rate as printed, rounded down
 
 
 def test_the_start_rate_command_names_what_is_wrong() -> None:

@@ -353,8 +353,9 @@ def start_rate_command(address: str, tasks: int, seconds: float, timeout: str) -
         rate = start_rate(client, tasks=tasks, seconds=seconds)
     finally:
         client.close()
+    shown = round(rate)  # the setting is 0.8 of the rate as printed, rounded down
     click.echo(
-        f"{rate:,.0f} tasks started a second on {threads} threads "
+        f"{shown:,} tasks started a second on {threads} threads "
         f"({tasks} tasks of {seconds:g} s, scheduler {target})"
     )
-    click.echo(f"node-aware: policy-options: {{dispatch-rate: {math.floor(0.8 * rate)}}}")
+    click.echo(f"node-aware: policy-options: {{dispatch-rate: {math.floor(0.8 * shown)}}}")
