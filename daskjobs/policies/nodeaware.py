@@ -663,7 +663,7 @@ class NodeAware(Policy):
         bound, or a node whose every task is rescued would never be measured.
         """
         cls = type(attempt)
-        if cls is self._carrier or (cls is not self._other and _carries(cls)):
+        if cls is self._carrier or (cls is not self._other and self._learn_class(cls)):
             got = getattr(attempt, "books", None)  # unset: never started here
             attempt.books = None  # type: ignore[attr-defined]  # closed once
         else:
