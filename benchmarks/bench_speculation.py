@@ -1212,6 +1212,13 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds or (1 if args.quick else 3)))
     n = args.sweep_tasks
     command = f"- command: python benchmarks/bench_speculation.py {' '.join(sys.argv[1:])}"
+    # how many tasks dask keeps on a worker per thread decides the refill round trips
+    # (docs/benchmarks.md): say which value ran, and where a non-default one came from
+    saturation = dask.config.get("distributed.scheduler.worker-saturation")
+    env = os.environ.get("DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION")
+    command += f"\n- distributed.scheduler.worker-saturation: {saturation}" + (
+        " (DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION)" if env else ""
+    )
     if args.only_real:
         real = sweep_real(seeds, n)
         print("## Speculation on real processes\n")
