@@ -205,6 +205,10 @@ def test_backups_and_waste_are_exported_as_metrics():
         i, ran_on = c.compute(pinned(c, 0, 30, 0.2, 0.2), sync=True)
         assert i == 30 and ran_on in (0, 1)
         sp = healthy(c)
+        deadline = time.monotonic() + 30
+        while sp["running"] and time.monotonic() < deadline:  # a race settles after its end
+            time.sleep(0.05)
+            sp = healthy(c)
         port = cl.scheduler.http_server.port
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             text = r.read().decode()
