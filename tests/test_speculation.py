@@ -439,7 +439,12 @@ def test_a_task_waiting_on_its_worker_counts_as_work_to_start_in_the_horizon():
                 futs.append(c.submit(_held, gate.name, 30 + i, key=f"held-{i}"))
         sp = plugin.speculator
         deadline = time.time() + 30
-        while "held-0" not in sp.starts or len(sp.unstarted) != 1:
+        # three submits may reach the scheduler in separate messages: wait for all three
+        while (
+            "held-0" not in sp.starts
+            or len(sp.unstarted) != 1
+            or "held-2" not in cl.scheduler.tasks
+        ):
             assert time.time() < deadline, (sp.starts, sp.unstarted)
             time.sleep(0.02)
         assert sp.unstarted == {"held-1"}  # on the worker, not started
