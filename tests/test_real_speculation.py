@@ -113,3 +113,53 @@ def test_a_worker_killed_mid_race_leaves_the_task_completing(real_cluster, victi
         assert st["speculation"]["running"] == 0
     # only the killed worker's departure may show in the logs
     assert rc.problems() == []
+
+
+def _waiting_on(dask_scheduler, name):
+    """How many tasks the worker called ``name`` holds beyond its threads (they wait there)."""
+    for ws in dask_scheduler.workers.values():
+        if ws.name == name:
+            return len(ws.processing) - ws.nthreads
+    return None
+
+
+def _speculator_sums(dask_scheduler):
+    sp = dask_scheduler.plugins["daskjobs"].speculator
+    return sorted(map(str, sp.unstarted)), sp.sums.run_cores, round(sp.sums.queued, 9)
+
+
+def test_worker_saturation_2_with_a_worker_killed_keeps_every_result(real_cluster):
+    """``worker-saturation: 2.0`` (docs/plugin.md recommends it for sweeps of short tasks)
+    on real processes with speculation and dask's validation on: a fast worker holding
+    tasks that wait behind its threads is SIGKILLed mid-sweep. Every result arrives once,
+    the plugin logs no error, no process log shows a problem, and the horizon's sums hold
+    nothing once the sweep is done (the killed worker's waiting tasks left them)."""
+    config = {
+        **SPECULATION,
+        "distributed": {
+            "scheduler": {
+                **SPECULATION["distributed"]["scheduler"],
+                "worker-saturation": 2.0,
+            }
+        },
+    }
+    rc = real_cluster(n_workers=3, nthreads=2, config=config, env={"DASKJOBS_TEST_SLOW": "w0=4"})
+    graph = realtasks.nap_graph(240, seed=11, mu=-3.0, sigma=0.7, cap=0.4, prefix="sat")
+    with rc.client() as c:
+        c.wait_for_workers(3)
+        futures = c.compute(graph)
+        deadline = time.time() + 60
+        while c.run_on_scheduler(_waiting_on, name="w2") < 2 or sum(f.done() for f in futures) < 40:
+            assert time.time() < deadline, "w2 never held two tasks beyond its threads"
+            time.sleep(0.01)
+        assert sum(f.done() for f in futures) < 240  # killed mid-sweep
+        rc.kill_worker("w2")
+        assert c.gather(futures) == list(range(240))
+        st = status(c)
+        assert st["errors"] == {}, st["errors"]
+        deadline = time.time() + 10
+        while (sums := c.run_on_scheduler(_speculator_sums)) != ([], 0, 0.0):
+            assert time.time() < deadline, sums
+            time.sleep(0.05)
+    assert not rc.alive("w2") and rc.alive("w0") and rc.alive("w1")
+    assert rc.problems() == []
