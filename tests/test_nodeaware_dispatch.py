@@ -13,26 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from policyattempt import Attempt as _Attempt
 
 from daskjobs import workloads
 from daskjobs.config import policy_settings, settings
 from daskjobs.policies import NodeAware, Speculation, registry
 from daskjobs.sim import Cluster, Task, simulate
-
-
-@dataclass(eq=False)  # attempts hash by identity, as the simulator's and the plugin's do
-class _Attempt:
-    task: Task
-    node: int
-    start: float
-    end: float = math.nan
-    outcome: str | None = None
-    backup: bool = False
 
 
 def _measured(policy: NodeAware, cores: int = 4) -> SimpleNamespace:

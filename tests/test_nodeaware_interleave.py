@@ -9,24 +9,14 @@ idle there (docs/benchmarks.md, "the end of a longest-first run"). With ``interl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+from policyattempt import Attempt as _Attempt
 
 from daskjobs import workloads
 from daskjobs.policies import NodeAware, Speculation
 from daskjobs.sim import Cluster, Task, simulate
-
-
-@dataclass(eq=False)  # attempts hash by identity, as the simulator's and the plugin's do
-class _Attempt:
-    task: Task
-    node: int
-    start: float
-    end: float
-    outcome: str
-    backup: bool = False
 
 
 def _measured_pops(policy: NodeAware, k: int) -> list[float]:

@@ -187,7 +187,7 @@ class ReleaseGate:
         if self.popper is not self.speeds.learner:
             return ANY_NODE
         ws = _next_worker(idle)
-        return ANY_NODE if ws is None else Slot(self.speeds.node(ws.address))
+        return ANY_NODE if ws is None else Slot(self.speeds.node(ws.address), ws, self.tasks)
 
     def transition(self, key: Key, start: str, finish: str) -> None:
         """Every transition of a ranked task (O(1) plus ``pop``); after a failure the
@@ -281,7 +281,8 @@ class ReleaseGate:
         taken: dict[Any, int] = {}
         while self.held and free:
             ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
-            if self._release(Slot(self.speeds.node(ws.address))):
+            slot = Slot(self.speeds.node(ws.address), ws, self.tasks, taken.get(ws, 0))
+            if self._release(slot):
                 taken[ws] = taken.get(ws, 0) + 1
                 free[ws] -= 1
                 if free[ws] <= 0:

@@ -8,6 +8,7 @@ to a node view; the policies never see dask's objects.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,14 +63,52 @@ ANY_NODE = _AnyNode()
 
 
 class Slot:
-    """One free thread on the worker the policies call node ``index``."""
+    """One free slot on the worker the policies call node ``index``.
 
-    __slots__ = ("index",)
+    With ``worker`` (dask's ``WorkerState``), ``tasks`` (the ranked tasks' views) and
+    ``taken`` (tasks already chosen for that worker's other slots in the same walk), the
+    slot also tells a policy how much work waits on the worker ahead of it
+    (:attr:`waiting`): dask hands a worker ``ceil(worker-saturation x threads)`` tasks,
+    so a slot beyond its threads starts only once the tasks ahead of it have.
+    """
+
+    __slots__ = ("_taken", "_tasks", "_worker", "index")
     cores = 1
     free = 1
 
-    def __init__(self, index: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        worker: Any = None,
+        tasks: Mapping[Key, LiveTask] | None = None,
+        taken: int = 0,
+    ) -> None:
         self.index = index
+        self._worker = worker
+        self._tasks = tasks
+        self._taken = taken
+
+    @property
+    def waiting(self) -> float:
+        """Nominal seconds of work (estimates) on the worker waiting for its threads ahead
+        of this slot's task: the tasks it holds beyond its threads, each at the mean
+        estimate of the ranked tasks it holds (which of them still wait is the worker's
+        to know). 0 with a free thread. O(tasks on the worker), computed when asked."""
+        ws = self._worker
+        if ws is None or self._tasks is None:
+            return 0.0
+        beyond = len(ws.processing) + self._taken - ws.nthreads
+        if beyond <= 0:
+            return 0.0
+        tasks = self._tasks
+        total = 0.0
+        counted = 0
+        for ts in ws.processing:
+            v = tasks.get(ts.key)
+            if v is not None:
+                total += v.estimate * v.cores
+                counted += 1
+        return beyond * total / counted if counted else 0.0
 
 
 #: The outcome an attempt has, for the policies, by the state its task left processing for.

@@ -75,7 +75,13 @@ class TaskView(Protocol):
 
 
 class NodeView(Protocol):
-    """A node (in dask: a worker) as a policy sees it when offering slots."""
+    """A node (in dask: a worker) as a policy sees it when offering slots.
+
+    A driver whose nodes queue work of their own may add ``waiting``: nominal seconds of
+    work already on the node that starts before the offered slot's task (the plugin's
+    slots do: dask hands a worker more tasks than it has threads). A policy reads it with
+    ``getattr(node, "waiting", 0.0)``; the simulator's nodes have no queue of their own.
+    """
 
     @property
     def index(self) -> int: ...

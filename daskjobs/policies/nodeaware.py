@@ -565,11 +565,14 @@ class NodeAware(Policy):
             # A measured slow node: the longest task that ends well before the
             # projected end of the run (leaving the short ones to fill the end
             # on nominal nodes), else a short one if even that ends in time.
+            # Work already waiting on the node for its cores starts first (live: dask's
+            # worker-saturation hands a worker more tasks than it has threads).
             horizon = self.horizon(now)
-            found = self._pick(node.free, "fit", (horizon - now) * self.fill / s)
+            start = now + getattr(node, "waiting", 0.0) * s / st.cores
+            found = self._pick(node.free, "fit", (horizon - start) * self.fill / s)
             if found is None:
                 found = self._pick(node.free, "low")
-                if found and self._run_cores and now - found[2][0] * s > horizon:
+                if found and self._run_cores and start - found[2][0] * s > horizon:
                     return None
         if found is None:
             return None
