@@ -230,7 +230,9 @@ class Speculation:
         and why nothing fits.
 
         A candidate with free slots for the task qualifies unless it is the primary's
-        node or believed slower than the primary's (beyond :data:`SIMILAR`); a busy
+        node or believed slower than the primary's (beyond :data:`SIMILAR`), or the
+        primary's node is believed slow and the candidate is not believed faster (by
+        more than :data:`SIMILAR`: a copy there cannot end first); a busy
         one only with ``may_queue``, if it holds no other copy and is believed faster
         than the primary's (the copy then waits for that node's next free slot, ahead
         of its queued work). Best first: a free node before a busy one, another host
@@ -256,6 +258,12 @@ class Speculation:
                     continue
             elif speed > primary * SIMILAR:
                 why = "only nodes believed slower than the primary's are free"
+                continue
+            elif primary > SIMILAR and not speed * SIMILAR < primary:
+                # the primary's node is believed slow: a copy on a node as slow starts
+                # later at the same pace, and would take the task's one copy from a
+                # faster node that frees up later
+                why = "only nodes as slow as the primary's are free"
                 continue
             load = (c.cores - c.free) / c.cores if c.cores else 1.0
             rank = (busy, c.same_host, speed, load, c.index)
