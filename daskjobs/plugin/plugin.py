@@ -116,6 +116,7 @@ class JobsPlugin(SchedulerPlugin):
             self._drop_reporter,
         )
         self.speculator: Speculator | None = None
+        self._reporter_delay: float | None = None  # the installed start reporter's delay
         self.preemptor: Preemptor | None = None
         pr = self.settings.preemption
         if pr.enabled:
@@ -356,25 +357,46 @@ class JobsPlugin(SchedulerPlugin):
         except Exception:
             self.audit.failed("inventory-install")
 
+    def _report_delay(self) -> float:
+        """How late the workers may report starts (``StartReporter``'s ``delay``): at once
+        for recording, preemption and resources (each start matters to them); for
+        speculation alone, within half of ``min-runtime`` (no task is judged late sooner,
+        so no decision changes) and within one check ``interval``."""
+        if (
+            self.speculator is None
+            or self.recording.recorder is not None
+            or self.preemptor is not None
+            or self.placer is not None
+        ):
+            return 0.0
+        sp = self.settings.speculation
+        return min(sp.min_runtime / 2, sp.interval)
+
     async def _ensure_reporter(self) -> None:
-        """The worker plugin that reports true starts (recording and speculation need it)."""
+        """The worker plugin that reports true starts (recording and speculation need it),
+        with the delay the plugin's parts allow now (installed again when that changes)."""
         sched = self.scheduler
-        if REPORTER_NAME in getattr(sched, "worker_plugins", {}):
+        delay = self._report_delay()
+        if REPORTER_NAME in getattr(sched, "worker_plugins", {}) and delay == self._reporter_delay:
             return
         try:
             await sched.register_worker_plugin(
-                None, reporter_bytes(), name=REPORTER_NAME, idempotent=False
+                None, reporter_bytes(delay), name=REPORTER_NAME, idempotent=False
             )
+            self._reporter_delay = delay
         except Exception:
             self.audit.failed("reporter-install")
 
     async def _drop_reporter(self) -> None:
-        """Recording stopped: remove the start reporter unless speculation still needs it."""
+        """Recording stopped: remove the start reporter unless speculation still needs it
+        (then it may report late again)."""
         sched = self.scheduler
         needed = (
             self.speculator is not None or self.preemptor is not None or self.placer is not None
         )
-        if not needed and REPORTER_NAME in getattr(sched, "worker_plugins", {}):
+        if needed:
+            await self._ensure_reporter()
+        elif REPORTER_NAME in getattr(sched, "worker_plugins", {}):
             try:
                 await sched.unregister_worker_plugin(None, REPORTER_NAME)
             except Exception:
@@ -466,6 +488,22 @@ class JobsPlugin(SchedulerPlugin):
             if self.placer is not None:
                 self.placer.inventory_report(worker, msg)
             return
+        starts = msg.get("starts") if topic == STARTED_TOPIC else None
+        if starts is not None:  # a delayed report: [key, run_id, worker time, age] each
+            for row in starts:
+                try:
+                    key, run_id, when, age = row
+                    age = float(age)
+                except (TypeError, ValueError):
+                    self.audit.failed("worker-report")  # the others in it still count
+                    continue
+                self._report(worker, topic, {"key": key, "run_id": run_id, "time": when}, age)
+            return
+        self._report(worker, topic, msg)
+
+    def _report(self, worker: str, topic: str, msg: dict[str, Any], age: float = 0.0) -> None:
+        """One task's report: its start (``age`` seconds ago, if delayed), its thread's
+        return, or its checkpoint."""
         key = msg.get("key")
         if key is None:
             return
@@ -484,7 +522,7 @@ class JobsPlugin(SchedulerPlugin):
             return
         if self.speculator is not None:
             if topic == STARTED_TOPIC:
-                started_as = self.speculator.started(key, worker, msg.get("run_id"))
+                started_as = self.speculator.started(key, worker, msg.get("run_id"), age)
             else:
                 self.speculator.returned(key, worker)
         if topic == STARTED_TOPIC and started_as is not None:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from daskjobs.plugin import _internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import LiveAttempt, LiveTask
+from daskjobs.plugin.worker import COPY_PREFIX  # first element of a copy's key
 from daskjobs.policies import Speculation
 from daskjobs.policies.speculation import Horizon
 
@@ -84,9 +86,6 @@ class _Worker:
 
 
 __all__ = ["COPY_PREFIX", "Race", "Speculator", "copy_key"]
-
-#: First element of a backup copy's key (its task prefix on the dashboard).
-COPY_PREFIX = "daskjobs-copy"
 
 
 def copy_key(key: Key) -> Key:
@@ -220,9 +219,10 @@ class Speculator:
         return key
 
     # -- observations ----------------------------------------------------------------
-    def started(self, key: Key, worker: str | None, run_id: Any) -> Key | None:
-        """A worker reports that ``key`` really started executing. Returns the key the
-        start belongs to (the task's, for a copy), or None for a stale report."""
+    def started(self, key: Key, worker: str | None, run_id: Any, age: float = 0.0) -> Key | None:
+        """A worker reports that ``key`` really started executing, ``age`` seconds ago (a
+        delayed report; the worker's clock measures the age, not the time). Returns the key
+        the start belongs to (the task's, for a copy), or None for a stale report."""
         task = self.copies.get(key)
         if task is not None:
             race = self.races.get(task)
@@ -239,14 +239,14 @@ class Speculator:
             and ts.processing_on.address == worker
             and run_id == ts.run_id
         ):
-            now = time.time()
+            began = time.time() - (age if 0.0 < age < math.inf else 0.0)
             v = self.tasks.get(key)
             if v is not None and key in self.unstarted:  # its work now runs: see transition
                 self.unstarted.discard(key)
                 self.sums.pop(v.estimate, v.cores)
-                self.sums.started(key, v.cores, now + v.estimate * self.speeds.speed(worker))
+                self.sums.started(key, v.cores, began + v.estimate * self.speeds.speed(worker))
             if key not in self.starts and key not in self.races:
-                self.starts[key] = (worker, now, int(run_id))
+                self.starts[key] = (worker, began, int(run_id))
         return key
 
     def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:

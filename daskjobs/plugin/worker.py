@@ -2,10 +2,22 @@
 
 The scheduler only knows when it *assigned* a task to a worker; the task may then
 wait in the worker's ready heap for a long time. :class:`StartReporter` is a
-``WorkerPlugin`` that sends one ``daskjobs-started`` event (``Worker.log_event``,
+``WorkerPlugin`` that sends a ``daskjobs-started`` event (``Worker.log_event``,
 carried on the worker's batched stream) when a task enters ``executing``, with
 the worker's wall-clock time and the task's ``run_id``. The scheduler plugin's
 ``log_event`` hook turns it into a ``started`` trace record.
+
+With a ``delay`` (speculation alone needs the starts: no recording, preemption or
+resources), starts are reported late and together: the first start after a report
+arms a timer of ``delay`` seconds, and when it fires one event carries every task
+started since that is *still executing*, each with its age (seconds since its start,
+on the worker's clock, so the scheduler places the start on its own clock without
+trusting the worker's). A task that ends sooner is never reported: its start was
+only needed to judge it late, and nothing is judged late before ``min-runtime``
+(the plugin keeps ``delay`` at most half of it). A backup copy's start is reported at
+once: the scheduler must know whether a copy it drops holds a thread. On a sweep of
+short tasks this takes one message a task off every worker's stream and off the
+scheduler's (docs/plugin.md: about a tenth of the scheduler's rate of starts).
 
 Users never register it: :class:`~daskjobs.plugin.JobsPlugin` installs it on
 every current and future worker while recording is on (:func:`reporter_bytes`
@@ -29,6 +41,9 @@ RETURNED_TOPIC = "daskjobs-returned"
 _RETURNED_FROM = ("released", "memory", "error", "forgotten", "missing", "rescheduled")
 #: Name the reporter is installed under on the workers.
 REPORTER_NAME = "daskjobs-start-reporter"
+#: First element of a backup copy's key (``daskjobs.plugin.speculation.copy_key``); the
+#: reporter cannot import daskjobs on a worker, so the name lives here.
+COPY_PREFIX = "daskjobs-copy"
 #: The scheduler's message asking running tasks' slots back (preemption; daskjobs.preempted).
 PREEMPT_OP = "daskjobs-preempt"
 # worker attributes shared with daskjobs.tasks (which the reporter does not import)
@@ -37,13 +52,23 @@ _CHECKPOINTED_ATTR = "_daskjobs_checkpointed"  # key -> store of its checkpoint
 
 
 class StartReporter(WorkerPlugin):
-    """Report each task's transition to ``executing`` to the scheduler (O(1) per task)."""
+    """Report each task's transition to ``executing`` to the scheduler (O(1) per task):
+    at once, or with ``delay`` > 0 seconds, the starts of tasks still running after at
+    most ``delay``, together (see the module docs)."""
 
     idempotent = False
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
+        if isinstance(delay, bool) or not (
+            isinstance(delay, int | float) and 0 <= delay < float("inf")
+        ):
+            raise ValueError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
         self.worker: Any = None
         self.failures = 0
+        self.delay = float(delay)
+        self._unsent: dict[Any, tuple[Any, float]] = {}  # key -> (run_id, start), delayed
+        self._armed = False  # a report of the unsent starts is due
+        self.reports = 0  # events sent with delayed starts (for tests and debugging)
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
@@ -59,9 +84,12 @@ class StartReporter(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         worker.stream_handlers.pop(PREEMPT_OP, None)
         self.worker = None
+        self._unsent.clear()
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         if start == "executing":
+            if self._unsent:
+                self._unsent.pop(key, None)  # ended before its report: never needed
             self._left_executing(key, finish)
         if start == "cancelled" and finish in _RETURNED_FROM:
             try:
@@ -70,6 +98,9 @@ class StartReporter(WorkerPlugin):
                 self.failures += 1
             return
         if finish != "executing":
+            return
+        if self.delay and not (isinstance(key, tuple) and key and key[0] == COPY_PREFIX):
+            self._later(key)
             return
         try:
             worker = self.worker
@@ -84,6 +115,39 @@ class StartReporter(WorkerPlugin):
             self.failures += 1
             logging.getLogger("daskjobs.plugin.worker").warning(
                 "daskjobs: reporting the start of %r failed", key, exc_info=True
+            )
+
+    def _later(self, key: Any) -> None:
+        """Keep ``key``'s start for the next delayed report; arm it if none is due."""
+        try:
+            worker = self.worker
+            ts = worker.state.tasks.get(key)
+            self._unsent[key] = (getattr(ts, "run_id", None), time.time())
+            if not self._armed:
+                worker.loop.call_later(self.delay, self._report)
+                self._armed = True
+        except Exception:
+            self.failures += 1
+            logging.getLogger("daskjobs.plugin.worker").warning(
+                "daskjobs: keeping the start of %r failed", key, exc_info=True
+            )
+
+    def _report(self) -> None:
+        """The delayed report: the starts of the tasks still executing, with their age."""
+        self._armed = False
+        unsent, self._unsent = self._unsent, {}
+        worker = self.worker
+        if not unsent or worker is None:
+            return
+        try:
+            now = time.time()
+            starts = [[key, run_id, t, now - t] for key, (run_id, t) in unsent.items()]
+            worker.log_event(STARTED_TOPIC, {"starts": starts})
+            self.reports += 1
+        except Exception:
+            self.failures += 1
+            logging.getLogger("daskjobs.plugin.worker").warning(
+                "daskjobs: reporting %d starts failed", len(unsent), exc_info=True
             )
 
     def _left_executing(self, key: Any, finish: str) -> None:
@@ -105,8 +169,9 @@ class StartReporter(WorkerPlugin):
             self.failures += 1
 
 
-def reporter_bytes() -> bytes:
-    """A pickled :class:`StartReporter`, by value, for ``register_worker_plugin``."""
+def reporter_bytes(delay: float = 0.0) -> bytes:
+    """A pickled :class:`StartReporter` (reporting with ``delay``), by value, for
+    ``register_worker_plugin``."""
     import sys
 
     import cloudpickle
@@ -114,6 +179,6 @@ def reporter_bytes() -> bytes:
     module = sys.modules[__name__]
     cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(StartReporter())
+        return cloudpickle.dumps(StartReporter(delay))
     finally:
         cloudpickle.unregister_pickle_by_value(module)
