@@ -73,16 +73,18 @@ def test_a_delayed_report_carries_the_tasks_still_running_with_their_age() -> No
     _start(rep, worker, "short", 1)
     _start(rep, worker, "long", 2)
     _start(rep, worker, ("sweep", 3), 3)
+    _start(rep, worker, "seceded", 5)
     assert worker.sent == []  # nothing at once
-    assert [d for d, _ in worker.loop.timers] == [0.2]  # one timer for the three
+    assert [d for d, _ in worker.loop.timers] == [0.2]  # one timer for all
     rep.transition("short", "executing", "memory")  # ended before the report: never sent
+    rep.transition("seceded", "executing", "long-running")  # still running: reported
     time.sleep(0.01)
     worker.loop.timers[0][1]()  # the timer fires
     assert len(worker.sent) == 1
     topic, msg = worker.sent[0]
     assert topic == STARTED_TOPIC
     rows = {tuple(r[0]) if isinstance(r[0], tuple) else r[0]: r for r in msg["starts"]}
-    assert set(rows) == {"long", ("sweep", 3)}
+    assert set(rows) == {"long", ("sweep", 3), "seceded"}
     now = time.time()
     for key, run_id, began, age in msg["starts"]:
         assert run_id == worker.state.tasks[key].run_id

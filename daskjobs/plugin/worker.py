@@ -88,7 +88,7 @@ class StartReporter(WorkerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         if start == "executing":
-            if self._unsent:
+            if self._unsent and finish != "long-running":  # (a seceded task still runs)
                 self._unsent.pop(key, None)  # ended before its report: never needed
             self._left_executing(key, finish)
         if start == "cancelled" and finish in _RETURNED_FROM:
