@@ -756,7 +756,8 @@ def run_grid_case(case: Case, config: str, spans_dir: str | None = None) -> dict
         log.clear()
         t_submit = time.time()
         cpu0 = time.process_time()
-        out = client.compute(parts, sync=True)
+        with CpuSampler() as machine_cpu:
+            out = client.compute(parts, sync=True)
         t_results = time.time()
         cpu = time.process_time() - cpu0
         status = client.run_on_scheduler(_status) if plugin else None
@@ -766,7 +767,9 @@ def run_grid_case(case: Case, config: str, spans_dir: str | None = None) -> dict
             # a zombie thread of an earlier run's cluster may still append: not this run's
             spans = [sp for sp in log if sp[2] >= t_submit]
     # CPU seconds of this process (client, scheduler, and in process the workers)
-    return _grid_result(spans, durations, case, t_submit, t_results, len(out), status, cpu=cpu)
+    return _grid_result(
+        spans, durations, case, t_submit, t_results, len(out), status, machine_cpu, cpu=cpu
+    )
 
 
 def _read_spans(path: str, t_submit: float) -> list[tuple[int, str, float, float]]:
@@ -780,6 +783,76 @@ def _read_spans(path: str, t_submit: float) -> list[tuple[int, str, float, float
     return spans
 
 
+class CpuSampler:
+    """The machine's CPUs busy over time: ``psutil.cpu_times()`` (all CPUs, every
+    process, a dependency of distributed) sampled every ``every`` seconds in a thread
+    while the ``with`` block runs. On a small machine the scheduler, the workers'
+    processes and the client share the CPUs, so a run that asks for more task starts a
+    second than the machine can make shows as CPUs near all busy while threads idle."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        import threading
+
+        self.every = every
+        self.samples: list[tuple[float, float, float]] = []  # (time, total, idle) CPU-s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-sampler")
+
+    def _sample(self) -> None:
+        import psutil
+
+        t = psutil.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        self.samples.append((time.time(), sum(t), idle))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def busy(self, a: float, b: float) -> float:
+        """CPUs busy on average from ``a`` to ``b`` (the samples nearest inside; NaN if
+        fewer than two fall there)."""
+        inside = [x for x in self.samples if a <= x[0] <= b]
+        if len(inside) < 2 or inside[-1][1] <= inside[0][1]:
+            return math.nan
+        total = inside[-1][1] - inside[0][1]
+        idle = inside[-1][2] - inside[0][2]
+        import psutil
+
+        return (psutil.cpu_count() or 1) * (1.0 - idle / total)
+
+
+def end_load(
+    spans: list[tuple[int, str, float, float]], case: Case, cpu: CpuSampler | None
+) -> dict[str, float]:
+    """The last three tenths of a run (first start to the last end, of every attempt):
+    task starts a second, the fast workers' threads idle (a fraction), and the machine's
+    CPUs busy (NaN without a sampler)."""
+    t0 = min(s for _, _, s, _ in spans)
+    t1 = max(e for *_, e in spans)
+    a = t0 + 0.7 * (t1 - t0)
+    span = t1 - a
+    prefix = "w" if any(str(w).startswith("w") for _, w, _, _ in spans) else ""
+    slow = {f"{prefix}{i}" for i in range(case.slow)}
+    busy = sum(max(0.0, min(t1, e) - max(a, s)) for _, w, s, e in spans if w not in slow)
+    fast = (case.workers - case.slow) * case.threads
+    return {
+        "end_starts": sum(1 for _, _, s, _ in spans if s >= a) / span if span > 0 else 0.0,
+        "end_idle": 1.0 - busy / (fast * span) if span > 0 else 0.0,
+        "end_cpus": cpu.busy(a, t1) if cpu is not None else math.nan,
+    }
+
+
 def _grid_result(
     spans: list[tuple[int, str, float, float]],
     durations: list[float],
@@ -788,10 +861,13 @@ def _grid_result(
     t_results: float,
     results: int,
     status: dict[str, Any] | None,
+    machine_cpu: CpuSampler | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """One run's figures: the decomposition, the ratio to the bound, the fixed costs."""
+    """One run's figures: the decomposition, the ratio to the bound, the fixed costs,
+    the load in the run's last three tenths (:func:`end_load`)."""
     d = decompose(spans, durations, case)
+    d.update(end_load(spans, case, machine_cpu))
     first = min(s for _, _, s, _ in spans)
     last = run_end(spans)
     bound = max(sum(durations) / case.slot_equivalents, max(durations))
@@ -847,7 +923,8 @@ def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
     parts, durations = grid_graph(case, spans_file)
     with rc, rc.client() as client:
         t_submit = time.time()
-        out = client.compute(parts, sync=True)
+        with CpuSampler() as machine_cpu:
+            out = client.compute(parts, sync=True)
         t_results = time.time()
         status = client.run_on_scheduler(_status) if config != "plain" else None
     spans = _read_spans(spans_file, t_submit)
@@ -859,6 +936,7 @@ def run_grid_case_real(case: Case, config: str, workdir: str) -> dict[str, Any]:
         t_results,
         len(out),
         status,
+        machine_cpu,
         cpu=float("nan"),  # spread over the processes
         problems=rc.problems(),
     )
@@ -885,7 +963,8 @@ def grid(
                 print(
                     f"  {case.label()} {config}: {r['makespan']:.2f} s, {r['ratio']:.3f}x, "
                     f"first start {r['to_first']:.3f} s, wall {r['wall']:.2f} s, "
-                    f"CPU {r['cpu']:.2f} s",
+                    f"CPU {r['cpu']:.2f} s, last 3 tenths: {r['end_starts']:.0f} starts/s, "
+                    f"{r['end_idle']:.0%} fast threads idle, {r['end_cpus']:.2f} CPUs busy",
                     file=sys.stderr,
                 )
         rows.append(row)
@@ -1052,6 +1131,33 @@ def grid_table(rows: list[dict[str, Any]], reps: int) -> str:
                 ]
             )
             + " |"
+        )
+    out.append(end_table(rows))
+    return "\n".join(out)
+
+
+def end_table(rows: list[dict[str, Any]]) -> str:
+    """The machine in the last three tenths of each run (:func:`end_load`), plain dask
+    and the full plugin (the median run per workload): where longest-first leaves its
+    shortest tasks, the load that decides whether the threads can be kept busy."""
+    import psutil
+
+    out = [
+        f"\nThe last three tenths of each run (median run per workload; the machine has "
+        f"{psutil.cpu_count()} CPUs shared by the scheduler, the client and every worker "
+        "process): task starts a second, fast workers' threads idle, the machine's CPUs "
+        "busy (all processes, `psutil.cpu_times`):\n",
+        "| workload | starts/s, plain / plugin | threads idle, plain / plugin "
+        "| CPUs busy, plain / plugin |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        p = _best(row["runs"]["plain"])
+        a = _best(row["runs"]["aware"])
+        out.append(
+            f"| {row['case'].label()} | {p['end_starts']:.0f} / {a['end_starts']:.0f} | "
+            f"{p['end_idle']:.0%} / {a['end_idle']:.0%} | "
+            f"{p['end_cpus']:.2f} / {a['end_cpus']:.2f} |"
         )
     return "\n".join(out)
 
