@@ -353,8 +353,16 @@ def machine() -> str:
         f"numpy {np_version}\n"
         f"- platform: {platform.platform()}\n"
         f"- processor: {platform.processor() or platform.machine()}, "
-        f"CPUs: {os.cpu_count()}, load average at the end {_load()}"
+        f"CPUs: {os.cpu_count()}, load average at the end {_load()}, {machine_speed()}"
     )
+
+
+def machine_speed() -> str:
+    """``bench_plugin.machine_speed``: one CPU's speed, as the benchmark pages compare
+    machines (imported here only when printing: it loads distributed)."""
+    from bench_plugin import machine_speed as speed
+
+    return str(speed())
 
 
 def _load() -> str:
