@@ -29,15 +29,18 @@ timeline of every attempt (copies and beaten primaries included), which the task
 log themselves, so that plain dask and the plugin are measured by the same ruler.
 Beside each workload, the simulator's ratio for the same policy, speculation settings
 and workload (:func:`sim_ratio`), without overhead and with plain dask's median refill
-gap of that run as every attempt's overhead: what the policy's decisions reach, and
-what they reach once the machine's cost per task is paid. Target (issue 16): the full
-plugin at or below 1.05x the bound on every workload, and its fixed costs within 0.1 s
-of plain dask's. ``--in-process`` runs the same grid with ``processes=False``: the
-scheduler, the client and every worker thread share one interpreter, so on a small
-machine a task's sleep ends late by its wait for the GIL (the decomposition's
-*overrun*, 2-4% of the bound at 32 slots): the harness's cost, which no cluster of
-worker processes pays. ``--real-grid`` runs it on ``dask scheduler`` and ``dask worker``
-processes with dask's default configuration.
+gap of that run as every attempt's overhead: what the policy's decisions reach, and what
+they reach once the machine's cost per task is paid. And for the last three tenths of
+each run (:func:`end_load`), where longest-first leaves its shortest tasks: task starts
+a second, the fast workers' threads idle and the machine's CPUs busy
+(:class:`CpuSampler`), which tell a run short of decisions from one short of CPU. Target
+(issue 16): the full plugin at or below 1.05x the bound on every workload, and its fixed
+costs within 0.1 s of plain dask's. ``--in-process`` runs the same grid with
+``processes=False``: the scheduler, the client and every worker thread share one
+interpreter, so on a small machine a task's sleep ends late by its wait for the GIL (the
+decomposition's *overrun*, 2-4% of the bound at 32 slots): the harness's cost, which no
+cluster of worker processes pays. ``--real-grid`` runs it on ``dask scheduler`` and
+``dask worker`` processes with dask's default configuration.
 
 **The chapter table** (``--chapter``, issue 5): the laptop-scaled chapter sweep of
 ``benchmarks/bench_plugin.py`` (32 slots as 4 workers x 8 threads, ``processes=False``,
