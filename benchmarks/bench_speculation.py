@@ -609,6 +609,12 @@ def run_end(spans: list[tuple[int, str, float, float]]) -> float:
     return max(first_end.values())
 
 
+def _worker_prefix(spans: list[tuple[int, str, float, float]]) -> str:
+    """How the spans name workers: ``w0``, ``w1``, ... for ``dask worker`` processes,
+    ``0``, ``1``, ... for a ``LocalCluster``'s."""
+    return "w" if any(str(w).startswith("w") for _, w, _, _ in spans) else ""
+
+
 def decompose(
     spans: list[tuple[int, str, float, float]], durations: list[float], case: Case
 ) -> dict[str, float]:
@@ -630,7 +636,7 @@ def decompose(
     * ``other``: what remains (rounding, threads over-filled by zombie threads).
     """
     # workers by name: 0, 1, ... in process; w0, w1, ... as real processes
-    prefix = "w" if any(str(w).startswith("w") for _, w, _, _ in spans) else ""
+    prefix = _worker_prefix(spans)
     weight = {
         f"{prefix}{w}": (1 / SLOW_FACTOR if w < case.slow else 1.0) for w in range(case.workers)
     }
@@ -845,7 +851,7 @@ def end_load(
     t1 = max(e for *_, e in spans)
     a = t0 + 0.7 * (t1 - t0)
     span = t1 - a
-    prefix = "w" if any(str(w).startswith("w") for _, w, _, _ in spans) else ""
+    prefix = _worker_prefix(spans)
     slow = {f"{prefix}{i}" for i in range(case.slow)}
     busy = sum(max(0.0, min(t1, e) - max(a, s)) for _, w, s, e in spans if w not in slow)
     fast = (case.workers - case.slow) * case.threads
