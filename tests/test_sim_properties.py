@@ -536,3 +536,56 @@ def test_backup_starts_no_earlier_than_the_lateness_deadline(sc: Scenario):
             p = primaries[0]
             deadline = sc.spec.deadline(p.start, p.task.estimate)
             assert b.start >= deadline - EPS
+
+
+# -- the event calendar ----------------------------------------------------------------------
+# The engine files events in buckets of simulated time (engine._PER_BUCKET events of a busy
+# cluster each) and sorts a bucket once it is reached. The width is a cost setting only:
+# buckets a millionth of an event wide (a bucket per event), one event, the default, or
+# every event of the run in one bucket must all give the same run, attempt by attempt.
+# (tests/test_sim_golden.py pins the default width's runs themselves, ties included.)
+CALENDAR_WIDTHS = (1e-6, 1.0, 64.0, 1e12)
+
+
+def run_with_width(per_bucket: float, *args, **kwargs) -> tuple:
+    from unittest import mock
+
+    from daskjobs.sim import engine
+
+    with mock.patch.object(engine, "_PER_BUCKET", per_bucket):
+        s = simulate(*args, **kwargs)
+    return fingerprint(s), s.events, s.backups_launched, s.backups_won
+
+
+@SETTINGS
+@given(scenarios(policies=POLICIES_ALL), st.sampled_from(CALENDAR_WIDTHS))
+def test_the_event_calendars_width_never_changes_a_run(sc: Scenario, per_bucket: float):
+    args = (sc.tasks, sc.cluster)
+    kwargs = {"spec": sc.spec, "cache": sc.cache or None, "seed": sc.seed}
+    default = run_with_width(64.0, *args, make_policy(sc.policy), **kwargs)
+    assert run_with_width(per_bucket, *args, make_policy(sc.policy), **kwargs) == default
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.05])
+@pytest.mark.parametrize("policy", ["fifo", "node-aware"])
+def test_the_event_calendars_width_never_changes_a_chapter_run(policy: str, interval: float):
+    """A sweep with a slow node, failures, backups (judged at once or on a periodic check),
+    a dispatcher and a second graph submitted mid-run: the same run at every width."""
+    from dataclasses import replace
+
+    from daskjobs import workloads
+
+    w = workloads.chapter(3, n=1500, n_long=8, median=0.1, nodes=4, cores_per_node=8, slow_node=1)
+    late = [replace(t, tid=f"late-{t.tid}", submit=1.5) for t in w.tasks[:300]]
+    cluster = Cluster(4, 8, slow={1: 4.0}, failure_rate=0.05, overhead=0.002, dispatch_rate=900)
+    spec = Speculation(late_factor=2.0, min_runtime=0.05, interval=interval)
+    runs = {
+        width: run_with_width(
+            width, w.tasks + late, cluster, make_policy(policy), spec=spec, seed=7
+        )
+        for width in CALENDAR_WIDTHS
+    }
+    fingerprints = list(runs.values())
+    assert fingerprints[0][1] > 1800  # events: every task ran, with retries and copies
+    assert fingerprints[0][2] > 0  # copies were launched
+    assert all(f == fingerprints[0] for f in fingerprints)
