@@ -589,3 +589,12 @@ def test_the_event_calendars_width_never_changes_a_chapter_run(policy: str, inte
     assert fingerprints[0][1] > 1800  # events: every task ran, with retries and copies
     assert fingerprints[0][2] > 0  # copies were launched
     assert all(f == fingerprints[0] for f in fingerprints)
+
+
+def test_tasks_of_subnormal_length_get_a_calendar_they_fit():
+    """Buckets sized from a mean run of 5e-324 s would number a time of seconds past
+    the largest float; the width has a floor, and such a run completes as any other."""
+    tasks = [Task(f"t{i}", 5e-324, submit=20.0 * (i % 3)) for i in range(20)]
+    s = simulate(tasks, Cluster(2, 2), FIFO())
+    assert s.events == 20
+    assert max(r.end for r in s.tasks) == 40.0

@@ -43,10 +43,10 @@ buckets of simulated time: an event is appended to its bucket's list, a bucket
 is sorted once when the run reaches it, and only the buckets' numbers sit in a
 heap (O(log b) a bucket for b buckets, ~64 events each), so that a cluster with
 tens of thousands of running attempts does not pay a cache miss per level of a
-heap of their times. The width changes no schedule (tests/test_sim_properties.py
-runs the same workloads at four widths). Nothing scans all tasks or all running
-attempts per decision. The loop below is
-long on purpose: hot names are bound to locals and the per-attempt bookkeeping
+heap of their times. The width changes no schedule
+(tests/test_sim_properties.py runs the same workloads at four widths). Nothing
+scans all tasks or all running attempts per decision. The loop below is long on
+purpose: hot names are bound to locals and the per-attempt bookkeeping
 is inlined, which roughly doubles its speed on CPython.
 """
 
@@ -408,8 +408,11 @@ def _simulate(
         sum(speeds) / len(speeds)
     ) + overhead
     width = _PER_BUCKET * mean_run / cluster.total_cores if mean_run > 0 else 1.0
-    if not (math.isfinite(width) and width > 0):
+    if not math.isfinite(width):
         width = 1.0
+    # at least a nanosecond: with tasks of subnormal length, a bucket's number for a
+    # time of seconds (time / width) would overflow a float
+    width = max(width, 1e-9)
     inv_width = 1.0 / width
     far: dict[int, list[_Event]] = {}  # bucket number -> its events, unsorted
     buckets: list[int] = []  # heap of the numbers of the buckets in `far`
@@ -687,7 +690,7 @@ def _simulate(
             elif when > a.check_at:
                 # Only an attempt still running at its deadline needs the check: one
                 # that ends (or fails) first would find it a no-op, so the event is not
-                # queued at all. No policy sees this; it only spares the event heap.
+                # queued at all. No policy sees this; it only spares the event queue.
                 # (A deadline moved earlier by a new speed belief is queued afresh.)
                 seq += 1
                 post(a.check_at, (a.check_at, _CHECK, seq, a))
