@@ -315,7 +315,7 @@ def _simulate(
     # unrelated to their index, and on a million tasks every pointer chased to
     # a scattered float costs a cache miss. Flat arrays stay dense enough to
     # be served from cache (docs/benchmarks.md: with the stamps above and the
-    # float event heap, LPT ran 1.3x faster on a million tasks).
+    # float event heap of the time, LPT ran 1.3x faster on a million tasks).
     dur = array("d", [t.duration for t in tasks])
     est = array("d", [t.estimate for t in tasks])
     is_cached = bytearray(t.tid in cached_ids for t in tasks) if cached_ids else bytearray(n)
