@@ -21,7 +21,7 @@ Two experiments:
 2. **The chapter sweep on a laptop.** 32 slots (4 workers x 8 threads,
    ``processes=False``: ``time.sleep`` releases the GIL), sleep tasks with
    log-normal durations (median 0.1 s, sigma 0.76) from
-   :func:`daskjobs.workloads.chapter`, the 4 longest at 30x the median and
+   :func:`daskjobs.sim.workloads.chapter`, the 4 longest at 30x the median and
    submitted last, estimates with ``exp(0.3 z)`` noise passed as ``estimate``
    annotations. dask.order runs independent tasks in descending key order, so
    the keys are named to make plain dask's order the submission order (the
@@ -50,8 +50,8 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
-from daskjobs import workloads
 from daskjobs.plugin import JobsPlugin
+from daskjobs.sim import workloads
 
 SLOTS = (4, 8)  # workers x threads
 

@@ -9,7 +9,7 @@ Usage::
     python benchmarks/bench_sim.py --against /tmp/sim-old --paired --runs 4  # ... at once
     python benchmarks/bench_sim.py --profile node-aware:backups   # cProfile one case
 
-Two workloads from :mod:`daskjobs.workloads`, every policy (FIFO, LPT, critical
+Two workloads from :mod:`daskjobs.sim.workloads`, every policy (FIFO, LPT, critical
 path, work stealing, fair share, node-aware) with and without backups:
 
 * the chapter sweep (10,000 tasks, 384 cores); target: well under a second per
@@ -71,7 +71,7 @@ REPO = HERE.parent.parent
 
 # -- one case, in this (fresh) interpreter ---------------------------------------------------
 def _workload(kind: str, seed: int) -> Any:
-    from daskjobs import workloads
+    from daskjobs.sim import workloads
 
     if kind == "chapter":
         return workloads.chapter(seed)

@@ -45,7 +45,7 @@ cluster of worker processes pays. ``--real-grid`` runs it on ``dask scheduler`` 
 **The chapter table** (``--chapter``, issue 5): the laptop-scaled chapter sweep of
 ``benchmarks/bench_plugin.py`` (32 slots as 4 workers x 8 threads, ``processes=False``,
 sleep tasks with durations from
-:func:`daskjobs.workloads.chapter` with ``n=832, n_long=4, median=0.1``, the 4
+:func:`daskjobs.sim.workloads.chapter` with ``n=832, n_long=4, median=0.1``, the 4
 longest at 30x the median and submitted last, estimates with ``exp(0.3 z)`` noise
 as ``estimate`` annotations, the sweep submitted as one graph, keys named so that
 plain dask's order is the submission order), now with one of the 4 workers 4x
@@ -101,8 +101,8 @@ import dask
 from bench_plugin import SLOTS, machine  # benchmarks/ is on sys.path when run as a script
 from distributed import Client, LocalCluster, get_worker
 
-from daskjobs import workloads
 from daskjobs.plugin import JobsPlugin
+from daskjobs.sim import workloads
 
 SLOW_WORKER = 0  # the LocalCluster worker name (0..3) that runs 4x slower
 SLOW_FACTOR = 4.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from daskjobs.sim import lower_bound, make_policy, simulate, speed_bound
-from daskjobs.workloads import chapter
+from daskjobs.sim.workloads import chapter
 
 
 def main(seed: int = 0) -> list[dict[str, object]]:

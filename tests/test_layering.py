@@ -205,7 +205,7 @@ IMPORT_SCRIPT = """
 import sys
 import daskjobs.sim
 import daskjobs.policies
-import daskjobs.workloads
+import daskjobs.sim.workloads
 from daskjobs.sim import simulate, Task, Cluster, LPT
 simulate([Task("a", 1.0)], Cluster(1, 1), LPT())
 bad = sorted(m for m in sys.modules if m == "distributed" or m.startswith("distributed.")

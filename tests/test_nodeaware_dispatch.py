@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 from policyattempt import Attempt as _Attempt
 
-from daskjobs import workloads
 from daskjobs.config import policy_settings, settings
 from daskjobs.policies import NodeAware, Speculation, registry
-from daskjobs.sim import Cluster, Task, simulate
+from daskjobs.sim import Cluster, Task, simulate, workloads
 
 
 def _measured(policy: NodeAware, cores: int = 4) -> SimpleNamespace:

@@ -14,9 +14,8 @@ from types import SimpleNamespace
 import pytest
 from policyattempt import Attempt as _Attempt
 
-from daskjobs import workloads
 from daskjobs.policies import NodeAware, Speculation
-from daskjobs.sim import Cluster, Task, simulate
+from daskjobs.sim import Cluster, Task, simulate, workloads
 
 
 def _measured_pops(policy: NodeAware, k: int) -> list[float]:

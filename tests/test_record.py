@@ -15,8 +15,8 @@ import daskjobs
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import status
 from daskjobs.plugin.recorder import TraceRecorder
-from daskjobs.plugin.trace import TraceError, read_trace
 from daskjobs.plugin.worker import REPORTER_NAME
+from daskjobs.trace import TraceError, read_trace
 
 
 def cluster(plugin=None, **kwargs):

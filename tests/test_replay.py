@@ -16,9 +16,9 @@ from distributed import Client, LocalCluster, get_worker
 
 from daskjobs.cli import main
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin.trace import TraceError, read_trace
 from daskjobs.replay import SPEED_NOISE, ReplayError, from_task_stream, load, replay
 from daskjobs.sim.schedule import lower_bound
+from daskjobs.trace import TraceError, read_trace
 
 TOLERANCE = 0.10
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "data" / "replay_small.jsonl"

@@ -12,9 +12,8 @@ import math
 
 import pytest
 
-from daskjobs import workloads
 from daskjobs.policies import FIFO, LPT, NodeAware, Speculation
-from daskjobs.sim import Cluster, Task, simulate
+from daskjobs.sim import Cluster, Task, simulate, workloads
 
 
 def test_starts_queue_for_the_dispatcher() -> None:

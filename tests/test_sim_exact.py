@@ -13,7 +13,6 @@ import statistics
 
 import pytest
 
-from daskjobs import workloads
 from daskjobs.sim import (
     FIFO,
     LPT,
@@ -30,6 +29,7 @@ from daskjobs.sim import (
     simulate,
     speed_bound,
     utilisation,
+    workloads,
 )
 
 

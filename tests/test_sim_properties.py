@@ -493,7 +493,7 @@ class _OneByOne(LPT):
 
 
 def test_batch_fast_path_gives_identical_simulation():
-    from daskjobs import workloads
+    from daskjobs.sim import workloads
 
     wl = workloads.chapter(4, n=700, n_long=6, nodes=3, cores_per_node=4, failure_rate=0.05)
     a = simulate(wl.tasks, wl.cluster, LPT(), spec=wl.spec, seed=wl.seed)
@@ -573,7 +573,7 @@ def test_the_event_calendars_width_never_changes_a_chapter_run(policy: str, inte
     a dispatcher and a second graph submitted mid-run: the same run at every width."""
     from dataclasses import replace
 
-    from daskjobs import workloads
+    from daskjobs.sim import workloads
 
     w = workloads.chapter(3, n=1500, n_long=8, median=0.1, nodes=4, cores_per_node=8, slow_node=1)
     late = [replace(t, tid=f"late-{t.tid}", submit=1.5) for t in w.tasks[:300]]

@@ -24,8 +24,8 @@ import pytest
 from click.testing import CliRunner
 
 from daskjobs.cli import main
-from daskjobs.plugin.trace import CLOCK_TOLERANCE, TraceError, read_trace
 from daskjobs.replay import ReplayError, load, replay
+from daskjobs.trace import CLOCK_TOLERANCE, TraceError, read_trace
 
 SHIPPED = Path(__file__).resolve().parent.parent / "examples" / "data" / "replay_small.jsonl"
 MUTATIONS = 300
@@ -353,7 +353,7 @@ def test_binary_garbage_and_a_cut_character(tmp_path):
 
 
 def test_a_trace_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
-    import daskjobs.plugin.trace as trace_module
+    import daskjobs.trace as trace_module
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

@@ -16,8 +16,8 @@ from distributed import Client
 import daskjobs
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import status
-from daskjobs.plugin.trace import read_trace
 from daskjobs.plugin.worker import RETURNED_TOPIC, STARTED_TOPIC
+from daskjobs.trace import read_trace
 
 
 def nap(i):

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from daskjobs import workloads
 from daskjobs.sim import (
     FIFO,
     LPT,
@@ -16,6 +15,7 @@ from daskjobs.sim import (
     lower_bound,
     simulate,
     speed_bound,
+    workloads,
 )
 
 LONG = 30 * 15 * 60.0  # 7.5 h

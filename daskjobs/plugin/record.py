@@ -4,7 +4,7 @@
 
     with daskjobs.record(client, "run.jsonl") as path:
         client.compute(graph, sync=True)
-    trace = daskjobs.plugin.trace.read_trace(path)
+    trace = daskjobs.trace.read_trace(path)
 
 The path is opened *by the scheduler*, on the scheduler's machine (a relative
 path is relative to the scheduler's working directory); ``path`` is the absolute

@@ -33,10 +33,10 @@ A daemon thread wakes every ``flush_interval`` seconds, drains the queue in
 chunks (serialising a chunk, writing it, so a graph of a million records never
 becomes one string in memory), and flushes the file. Records are written in the
 order they were emitted: the scheduler's clock order that
-:func:`~daskjobs.plugin.trace.read_trace` checks. :meth:`TraceRecorder.close`
+:func:`~daskjobs.trace.read_trace` checks. :meth:`TraceRecorder.close`
 drains what is left and writes the footer with the counts. A crashed run leaves
 a file without a footer (and possibly one unterminated last line), which
-:func:`daskjobs.plugin.trace.read_trace` reads and flags as incomplete.
+:func:`daskjobs.trace.read_trace` reads and flags as incomplete.
 
 Serialisation happens in the writer thread: tuples become JSON arrays, values
 JSON cannot hold (sets, bytes, arbitrary objects) are written as their ``str``,

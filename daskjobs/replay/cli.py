@@ -118,9 +118,9 @@ def replay(
     is a client.get_task_stream() dump (no estimates, teams or submit times;
     dependencies only if the file gives them).
     """
-    from daskjobs.plugin.trace import TraceError
     from daskjobs.replay.load import load
     from daskjobs.replay.report import format_report, replay_report
+    from daskjobs.trace import TraceError
 
     factor = _speculation(speculation)
     if plot_dir is not None:

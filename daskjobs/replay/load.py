@@ -91,7 +91,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from daskjobs import _defaults
-from daskjobs.plugin.trace import (
+from daskjobs.policies.speculation import Speculation
+from daskjobs.sim.model import Cluster, Task
+from daskjobs.trace import (
     CLOCK_TOLERANCE,
     MAX_SECONDS,
     Trace,
@@ -100,8 +102,6 @@ from daskjobs.plugin.trace import (
     TraceTask,
     read_trace,
 )
-from daskjobs.policies.speculation import Speculation
-from daskjobs.sim.model import Cluster, Task
 
 __all__ = ["SPEED_NOISE", "Fit", "Loaded", "ReplayError", "WorkerInfo", "load"]
 

@@ -34,9 +34,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from daskjobs.plugin.trace import Trace, read_trace
 from daskjobs.policies.preemption import make_preemption_policy
 from daskjobs.sim.preemption import Cluster, Job, Workload, metrics, simulate
+from daskjobs.trace import Trace, read_trace
 
 __all__ = ["recorded_metrics", "replay_preemption", "workload_from_trace"]
 

@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from daskjobs.plugin.trace import Trace
 from daskjobs.policies import NodeAware, Policy, Speculation, registry
 from daskjobs.policies.base import AttemptView, NodeView, TaskView
 from daskjobs.policies.speculation import Horizon
@@ -32,6 +31,7 @@ from daskjobs.replay.load import Loaded, load
 from daskjobs.sim.engine import simulate
 from daskjobs.sim.model import Cluster
 from daskjobs.sim.schedule import Schedule, speed_bound
+from daskjobs.trace import Trace
 
 __all__ = [
     "POLICIES",

@@ -5,7 +5,7 @@ dask's task stream keeps one record per finished task attempt: ``key``,
 (``compute`` and ``transfer`` actions, with start and stop on the worker's
 clock). :func:`from_task_stream` maps each record to an attempt of a task
 (duration: the ``compute`` seconds; transfer: the ``transfer`` seconds), builds
-a :class:`~daskjobs.plugin.trace.Trace` from them and loads it like a recorded
+a :class:`~daskjobs.trace.Trace` from them and loads it like a recorded
 trace (:func:`daskjobs.replay.load.load`), so the overhead, worker speeds and
 everything else are fitted the same way.
 
@@ -39,8 +39,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from daskjobs.plugin.trace import Trace, TraceAttempt, TraceTask, TraceWorker
 from daskjobs.replay.load import Loaded, ReplayError, _prefix, load
+from daskjobs.trace import Trace, TraceAttempt, TraceTask, TraceWorker
 
 __all__ = ["LACKS", "from_task_stream", "read_task_stream"]
 

@@ -17,8 +17,8 @@ from daskjobs.policies import (
     WorkStealing,
     make_policy,
 )
-from daskjobs.sim.engine import CycleError, simulate, topological_order
-from daskjobs.sim.model import Attempt, Cluster, Task
+from daskjobs.sim.engine import simulate
+from daskjobs.sim.model import Attempt, Cluster, CycleError, Task, topological_order
 from daskjobs.sim.schedule import (
     Schedule,
     TaskRecord,

@@ -65,10 +65,10 @@ import numpy as np
 from daskjobs.policies.base import Policy
 from daskjobs.policies.speculation import Speculation
 from daskjobs.sim.fates import FATES, check_seed, draw_fates
-from daskjobs.sim.model import Attempt, Cluster, Task
+from daskjobs.sim.model import Attempt, Cluster, Task, topological_order
 from daskjobs.sim.schedule import Schedule
 
-__all__ = ["CycleError", "simulate", "topological_order"]
+__all__ = ["simulate"]
 
 _DONE, _FAIL, _CHECK, _TICK = 0, 1, 2, 3
 _SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node's attempts
@@ -77,53 +77,6 @@ _SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node
 _RUNS = itertools.count(1)  # run stamps, see _simulate
 _Event = tuple[float, int, int, Attempt]  # (time, kind, sequence number, attempt)
 _PER_BUCKET = 64  # events a bucket of the event calendar holds on a busy cluster (width)
-
-
-class CycleError(ValueError):
-    """The task graph has a dependency cycle."""
-
-
-def _find_cycle(tasks: Sequence[Task], left: set[Hashable]) -> list[Hashable]:
-    by_id = {t.tid: t for t in tasks}
-    start = next(t.tid for t in tasks if t.tid in left)  # input order, not set order
-    path: list[Hashable] = []
-    seen: dict[Hashable, int] = {}
-    node = start
-    while node not in seen:
-        seen[node] = len(path)
-        path.append(node)
-        node = next(d for d in by_id[node].deps if d in left)
-    return [*path[seen[node] :], node]
-
-
-def topological_order(tasks: Sequence[Task]) -> list[Task]:
-    """``tasks`` ordered so that each comes after its dependencies.
-
-    Ties keep input order. Raises :class:`CycleError` naming a cycle, or
-    ``ValueError`` naming an unknown dependency.
-    """
-    ids = {t.tid for t in tasks}
-    indeg: dict[Hashable, int] = {}
-    dependents: dict[Hashable, list[Task]] = {}
-    for t in tasks:
-        for d in t.deps:
-            if d not in ids:
-                raise ValueError(f"task {t.tid!r} depends on unknown task {d!r}")
-            dependents.setdefault(d, []).append(t)
-        indeg[t.tid] = len(set(t.deps))
-    order = [t for t in tasks if not indeg[t.tid]]
-    i = 0
-    while i < len(order):
-        for child in dependents.get(order[i].tid, ()):
-            indeg[child.tid] -= 1
-            if not indeg[child.tid]:
-                order.append(child)
-        i += 1
-    if len(order) != len(tasks):
-        done = {t.tid for t in order}
-        cycle = _find_cycle(tasks, {t.tid for t in tasks if t.tid not in done})
-        raise CycleError("dependency cycle: " + " -> ".join(map(repr, cycle)))
-    return order
 
 
 class _Offer:

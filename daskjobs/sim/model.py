@@ -8,10 +8,10 @@ carries its true ``duration`` (seen only by the simulator) and an
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Attempt", "Cluster", "Task"]
+__all__ = ["Attempt", "Cluster", "CycleError", "Task", "topological_order"]
 
 
 def _is_number(value: object) -> bool:
@@ -194,3 +194,50 @@ class Attempt:
             f"Attempt({self.aid}, task={self.task.tid!r}, node={self.node}, start={self.start:g}, "
             f"end={self.end:g}, outcome={self.outcome!r}, backup={self.backup})"
         )
+
+
+class CycleError(ValueError):
+    """The task graph has a dependency cycle."""
+
+
+def _find_cycle(tasks: Sequence[Task], left: set[Hashable]) -> list[Hashable]:
+    by_id = {t.tid: t for t in tasks}
+    start = next(t.tid for t in tasks if t.tid in left)  # input order, not set order
+    path: list[Hashable] = []
+    seen: dict[Hashable, int] = {}
+    node = start
+    while node not in seen:
+        seen[node] = len(path)
+        path.append(node)
+        node = next(d for d in by_id[node].deps if d in left)
+    return [*path[seen[node] :], node]
+
+
+def topological_order(tasks: Sequence[Task]) -> list[Task]:
+    """``tasks`` ordered so that each comes after its dependencies.
+
+    Ties keep input order. Raises :class:`CycleError` naming a cycle, or
+    ``ValueError`` naming an unknown dependency.
+    """
+    ids = {t.tid for t in tasks}
+    indeg: dict[Hashable, int] = {}
+    dependents: dict[Hashable, list[Task]] = {}
+    for t in tasks:
+        for d in t.deps:
+            if d not in ids:
+                raise ValueError(f"task {t.tid!r} depends on unknown task {d!r}")
+            dependents.setdefault(d, []).append(t)
+        indeg[t.tid] = len(set(t.deps))
+    order = [t for t in tasks if not indeg[t.tid]]
+    i = 0
+    while i < len(order):
+        for child in dependents.get(order[i].tid, ()):
+            indeg[child.tid] -= 1
+            if not indeg[child.tid]:
+                order.append(child)
+        i += 1
+    if len(order) != len(tasks):
+        done = {t.tid for t in order}
+        cycle = _find_cycle(tasks, {t.tid for t in tasks if t.tid not in done})
+        raise CycleError("dependency cycle: " + " -> ".join(map(repr, cycle)))
+    return order

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from daskjobs import workloads
 from daskjobs.policies import FairShare, make_policy
+from daskjobs.sim import workloads
 from daskjobs.sim.engine import simulate
 from daskjobs.sim.schedule import Schedule, failure_bound, lower_bound, speed_bound
 
@@ -242,7 +242,7 @@ def run_chapter(
 def chapter_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
     """The chapter sweep under every policy of the published table, with and without backups.
 
-    ``workload_kwargs`` go to :func:`daskjobs.workloads.chapter` (e.g.
+    ``workload_kwargs`` go to :func:`daskjobs.sim.workloads.chapter` (e.g.
     ``slow_node=0``, ``failure_rate=0.02``, ``n=20_000``). Rows, in order: fifo,
     lpt, work-stealing (backups off, on), ``lpt-no-slow-node`` (LPT on the
     cluster without its slow node, backups off), node-aware (off, on).
@@ -378,7 +378,7 @@ def fairshare_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
     Per policy and team: median and maximum wait (hours from each task's
     submission to its end) and the team's last end; ``a_end_h`` is when team
     ``a``'s sweep ended. No backups (the published figures have none).
-    ``workload_kwargs`` go to :func:`daskjobs.workloads.fairshare`.
+    ``workload_kwargs`` go to :func:`daskjobs.sim.workloads.fairshare`.
     """
     return run_fairshare(seed, **workload_kwargs)[0]
 
@@ -447,6 +447,6 @@ def graph_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
     Each mode runs under lpt, critical-path and node-aware, all with backups.
     ``core_h`` counts every attempt's core-time (useful work plus waste, the
     published "core-hours"). ``workload_kwargs`` go to
-    :func:`daskjobs.workloads.feature_graph`.
+    :func:`daskjobs.sim.workloads.feature_graph`.
     """
     return run_graph(seed, **workload_kwargs)[0]

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from daskjobs.sim.fates import check_seed, draw_fates
-from daskjobs.sim.model import Attempt, Cluster, Task
+from daskjobs.sim.model import Attempt, Cluster, Task, topological_order
 
 __all__ = ["Schedule", "TaskRecord", "TeamStats", "lower_bound", "speed_bound", "utilisation"]
 
@@ -234,7 +234,6 @@ def _longest_chain(tasks: Sequence[Task]) -> float:
     finish: dict[Hashable, float] = {}
     by_id = {t.tid: t for t in tasks}
     # iterative DFS-free pass: repeat in topological order
-    from daskjobs.sim.engine import topological_order
 
     for t in topological_order(tasks):
         finish[t.tid] = t.duration + max((finish[d] for d in t.deps if d in by_id), default=0.0)
