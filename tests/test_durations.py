@@ -1,0 +1,172 @@
+"""Duration models over a stage's parameters (daskjobs.policies.durations)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from daskjobs.policies.durations import (
+    REFIT_EVERY,
+    DurationModels,
+    StageModel,
+    within_factor,
+)
+
+
+def noisy(rng: np.random.Generator, seconds: float, sigma: float = 0.2) -> float:
+    return float(seconds * math.exp(sigma * rng.standard_normal()))
+
+
+def test_a_duration_proportional_to_a_parameter_is_learned_and_extrapolated():
+    rng = np.random.default_rng(1)
+    m = StageModel()
+    for _ in range(3):
+        for lookback in (10, 20, 40, 80, 160):
+            m.observe(
+                {"lookback": lookback, "seed": int(rng.integers(100))}, noisy(rng, 0.01 * lookback)
+            )
+    for lookback, truth in ((10, 0.1), (160, 1.6), (640, 6.4)):
+        p = m.predict({"lookback": lookback, "seed": 7})
+        assert p is not None and p.source == "model"
+        assert truth / 1.5 < p.seconds < truth * 1.5, (lookback, p)
+        assert p.low <= p.seconds <= p.high
+    # the stage median would put the largest lookback 4x too low: the model ranks it first
+    big, small = m.predict({"lookback": 640}), m.predict({"lookback": 10})
+    assert big is not None and small is not None and big.seconds > 20 * small.seconds
+
+
+def test_categorical_effects():
+    rng = np.random.default_rng(2)
+    m = StageModel()
+    for _ in range(6):
+        m.observe({"universe": "sp500"}, noisy(rng, 1.0, 0.1))
+        m.observe({"universe": "russell3000"}, noisy(rng, 8.0, 0.1))
+    a = m.predict({"universe": "sp500"})
+    b = m.predict({"universe": "russell3000"})
+    assert a is not None and b is not None
+    assert 0.6 < a.seconds < 1.6 and 5.0 < b.seconds < 12.0
+    # an unseen value is the stage's typical task: between the two
+    c = m.predict({"universe": "nasdaq"})
+    assert c is not None and a.seconds < c.seconds < b.seconds
+
+
+def test_few_observations_stay_near_the_median_and_have_a_wide_band():
+    m = StageModel()
+    m.observe({"x": 1}, 2.0)
+    p = m.predict({"x": 1000})
+    assert p is not None
+    assert p.seconds == pytest.approx(2.0)  # one value: nothing to fit a slope on
+    assert p.high / p.low > 5  # the prior's band
+    rng = np.random.default_rng(3)
+    many = StageModel()
+    for i in range(200):
+        many.observe({"x": i % 10}, noisy(rng, 2.0, 0.1))
+    q = many.predict({"x": 3})
+    assert q is not None and q.high / q.low < p.high / p.low
+
+
+def test_a_parameter_that_explains_nothing_is_shrunk_away():
+    rng = np.random.default_rng(4)
+    m = StageModel()
+    durations = []
+    for i in range(40):
+        d = noisy(rng, 3.0, 0.5)
+        durations.append(d)
+        m.observe({"seed": i}, d)
+    med = float(np.median(durations))
+    for seed in (0, 20, 39, 500):
+        p = m.predict({"seed": seed})
+        assert p is not None
+        assert med / 1.6 < p.seconds < med * 1.6, (seed, p.seconds, med)
+
+
+def test_extrapolation_is_limited():
+    m = StageModel()
+    for x in (1, 2, 3, 4, 5, 6, 7, 8):
+        m.observe({"n": x}, float(x))
+    far = m.predict({"n": 10**9})
+    assert far is not None
+    # at most EXTRAPOLATE spans beyond the range on the log column: nowhere near 1e9 s
+    assert far.seconds < 1e4
+
+
+def test_mixed_missing_and_odd_values_do_not_break_the_fit():
+    m = StageModel()
+    rows = [
+        ({"a": 1, "b": "x", "c": [1, 2]}, 1.0),
+        ({"a": -2.0, "b": None, "c": {"k": 1}}, 2.0),
+        ({"a": "three", "b": True}, 3.0),
+        ({}, 4.0),
+        ({"a": float("nan")}, 5.0),
+    ]
+    for p, s in rows:
+        m.observe(p, s)
+    m.observe({"a": 1}, float("nan"))  # ignored
+    m.observe({"a": 1}, -1.0)  # ignored
+    m.observe({"a": 1}, 0.0)  # ignored: no log of zero
+    assert len(m) == 5
+    for p, _ in rows:
+        got = m.predict(p)
+        assert got is not None and math.isfinite(got.seconds) and got.seconds > 0
+    batch = m.predict_many([p for p, _ in rows] + [None])
+    assert batch is not None and len(batch) == 6
+    assert [b.seconds for b in batch[:5]] == pytest.approx([m.predict(p).seconds for p, _ in rows])
+
+
+def test_nothing_observed_predicts_nothing():
+    assert StageModel().predict({"x": 1}) is None
+    models = DurationModels()
+    assert models.predict("backtest", {"x": 1}) is None
+    assert not models.due("backtest")
+
+
+def test_due_doubles_then_steps():
+    models = DurationModels()
+    fired = []
+    for i in range(1, 300):
+        models.observe("s", {"i": i}, 1.0)
+        if models.due("s"):
+            fired.append(i)
+            models.mark("s")
+    doublings = [1, 2, 4, 8, 16, 32, 64]
+    assert fired[: len(doublings)] == doublings
+    assert fired[len(doublings) :] == list(range(64 + REFIT_EVERY, 300, REFIT_EVERY))
+
+
+def test_round_trip_through_json_keeps_predictions():
+    rng = np.random.default_rng(5)
+    models = DurationModels()
+    for i in range(30):
+        models.observe(
+            "bt", {"lookback": 10 * (1 + i % 5), "tag": ("a", i % 2)}, noisy(rng, 1.0 + i % 5)
+        )
+    models.observe("feat", {}, 0.5)
+    text = json.dumps(models.to_dict())
+    back = DurationModels.from_dict(json.loads(text))
+    assert back.stages() == ["bt", "feat"]
+    for params in ({"lookback": 30, "tag": ("a", 1)}, {"lookback": 500}):
+        a, b = models.predict("bt", params), back.predict("bt", params)
+        assert a is not None and b is not None
+        # a tuple comes back as its text: the same category either way
+        assert b.seconds == pytest.approx(a.seconds)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [[], {"s": 3}, {"s": [[1, 2]]}, {"s": [[{"a": 1}]]}],
+)
+def test_malformed_models_are_refused(data):
+    with pytest.raises(ValueError, match="duration models"):
+        DurationModels.from_dict(data)
+
+
+def test_within_factor():
+    assert within_factor([1, 2, 3], [1, 1, 1]) == pytest.approx(2 / 3)
+    assert within_factor([0.5, 4], [1, 1]) == pytest.approx(0.5)
+    assert within_factor([0, 1], [0, 0]) == pytest.approx(0.5)
+    assert math.isnan(within_factor([], []))
+    with pytest.raises(ValueError):
+        within_factor([1], [1, 2])
