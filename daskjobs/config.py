@@ -51,11 +51,13 @@ __all__ = [
     "MAX_AUDIT_EVENTS",
     "MAX_HISTORY_SAMPLES",
     "MIN_INTERVAL",
+    "ClaimSettings",
     "ClientSettings",
     "JobsSettings",
     "Settings",
     "SpeculationSettings",
     "TeamSettings",
+    "claim_settings",
     "jobs_settings",
     "policy_names",
     "policy_settings",
@@ -197,6 +199,15 @@ class JobsSettings:
     launch_timeout: float = _default_seconds("jobs.launch-timeout") or 0.0
     interval: float = _default_seconds("jobs.interval") or MIN_INTERVAL
     backlog: int = _default("jobs.backlog")
+
+
+@dataclass(frozen=True)
+class ClaimSettings:
+    """Checked settings of the store's claims (seconds for every duration)."""
+
+    enabled: bool = _default("claims.enabled")
+    lease: float = _default_seconds("claims.lease") or 60.0
+    max_wait: float = _default_seconds("claims.max-wait") or 0.0
 
 
 @dataclass(frozen=True)
@@ -605,6 +616,17 @@ def settings(**overrides: Any) -> Settings:
             ),
             record=_boolean("daskjobs.clients.record", raw["clients"]["record"]),
         ),
+    )
+
+
+def claim_settings(**overrides: Any) -> ClaimSettings:
+    """The ``daskjobs.claims`` section with ``overrides`` (``claims={"lease": "10s"}``),
+    checked."""
+    raw = _raw(overrides)["claims"]
+    return ClaimSettings(
+        enabled=_boolean("daskjobs.claims.enabled", raw["enabled"]),
+        lease=_seconds("daskjobs.claims.lease", raw["lease"], floor=MIN_INTERVAL) or 0.0,
+        max_wait=_seconds("daskjobs.claims.max-wait", raw["max-wait"]) or 0.0,
     )
 
 

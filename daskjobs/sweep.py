@@ -103,6 +103,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from daskjobs.cache.claims import Claims
 from daskjobs.cache.keys import (
     code_hash,
     stage_key,
@@ -405,11 +406,13 @@ class _Recipe:
 class _Context:
     store: ResultStore | None
     run_id: str
+    #: the store's claims (daskjobs.cache.claims), None when off or without a store
+    claims: Claims | None = None
 
 
 def _event(ctx: _Context, kind: str, call: _Call, detail: str = "") -> None:
-    """Tell the client what this task did (kinds: ``computed``, ``loaded``, ``recomputed``,
-    ``recomputed-input``, ``store-error``); :class:`_RunLog` collects them."""
+    """Tell the client what this task did (kinds: ``computed``, ``loaded``, ``fenced``,
+    ``recomputed``, ``recomputed-input``, ``store-error``); :class:`_RunLog` collects them."""
     msg = {"run": ctx.run_id, "kind": kind, "key": call.key, "stage": call.stage, "detail": detail}
     try:
         from distributed import get_worker
@@ -445,37 +448,78 @@ def _store_failed(ctx: _Context, call: _Call, err: BaseException) -> None:
     _event(ctx, "store-error", call, f"{type(err).__name__}: {err}")
 
 
-def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
-    kwargs = dict(call.params)
-    kwargs.update(zip(call.input_names, values, strict=True))
-    start = time.perf_counter()
+def _claim(call: _Call, ctx: _Context) -> tuple[bool, Any, Any]:
+    """Take ``call``'s claim on the store (daskjobs.cache.claims) before computing it:
+    ``(True, value, None)`` if another cluster computed it meanwhile, else
+    ``(False, None, claim)`` with the claim to release (None: compute without one)."""
+    if ctx.claims is None or ctx.store is None or not call.cache:
+        return False, None, None
+    store = ctx.store
     try:
-        value = call.func(**kwargs)
-    except Exception as err:
-        # with the function's own frames: the worker's one log record of a failed task
-        # ("Compute Failed") then shows where the stage raised, not this wrapper
-        raise StageError(
-            call.stage,
-            call.key,
-            call.labels,
-            f"{type(err).__name__}: {err}",
-            traceback.format_exc(),
-        ).with_traceback(err.__traceback__) from err
-    seconds = time.perf_counter() - start
-    _event(ctx, "computed", call)
-    if ctx.store is not None and call.cache:
+        state, claim = ctx.claims.acquire(call.key, lambda: store.contains(call.key))
+    except Exception as err:  # a store that cannot hold claims computes as before
+        logger.debug("no claim on %s in %s: %r", call.key, store.url, err)
+        return False, None, None
+    if state == "stored":
         try:
-            ctx.store.put(
+            value = store.get(call.key)
+        except KeyError:  # corrupt and removed: compute it here
+            return False, None, None
+        _event(ctx, "loaded", call, "computed by another cluster sharing the store")
+        return True, value, None
+    return False, None, claim
+
+
+def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
+    done, value, claim = _claim(call, ctx)
+    if done:
+        return value
+    committed = False
+    try:
+        kwargs = dict(call.params)
+        kwargs.update(zip(call.input_names, values, strict=True))
+        start = time.perf_counter()
+        try:
+            value = call.func(**kwargs)
+        except Exception as err:
+            # with the function's own frames: the worker's one log record of a failed task
+            # ("Compute Failed") then shows where the stage raised, not this wrapper
+            raise StageError(
+                call.stage,
                 call.key,
-                value,
-                stage=call.stage,
-                params={**call.labels, **call.params},
-                code_hash=call.code,
-                compute_seconds=seconds,
-            )
-        except Exception as err:  # a full disk must not lose the computed value
-            _store_failed(ctx, call, err)
-    return value
+                call.labels,
+                f"{type(err).__name__}: {err}",
+                traceback.format_exc(),
+            ).with_traceback(err.__traceback__) from err
+        seconds = time.perf_counter() - start
+        _event(ctx, "computed", call)
+        if ctx.store is not None and call.cache:
+            if claim is not None and claim.lost:
+                # fenced: our claim expired and another cluster took it over; its commit
+                # is the visible one, and our value still goes to our own client
+                logger.warning(
+                    "%s: the claim on the store expired while computing and was taken over; "
+                    "returning the result without storing it",
+                    call.key,
+                )
+                _event(ctx, "fenced", call, f"claim token {claim.token} was superseded")
+            else:
+                try:
+                    ctx.store.put(
+                        call.key,
+                        value,
+                        stage=call.stage,
+                        params={**call.labels, **call.params},
+                        code_hash=call.code,
+                        compute_seconds=seconds,
+                    )
+                    committed = True
+                except Exception as err:  # a full disk must not lose the computed value
+                    _store_failed(ctx, call, err)
+        return value
+    finally:
+        if claim is not None:
+            claim.release(committed)
 
 
 def _compute_stage(call: _Call, ctx: _Context, *values: Any) -> Any:
@@ -685,7 +729,14 @@ class Sweep:
             if self.stages.get(s.name) is not s:
                 raise ValueError(f"{s!r} is not a stage of sweep {self.name!r}")
         out_nodes = [n for s in out_stages for n in s.nodes]
-        ctx = _Context(result_store, run_id or uuid.uuid4().hex)
+        claims = None
+        if result_store is not None:
+            from daskjobs.config import claim_settings
+
+            cs = claim_settings()
+            if cs.enabled:
+                claims = Claims(result_store, cs.lease, cs.max_wait)
+        ctx = _Context(result_store, run_id or uuid.uuid4().hex, claims)
         return _plan(self, out_nodes, ctx)
 
     def run(
