@@ -1324,7 +1324,7 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
         records=tuple(records),
         failures=tuple(f.failure for f in failures.values()),
         computed=len(counts.computed),
-        hits=len(counts.loaded),
+        hits=len(counts.loaded - counts.computed.keys()),
         pruned=graph.pruned,
         recomputed=len(counts.recomputed),
         seconds=time.perf_counter() - start,
@@ -1473,7 +1473,7 @@ class _RunLog:
         out = {stage: {"computed": 0, "hits": 0} for stage in planned}
         for key in self.computed:
             out.setdefault(self.stage_of[key], {"computed": 0, "hits": 0})["computed"] += 1
-        for key in self.loaded:
+        for key in self.loaded - self.computed.keys():  # a lost result reloaded is no hit
             out.setdefault(self.stage_of[key], {"computed": 0, "hits": 0})["hits"] += 1
         return out
 
