@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Attempt", "Cluster", "CycleError", "Task", "topological_order"]
 
@@ -40,7 +41,9 @@ class Task:
     ``speculate=False`` forbids backup copies (a task with side effects);
     ``estimated=False`` says the estimate is only a configured default (the
     scheduler has nothing to judge lateness or speeds against: no copies, no
-    speed learning, the policies' rules).
+    speed learning, the policies' rules). ``stage`` and ``params`` say what the task
+    computes (a sweep's stage and the parameters of its grid point): a duration model
+    (:mod:`daskjobs.policies.durations`) learns from them where no estimate is given.
     """
 
     tid: Hashable
@@ -52,6 +55,8 @@ class Task:
     submit: float = 0.0
     speculate: bool = True
     estimated: bool = True
+    stage: str | None = None
+    params: Mapping[str, Any] | None = field(default=None, compare=False)
     # where the running simulation keeps this task (simulator-internal, checked on use)
     _ti: int = field(default=-1, init=False, repr=False, compare=False)
 

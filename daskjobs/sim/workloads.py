@@ -20,15 +20,27 @@ with probability 1% at a uniform point of its run.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import dataclasses
+import math
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from daskjobs.policies.speculation import Speculation
 from daskjobs.sim.model import Cluster, Task
 
-__all__ = ["Workload", "chapter", "fairshare", "feature_graph"]
+__all__ = [
+    "Workload",
+    "chapter",
+    "chapter_params",
+    "fairshare",
+    "feature_graph",
+    "lookback_grid",
+    "two_stage",
+    "without_estimates",
+]
 
 MEDIAN = 15 * 60.0
 SIGMA = 0.76
@@ -157,3 +169,127 @@ def feature_graph(
     ]
     cache = frozenset(f.tid for f in features) if mode == "cached" else frozenset()
     return Workload(mode, tasks, base.cluster, base.spec, cache=cache, seed=seed)
+
+
+# -- sweeps whose durations follow their parameters (docs/estimates.md) -----------------------
+
+
+def _task(
+    tid: str, stage: str, params: Mapping[str, Any], duration: float, deps: tuple[str, ...] = ()
+) -> Task:
+    return Task(tid, duration, deps=deps, stage=stage, params=params)
+
+
+def lookback_grid(
+    seed: int = 0,
+    *,
+    lookbacks: tuple[int, ...] = (5, 10, 20, 40, 80, 160, 320, 640),
+    universes: tuple[str, ...] = ("sp500", "russell1000", "russell3000"),
+    repeats: int = 8,
+    median: float = MEDIAN,
+    noise: float = 0.3,
+    nodes: int = 4,
+    cores_per_node: int = 16,
+    slow_factor: float = 1.0,
+) -> Workload:
+    """A backtest grid whose duration is proportional to its lookback and grows with
+    its universe (1x, 2x, 6x), times ``exp(noise z)``; the largest lookbacks are
+    submitted last, as a grid lists them. ``median`` is the duration of the middle
+    lookback on the smallest universe. A heavy tail: the longest tasks are ~250x the
+    shortest."""
+    rng = np.random.default_rng([seed, 34, 1])
+    weight = {u: w for u, w in zip(universes, (1.0, 2.0, 6.0, 12.0), strict=False)}
+    ref = float(np.median(lookbacks))
+    tasks = []
+    for lb in lookbacks:
+        for u in universes:
+            for r in range(repeats):
+                d = (
+                    median
+                    * (lb / ref)
+                    * weight.get(u, 1.0)
+                    * math.exp(noise * rng.standard_normal())
+                )
+                params = {"lookback": lb, "universe": u, "seed": r}
+                tasks.append(_task(f"bt-{lb}-{u}-{r}", "backtest", params, d))
+    cluster = _cluster(nodes, cores_per_node, None, slow_factor, 0.0)
+    return Workload("lookback-grid", tasks, cluster, seed=seed)
+
+
+def chapter_params(
+    seed: int = 0,
+    *,
+    n: int = 2_000,
+    n_long: int = 8,
+    long_factor: float = 30.0,
+    median: float = MEDIAN,
+    sigma: float = SIGMA,
+    noise: float = 0.3,
+    nodes: int = 5,
+    cores_per_node: int = 16,
+    slow_factor: float = 1.0,
+) -> Workload:
+    """The chapter sweep's shape, its durations explained by a parameter: each task's
+    ``size`` is its duration over the median times ``exp(noise z)`` (what the model can
+    learn), its ``window`` one of four values with no effect; the ``n_long`` tasks 30x
+    the median have the largest sizes and are submitted last."""
+    rng = np.random.default_rng([seed, 34, 2])
+    dur = _durations(rng, n, n_long, median, sigma, long_factor)
+    size = dur / median * np.exp(noise * rng.standard_normal(n))
+    windows = (20, 60, 120, 250)
+    tasks = [
+        _task(
+            f"bt-{i}",
+            "backtest",
+            {"size": round(float(size[i]), 4), "window": windows[i % len(windows)]},
+            float(dur[i]),
+        )
+        for i in range(n)
+    ]
+    cluster = _cluster(nodes, cores_per_node, None, slow_factor, 0.0)
+    return Workload("chapter-params", tasks, cluster, seed=seed)
+
+
+def two_stage(
+    seed: int = 0,
+    *,
+    slices: int = 16,
+    bars: tuple[int, ...] = (10_000, 40_000),
+    lookbacks: tuple[int, ...] = (10, 20, 40, 80, 160, 320),
+    repeats: int = 6,
+    median: float = MEDIAN,
+    noise: float = 0.3,
+    nodes: int = 4,
+    cores_per_node: int = 16,
+) -> Workload:
+    """Feature stages (one per data slice, duration proportional to its ``bars``) read by
+    backtests (duration proportional to the lookback, and to the slice's bars)."""
+    rng = np.random.default_rng([seed, 34, 3])
+    tasks = []
+    ref_bars = float(min(bars))
+    ref_lb = float(np.median(lookbacks))
+    for k in range(slices):
+        b = bars[k % len(bars)]
+        d = 0.5 * median * (b / ref_bars) * math.exp(noise * rng.standard_normal())
+        tasks.append(_task(f"feat-{k}", "features", {"slice": k, "bars": b}, d))
+    for lb in lookbacks:
+        for k in range(slices):
+            b = bars[k % len(bars)]
+            for r in range(repeats):
+                d = (
+                    median
+                    * (lb / ref_lb)
+                    * (b / ref_bars)
+                    * math.exp(noise * rng.standard_normal())
+                )
+                params = {"slice": k, "bars": b, "lookback": lb, "seed": r}
+                tasks.append(_task(f"bt-{lb}-{k}-{r}", "backtest", params, d, (f"feat-{k}",)))
+    cluster = _cluster(nodes, cores_per_node, None, 1.0, 0.0)
+    return Workload("two-stage", tasks, cluster, seed=seed)
+
+
+def without_estimates(workload: Workload, default: float = 1.0) -> Workload:
+    """``workload`` as a user who annotates nothing submits it: every estimate is the
+    configured ``default`` and marked as such (``estimated=False``)."""
+    tasks = [dataclasses.replace(t, estimate=default, estimated=False) for t in workload.tasks]
+    return dataclasses.replace(workload, tasks=tasks)
