@@ -49,8 +49,9 @@ What reaches the scheduler
 (``dask.compute``, ``client.compute``, and ``client.get(graph.__dask_graph__(), graph.keys)``
 all accept it). Its graph is a ``HighLevelGraph`` with one layer per stage and kind, whose layer
 annotations reach ``TaskState.annotations`` on the scheduler: ``stage`` (the stage name),
-``estimate`` (seconds, if given), ``team``, ``resources``, ``retries``, ``speculate`` and
-``cache``; loads from the store also carry ``load: True``.
+``estimate`` (seconds, if given), ``params`` (the node's labels and parameters, which the
+scheduler's duration model learns from), ``team``, ``resources``, ``retries``, ``speculate``
+and ``cache``; loads from the store also carry ``load: True``.
 
 Caching
 -------
@@ -859,6 +860,9 @@ def _annotations(stage: Stage, nodes: Sequence[Node], load: bool) -> dict[str, A
     if load:
         ann["load"] = True
     else:
+        params = {n.key: _model_params(n) for n in nodes}
+        if any(params.values()):
+            ann["params"] = _PerKey(params)
         estimates = {n.key: n.estimate for n in nodes if n.estimate is not None}
         values = set(estimates.values())
         if len(values) == 1 and len(estimates) == len(nodes):
@@ -868,13 +872,36 @@ def _annotations(stage: Stage, nodes: Sequence[Node], load: bool) -> dict[str, A
     return ann
 
 
+#: Most parameters of a node passed to the scheduler's duration model, and longest text.
+_MODEL_PARAMS = 32
+_MODEL_TEXT = 64
+
+
+def _model_params(node: Node) -> dict[str, Any]:
+    """What the scheduler's duration model (daskjobs.policies.durations) learns from: the
+    node's labels and parameters, numbers, strings, bools and None as they are, anything
+    else as a short text; at most :data:`_MODEL_PARAMS` of them."""
+    out: dict[str, Any] = {}
+    for name, value in itertools.chain(node.labels.items(), node.params.items()):
+        if len(out) >= _MODEL_PARAMS:
+            break
+        if value is None or isinstance(value, bool | int | str):
+            v: Any = value if not isinstance(value, str) else value[:_MODEL_TEXT]
+        elif isinstance(value, float):
+            v = value if math.isfinite(value) else repr(value)
+        else:
+            v = repr(value)[:_MODEL_TEXT]
+        out[str(name)] = v
+    return out
+
+
 @dataclass(frozen=True)
 class _PerKey:
     """A per-key annotation value; dask calls it with each key of the layer."""
 
-    values: Mapping[str, float]
+    values: Mapping[str, Any]
 
-    def __call__(self, key: str) -> float | None:
+    def __call__(self, key: str) -> Any:
         return self.values.get(key)
 
 

@@ -224,13 +224,15 @@ def test_annotations_reach_the_scheduler(client: Client, tmp_path: Path) -> None
         assert ann[node.key] == {
             "stage": "moving_averages",
             "estimate": 0.5 + node.labels["slice"],
+            "params": {"slice": node.labels["slice"]},
             "team": "quant",
             "cache": True,
             "speculate": True,
         }
-    for key in sweep.stages["crossover"].keys:
-        assert ann[key] == {
+    for node in sweep.stages["crossover"]:
+        assert ann[node.key] == {
             "stage": "crossover",
+            "params": {k: node.labels[k] for k in ("slice", "fast", "slow")},
             "team": "quant",
             "cache": True,
             "speculate": False,
@@ -247,6 +249,30 @@ def test_annotations_reach_the_scheduler(client: Client, tmp_path: Path) -> None
     ann = client.run_on_scheduler(scheduler_annotations)
     assert ann[again.keys[0]]["load"] is True and ann[again.keys[0]]["stage"] == "crossover"
     del futures
+
+
+def test_parameters_for_the_duration_model_are_small_and_plain() -> None:
+    from daskjobs.sweep import _MODEL_PARAMS, _model_params
+
+    sweep = Sweep("p")
+    stage = sweep.stage(
+        make_prices,
+        over=grid(slice=[1]),
+        params={"universe": ("a", "b"), "long": "x" * 500, "nan": float("nan"), "flag": True},
+    )
+    (node,) = stage.nodes
+    got = _model_params(node)
+    assert got == {
+        "slice": 1,
+        "universe": "('a', 'b')",
+        "long": "x" * 64,
+        "nan": "nan",
+        "flag": True,
+    }
+    many = Sweep("m").stage(
+        make_prices, over=grid(slice=[1]), params={f"p{i}": i for i in range(99)}
+    )
+    assert len(_model_params(many.nodes[0])) == _MODEL_PARAMS
 
 
 def test_collection_protocol(client: Client, tmp_path: Path) -> None:
