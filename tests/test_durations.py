@@ -170,3 +170,71 @@ def test_within_factor():
     assert math.isnan(within_factor([], []))
     with pytest.raises(ValueError):
         within_factor([1], [1, 2])
+
+
+# -- the estimator: where an estimate comes from ----------------------------------------------
+
+
+def test_estimates_come_from_annotation_then_model_then_median_then_default():
+    from daskjobs.policies.durations import Estimator
+
+    est = Estimator(default=1.0)
+    assert est.predict("bt", {"lookback": 10}).source == "default"
+    assert est.predict("bt", {"lookback": 10}, annotated=7.0).seconds == 7.0
+    assert est.predict("bt", {"lookback": 10}, annotated=7.0).source == "annotation"
+    for lb in (10, 20, 40, 80):
+        est.observe("bt", {"lookback": lb}, 0.1 * lb)
+    got = est.predict("bt", {"lookback": 160})
+    assert got.source == "model" and got.samples == 4 and got.low < got.seconds < got.high
+    assert got.seconds > 8  # the model follows the lookback: the median (3 s) would not
+    est.observe("feat", None, 2.0)
+    assert est.predict("feat", None).source == "history"  # no parameters: the median
+    flat = Estimator(default=1.0, learn=False)
+    for lb in (10, 20, 40, 80):
+        flat.observe("bt", {"lookback": lb}, 0.1 * lb)
+    same = {flat.predict("bt", {"lookback": lb}).seconds for lb in (10, 160)}
+    assert len(same) == 1 and flat.predict("bt", {}).source == "history"
+    assert not flat.due("bt")
+
+
+def test_the_estimator_scores_its_predictions():
+    from daskjobs.policies.durations import Estimator
+
+    est = Estimator(default=1.0)
+    # predicted before each is learned: (none), 1 vs 10, 3.16 vs 1, 1 vs 3, 1.73 vs 1
+    for seconds in (1.0, 10.0, 1.0, 3.0, 1.0):
+        est.observe("x", None, seconds)
+    stages = est.stages()["x"]
+    assert stages["samples"] == 5 and stages["scored"] == 4
+    assert stages["within_2x"] == pytest.approx(1 / 4)
+    assert stages["median"] == pytest.approx(1.0)
+    for lb in (10, 20, 40, 80, 160, 320):  # a model that follows its parameter
+        est.observe("bt", {"lookback": lb}, 0.1 * lb)
+    assert est.stages()["bt"]["within_2x"] == 1.0
+
+
+def test_history_round_trips_and_reads_version_one(tmp_path):
+    from daskjobs.policies.durations import Estimator
+
+    path = str(tmp_path / "h.json")
+    est = Estimator(default=1.0, path=path)
+    for lb in (10, 20, 40):
+        est.observe("bt", {"lookback": lb}, 0.1 * lb)
+    est.save()
+    again = Estimator(default=1.0, path=path)
+    assert again.predict("bt", {"lookback": 80}).seconds == pytest.approx(
+        est.predict("bt", {"lookback": 80}).seconds
+    )
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps({"version": 1, "stages": {"bt": [1.0, 2.0, 3.0]}}))
+    v1 = Estimator(default=9.0, path=str(old))
+    assert v1.predict("bt", {"x": 1}).seconds == pytest.approx(2.0)
+    for bad, why in (
+        ("{", "history file"),
+        ('{"version": 9, "stages": {}}', "unknown version"),
+        ('{"version": 2, "stages": {"bt": 3}}', "not a list"),
+        ("[]", "not a JSON object"),
+    ):
+        old.write_text(bad)
+        with pytest.raises(ValueError, match=why):
+            Estimator(default=1.0, path=str(old))

@@ -71,8 +71,11 @@ __all__ = [
     "EXTRAPOLATE",
     "PRIOR_SIGMA",
     "REFIT_EVERY",
+    "SOURCES",
     "WINDOW",
     "DurationModels",
+    "Estimate",
+    "Estimator",
     "Prediction",
     "StageModel",
     "within_factor",
@@ -407,3 +410,163 @@ def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[str(k)] = repr(v)
     return out
+
+
+# -- where an estimate comes from ---------------------------------------------------------------
+
+#: The sources of an estimate, in the order they are tried.
+SOURCES = ("annotation", "model", "history", "default")
+HISTORY_VERSION = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A task's estimated duration, its band and where it came from: ``annotation`` (the
+    user's ``estimate``; the band is the estimate itself), ``model`` (the stage's duration
+    model over the task's parameters), ``history`` (the stage's median: no parameters
+    that explain anything yet), ``default`` (nothing measured: the configured default)."""
+
+    seconds: float
+    low: float
+    high: float
+    source: str
+    samples: int = 0
+
+
+class Estimator:
+    """Estimates from annotations, duration models learned from measured durations, or a
+    default; with the models' record of how good their predictions were.
+
+    ``predict(stage, params, annotated)`` answers for a task; ``observe(stage, params,
+    seconds)`` learns from a finished one (seconds normalised by the worker's speed) and
+    scores the prediction the model would have made for it before learning it (the
+    share within 2x, 3Sigma's measure, per stage). ``learn=False`` keeps stage medians
+    only (every task of a stage alike, the behaviour before duration models).
+    Persistence (``save``/``load``, JSON) is pure Python; a version-1 file (durations per
+    stage, no parameters) is read as parameter-less observations.
+    """
+
+    def __init__(
+        self,
+        default: float,
+        samples: int = WINDOW,
+        path: str | None = None,
+        *,
+        learn: bool = True,
+    ) -> None:
+        self.default = float(default)
+        self.samples = int(samples)
+        self.path = path
+        self.learn = learn
+        self.models = DurationModels(self.samples)
+        self._scored: dict[str, list[int]] = {}  # stage -> [within 2x, predictions scored]
+        self.dirty = False
+        if path:
+            self.load()
+
+    def predict(
+        self, stage: str, params: Mapping[str, Any] | None, annotated: float | None = None
+    ) -> Estimate:
+        if annotated is not None:
+            return Estimate(annotated, annotated, annotated, "annotation")
+        p = self.models.predict(stage, params if self.learn else None)
+        if p is None:
+            d = self.default
+            return Estimate(d, d, d, "default")
+        source = "model" if p.source == "model" else "history"
+        return Estimate(p.seconds, p.low, p.high, source, p.samples)
+
+    def observe(self, stage: str, params: Mapping[str, Any] | None, seconds: float) -> None:
+        if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+            return
+        if self.learn:
+            before = self.models.predict(stage, params)
+            if before is not None:
+                score = self._scored.setdefault(stage, [0, 0])
+                score[0] += 0.5 <= before.seconds / seconds <= 2.0
+                score[1] += 1
+        self.models.observe(stage, params if self.learn else None, seconds)
+        self.dirty = True
+
+    def due(self, stage: str) -> bool:
+        """Whether the waiting tasks of ``stage`` deserve new estimates now
+        (:meth:`DurationModels.due`); the driver re-estimates them, then :meth:`mark`."""
+        return self.learn and self.models.due(stage)
+
+    def mark(self, stage: str) -> None:
+        self.models.mark(stage)
+
+    def stages(self) -> dict[str, dict[str, Any]]:
+        """Per stage: samples kept, their median, and the share of the model's predictions
+        within 2x of what was measured (None before any was scored)."""
+        out: dict[str, dict[str, Any]] = {}
+        for stage in self.models.stages():
+            m = self.models.model(stage)
+            assert m is not None
+            durations = [s for _, s in m.observations()]
+            scored = self._scored.get(stage)
+            out[stage] = {
+                "samples": len(durations),
+                "median": float(np.median(durations)) if durations else 0.0,
+                "within_2x": (scored[0] / scored[1]) if scored and scored[1] else None,
+                "scored": scored[1] if scored else 0,
+            }
+        return out
+
+    # -- persistence ----------------------------------------------------------------------
+    def load(self) -> None:
+        """Read the history file: a missing file is an empty history; a broken one
+        raises ``ValueError`` naming the file and the problem (the caller decides what
+        to do with it)."""
+        assert self.path
+        import json
+
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise ValueError(f"history file {self.path}: {e}") from None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"history file {self.path}: not a JSON object")
+        version = data.get("version")
+        stages = data.get("stages")
+        if not isinstance(stages, Mapping):
+            raise ValueError(f"history file {self.path}: no 'stages' object")
+        if version == 1:  # durations only
+            rows = {}
+            for stage, values in stages.items():
+                if not isinstance(values, list):
+                    raise ValueError(f"history file {self.path}: stage {stage!r} is not a list")
+                rows[str(stage)] = [[{}, v] for v in values]
+            stages = rows
+        elif version != HISTORY_VERSION:
+            raise ValueError(f"history file {self.path}: unknown version {version!r}")
+        try:
+            self.models = DurationModels.from_dict(stages, self.samples)
+        except ValueError as e:
+            raise ValueError(f"history file {self.path}: {e}") from None
+
+    def save(self) -> None:
+        """Write the history atomically (a temporary file, then a rename)."""
+        if not self.path:
+            return
+        import contextlib
+        import json
+        import os
+        import tempfile
+
+        data = {"version": HISTORY_VERSION, "stages": self.models.to_dict()}
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".daskjobs-history-", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.dirty = False
