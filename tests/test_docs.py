@@ -67,7 +67,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 RUN = {"python", "bash", "console"}
 NOT_RUN = {"", "text", "json", "yaml", "toml"}
@@ -509,8 +509,10 @@ def test_every_block_is_run_or_says_why() -> None:
 
 def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
     """mkdocs.yml's site, warnings as errors: broken links and anchors, pages left out of the
-    nav (``.ci/run`` builds it too)."""
-    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    nav, API entries naming nothing (``.ci/run`` builds it too); the generated reference is in
+    the built pages."""
+    for module in ("mkdocs", "mkdocstrings", "mkdocs_click"):
+        pytest.importorskip(module, reason="the docs extra: pip install -e '.[docs]'")
     p = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
         cwd=ROOT,
@@ -520,7 +522,25 @@ def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
         timeout=COMMAND_TIMEOUT,
     )
     assert p.returncode == 0, p.stdout + p.stderr
-    assert (tmp_path / "site" / "chapter" / "index.html").exists()
+    site = tmp_path / "site"
+    assert (site / "chapter" / "index.html").exists()
+    # the generated reference: an API entry per public name, the CLI, every config key
+    import daskjobs
+
+    api = (site / "reference" / "api" / "daskjobs" / "index.html").read_text()
+    for name in daskjobs.__all__:
+        assert f'id="daskjobs.{name}"' in api, name
+    cli = (site / "reference" / "cli" / "index.html").read_text()
+    for command in ("simulate", "replay", "cache", "status", "start-rate", "jobs"):
+        assert f"daskjobs {command}" in cli, command
+    config = (site / "reference" / "config" / "index.html").read_text()
+    assert "daskjobs-config-keys" not in config
+    for key in (
+        "daskjobs.speculation.late-factor",
+        "daskjobs.jobs.backlog",
+        "daskjobs.teams.quotas",
+    ):
+        assert f"<code>{key}</code>" in config, key
 
 
 def test_output_matching() -> None:
