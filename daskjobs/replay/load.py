@@ -11,8 +11,6 @@ What comes from where
   inputs from other workers) is *not* added: dask fetches on the worker's event
   loop, not on an executor thread, so a transfer holds no slot; when a slot did
   wait for one, the wait is inside the gaps the overhead is fitted from.
-  (Adding it double-counted, and summed parallel fetches of one task -- up to
-  0.3 s on a 1 s LocalCluster run -- landed on the critical path.)
   ``estimate`` is what the plugin
   estimated at the time (``null`` estimates fall back to the plugin's
   ``default_estimate``); ``team``, ``deps`` and ``submit`` (seconds after the
@@ -51,11 +49,7 @@ What dask adds, fitted from the trace
   spent computing: well under 1/2 means the run was bound by dask's per-task
   costs rather than by compute, and a what-if on a bigger cluster is then
   optimistic (the overhead is replayed per slot; on a LocalCluster it is one
-  event loop for everyone). Earlier fits averaged the gaps between
-  consecutive attempts on a slot; they missed slots that sat idle for long
-  stretches (on a small ``dask.array`` reduction of 0.5 ms tasks each worker
-  ran nearly everything on one of its two threads) and replayed DAG runs up
-  to 30% short.
+  event loop for everyone).
 * ``dep_latency`` (diagnostic, not replayed): from a task's last input
   finishing to its start (both scheduler-clock report arrivals), for
   dependents whose worker had a free slot then; the median. In the replay a
