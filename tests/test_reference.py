@@ -154,3 +154,11 @@ def test_a_key_without_a_meaning_or_a_type_fails_the_build(tmp_path: Path) -> No
     null.write_text("daskjobs:\n  # Somewhere.\n  somewhere: null\n")
     with pytest.raises(ValueError, match=r"daskjobs\.somewhere: the default is null"):
         hook.keys(null)
+
+
+def test_sphinx_roles_are_dropped_from_rendered_docstrings() -> None:
+    hook = _hook()
+    html = "see :class:<code>~daskjobs.sim.Task</code> and :func:<code>simulate</code>; a:b"
+    assert hook.on_page_content(html) == (
+        "see <code>daskjobs.sim.Task</code> and <code>simulate</code>; a:b"
+    )

@@ -185,9 +185,10 @@ def on_page_markdown(markdown_text: str, page: Any, **kwargs: Any) -> str:
 
 
 #: Sphinx roles in docstrings (``:class:`Foo```), which Markdown shows as text before the code.
-_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const|ref):(?=<code>)")
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const|ref):<code>~?")
 
 
 def on_page_content(html: str, **kwargs: Any) -> str:
-    """Drop the Sphinx role names left in front of code in docstrings rendered as Markdown."""
-    return _ROLE.sub("", html)
+    """Drop the Sphinx role names (and their ``~``) left in front of code in docstrings
+    rendered as Markdown."""
+    return _ROLE.sub("<code>", html)
