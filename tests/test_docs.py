@@ -1,4 +1,4 @@
-"""Every Python block and shell command of README.md and docs/*.md runs here.
+"""Every Python block and shell command of README.md and of every page under docs/ runs here.
 
 Our own extractor, not a plugin: pytest-markdown-docs and phmdoctest run Python blocks only, and
 the documentation is as much shell commands (``daskjobs simulate ...``, ``daskjobs replay ...``)

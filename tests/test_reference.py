@@ -4,9 +4,11 @@ The reference pages (docs/reference/) are generated at each ``mkdocs build`` fro
 entries from docstrings (mkdocstrings), the CLI from click, the config keys from
 ``daskjobs/daskjobs.yaml`` and its comments (docs/hooks/reference.py). What is generated cannot
 drift; what can be forgotten is an entry. These tests fail when a name in the ``__all__`` of a
-documented module has no ``::: name`` entry on an API page, and when a key of daskjobs.yaml is
-missing from the config reference or has no meaning there. The site build itself
-(tests/test_docs.py, ``mkdocs build --strict``) fails on an entry that names nothing.
+documented module has no ``::: name`` entry on an API page, when a key of daskjobs.yaml is
+missing from the config reference or has no meaning there, and when the trace format
+(docs/trace.md, written by hand) lacks a record type or a field that the trace reader reads.
+The site build itself (tests/test_docs.py, ``mkdocs build --strict``) fails on an entry that
+names nothing.
 """
 
 from __future__ import annotations
@@ -162,3 +164,70 @@ def test_sphinx_roles_are_dropped_from_rendered_docstrings() -> None:
     assert hook.on_page_content(html) == (
         "see <code>daskjobs.sim.Task</code> and <code>simulate</code>; a:b"
     )
+
+
+# -- the trace format (docs/trace.md) against its reader (daskjobs/trace.py) -------------------
+
+
+def _fields_read(function: Any) -> set[str]:
+    """The fields a reader method reads: the string literals of its ``line.get(NAME, ...)``."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    return {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "line"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    }
+
+
+def _trace_sections() -> dict[str, str]:
+    """Record type -> the text of its section in docs/trace.md (``### `type` ...``)."""
+    text = (ROOT / "docs" / "trace.md").read_text()
+    sections: dict[str, str] = {}
+    parts = re.split(r"^### ", text, flags=re.MULTILINE)
+    for part in parts[1:]:
+        heading, _, body = part.partition("\n")
+        for name in re.findall(r"`([a-z-]+)`", heading.split(":")[0]):
+            sections[name] = body.split("\n## ")[0]
+    return sections
+
+
+def _named(field: str, section: str) -> bool:
+    """A field is documented when its section names it as code or as a JSON key."""
+    return f"`{field}`" in section or f'"{field}":' in section
+
+
+def test_every_record_type_and_field_the_reader_reads_is_in_the_trace_format() -> None:
+    from daskjobs import trace
+
+    sections = _trace_sections()
+    types = {*trace._HANDLERS, "header", "footer"}
+    assert not types - set(sections), (
+        f"record types missing from docs/trace.md: {types - set(sections)}"
+    )
+    missing = {
+        name: sorted(f for f in _fields_read(method) if not _named(f, sections[name]))
+        for name, method in trace._HANDLERS.items()
+    }
+    missing.update(
+        header=sorted(
+            f for f in _fields_read(trace._Reader.header) if not _named(f, sections["header"])
+        ),
+        footer=sorted(
+            f for f in _fields_read(trace._Reader.footer) if not _named(f, sections["footer"])
+        ),
+    )
+    assert not any(missing.values()), (
+        f"fields the reader reads, missing from docs/trace.md: {missing}"
+    )
+    assert "deps" in _fields_read(trace._Reader.graph)  # the scan finds what it should
