@@ -530,6 +530,11 @@ def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
     api = (site / "reference" / "api" / "daskjobs" / "index.html").read_text()
     for name in daskjobs.__all__:
         assert f'id="daskjobs.{name}"' in api, name
+    for page in sorted((ROOT / "docs" / "reference" / "api").glob("*.md")):
+        built = (site / "reference" / "api" / page.stem / "index.html").read_text()
+        module, *entries = re.findall(r"^:::\s+([\w.]+)\s*$", page.read_text(), re.MULTILINE)
+        for path in entries:  # the first is the page's module docstring, without a heading
+            assert f'id="{path}"' in built, f"{page.name}: {path} is not on the built page"
     cli = (site / "reference" / "cli" / "index.html").read_text()
     for command in ("simulate", "replay", "cache", "status", "start-rate", "jobs"):
         assert f"daskjobs {command}" in cli, command
