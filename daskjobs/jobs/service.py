@@ -56,6 +56,7 @@ from daskjobs.jobs.model import (
     responsive,
 )
 from daskjobs.jobs.runner import Order, Prepare, run_attempt
+from daskjobs.plugin._internals import install_worker_plugin
 
 __all__ = ["JobsService", "attempt_key"]
 
@@ -172,9 +173,7 @@ class JobsService(SchedulerPlugin):
         workers' imports)."""
         try:
             plugin = pickle.dumps(Prepare(self.url, self.store_url))
-            await self.scheduler.register_worker_plugin(
-                None, plugin, name=Prepare.name, idempotent=False
-            )
+            await install_worker_plugin(self.scheduler, Prepare.name, plugin)
         except Exception:  # an optimisation: the first attempts import what they need
             logger.debug("daskjobs jobs: preparing the workers failed", exc_info=True)
 

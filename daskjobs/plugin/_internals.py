@@ -13,6 +13,23 @@ speculation and fair-share tests fail on 2024.12.0, 2025.2.0 and 2025.3.0 (dask 
 string argument equal to a task's key as a reference to that task: a graph cycle) and
 pass on 2025.4.0, 2025.5.0, 2025.12.0 and the newest release.
 
+No other module of daskjobs touches a private attribute of dask's ``Scheduler``,
+``TaskState`` or ``WorkerState`` (tests/test_dask_boundary.py scans for it; that test
+says what counts as private). They call the *verbs* here instead, each named for what
+it does to dask and each with a small behavioural self-check that
+:func:`check_scheduler` runs at start (:data:`SELF_CHECKS`: dask's own method on a
+stand-in, its own heap on two probes, its own slot count on a worker it makes), so a
+release that changes what a verb relies on is named at start, with the verb:
+
+* :func:`wrap_priorities` / :func:`unwrap_priorities` / :func:`set_priority` - ranking;
+* :func:`wrap_stream_handler` / :func:`unwrap_stream_handler` - the start reports;
+* :func:`queued_tasks`, :func:`promote`, :func:`idle_workers`, :func:`free_slots`,
+  :func:`withhold_slots`, :func:`restore_slots` - the release gate;
+* :func:`forget_tasks` - what a rejected graph leaves behind;
+* :func:`ensure_client`, :func:`has_worker_plugin`, :func:`install_worker_plugin`,
+  :func:`remove_worker_plugin`, :func:`http_router` - clients, worker plugins, pages;
+* :func:`add_copy` and :func:`redirect` - speculation (below).
+
 What is used, and why (see docs/plugin.md and the research notes):
 
 * ``Scheduler._set_priorities(*, internal_priority, submitting_task, user_priority,
@@ -75,23 +92,45 @@ restricting it to the chosen worker and recommending ``processing`` through
 
 from __future__ import annotations
 
+import inspect
+import math
 import re
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dask.typing import Key
-    from distributed.scheduler import Recs, Scheduler, TaskState
+    from distributed.scheduler import Recs, Scheduler, TaskState, WorkerState
 
 __all__ = [
     "COPIES_CLIENT",
     "LOWEST_SUPPORTED",
     "REQUIRED_SCHEDULER_ATTRS",
+    "SELF_CHECKS",
     "DaskInternalsError",
     "add_copy",
     "check_scheduler",
     "check_versions",
     "compute_seconds",
+    "ensure_client",
+    "forget_tasks",
+    "free_slots",
+    "has_worker_plugin",
+    "http_router",
+    "idle_workers",
+    "install_worker_plugin",
+    "priorities_wrapped",
+    "promote",
+    "queued_tasks",
     "redirect",
+    "remove_worker_plugin",
+    "restore_slots",
+    "set_priority",
+    "unwrap_priorities",
+    "unwrap_stream_handler",
+    "withhold_slots",
+    "wrap_priorities",
+    "wrap_stream_handler",
 ]
 
 #: The oldest dask and distributed release daskjobs runs on (also pyproject.toml's lower
@@ -194,6 +233,9 @@ def check_scheduler(scheduler: Any) -> None:
     except ImportError:
         missing.append("dask._task_spec.Alias (speculation)")
     if not (too_old or missing):
+        # every attribute is there: does each verb still behave as it relies on?
+        missing += _self_check(scheduler)
+    if not (too_old or missing):
         return
     from daskjobs import __version__
 
@@ -283,6 +325,345 @@ def redirect(sched: Scheduler, ts: TaskState, cts: TaskState, stimulus_id: str) 
         recs[ts.key] = "released"  # then waiting -> processing, by dask's own transitions
     sched.transitions(recs, stimulus_id)
     sched.client_releases_keys(keys=[cts.key], client=COPIES_CLIENT, stimulus_id=stimulus_id)
+
+
+# -- the verbs --------------------------------------------------------------------------------
+#
+# Each verb below is the only place its piece of dask is touched, and each has a self-check
+# (registered with ``@_checks``) that ``check_scheduler`` runs at start: a small experiment
+# on dask's own classes, or on a stand-in, that fails if the behaviour the verb relies on
+# changed. A self-check never changes the live scheduler.
+
+#: verb name -> its self-check (raises, with what is wrong, if dask changed)
+SELF_CHECKS: dict[str, Callable[[Any], None]] = {}
+
+
+def _checks(*verbs: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    def register(check: Callable[[Any], None]) -> Callable[[Any], None]:
+        for verb in verbs:
+            SELF_CHECKS[verb] = check
+        return check
+
+    return register
+
+
+def _self_check(scheduler: Any) -> list[str]:
+    """Run each verb's self-check once; a phrase per verb that failed."""
+    out: list[str] = []
+    done: dict[Callable[[Any], None], str | None] = {}
+    for verb, check in SELF_CHECKS.items():
+        if check not in done:
+            try:
+                check(scheduler)
+                done[check] = None
+            except Exception as e:
+                done[check] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        problem = done[check]
+        if problem is not None:
+            out.append(f"{verb} ({problem})")
+    return out
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(what)
+
+
+# ---- ranking: estimate-based priorities before the first dispatch -----------------------------
+
+
+def wrap_priorities(sched: Scheduler, after: Callable[[Iterable[TaskState]], bool]) -> None:
+    """Call ``after(tasks)`` each time dask has given a new graph's tasks their priorities
+    (``Scheduler._set_priorities``), before it sorts their first recommendations.
+    ``after`` returning False unwraps (a plugin unregistered without ``close``). A wrap of
+    an earlier registration is undone first. O(1) added per graph."""
+    unwrap_priorities(sched)
+    original = sched._set_priorities
+    signature = inspect.signature(original)
+
+    def _set_priorities(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        tasks = signature.bind(*args, **kwargs).arguments["tasks"]
+        if after(tasks) is False and sched._set_priorities is _set_priorities:
+            unwrap_priorities(sched)
+
+    sched._set_priorities = _set_priorities  # type: ignore[method-assign]
+    sched._daskjobs_wrapped = original  # type: ignore[attr-defined]
+
+
+def unwrap_priorities(sched: Scheduler) -> bool:
+    """Undo :func:`wrap_priorities`; False if nothing was wrapped."""
+    original = getattr(sched, "_daskjobs_wrapped", None)
+    if original is None:
+        return False
+    sched._set_priorities = original  # type: ignore[method-assign]
+    sched._daskjobs_wrapped = None  # type: ignore[attr-defined]
+    return True
+
+
+def priorities_wrapped(sched: Scheduler) -> bool:
+    return getattr(sched, "_daskjobs_wrapped", None) is not None
+
+
+def set_priority(ts: TaskState, priority: tuple[float, ...]) -> None:
+    """Give ``ts`` a priority of the plugin's (lower runs first), while it is not in
+    dask's queue (a queued task moves with :func:`promote`)."""
+    ts.priority = priority
+
+
+class _Probe:
+    """A task-like stand-in for the self-checks (weak-referenceable, as dask's heap needs)."""
+
+    __slots__ = ("__weakref__", "annotations", "key", "priority", "run_spec")
+
+    def __init__(self, key: str, priority: Any = None) -> None:
+        self.key = key
+        self.priority = priority
+        self.annotations: dict[str, Any] = {}
+        self.run_spec = None
+
+
+class _SchedulerStub:
+    """What dask's ``_set_priorities`` reads of its scheduler, for the self-check."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[Any, Any] = {}
+        self.generation = 0
+        self._last_time = 0.0
+        self.validate = False
+
+
+@_checks("wrap_priorities", "set_priority")
+def _check_priorities(sched: Any) -> None:
+    # dask's own method on a stand-in: a new graph's task gets (-user priority, generation,
+    # dask.order position), the shape ranking reads (len 3 = not ranked yet; [2] = position)
+    probe = _Probe("daskjobs-check")
+    bound = getattr(sched, "_daskjobs_wrapped", None) or sched._set_priorities  # dask's own
+    method = getattr(bound, "__func__", None)
+    if method is None:
+        raise AssertionError("Scheduler._set_priorities is not a method")
+    params = inspect.signature(method).parameters
+    _expect("tasks" in params, "Scheduler._set_priorities takes no 'tasks'")
+    method(
+        _SchedulerStub(),
+        internal_priority={probe.key: 7},
+        submitting_task=None,
+        user_priority=3,
+        fifo_timeout=0,
+        start=1.0,
+        tasks={probe},
+    )
+    p = probe.priority
+    _expect(
+        isinstance(p, tuple) and len(p) == 3 and p[0] == -3 and p[2] == 7,
+        f"a new task's priority is {p!r}, not (-user priority, generation, order)",
+    )
+
+
+# ---- start reports: a worker stream handler, wrapped ------------------------------------------
+
+
+def wrap_stream_handler(
+    sched: Scheduler, name: str, before: Callable[..., bool]
+) -> tuple[Any, Any, Any]:
+    """Wrap dask's handler of the worker stream message ``name``: ``before(worker=...,
+    **msg)`` sees each message first (with the address of the worker stream it came on);
+    it returning False unwraps. dask's handler always runs. Returns the handle for
+    :func:`unwrap_stream_handler`."""
+    original = sched.stream_handlers[name]
+
+    def handler(*args: Any, **kwargs: Any) -> Any:
+        if before(*args, **kwargs) is False and sched.stream_handlers.get(name) is handler:
+            sched.stream_handlers[name] = original  # step aside
+        return original(*args, **kwargs)
+
+    sched.stream_handlers[name] = handler
+    return (name, original, handler)
+
+
+def unwrap_stream_handler(sched: Scheduler, handle: tuple[Any, Any, Any] | None) -> None:
+    """Undo :func:`wrap_stream_handler` (if the wrapper is still the handler)."""
+    if handle is None:
+        return
+    name, original, handler = handle
+    if sched.stream_handlers.get(name) is handler:
+        sched.stream_handlers[name] = original
+
+
+@_checks("wrap_stream_handler")
+def _check_stream_handler(sched: Any) -> None:
+    handler = sched.stream_handlers.get("log-event")
+    _expect(callable(handler), "no stream handler 'log-event'")
+    inspect.signature(handler).bind(worker="tcp://w:1", topic="t", msg={})
+
+
+# ---- the release gate: promotion in dask's queue, slots withheld ------------------------------
+
+
+def queued_tasks(sched: Scheduler) -> Iterable[TaskState]:
+    """dask's queue of root tasks waiting for a slot (unordered; ``priority`` orders it)."""
+    return getattr(sched, "queued", ())
+
+
+def promote(sched: Scheduler, ts: TaskState, rank: float) -> None:
+    """Move queued ``ts`` ahead in dask's queue: its priority's second element (the
+    plugin's rank) becomes ``rank``, smaller than before. dask's queue is a heap with
+    lazy deletion: ``discard`` then ``add`` with a smaller key is safe (a demotion would
+    leave the old entry ahead, and is never done)."""
+    p = ts.priority
+    assert p is not None
+    queued = sched.queued
+    queued.discard(ts)
+    ts.priority = (p[0], rank, *p[2:])
+    queued.add(ts)
+
+
+@_checks("promote", "queued_tasks")
+def _check_queue(sched: Any) -> None:
+    queued = sched.queued
+    for method in ("add", "discard", "peek", "pop", "__iter__"):
+        _expect(hasattr(queued, method), f"Scheduler.queued has no {method}")
+    a, b = _Probe("a", (0, 1.0)), _Probe("b", (0, 2.0))
+    _expect(queued.key(a) == a.priority, "Scheduler.queued is not ordered by priority")
+    heap = type(queued)(key=queued.key)
+    heap.add(a)
+    heap.add(b)
+    heap.discard(b)
+    b.priority = (0, 0.5)
+    heap.add(b)
+    order = [heap.peek()]
+    order += [heap.pop(), heap.pop()]
+    _expect(
+        order == [b, b, a] and not heap,
+        "a task promoted in Scheduler.queued (discard, smaller priority, add) is not first",
+    )
+
+
+def idle_workers(sched: Scheduler) -> set[WorkerState]:
+    """The workers whose free slots dask fills from its queue next (``idle_task_count``);
+    the least busy takes the head of the queue."""
+    return sched.idle_task_count
+
+
+def free_slots(sched: Scheduler, ws: WorkerState) -> int:
+    """Free slots of ``ws`` as dask counts them when it fills slots from its queue
+    (``_task_slots_available``; every free thread without queuing)."""
+    saturation = getattr(sched, "WORKER_SATURATION", 1.0)
+    if math.isinf(saturation):
+        return max(ws.nthreads - len(ws.processing), 0)
+    cap = max(math.ceil(saturation * ws.nthreads), 1)
+    return cap - (len(ws.processing) - len(getattr(ws, "long_running", ())))
+
+
+def withhold_slots(sched: Scheduler, ws: WorkerState) -> None:
+    """Leave ``ws``'s free slots idle: out of ``idle_task_count`` until
+    :func:`restore_slots`. Only while a task end is handled, before dask counts the free
+    slots (a worker taken out while dask fills them would leave a counted slot without
+    a worker)."""
+    sched.idle_task_count.discard(ws)
+
+
+def restore_slots(sched: Scheduler, address: str) -> None:
+    """Put a withheld worker back where dask's own rule puts it (``check_idle_saturated``:
+    among the free slots if it runs and is not full)."""
+    ws = sched.workers.get(address)
+    if ws is not None:
+        sched.check_idle_saturated(ws)
+
+
+@_checks("idle_workers", "free_slots", "withhold_slots", "restore_slots")
+def _check_slots(sched: Any) -> None:
+    from distributed.core import Status
+    from distributed.scheduler import WorkerState, _task_slots_available
+
+    _expect(isinstance(sched.idle_task_count, set), "Scheduler.idle_task_count is not a set")
+    inspect.signature(sched.check_idle_saturated).bind(None)
+    ws = WorkerState(
+        address="tcp://daskjobs-check:1",
+        status=Status.running,
+        pid=0,
+        name="daskjobs-check",
+        nthreads=3,
+        memory_limit=0,
+        local_directory="",
+        nanny=None,
+        server_id="daskjobs-check",
+    )
+    busy = [_Probe(f"p{i}") for i in range(2)]
+    ws.processing.update(busy)  # type: ignore[arg-type]  # dask counts them only
+    ws.long_running.add(busy[0])  # type: ignore[arg-type]
+
+    class _Saturated:
+        WORKER_SATURATION = 1.5
+
+    ours, dasks = free_slots(_Saturated(), ws), _task_slots_available(ws, 1.5)  # type: ignore[arg-type]
+    _expect(ours == dasks, f"dask counts {dasks} free slot(s) where daskjobs counts {ours}")
+
+
+# ---- ranking: a rejected graph leaves no trace -------------------------------------------------
+
+
+def forget_tasks(sched: Scheduler, keys: Iterable[Key], stimulus_id: str) -> None:
+    """Forget the tasks of ``keys`` that are released, wanted by nobody and needed by no
+    task outside ``keys`` (what dask leaves behind of a failed submission)."""
+    keyset = set(keys)
+    recs: Recs = {}
+    for k in keyset:
+        ts = sched.tasks.get(k)
+        if (
+            ts is not None
+            and ts.state == "released"
+            and not ts.who_wants
+            and all(d.key in keyset for d in ts.dependents)
+        ):
+            recs[k] = "forgotten"
+    if recs:
+        sched.transitions(recs, stimulus_id=stimulus_id)
+
+
+@_checks("forget_tasks")
+def _check_transitions(sched: Any) -> None:
+    inspect.signature(sched.transitions).bind({}, stimulus_id="daskjobs-check")
+
+
+# ---- clients and worker plugins ----------------------------------------------------------------
+
+
+def ensure_client(sched: Scheduler, name: str) -> None:
+    """A comm-less client ``name`` that can want keys (as dask's published datasets)."""
+    if name not in sched.clients:
+        from distributed.scheduler import ClientState
+
+        sched.clients[name] = ClientState(name)
+
+
+def has_worker_plugin(sched: Scheduler, name: str) -> bool:
+    return name in getattr(sched, "worker_plugins", {})
+
+
+async def install_worker_plugin(sched: Scheduler, name: str, plugin: bytes) -> None:
+    """Install the pickled worker plugin on every worker, now and joining later."""
+    await sched.register_worker_plugin(None, plugin, name=name, idempotent=False)
+
+
+async def remove_worker_plugin(sched: Scheduler, name: str) -> None:
+    await sched.unregister_worker_plugin(None, name)
+
+
+@_checks("ensure_client", "has_worker_plugin", "install_worker_plugin", "remove_worker_plugin")
+def _check_clients(sched: Any) -> None:
+    from distributed.scheduler import ClientState
+
+    _expect(isinstance(sched.clients, dict), "Scheduler.clients is not a dict")
+    _expect(ClientState("daskjobs-check").client_key == "daskjobs-check", "ClientState changed")
+    _expect(isinstance(sched.worker_plugins, dict), "Scheduler.worker_plugins is not a dict")
+    inspect.signature(sched.register_worker_plugin).bind(None, b"", name="n", idempotent=False)
+    inspect.signature(sched.unregister_worker_plugin).bind(None, "n")
+
+
+def http_router(sched: Scheduler) -> Any:
+    """The scheduler's HTTP router (where distributed mounts its pages), or None."""
+    return getattr(sched, "http_application", None)
 
 
 def compute_seconds(startstops: Any) -> float | None:

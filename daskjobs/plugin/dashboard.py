@@ -67,6 +67,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from daskjobs.plugin import _internals as dask_internals
+
 if TYPE_CHECKING:
     from dask.typing import Key
     from distributed.scheduler import Scheduler
@@ -810,7 +812,7 @@ _DASHBOARDS: dict[int, Dashboard] = {}
 
 def _distributed_bokeh(scheduler: Any) -> Any:
     """The dashboard's own Bokeh application on the scheduler's router, or None."""
-    router = getattr(scheduler, "http_application", None)
+    router = dask_internals.http_router(scheduler)
     if router is None:
         return None
     try:
@@ -844,6 +846,7 @@ def install_dashboard(plugin: Any, scheduler: Scheduler) -> Dashboard | None:
     dash = None
     try:
         main = _distributed_bokeh(scheduler)
+        router = dask_internals.http_router(scheduler)
         if main is None:
             _log_missing("the scheduler serves no Bokeh dashboard (dashboard off, or no Bokeh)")
             return None
@@ -859,7 +862,7 @@ def install_dashboard(plugin: Any, scheduler: Scheduler) -> Dashboard | None:
         if not prefix.endswith("/"):
             prefix += "/"
         dash.prefix = prefix
-        clock.seed(getattr(scheduler, "queued", ()), time.time())
+        clock.seed(dask_internals.queued_tasks(scheduler), time.time())
         scheduler.add_plugin(clock, name=NAME, idempotent=False)
         tv = template_variables(scheduler)
         app = BokehApplication(
@@ -873,10 +876,10 @@ def install_dashboard(plugin: Any, scheduler: Scheduler) -> Dashboard | None:
         json_app = web.Application([(prefix + DATA_PATH, _data_handler(), {"dashboard": dash})])
         dash.bokeh_app = app
         for a in (json_app, app):
-            scheduler.http_application.add_application(a)
+            router.add_application(a)
             dash.apps.append(a)
         app.start()
-        dash.sitemap = _replace_sitemap(scheduler.http_application, _sitemap_handler())
+        dash.sitemap = _replace_sitemap(router, _sitemap_handler())
         pages = tv["pages"]  # the list every page of this scheduler renders in its bar
         if PAGE not in pages:
             pages.insert(pages.index("info") if "info" in pages else len(pages), PAGE)
@@ -930,7 +933,7 @@ def _stop_sampler(dash: Dashboard) -> None:
 
 
 def _remove_apps(dash: Dashboard) -> None:
-    router = dash.scheduler.http_application
+    router = dask_internals.http_router(dash.scheduler)
     for a in dash.apps:
         if a in router.applications:
             router.applications.remove(a)

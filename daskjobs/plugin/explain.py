@@ -11,6 +11,8 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
+from daskjobs.plugin import _internals as dask_internals
+
 if TYPE_CHECKING:
     from dask.typing import Key
 
@@ -41,7 +43,8 @@ def explain(plugin: JobsPlugin, key: Key) -> dict[str, Any]:
     if fair is not None and v is not None:
         out["team_state"] = team_row(plugin, v.team)
     if ts.state == "queued":
-        ahead = sum(1 for other in sched.queued if other.priority < ts.priority)
+        queued = dask_internals.queued_tasks(sched)
+        ahead = sum(1 for other in queued if other.priority < ts.priority)
         out["queue_position"] = ahead
         out["why"] = f"queued behind {ahead} task(s) of higher priority; no free slot yet"
         gate = plugin.gate

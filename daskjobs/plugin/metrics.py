@@ -52,6 +52,8 @@ from typing import Any
 
 from distributed.http.prometheus import PrometheusCollector
 
+from daskjobs.plugin import _internals as dask_internals
+
 __all__ = ["JobsCollector", "install_metrics", "installed", "uninstall_metrics"]
 
 logger = logging.getLogger("daskjobs.plugin")
@@ -162,7 +164,7 @@ class JobsCollector(PrometheusCollector):
         oldest: dict[str, float] = {}
         total: dict[str, float] = {}
         default_team = plugin.settings.teams.default
-        for ts in list(getattr(sched, "queued", ())):
+        for ts in list(dask_internals.queued_tasks(sched)):
             v = plugin.tasks.get(ts.key)
             team = v.team if v is not None else default_team
             count[team] = count.get(team, 0) + 1

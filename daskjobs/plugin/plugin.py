@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs.config import Settings, settings
+from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin import explain as _explain
 from daskjobs.plugin._internals import COPIES_CLIENT, check_scheduler, compute_seconds
 from daskjobs.plugin.audit import Audit, guarded
@@ -138,7 +139,7 @@ class JobsPlugin(SchedulerPlugin):
                 grace=pr.grace,
             )
         # the scheduler's "log-event" stream handler and the plugin's wrapper of it
-        self._log_event_original: tuple[Any, Any] | None = None
+        self._log_event_original: tuple[Any, Any, Any] | None = None
         self._starting = False
 
     # -- the parts, as the rest of daskjobs and the tests read them -----------------------
@@ -234,27 +235,17 @@ class JobsPlugin(SchedulerPlugin):
     async def _start(self, scheduler: Any) -> None:
         check_scheduler(scheduler)
         self._apply_trust(scheduler)
-        if getattr(scheduler, "_daskjobs_wrapped", None) is not None:
-            # a replaced registration: unwrap the previous plugin's hook first
-            scheduler._set_priorities = scheduler._daskjobs_wrapped
         self.scheduler = scheduler
         for part in (self.audit, self.ranker, self.speeds, self.gate, self.recording):
             if part is not None:
                 part.scheduler = scheduler
         s = self.settings
-        original = scheduler._set_priorities
-        scheduler._daskjobs_wrapped = original
 
-        def _set_priorities(**kwargs: Any) -> None:
-            original(**kwargs)
+        def new_graph(tasks: Any) -> bool:
             if not self._registered():
                 # unregistered (dask does not call close() then) or replaced: step aside
-                if scheduler._set_priorities is _set_priorities:
-                    scheduler._set_priorities = original
-                    scheduler._daskjobs_wrapped = None
-                    uninstall_metrics(scheduler, self)
-                return
-            tasks = kwargs["tasks"]
+                uninstall_metrics(scheduler, self)
+                return False
             placed = self._check_resources(tasks) if self.placer is not None else None
             new = self.ranker.unranked(tasks) if self.recorder is not None else None
             self.ranker.rank(tasks)
@@ -262,8 +253,10 @@ class JobsPlugin(SchedulerPlugin):
                 self._admit_resources(placed)
             if new:  # after ranking: estimates and teams are known (a rejected graph raised)
                 self.recording.graph(new)
+            return True
 
-        scheduler._set_priorities = _set_priorities
+        # a replaced registration's wrap is undone first
+        dask_internals.wrap_priorities(scheduler, new_graph)
         scheduler.handlers["daskjobs_explain"] = self._rpc_explain
         scheduler.handlers["daskjobs_status"] = self._rpc_status
         scheduler.handlers["daskjobs_record"] = self._rpc_record
@@ -291,10 +284,7 @@ class JobsPlugin(SchedulerPlugin):
                 self.speeds,
             )
             self.recording.is_copy = self.speculator.is_copy
-            if COPIES_CLIENT not in scheduler.clients:
-                from distributed.scheduler import ClientState
-
-                scheduler.clients[COPIES_CLIENT] = ClientState(COPIES_CLIENT)
+            dask_internals.ensure_client(scheduler, COPIES_CLIENT)
             self.speculator.start(scheduler)
             await self._ensure_reporter()
             self.audit.event(
@@ -348,12 +338,10 @@ class JobsPlugin(SchedulerPlugin):
     async def _ensure_inventory(self) -> None:
         """The worker plugin that reports each worker's inventory (resources need it)."""
         sched = self.scheduler
-        if INVENTORY_NAME in getattr(sched, "worker_plugins", {}):
+        if dask_internals.has_worker_plugin(sched, INVENTORY_NAME):
             return
         try:
-            await sched.register_worker_plugin(
-                None, inventory_bytes(), name=INVENTORY_NAME, idempotent=False
-            )
+            await dask_internals.install_worker_plugin(sched, INVENTORY_NAME, inventory_bytes())
         except Exception:
             self.audit.failed("inventory-install")
 
@@ -377,12 +365,10 @@ class JobsPlugin(SchedulerPlugin):
         with the delay the plugin's parts allow now (installed again when that changes)."""
         sched = self.scheduler
         delay = self._report_delay()
-        if REPORTER_NAME in getattr(sched, "worker_plugins", {}) and delay == self._reporter_delay:
+        if dask_internals.has_worker_plugin(sched, REPORTER_NAME) and delay == self._reporter_delay:
             return
         try:
-            await sched.register_worker_plugin(
-                None, reporter_bytes(delay), name=REPORTER_NAME, idempotent=False
-            )
+            await dask_internals.install_worker_plugin(sched, REPORTER_NAME, reporter_bytes(delay))
             self._reporter_delay = delay
         except Exception:
             self.audit.failed("reporter-install")
@@ -396,9 +382,9 @@ class JobsPlugin(SchedulerPlugin):
         )
         if needed:
             await self._ensure_reporter()
-        elif REPORTER_NAME in getattr(sched, "worker_plugins", {}):
+        elif dask_internals.has_worker_plugin(sched, REPORTER_NAME):
             try:
-                await sched.unregister_worker_plugin(None, REPORTER_NAME)
+                await dask_internals.remove_worker_plugin(sched, REPORTER_NAME)
             except Exception:
                 logger.debug("daskjobs: removing the start reporter failed", exc_info=True)
 
@@ -424,9 +410,7 @@ class JobsPlugin(SchedulerPlugin):
         except Exception:
             self.audit.failed("record")
         sched = self.scheduler
-        if sched is not None and getattr(sched, "_daskjobs_wrapped", None) is not None:
-            sched._set_priorities = sched._daskjobs_wrapped
-            sched._daskjobs_wrapped = None
+        if sched is not None and dask_internals.unwrap_priorities(sched):
             pc = sched.periodic_callbacks.pop("daskjobs-history", None)
             if pc is not None:
                 pc.stop()
@@ -461,25 +445,22 @@ class JobsPlugin(SchedulerPlugin):
         topics here, before dask publishes them, and ignores them on the public
         topic, so a client cannot forge a start or a returned thread.
         """
-        original = scheduler.stream_handlers["log-event"]
 
-        def log_event_from_worker(worker: str, topic: Any, msg: Any, **kwargs: Any) -> Any:
+        def log_event_from_worker(worker: str, topic: Any, msg: Any, **kwargs: Any) -> bool:
             if topic in _WORKER_TOPICS and isinstance(msg, dict):
                 # while start() runs, dask has not added the plugin yet: the workers'
                 # first reports (inventories, at once) are ours already
-                if self._starting or self._registered():
-                    self._worker_report(worker, topic, msg)
-                elif scheduler.stream_handlers.get("log-event") is log_event_from_worker:
-                    scheduler.stream_handlers["log-event"] = original  # step aside
-            return original(worker=worker, topic=topic, msg=msg, **kwargs)
+                if not (self._starting or self._registered()):
+                    return False  # step aside
+                self._worker_report(worker, topic, msg)
+            return True
 
-        scheduler.stream_handlers["log-event"] = log_event_from_worker
-        self._log_event_original = (original, log_event_from_worker)
+        self._log_event_original = dask_internals.wrap_stream_handler(
+            scheduler, "log-event", log_event_from_worker
+        )
 
     def _uninstall_worker_reports(self, scheduler: Any) -> None:
-        pair = self._log_event_original
-        if pair is not None and scheduler.stream_handlers.get("log-event") is pair[1]:
-            scheduler.stream_handlers["log-event"] = pair[0]
+        dask_internals.unwrap_stream_handler(scheduler, self._log_event_original)
         self._log_event_original = None
 
     @guarded("worker-report")

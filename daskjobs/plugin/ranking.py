@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings, policy_settings
+from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.views import LiveTask, stage_of
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
     from dask.typing import Key
-    from distributed.scheduler import Recs, Scheduler
+    from distributed.scheduler import Scheduler
 
 __all__ = ["Ranker", "UnknownTeam"]
 
@@ -205,7 +206,7 @@ class Ranker:
             # release gate keeps for a popper (a boost there would pass its released task).
             te = te_ahead and v.job_class == "te" and bool(ts.resource_restrictions)
             first = p[0] - 0.5 if te else p[0]
-            ts.priority = (first, rank, p[1], p[2])
+            dask_internals.set_priority(ts, (first, rank, p[1], p[2]))
             self.tasks[ts.key] = v
             sources[v.source] += 1
         self.ranked_graphs += 1
@@ -217,20 +218,8 @@ class Ranker:
     def _forget_rejected(self, keys: list[Key]) -> None:
         """dask leaves the task states of a failed submission behind, released and
         wanted by nobody: forget them so a rejected graph leaves no trace."""
-        sched = self.scheduler
-        keyset = set(keys)
-        recs: Recs = {}
-        for k in keys:
-            ts = sched.tasks.get(k)
-            if (
-                ts is not None
-                and ts.state == "released"
-                and not ts.who_wants
-                and all(d.key in keyset for d in ts.dependents)
-            ):
-                recs[k] = "forgotten"
-        if recs:
-            sched.transitions(recs, stimulus_id=f"daskjobs-rejected-{time.time()}")
+        stimulus = f"daskjobs-rejected-{time.time()}"
+        dask_internals.forget_tasks(self.scheduler, keys, stimulus)
 
     def forget(self, key: Key) -> None:
         """``key`` was forgotten by the scheduler."""

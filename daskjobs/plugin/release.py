@@ -48,11 +48,11 @@ scheduler's state, O(processing + queued log queued), only after a failure.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import ANY_NODE, OUTCOME, LiveAttempt, LiveTask, Slot
@@ -77,15 +77,6 @@ def _next_worker(idle: Any) -> Any:
 
 def _load(ws: Any) -> float:
     return len(ws.processing) / ws.nthreads
-
-
-def _slots(ws: Any, saturation: float) -> int:
-    """Free slots of a worker in ``idle_task_count``, as dask counts them
-    (``_task_slots_available``)."""
-    if math.isinf(saturation):
-        return max(ws.nthreads - len(ws.processing), 0)
-    cap = max(math.ceil(saturation * ws.nthreads), 1)
-    return cap - (len(ws.processing) - len(getattr(ws, "long_running", ())))
 
 
 class ReleaseGate:
@@ -173,10 +164,7 @@ class ReleaseGate:
                 continue
             self.held.discard(v.tid)
             self._seq += 1
-            p = ts.priority
-            sched.queued.discard(ts)
-            ts.priority = (p[0], _RELEASED + self._seq, *p[2:])
-            sched.queued.add(ts)  # a promotion: safe with HeapSet's lazy deletion
+            dask_internals.promote(sched, ts, _RELEASED + self._seq)
             self.promoted[v.tid] = None
             return True
         return False
@@ -244,7 +232,7 @@ class ReleaseGate:
         if self.held and slot_opened and popper is self.speeds.learner:
             self._offer()  # with promotions pending too: this end may free another worker
         elif not self.promoted and self.held:
-            idle = self.scheduler.idle_task_count
+            idle = dask_internals.idle_workers(self.scheduler)
             if slot_opened or idle:
                 self._release(self._slot_view(idle))
         elif self.refused and not self.held:
@@ -275,9 +263,8 @@ class ReleaseGate:
             if now - self._reoffered >= self.reoffer_interval:
                 self._reoffered = now
                 self._readmit()
-        idle = sched.idle_task_count
-        saturation = getattr(sched, "WORKER_SATURATION", 1.0)
-        free = {ws: _slots(ws, saturation) for ws in idle}  # dask's order of the set
+        idle = dask_internals.idle_workers(sched)
+        free = {ws: dask_internals.free_slots(sched, ws) for ws in idle}  # dask's order of the set
         taken: dict[Any, int] = {}
         while self.held and free:
             ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
@@ -292,7 +279,7 @@ class ReleaseGate:
             # left idle: out of dask's free slots, unless the policy chose a task for one
             # of its slots in this walk (dask will hand that task out to it)
             if self.held and ws not in taken:
-                idle.discard(ws)
+                dask_internals.withhold_slots(sched, ws)
                 self.refused.add(ws.address)
                 self.kept_idle += 1
         if (
@@ -310,9 +297,7 @@ class ReleaseGate:
         sched = self.scheduler
         refused, self.refused = self.refused, set()
         for address in refused:
-            ws = sched.workers.get(address)
-            if ws is not None:
-                sched.check_idle_saturated(ws)
+            dask_internals.restore_slots(sched, address)
 
     def _schedule_reconcile(self) -> None:
         """After a failed hook: rebuild the held set, the running attempts and the
@@ -348,7 +333,11 @@ class ReleaseGate:
             if rts is None or rts.state != "queued":
                 del self.promoted[key]
         queued = sorted(
-            (ts for ts in sched.queued if ts.key in self.tasks and ts.key not in self.promoted),
+            (
+                ts
+                for ts in dask_internals.queued_tasks(sched)
+                if ts.key in self.tasks and ts.key not in self.promoted
+            ),
             key=lambda ts: ts.priority or (),
         )
         held = [self.tasks[ts.key] for ts in queued]
