@@ -103,7 +103,7 @@ def test_metrics_on_the_dashboard_while_teams_wait_and_after():
             def boom(task):
                 raise RuntimeError("injected")
 
-            dask_scheduler.plugins["daskjobs"].policy.key = boom
+            dask_scheduler.plugins["daskjobs"].ranker.policy.key = boom
 
         c.run_on_scheduler(break_policy)
         assert c.compute(dask.delayed(nap)(9, 0.0, dask_key_name="after"), sync=True) == 9

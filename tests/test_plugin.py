@@ -295,7 +295,7 @@ def test_an_exception_in_the_policy_leaves_the_scheduler_running():
             def boom(task):
                 raise RuntimeError("injected")
 
-            dask_scheduler.plugins["daskjobs"].policy.key = boom
+            dask_scheduler.plugins["daskjobs"].ranker.policy.key = boom
 
         c.run_on_scheduler(break_policy)
         res = c.compute(annotated(5, lambda i: float(i)), sync=True)

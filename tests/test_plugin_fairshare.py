@@ -198,7 +198,7 @@ def test_tasks_dask_ran_past_a_quota_leave_the_team_queue():
 def test_a_failing_hook_leaves_the_accounting_reconciled():
     plugin = JobsPlugin(policy="fair-share", teams={"targets": {"a": 1, "b": 1}, "half-life": None})
     with dask.config.set(VALIDATE), cluster(plugin, threads=2) as cl, Client(cl) as c:
-        fair = cl.scheduler.plugins["daskjobs"].fair
+        fair = cl.scheduler.plugins["daskjobs"].view.fair
         original = fair.started
         calls = {"n": 0}
 
@@ -221,7 +221,7 @@ def test_a_graph_is_ranked_entirely_or_not_at_all_and_the_warning_names_the_task
     plugin = JobsPlugin(policy="lpt")
     parts = [dask.delayed(job)("a", i, 0.01, dask_key_name=f"r-{i}") for i in range(6)]
     with dask.config.set(VALIDATE), cluster(plugin, threads=1) as cl, Client(cl) as c:
-        policy = cl.scheduler.plugins["daskjobs"].policy
+        policy = cl.scheduler.plugins["daskjobs"].ranker.policy
         original = policy.key
 
         def key(v):

@@ -194,7 +194,7 @@ def test_a_broken_recorder_never_breaks_the_run(tmp_path):
         def boom(record):
             raise RuntimeError("injected")
 
-        cl.scheduler.plugins["daskjobs"].recorder.emit = boom
+        cl.scheduler.plugins["daskjobs"].recording.recorder.emit = boom
         assert c.compute(sweep("b"), sync=True) == "done"
         assert status(c)["errors"]["record"] >= 30
 

@@ -100,7 +100,7 @@ def test_the_operators_recording_cannot_be_stopped_by_a_client(tmp_path):
     with plugin_cluster(plugin) as cl, Client(cl) as c:
         with pytest.raises(PermissionError, match="operator's"):
             c.sync(c.scheduler.daskjobs_record, action="stop")
-        assert cl.scheduler.plugins["daskjobs"].recorder is not None
+        assert cl.scheduler.plugins["daskjobs"].view.recorder is not None
 
 
 def test_clients_may_be_refused_recording(tmp_path):

@@ -388,7 +388,7 @@ class Dashboard:
             "scheduler": str(getattr(self.scheduler, "address", "")),
             "policy": plugin.settings.policy,
             "tasks": len(plugin.tasks),
-            "ranked_graphs": plugin.ranked_graphs,
+            "ranked_graphs": plugin.view.ranked_graphs,
             "teams": self.teams(now),
             "backups": self.backups(),
             "workers": self.workers(),

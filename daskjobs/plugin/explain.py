@@ -1,135 +1,222 @@
 """Explain and status: why a task waits or where it ran, and what the plugin knows.
 
-Read-only views over the plugin's parts. A copy decision's reason is the one the
-speculation driver recorded when it decided (``explain(...)["copy"]``); the
-fair-share reason reads the policy's books as they are now.
+:class:`PluginView` is the read-only face of a running plugin: what ``explain``,
+``status``, the dashboard page and the metrics read. It reads the plugin's parts
+through the few attributes of :class:`Source` and never imports the plugin (so this
+module and :mod:`daskjobs.plugin.plugin` do not import each other). A copy decision's
+reason is the one the speculation driver recorded when it decided (its part's
+``explain``); the fair-share reason reads the policy's books as they are now.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from daskjobs.plugin import _internals as dask_internals
 
 if TYPE_CHECKING:
     from dask.typing import Key
 
-    from daskjobs.plugin.plugin import JobsPlugin
+    from daskjobs.config import Settings
+    from daskjobs.plugin.audit import Audit
+    from daskjobs.plugin.parts import Part
+    from daskjobs.plugin.ranking import Ranker
+    from daskjobs.plugin.recorder import TraceRecorder
+    from daskjobs.plugin.recording import Recording
+    from daskjobs.plugin.release import ReleaseGate
+    from daskjobs.plugin.speculation import Speculator
+    from daskjobs.plugin.speeds import WorkerSpeeds
+    from daskjobs.plugin.views import LiveTask
+    from daskjobs.policies import FairShare, Policy
 
-__all__ = ["explain", "status", "team_row", "teams"]
+__all__ = ["PluginView", "Source"]
 
 
-def explain(plugin: JobsPlugin, key: Key) -> dict[str, Any]:
-    """Why ``key`` waits, or where it ran: estimate, priority, team, place in queue."""
-    sched = plugin.scheduler
-    ts = sched.tasks.get(key)
-    if ts is None:
-        return {"key": key, "state": "unknown", "why": "the scheduler does not know this key"}
-    v = plugin.tasks.get(key)
-    fair = plugin.fair
-    out: dict[str, Any] = {
-        "key": key,
-        "state": ts.state,
-        "priority": list(ts.priority) if ts.priority else None,
-        "policy": plugin.settings.policy,
-        "estimate": v.estimate if v else None,
-        "estimate_source": v.source if v else None,
-        "stage": v.stage if v else None,
-        "team": v.team if v else None,
-        "user_priority": -ts.priority[0] if ts.priority else None,
-    }
-    if fair is not None and v is not None:
-        out["team_state"] = team_row(plugin, v.team)
-    if ts.state == "queued":
-        queued = dask_internals.queued_tasks(sched)
-        ahead = sum(1 for other in queued if other.priority < ts.priority)
-        out["queue_position"] = ahead
-        out["why"] = f"queued behind {ahead} task(s) of higher priority; no free slot yet"
-        gate = plugin.gate
+class Source(Protocol):
+    """What the view reads of a plugin (JobsPlugin has these attributes)."""
+
+    scheduler: Any
+    settings: Settings
+    overrides: dict[str, Any]
+    from_client: bool
+    audit: Audit
+    ranker: Ranker
+    speeds: WorkerSpeeds
+    gate: ReleaseGate | None
+    recording: Recording
+    speculator: Speculator | None
+    parts: list[Part]
+
+
+class PluginView:
+    """A running plugin, read only (module docstring)."""
+
+    __slots__ = ("_p",)
+
+    def __init__(self, plugin: Source) -> None:
+        self._p = plugin
+
+    # -- the plugin's state, as the pages read it ----------------------------------------
+    @property
+    def tasks(self) -> Mapping[Key, LiveTask]:
+        """The ranked tasks' views, by key."""
+        return self._p.ranker.tasks
+
+    @property
+    def policy(self) -> Policy:
+        """The policy the settings name (the object that ranks, or pops)."""
+        return self._p.ranker.made
+
+    @property
+    def fair(self) -> FairShare | None:
+        """The policy, when it keeps team books (explain and status report its teams)."""
+        return self._p.ranker.fair
+
+    @property
+    def estimator(self) -> Any:
+        return self._p.ranker.estimator
+
+    @property
+    def ranked_graphs(self) -> int:
+        return self._p.ranker.ranked_graphs
+
+    @property
+    def ranked_tasks(self) -> int:
+        return self._p.ranker.ranked_tasks
+
+    @property
+    def estimate_sources(self) -> Mapping[str, int]:
+        return self._p.ranker.estimate_sources
+
+    @property
+    def recorder(self) -> TraceRecorder | None:
+        return self._p.recording.recorder
+
+    @property
+    def errors(self) -> Mapping[str, int]:
+        return self._p.audit.errors
+
+    # -- explain ----------------------------------------------------------------------
+    def explain(self, key: Key) -> dict[str, Any]:
+        """Why ``key`` waits, or where it ran: estimate, priority, team, place in queue."""
+        p = self._p
+        sched = p.scheduler
+        ts = sched.tasks.get(key)
+        if ts is None:
+            return {"key": key, "state": "unknown", "why": "the scheduler does not know this key"}
+        v = p.ranker.tasks.get(key)
+        fair = self.fair
+        out: dict[str, Any] = {
+            "key": key,
+            "state": ts.state,
+            "priority": list(ts.priority) if ts.priority else None,
+            "policy": p.settings.policy,
+            "estimate": v.estimate if v else None,
+            "estimate_source": v.source if v else None,
+            "stage": v.stage if v else None,
+            "team": v.team if v else None,
+            "user_priority": -ts.priority[0] if ts.priority else None,
+        }
         if fair is not None and v is not None:
-            row = out["team_state"]
-            if gate is not None and key == gate.released:
-                out["why"] = "next in line: fair share chose it for the next free slot"
-            elif row["quota"] is not None and row["running"] >= row["quota"]:
-                out["why"] = (
-                    f"team {v.team!r} holds {row['running']} slot(s), its quota; "
-                    "it runs when no team below its quota waits"
-                )
-            else:
-                out["why"] = (
-                    f"waiting for fair share: team {v.team!r} uses {row['usage']:.3g} "
-                    f"per share {row['share']:.3g}; teams further below their share go first"
-                )
-    elif ts.state == "processing":
-        out["worker"] = ts.processing_on.address if ts.processing_on else None
-        out["why"] = "assigned to a worker"
-    elif ts.state == "memory":
-        out["workers"] = sorted(ws.address for ws in ts.who_has)
-        out["why"] = "done"
-    elif ts.state == "waiting":
-        pending = sorted(str(d.key) for d in ts.waiting_on)[:10]
-        out["waiting_on"] = pending
-        out["why"] = f"waiting for {len(ts.waiting_on)} input(s)"
-    else:
-        out["why"] = f"in state {ts.state!r}"
-    where = [ts.processing_on] if ts.processing_on else list(ts.who_has or ())
-    known = plugin.worker_speeds_by_address()
-    speeds = {ws.address: known[ws.address] for ws in where if ws.address in known}
-    if speeds:
-        out["worker_speed"] = speeds
-    sp = plugin.speculator
-    if sp is not None and key in sp.reasons:  # the speculation driver's recorded reason
-        out["copy"] = sp.reasons[key]
-    return out
+            out["team_state"] = self.team_row(v.team)
+        if ts.state == "queued":
+            queued = dask_internals.queued_tasks(sched)
+            ahead = sum(1 for other in queued if other.priority < ts.priority)
+            out["queue_position"] = ahead
+            out["why"] = f"queued behind {ahead} task(s) of higher priority; no free slot yet"
+            gate = p.gate
+            if fair is not None and v is not None:
+                row = out["team_state"]
+                if gate is not None and key == gate.released:
+                    out["why"] = "next in line: fair share chose it for the next free slot"
+                elif row["quota"] is not None and row["running"] >= row["quota"]:
+                    out["why"] = (
+                        f"team {v.team!r} holds {row['running']} slot(s), its quota; "
+                        "it runs when no team below its quota waits"
+                    )
+                else:
+                    out["why"] = (
+                        f"waiting for fair share: team {v.team!r} uses {row['usage']:.3g} "
+                        f"per share {row['share']:.3g}; teams further below their share go first"
+                    )
+        elif ts.state == "processing":
+            out["worker"] = ts.processing_on.address if ts.processing_on else None
+            out["why"] = "assigned to a worker"
+        elif ts.state == "memory":
+            out["workers"] = sorted(ws.address for ws in ts.who_has)
+            out["why"] = "done"
+        elif ts.state == "waiting":
+            pending = sorted(str(d.key) for d in ts.waiting_on)[:10]
+            out["waiting_on"] = pending
+            out["why"] = f"waiting for {len(ts.waiting_on)} input(s)"
+        else:
+            out["why"] = f"in state {ts.state!r}"
+        where = [ts.processing_on] if ts.processing_on else list(ts.who_has or ())
+        known = self.worker_speeds_by_address()
+        speeds = {ws.address: known[ws.address] for ws in where if ws.address in known}
+        if speeds:
+            out["worker_speed"] = speeds
+        for part in p.parts:
+            out.update(part.explain(key))
+        return out
 
-
-def team_row(plugin: JobsPlugin, team: str) -> dict[str, Any]:
-    fair = plugin.fair
-    assert fair is not None
-    if not fair.knows(team):  # a team never seen yet
+    # -- teams and workers ------------------------------------------------------------
+    def team_row(self, team: str) -> dict[str, Any]:
+        fair = self.fair
+        assert fair is not None
+        if not fair.knows(team):  # a team never seen yet
+            return {
+                "team": team,
+                "share": None,
+                "usage": 0.0,
+                "running": 0,
+                "queued": 0,
+                "quota": self._p.settings.teams.quotas.get(team),
+            }
         return {
             "team": team,
-            "share": None,
-            "usage": 0.0,
-            "running": 0,
-            "queued": 0,
-            "quota": plugin.settings.teams.quotas.get(team),
+            "share": fair.share(team),
+            "usage": fair.usage(team, time.time()),
+            "running": fair.running(team),
+            "queued": fair.queued(team),
+            "quota": fair.quotas.get(team),
         }
-    return {
-        "team": team,
-        "share": fair.share(team),
-        "usage": fair.usage(team, time.time()),
-        "running": fair.running(team),
-        "queued": fair.queued(team),
-        "quota": fair.quotas.get(team),
-    }
 
+    def teams(self) -> list[dict[str, Any]]:
+        """Per team: target share, decayed usage, running slots, queued, quota."""
+        fair = self.fair
+        return [] if fair is None else [self.team_row(t) for t in fair.teams()]
 
-def teams(plugin: JobsPlugin) -> list[dict[str, Any]]:
-    """Per team: target share, decayed usage, running slots, queued, quota."""
-    if plugin.fair is None:
-        return []
-    return [team_row(plugin, t) for t in plugin.fair.teams()]
+    def worker_speeds(self) -> list[dict[str, Any]]:
+        """Per worker: believed slow-down (1.0 nominal) and the attempts it rests on."""
+        return self._p.speeds.rows()
 
+    def worker_speeds_by_address(self) -> dict[str, float]:
+        speeds = self._p.speeds
+        return {a: speeds.learner.speed(n) for a, n in speeds.nodes.items()}
 
-def status(plugin: JobsPlugin) -> dict[str, Any]:
-    est = plugin.estimator
-    rec = plugin.recorder
-    return {
-        "speculation": plugin.speculator.stats() if plugin.speculator is not None else None,
-        "preemption": plugin.preemptor.status() if plugin.preemptor is not None else None,
-        "resources": plugin.placer.status() if plugin.placer is not None else None,
-        "teams": teams(plugin),
-        "workers": plugin.worker_speeds(),
-        "policy": plugin.settings.policy,
-        "ranked_graphs": plugin.ranked_graphs,
-        "tasks": len(plugin.tasks),
-        "errors": dict(plugin.errors),
-        "stages": est.stages() if est else {},
-        "settings": dataclasses.asdict(plugin.settings),  # what is in force
-        "overrides": dict(plugin.overrides),  # the keywords it was made with
-        "from_client": plugin.from_client,
-        "recording": rec.stats() if rec is not None else None,
-    }
+    # -- status -----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        p = self._p
+        out: dict[str, Any] = {"speculation": None, "preemption": None, "resources": None}
+        out.update(
+            {
+                "teams": self.teams(),
+                "workers": self.worker_speeds(),
+                "policy": p.settings.policy,
+                "ranked_graphs": self.ranked_graphs,
+                "tasks": len(self.tasks),
+                "errors": dict(self.errors),
+                "stages": self.estimator.stages(),
+                "settings": dataclasses.asdict(p.settings),  # what is in force
+                "overrides": dict(p.overrides),  # the keywords it was made with
+                "from_client": p.from_client,
+                "recording": None,
+            }
+        )
+        for part in p.parts:
+            out.update(part.status())
+        return out

@@ -116,12 +116,16 @@ class JobsCollector(PrometheusCollector):
                 quota.add([row["team"]], row["quota"])
 
         # ranking: the plugin's own running totals
-        fam("ranked_graphs", "counter", "Graphs ranked by the plugin").add([], plugin.ranked_graphs)
-        fam("ranked_tasks", "counter", "Tasks ranked by the plugin").add([], plugin.ranked_tasks)
+        fam("ranked_graphs", "counter", "Graphs ranked by the plugin").add(
+            [], plugin.view.ranked_graphs
+        )
+        fam("ranked_tasks", "counter", "Tasks ranked by the plugin").add(
+            [], plugin.view.ranked_tasks
+        )
         est = fam(
             "estimates", "counter", "Estimates of ranked tasks, by where they came from", "source"
         )
-        for src, n in sorted(plugin.estimate_sources.items()):
+        for src, n in sorted(plugin.view.estimate_sources.items()):
             est.add([src], n)
         tracked = dict.fromkeys(_SOURCES, 0)
         for v in list(plugin.tasks.values()):

@@ -103,6 +103,7 @@ class Ranker:
         # (policy-options; fair-share's from the teams section): the object the simulator
         # and replay make (docs/policies.md).
         made = registry.make(s.policy, **policy_settings(s))
+        self.made: Policy = made  # the policy the settings name
         self.popper: Policy | None = None
         self.fair: FairShare | None = None
         self.learner: NodeAware | None = None  # the popper, when it learns speeds too
@@ -164,7 +165,7 @@ class Ranker:
             self.audit.event("rejected-graph", error=str(e), tasks=len(new))
             keys = [ts.key for ts in new]
             asyncio.get_running_loop().call_soon(
-                self.audit.guard("cleanup", self._forget_rejected), keys
+                self.audit.guard("cleanup", self.forget_rejected), keys
             )
             raise
         except Exception:
@@ -215,7 +216,7 @@ class Ranker:
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
 
-    def _forget_rejected(self, keys: list[Key]) -> None:
+    def forget_rejected(self, keys: list[Key]) -> None:
         """dask leaves the task states of a failed submission behind, released and
         wanted by nobody: forget them so a rejected graph leaves no trace."""
         stimulus = f"daskjobs-rejected-{time.time()}"

@@ -30,26 +30,23 @@ if TYPE_CHECKING:
 __all__ = ["Recording"]
 
 
+async def _nothing() -> None:
+    return None
+
+
 class Recording:
     """The current recording (``recorder``, None while not recording) and its records.
 
     ``is_copy(key)`` tells backup copies apart (they are told as their task's attempt);
-    ``ensure_reporter`` / ``drop_reporter`` install and remove the start reporter.
+    ``reporters_changed`` is awaited when a recording starts or stops (the start reporter
+    is installed while a recording runs).
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        audit: Audit,
-        tasks: Mapping[Key, LiveTask],
-        ensure_reporter: Callable[[], Awaitable[None]],
-        drop_reporter: Callable[[], Awaitable[None]],
-    ) -> None:
+    def __init__(self, settings: Settings, audit: Audit, tasks: Mapping[Key, LiveTask]) -> None:
         self.settings = settings
         self.audit = audit
         self.tasks = tasks
-        self.ensure_reporter = ensure_reporter
-        self.drop_reporter = drop_reporter
+        self.reporters_changed: Callable[[], Awaitable[None]] = _nothing
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         self.recorder: TraceRecorder | None = None
         self.by_client = False
@@ -100,7 +97,7 @@ class Recording:
             rec.emit(self.worker_record(ws, now, existing=True))
         if sched.tasks:  # recording starts mid-run: what is already there, once
             self.graph(list(sched.tasks.values()), existing=True)
-        await self.ensure_reporter()
+        await self.reporters_changed()
         self.audit.event("recording", path=rec.path)
         return rec
 
@@ -111,9 +108,28 @@ class Recording:
         self.audit.event("recording-stopped", path=rec.path)
         self.recorder = self.audit.recorder = None
         self._running.clear()
-        await self.drop_reporter()
+        await self.reporters_changed()
         await asyncio.to_thread(rec.close)
         return rec.stats()
+
+    async def rpc(self, action: str = "status", path: Any = None) -> dict[str, Any]:
+        """``daskjobs.record``'s request (a client's): start, stop or status."""
+        if action == "start":
+            if not path:
+                raise ValueError("daskjobs.record: give the path of the trace file to write")
+            rec = await self.start(str(path), by_client=True)
+            return {"recording": True, **rec.stats()}
+        if action == "stop":
+            if self.recorder is not None and not self.by_client:
+                raise PermissionError(
+                    f"daskjobs: the recording to {self.recorder.path!r} is the "
+                    "operator's (daskjobs.record); a client cannot stop it"
+                )
+            return {"recording": False, "stats": await self.stop()}
+        if action == "status":
+            cur = self.recorder
+            return {"recording": cur is not None, "stats": cur.stats() if cur else None}
+        raise ValueError(f"daskjobs_record: unknown action {action!r} (start, stop, status)")
 
     # -- records ------------------------------------------------------------------
     @staticmethod

@@ -1,0 +1,602 @@
+"""The plugin's parts: one concern each, behind one protocol, composed from the settings.
+
+:class:`~daskjobs.plugin.JobsPlugin` receives dask's hooks and runs each over its parts
+in order (:func:`compose` makes the list), every call under one guard: an exception is
+logged at WARNING with the key, counted under the part's ``name`` in ``plugin.errors``
+and swallowed, and the next part runs. A part implements only the hooks it needs (the
+plugin loops only over the parts that override a hook, so a transition costs one call
+per interested part):
+
+====================  ===============================================================
+``start``             the plugin starts on a scheduler (async)
+``check_graph(new)``  a new graph, before ranking: may refuse it (the client's error)
+``graph(new)``        the same graph, once ranked
+``transition(step)``  a task changed state (:class:`Step`; O(1) each)
+``worker_added``      a worker joined (its ``WorkerState``)
+``worker_removed``    a worker left (its address)
+``report(r)``         the plugin's worker plugin reported (:class:`Report`)
+``report_delay()``    how late start reports may come for this part (None: not needed)
+``status()``          the part's entries of ``status``
+``explain(key)``      the part's entries of ``explain(key)``
+``close``             the plugin stops (async)
+====================  ===============================================================
+
+Order: the transition order is the list's: recording first (it tells a trace the
+transition before speculation settles anything), then speculation (which marks a copy's or
+an alias's transition as nothing to learn from: :attr:`Step.learn`), preemption,
+resources, the learner, the release gate, and ranking last (it forgets a forgotten task).
+Where one part's answer feeds another, the link is made here, once: speculation tells
+recording which task a copy's start belongs to; recording asks speculation under which
+key a transition is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from daskjobs.plugin import _internals as dask_internals
+from daskjobs.plugin.audit import Audit
+from daskjobs.plugin.inventory import INVENTORY_NAME, INVENTORY_TOPIC, inventory_bytes
+from daskjobs.plugin.worker import REPORTER_NAME, RETURNED_TOPIC, STARTED_TOPIC, reporter_bytes
+from daskjobs.tasks import CHECKPOINT_TOPIC
+
+if TYPE_CHECKING:
+    from dask.typing import Key
+
+    from daskjobs.config import Settings
+    from daskjobs.plugin.gangs import Placer
+    from daskjobs.plugin.preemption import Preemptor
+    from daskjobs.plugin.ranking import Ranker
+    from daskjobs.plugin.recording import Recording
+    from daskjobs.plugin.release import ReleaseGate
+    from daskjobs.plugin.speculation import Speculator
+    from daskjobs.plugin.speeds import WorkerSpeeds
+
+__all__ = [
+    "WORKER_TOPICS",
+    "Composed",
+    "Part",
+    "Report",
+    "Reporters",
+    "Step",
+    "compose",
+    "run_reports",
+]
+
+logger = logging.getLogger("daskjobs.plugin")
+
+#: The topics of the plugin's worker plugins, read from the workers' own streams.
+WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC, CHECKPOINT_TOPIC, INVENTORY_TOPIC)
+
+
+@dataclass(slots=True)
+class Step:
+    """One transition, as the parts see it in turn. ``learn``: does its end teach the
+    estimates and speeds (False for a backup copy or a task standing in for its copy)."""
+
+    key: Key
+    start: str
+    finish: str
+    kwargs: dict[str, Any]
+    learn: bool = True
+
+
+@dataclass(slots=True)
+class Report:
+    """One report of the plugin's worker plugins: a task's start (``age`` seconds ago if
+    delayed), its thread's return, a checkpoint, or (``key`` None) a worker's inventory."""
+
+    worker: str
+    topic: str
+    key: Any
+    msg: dict[str, Any]
+    age: float = 0.0
+
+    @property
+    def when(self) -> float:
+        """The time the worker gave, else now."""
+        t = self.msg.get("time")
+        return float(t) if isinstance(t, int | float) else time.time()
+
+
+def _reports(worker: str, topic: str, msg: dict[str, Any], audit: Audit) -> Iterator[Report]:
+    if topic == INVENTORY_TOPIC:
+        yield Report(worker, topic, None, msg)
+        return
+    starts = msg.get("starts") if topic == STARTED_TOPIC else None
+    if starts is None:
+        if msg.get("key") is not None:
+            yield Report(worker, topic, msg["key"], msg)
+        return
+    for row in starts:  # a delayed report: [key, run_id, worker time, age] each
+        try:
+            key, run_id, when, age = row
+            age = float(age)
+        except (TypeError, ValueError):
+            audit.failed("worker-report")  # the others in it still count
+            continue
+        if key is not None:
+            yield Report(worker, topic, key, {"key": key, "run_id": run_id, "time": when}, age)
+
+
+def run_reports(
+    parts: Sequence[Part], audit: Audit, worker: str, topic: str, msg: dict[str, Any]
+) -> None:
+    """Hand each report in a worker plugin's message to the parts that read reports."""
+    for r in _reports(worker, topic, msg, audit):
+        for part in parts:
+            try:
+                part.report(r)
+            except Exception:
+                audit.failed(part.name, r.key)
+
+
+class Part:
+    """One concern of the plugin (module docstring); every hook optional."""
+
+    #: Where its exceptions are counted (``plugin.errors``).
+    name = "part"
+    #: What its ``check_graph`` raises about the client's own input: the submission fails
+    #: with it (any other exception is counted and swallowed, as in every hook).
+    refusals: tuple[type[Exception], ...] = ()
+
+    async def start(self, scheduler: Any) -> None:
+        """The plugin starts on ``scheduler``."""
+
+    def check_graph(self, new: list[Any]) -> None:
+        """A new graph's tasks, before ranking; raising a ``ValueError`` of the client's
+        input refuses the submission."""
+
+    def graph(self, new: list[Any]) -> None:
+        """A new graph's tasks, ranked."""
+
+    def transition(self, step: Step) -> None:
+        """A task changed state."""
+
+    def worker_added(self, ws: Any) -> None:
+        """A worker joined."""
+
+    def worker_removed(self, worker: str, stimulus_id: str) -> None:
+        """The worker at ``worker`` left."""
+
+    def report(self, r: Report) -> None:
+        """A report of the plugin's worker plugins."""
+
+    def report_delay(self) -> float | None:
+        """How late start reports may come for this part; None if it reads none."""
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """This part's entries of ``status()``."""
+        return {}
+
+    def explain(self, key: Key) -> dict[str, Any]:
+        """This part's entries of ``explain(key)``."""
+        return {}
+
+    async def close(self) -> None:
+        """The plugin stops."""
+
+
+#: The hooks the plugin runs over the parts that implement them.
+HOOKS = ("check_graph", "graph", "transition", "worker_added", "worker_removed")
+
+
+def overrides(part: Part, hook: str) -> bool:
+    """Does ``part`` implement ``hook`` (not the protocol's no-op)?"""
+    return getattr(type(part), hook) is not getattr(Part, hook)
+
+
+# -- the parts --------------------------------------------------------------------------------
+
+
+class RecordingPart(Part):
+    """The trace of a run (:mod:`daskjobs.plugin.recording`)."""
+
+    name = "record"
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        #: the key a transition is recorded under (speculation's rule), or None
+        self.recorded_as: Callable[[Key, str, str], Key | None] = lambda key, start, finish: key
+        self.starts_mapped = False  # speculation tells the starts (which task a copy's is)
+
+    def graph(self, new: list[Any]) -> None:
+        if self.recording.recorder is not None:
+            self.recording.graph(new)
+
+    def transition(self, step: Step) -> None:
+        if self.recording.recorder is None or "processing" not in (step.start, step.finish):
+            return
+        as_key = self.recorded_as(step.key, step.start, step.finish)
+        if as_key is not None:
+            self.recording.transition(as_key, step.start, step.finish, step.kwargs)
+
+    def worker_added(self, ws: Any) -> None:
+        self.recording.worker_added(ws)
+
+    def worker_removed(self, worker: str, stimulus_id: str) -> None:
+        self.recording.worker_removed(worker, stimulus_id)
+
+    def report(self, r: Report) -> None:
+        if r.topic == STARTED_TOPIC and not self.starts_mapped:
+            self.recording.started(r.key, r.worker, r.msg)
+        elif r.topic == CHECKPOINT_TOPIC:
+            self.checkpoint(r)
+
+    def started(self, key: Key, r: Report) -> None:
+        """A start speculation mapped to its task (``key``)."""
+        self.recording.started(key, r.worker, r.msg)
+
+    def checkpoint(self, r: Report) -> None:
+        """A task's checkpoint, into the trace only (not the audit log: one a step):
+        replay estimates the checkpoint interval from them."""
+        rec = self.recording.recorder
+        if rec is not None:
+            event = {"action": "checkpoint", "key": str(r.key), "worker": r.worker}
+            rec.emit({"type": "event", "time": r.when, "event": event})
+
+    def report_delay(self) -> float | None:
+        return 0.0 if self.recording.recorder is not None else None
+
+    def status(self) -> dict[str, Any]:
+        rec = self.recording.recorder
+        return {"recording": rec.stats() if rec is not None else None}
+
+    async def close(self) -> None:
+        await self.recording.stop()
+
+
+class SpeculationPart(Part):
+    """Backup copies of late tasks (:mod:`daskjobs.plugin.speculation`)."""
+
+    name = "speculation"
+
+    def __init__(self, speculator: Speculator, audit: Audit, recording: RecordingPart) -> None:
+        self.speculator = speculator
+        self.audit = audit
+        self.recording = recording
+        recording.recorded_as = speculator.recorded_as
+        recording.starts_mapped = True
+        recording.recording.is_copy = speculator.is_copy
+
+    async def start(self, scheduler: Any) -> None:
+        sp = self.speculator
+        dask_internals.ensure_client(scheduler, dask_internals.COPIES_CLIENT)
+        sp.start(scheduler)
+        self.audit.event(
+            "speculation", late_factor=sp.spec.late_factor, max_fraction=sp.spec.max_fraction
+        )
+
+    def transition(self, step: Step) -> None:
+        sp = self.speculator
+        learn = not (sp.is_copy(step.key) or sp.is_alias(step.key))  # before it settles
+        sp.transition(step.key, step.start, step.finish, step.kwargs)
+        step.learn = learn
+
+    def report(self, r: Report) -> None:
+        if r.topic == STARTED_TOPIC:
+            started_as = self.speculator.started(r.key, r.worker, r.msg.get("run_id"), r.age)
+            if started_as is not None:
+                self.recording.started(started_as, r)
+        elif r.topic == RETURNED_TOPIC:
+            self.speculator.returned(r.key, r.worker)
+
+    def worker_removed(self, worker: str, stimulus_id: str) -> None:
+        self.speculator.worker_removed(worker)
+
+    def report_delay(self) -> float | None:
+        # within half of min-runtime (no task is judged late sooner) and one check interval
+        spec = self.speculator.spec
+        return min(spec.min_runtime / 2, spec.interval)
+
+    def status(self) -> dict[str, Any]:
+        return {"speculation": self.speculator.stats()}
+
+    def explain(self, key: Key) -> dict[str, Any]:
+        reason = self.speculator.reasons.get(key)  # recorded when it decided
+        return {"copy": reason} if reason is not None else {}
+
+    async def close(self) -> None:
+        self.speculator.close()
+
+
+class PreemptionPart(Part):
+    """Preemption of best-effort work for interactive work (:mod:`daskjobs.plugin.preemption`)."""
+
+    name = "preemption"
+
+    def __init__(self, preemptor: Preemptor, describe: dict[str, Any], audit: Audit) -> None:
+        self.preemptor = preemptor
+        self.describe = describe
+        self.audit = audit
+
+    async def start(self, scheduler: Any) -> None:
+        self.preemptor.start(scheduler)
+        self.audit.event("preemption", **self.describe)
+
+    def transition(self, step: Step) -> None:
+        stimulus = step.kwargs.get("stimulus_id") or ""
+        self.preemptor.transition(step.key, step.start, step.finish, stimulus)
+
+    def report(self, r: Report) -> None:
+        if r.topic == STARTED_TOPIC:
+            self.preemptor.started(r.key, r.worker, r.msg.get("run_id"), r.when)
+        elif r.topic == CHECKPOINT_TOPIC:
+            self.preemptor.checkpointed(r.key, r.when)
+
+    def worker_removed(self, worker: str, stimulus_id: str) -> None:
+        self.preemptor.worker_removed(worker)
+
+    def report_delay(self) -> float | None:
+        return 0.0
+
+    def status(self) -> dict[str, Any]:
+        return {"preemption": self.preemptor.status()}
+
+    async def close(self) -> None:
+        self.preemptor.close()
+
+
+class ResourcesPart(Part):
+    """Resources and gangs (:mod:`daskjobs.plugin.gangs`); with preemption on, the placer
+    enacts it too (it places every resource task)."""
+
+    name = "resources"
+
+    def __init__(
+        self, placer: Placer, ranker: Ranker, audit: Audit, preemption: dict[str, Any] | None
+    ) -> None:
+        self.placer = placer
+        self.ranker = ranker
+        self.audit = audit
+        self.preemption = preemption  # its description, when the placer enacts it
+        self._placed: list[Any] = []
+        from daskjobs.plugin.gangs import ResourceRequestError
+
+        self.refusals = (ResourceRequestError,)
+
+    async def start(self, scheduler: Any) -> None:
+        self.placer.start(scheduler)
+        if not dask_internals.has_worker_plugin(scheduler, INVENTORY_NAME):
+            try:  # each worker's inventory (the placer needs it)
+                await dask_internals.install_worker_plugin(
+                    scheduler, INVENTORY_NAME, inventory_bytes()
+                )
+            except Exception:
+                self.audit.failed("inventory-install")
+        self.audit.event("resources", **self.placer.policy.describe())
+        if self.preemption is not None:
+            self.audit.event("preemption", **self.preemption)
+
+    def check_graph(self, new: list[Any]) -> None:
+        """A malformed or impossible request fails the submission, naming it (as a bad
+        estimate does), and leaves nothing behind."""
+        self._placed = []
+        try:
+            self._placed = self.placer.check(new)
+        except self.refusals as e:
+            self.audit.event("rejected-graph", error=str(e), tasks=len(new))
+            cleanup = self.audit.guard("cleanup", self.ranker.forget_rejected)
+            asyncio.get_running_loop().call_soon(cleanup, [ts.key for ts in new])
+            raise
+
+    def graph(self, new: list[Any]) -> None:
+        placed, self._placed = self._placed, []
+        if placed:
+            self.placer.admit(placed)
+
+    def transition(self, step: Step) -> None:
+        self.placer.transition(step.key, step.start, step.finish)
+
+    def report(self, r: Report) -> None:
+        if r.topic == INVENTORY_TOPIC:
+            self.placer.inventory_report(r.worker, r.msg)
+        elif r.topic == STARTED_TOPIC:
+            self.placer.started(r.key, r.when)
+        elif r.topic == CHECKPOINT_TOPIC:
+            self.placer.checkpointed(r.key, r.when)
+
+    def worker_removed(self, worker: str, stimulus_id: str) -> None:
+        self.placer.worker_removed(worker)
+
+    def report_delay(self) -> float | None:
+        return 0.0  # true starts; a gang's stop signal
+
+    def status(self) -> dict[str, Any]:
+        return {"resources": self.placer.status()}
+
+    async def close(self) -> None:
+        self.placer.close()
+
+
+class LearningPart(Part):
+    """Estimates and worker speeds learnt from finished attempts; the history file."""
+
+    name = "speeds"
+
+    def __init__(self, ranker: Ranker, speeds: WorkerSpeeds, audit: Audit) -> None:
+        self.ranker = ranker
+        self.speeds = speeds
+        self.audit = audit
+        self._pc: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.speeds.scheduler = scheduler
+        if self.ranker.estimator.path:
+            from tornado.ioloop import PeriodicCallback
+
+            self._pc = PeriodicCallback(self.audit.guard("save-history", self.save), 30_000)
+            scheduler.periodic_callbacks["daskjobs-history"] = self._pc
+            self._pc.start()
+
+    def transition(self, step: Step) -> None:
+        if step.learn and step.start == "processing" and step.finish == "memory":
+            v = self.ranker.tasks.get(step.key)
+            seconds = dask_internals.compute_seconds(step.kwargs.get("startstops", ()))
+            if v is not None and seconds is not None:
+                self.ranker.estimator.observe(v.stage, seconds)
+                self.speeds.learn(v, step.kwargs.get("worker"), seconds)
+
+    def worker_removed(self, worker: str, stimulus_id: str) -> None:
+        self.speeds.forget(worker)
+
+    def save(self) -> None:
+        est = self.ranker.estimator
+        if est.dirty:
+            est.save()
+
+    async def close(self) -> None:
+        self.audit.guard("save-history", self.save)()
+        pc, self._pc = self._pc, None
+        if pc is not None:
+            pc.stop()
+            sched = self.speeds.scheduler
+            if sched is not None and sched.periodic_callbacks.get("daskjobs-history") is pc:
+                del sched.periodic_callbacks["daskjobs-history"]
+
+
+class GatePart(Part):
+    """The release gate (:mod:`daskjobs.plugin.release`), under a policy that pops."""
+
+    name = "transition"
+
+    def __init__(self, gate: ReleaseGate) -> None:
+        self.gate = gate
+
+    async def start(self, scheduler: Any) -> None:
+        self.gate.scheduler = scheduler
+
+    def transition(self, step: Step) -> None:
+        self.gate.transition(step.key, step.start, step.finish)
+
+
+class RankingPart(Part):
+    """The ranked tasks' views: a forgotten task is forgotten by the policy too."""
+
+    name = "transition"
+
+    def __init__(self, ranker: Ranker) -> None:
+        self.ranker = ranker
+
+    async def start(self, scheduler: Any) -> None:
+        self.ranker.scheduler = scheduler
+
+    def transition(self, step: Step) -> None:
+        if step.finish == "forgotten":
+            self.ranker.forget(step.key)
+
+
+# -- composing the parts from the settings ---------------------------------------------------
+
+
+class Composed(NamedTuple):
+    """The parts in order, and the drivers among them (None when off)."""
+
+    parts: list[Part]
+    speculator: Speculator | None
+    preemptor: Preemptor | None
+    placer: Placer | None
+
+
+def compose(
+    settings: Settings,
+    audit: Audit,
+    ranker: Ranker,
+    speeds: WorkerSpeeds,
+    recording: Recording,
+    gate: ReleaseGate | None,
+) -> Composed:
+    """The parts the settings switch on, in the order of the module docstring."""
+    recorder = RecordingPart(recording)
+    parts: list[Part] = [recorder]
+    speculator = preemptor = placer = None
+    if settings.speculation.enabled:
+        from daskjobs.plugin.speculation import Speculator
+        from daskjobs.policies import Speculation
+
+        sp = settings.speculation
+        spec = Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction, sp.ahead, sp.interval)
+        speculator = Speculator(spec, audit, ranker.tasks, speeds)
+        parts.append(SpeculationPart(speculator, audit, recorder))
+    pr, rs = settings.preemption, settings.resources
+    described = None
+    if pr.enabled:
+        from daskjobs.policies.preemption import make_preemption_policy, preemption_options
+
+        # the object the job-level simulator runs, with the operator's settings
+        preemption = make_preemption_policy(pr.policy, **preemption_options(pr))
+        ranker.te_first = preemption.te_first
+        described = preemption.describe()
+        if not rs.enabled:
+            from daskjobs.plugin.preemption import Preemptor
+
+            preemptor = Preemptor(
+                preemption, pr.resource, pr.grace, pr.interval, audit, ranker.tasks
+            )
+            parts.append(PreemptionPart(preemptor, described, audit))
+    if rs.enabled:  # with both on, the placer enacts preemption too
+        from daskjobs.plugin.gangs import Placer
+        from daskjobs.policies.resources import GangPolicy
+
+        placer = Placer(
+            GangPolicy(reservation=rs.reservation),
+            refuse_unsatisfiable=rs.refuse_unsatisfiable,
+            interval=rs.interval,
+            audit=audit,
+            tasks=ranker.tasks,
+            preemption=preemption if pr.enabled else None,
+            preempt_resource=pr.resource,
+            grace=pr.grace,
+        )
+        parts.append(ResourcesPart(placer, ranker, audit, described))
+    parts.append(LearningPart(ranker, speeds, audit))
+    if gate is not None:
+        parts.append(GatePart(gate))
+    parts.append(RankingPart(ranker))
+    return Composed(parts, speculator, preemptor, placer)
+
+
+# -- the start reporter ----------------------------------------------------------------------
+
+
+@dataclass
+class Reporters:
+    """The worker plugin that reports true starts: installed with the delay the parts
+    allow now (the least of their ``report_delay``), installed again when that changes,
+    removed when no part reads starts."""
+
+    parts: Sequence[Part]
+    audit: Audit
+    scheduler: Any = None
+    delay: float | None = None  # the installed reporter's
+
+    def wanted(self) -> float | None:
+        delays = [d for p in self.parts if (d := p.report_delay()) is not None]
+        return min(delays) if delays else None
+
+    async def refresh(self) -> None:
+        sched = self.scheduler
+        if sched is None:
+            return
+        delay = self.wanted()
+        installed = dask_internals.has_worker_plugin(sched, REPORTER_NAME)
+        if delay is None:
+            if installed:
+                try:
+                    await dask_internals.remove_worker_plugin(sched, REPORTER_NAME)
+                except Exception:
+                    logger.debug("daskjobs: removing the start reporter failed", exc_info=True)
+            return
+        if installed and delay == self.delay:
+            return
+        try:
+            await dask_internals.install_worker_plugin(sched, REPORTER_NAME, reporter_bytes(delay))
+            self.delay = delay
+        except Exception:
+            self.audit.failed("reporter-install")
