@@ -4,11 +4,27 @@ from what the policy declares (its capabilities), never from its class."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin, parts
-from daskjobs.plugin.views import LiveTask
+from daskjobs.plugin.views import LiveAttempt, LiveTask
+from daskjobs.policies import (
+    LPT,
+    FairShare,
+    HeapPolicy,
+    NodeAware,
+    NodeView,
+    Policy,
+    TaskView,
+    registry,
+)
+from daskjobs.policies.base import OPTIONAL_FIELDS, Capabilities, field
 
 PLUGIN = Path(daskjobs.__file__).resolve().parent / "plugin"
 
@@ -86,3 +102,169 @@ def test_the_start_reporter_is_asked_of_the_parts() -> None:
     )
     pe = JobsPlugin(policy="lpt", speculation={"enabled": True}, preemption={"enabled": True})
     assert parts.Reporters(pe.parts, pe.audit).wanted() == 0.0
+
+
+# -- capabilities ----------------------------------------------------------------------------
+
+
+def test_the_builtin_policies_declare_what_they_do() -> None:
+    assert LPT.capabilities == Capabilities(pops=False)
+    assert FairShare.capabilities.team_books and FairShare.capabilities.reconciles
+    na = NodeAware.capabilities
+    assert na.pops and na.learns_speeds and na.speculates
+    assert na.reads == {"task.estimated", "node.waiting", "attempt.books"}
+    assert Policy.capabilities == Capabilities()  # a plain policy pops, and nothing more
+
+
+def test_capabilities_name_only_declared_view_fields() -> None:
+    with pytest.raises(ValueError, match=r"no optional view field: task\.colour"):
+        Capabilities(reads=frozenset({"task.colour"}))
+    assert field(LiveTask("k", 1.0, 1, "a", 0.0, (), "default", "s"), "task.estimated") is False
+    assert field(object(), "node.waiting") == OPTIONAL_FIELDS["node.waiting"] == 0.0
+
+
+class SlowAware(Policy):
+    """A user's popper that learns speeds (it keeps NodeAware's books by delegation)."""
+
+    name = "slow-aware"
+    capabilities = Capabilities(pops=True, learns_speeds=True)
+
+    def __init__(self) -> None:
+        self.inner = NodeAware()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    def push(self, task: TaskView) -> None:
+        self.inner.push(task)
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        return self.inner.pop(node, now)
+
+    def started(self, attempt: Any, now: float) -> None:
+        self.inner.started(attempt, now)
+
+    def ended(self, attempt: Any, now: float) -> bool:
+        return self.inner.ended(attempt, now)
+
+    def speed(self, node: int) -> float:
+        return self.inner.speed(node)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+class Eager(LPT):
+    """A user's ranking policy that asks for a backup of any attempt past its estimate."""
+
+    name = "eager"
+    capabilities = Capabilities(pops=False, speculates=True)
+
+    def urgent(self, attempt: Any, now: float) -> bool:
+        return now - attempt.start > attempt.task.estimate
+
+
+class KeyLess(Policy):
+    name = "key-less"
+    capabilities = Capabilities(pops=False)
+
+
+@pytest.fixture
+def user_policies() -> Any:
+    registry.register("slow-aware", SlowAware)
+    registry.register("key-less", KeyLess)
+    registry.register("eager", Eager)
+    try:
+        yield
+    finally:
+        registry.unregister("slow-aware")
+        registry.unregister("key-less")
+        registry.unregister("eager")
+
+
+def test_a_user_policy_that_declares_learning_is_the_plugins_learner(user_policies: None) -> None:
+    plugin = JobsPlugin(policy="slow-aware")
+    assert plugin.speeds.learner is plugin.ranker.popper
+    assert plugin.gate is not None and plugin.gate.learns and plugin.gate.by_worker
+    assert plugin.view.fair is None
+    # a built-in learner is wired the same way
+    na = JobsPlugin(policy="node-aware")
+    assert na.speeds.learner is na.ranker.popper and na.gate is not None and na.gate.learns
+    # and a popper that declares nothing is not
+    fair = JobsPlugin(policy="fair-share", teams={"targets": {"a": 1}})
+    assert fair.gate is not None and not fair.gate.learns and fair.gate.reconciles
+    assert fair.speeds.learner is not fair.ranker.popper and fair.view.fair is fair.ranker.popper
+
+
+def test_a_user_policy_that_declares_speculation_is_asked_live(user_policies: None) -> None:
+    plugin = JobsPlugin(policy="eager", speculation={"enabled": True})
+    learner = plugin.speeds.learner  # what the speculation driver asks
+    v = LiveTask("k", 2.0, 1, "a", 0.0, (), "annotation", "s")
+    assert learner.urgent(LiveAttempt(v, 0, 10.0), 13.0)  # type: ignore[attr-defined]
+    assert not learner.urgent(LiveAttempt(v, 0, 10.0), 11.0)  # type: ignore[attr-defined]
+    assert learner.speed(0) == 1.0  # beliefs: a learner's (the policy learns none)
+    # undeclared, it is not asked (the learner's own rule: nominal nodes are never urgent)
+    assert not JobsPlugin(policy="lpt").speeds.learner.urgent(LiveAttempt(v, 0, 10.0), 13.0)  # type: ignore[attr-defined]
+
+
+def test_a_policy_that_does_not_pop_needs_a_key(user_policies: None) -> None:
+    with pytest.raises(TypeError, match=r"'key-less' declares that it does not pop"):
+        JobsPlugin(policy="key-less")
+
+
+# -- NodeAware reads the declared books field, never the attempt's class -----------------------
+
+
+@dataclass(frozen=True)
+class FrozenAttempt:
+    """An attempt view without the optional ``books`` field (it cannot take one)."""
+
+    task: LiveTask
+    node: int
+    start: float
+    end: float = float("nan")
+    outcome: str | None = "done"
+    backup: bool = False
+
+
+def _learn(attempts: Sequence[Any], policy: NodeAware) -> list[float]:
+    for a in attempts:
+        policy.started(a, a.start)
+    return [
+        (policy.ended(a, a.start + 3.0 * a.task.estimate) and policy.speed(a.node)) or 0.0
+        for a in attempts
+    ]
+
+
+def test_node_aware_keeps_books_on_the_field_or_in_a_dict_alike() -> None:
+    tasks = [LiveTask(f"t{i}", 1.0 + i, 1, "a", 0.0, (), "annotation", "s") for i in range(4)]
+    with_field, without = NodeAware(min_samples=1), NodeAware(min_samples=1)
+    for p in (with_field, without):
+        p.add_node(0, 4)
+    live = [LiveAttempt(t, 0, 10.0 * i, outcome="done") for i, t in enumerate(tasks)]
+    frozen = [FrozenAttempt(t, 0, 10.0 * i) for i, t in enumerate(tasks)]
+    assert _learn(live, with_field) == _learn(frozen, without)
+    assert with_field.speed(0) == without.speed(0) > 1.0
+    assert all(a.books is None for a in live)  # closed on the attempt, once
+    assert not without._run and not with_field._run  # no dict entry left behind
+
+
+def test_the_simulators_attempt_is_not_looked_at_by_class() -> None:
+    source = (Path(daskjobs.__file__).resolve().parent / "policies" / "nodeaware.py").read_text()
+    assert "MemberDescriptorType" not in source and "_carries" not in source
+
+
+# -- the TE-before-BE order is the policy layer's ----------------------------------------------
+
+
+def test_interactive_work_first_is_a_rule_of_the_policy_layer() -> None:
+    from daskjobs.policies.order import user_order
+
+    assert user_order(-1.0, "te", te_first=True) == -1.5
+    assert user_order(-1.0, "be", te_first=True) == -1.0
+    assert user_order(-1.0, "te", te_first=False) == -1.0
+    # never past a higher user priority (whole numbers)
+    assert user_order(-1.0, "te", True) > user_order(-2.0, "be", True)
+    source = (PLUGIN / "ranking.py").read_text(encoding="utf-8")
+    assert "- 0.5" not in source
+    assert HeapPolicy.capabilities.pops is False

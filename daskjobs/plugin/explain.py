@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from daskjobs.plugin.speculation import Speculator
     from daskjobs.plugin.speeds import WorkerSpeeds
     from daskjobs.plugin.views import LiveTask
-    from daskjobs.policies import FairShare, Policy
+    from daskjobs.policies import Policy
+    from daskjobs.policies.base import TeamBooks
 
 __all__ = ["PluginView", "Source"]
 
@@ -71,7 +72,7 @@ class PluginView:
         return self._p.ranker.made
 
     @property
-    def fair(self) -> FairShare | None:
+    def fair(self) -> TeamBooks | None:
         """The policy, when it keeps team books (explain and status report its teams)."""
         return self._p.ranker.fair
 

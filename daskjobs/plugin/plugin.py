@@ -5,7 +5,8 @@ from the policy (:mod:`~daskjobs.plugin.ranking`, before anything is dispatched)
 runs every other hook of dask's over its *parts* (:mod:`daskjobs.plugin.parts`: the
 trace, speculation, preemption, resources and gangs, learning, the release gate; one
 concern each, behind one protocol, every call under one guard), composed from the
-settings and from the policy. ``explain``, ``status``, the
+settings and from what the policy declares it does
+(:attr:`~daskjobs.policies.Policy.capabilities`). ``explain``, ``status``, the
 dashboard page and the metrics read it through a read-only view (``plugin.view``,
 :mod:`~daskjobs.plugin.explain`). Every private piece of distributed the parts touch
 is a verb of :mod:`daskjobs.plugin._internals`, checked at start.
@@ -78,7 +79,7 @@ class JobsPlugin(SchedulerPlugin):
         self.events, self.errors = self.audit.events, self.audit.errors
         self.ranker = Ranker(self.settings, self.audit)
         self.tasks: dict[Key, LiveTask] = self.ranker.tasks
-        self.speeds = WorkerSpeeds(self.audit, self.ranker.learner)
+        self.speeds = WorkerSpeeds(self.audit, self.ranker.learner, self.ranker.urgent)
         self.gate: ReleaseGate | None = None
         if self.ranker.popper is not None:  # the policy pops slot by slot
             self.gate = ReleaseGate(self.ranker.popper, self.tasks, self.speeds, self.audit)

@@ -8,11 +8,15 @@ inserts the policy's rank after the user's priority::
     (-user_priority, rank, generation, dask.order position)
 
 so a user's ``priority=`` still dominates, the policy decides everything else,
-and dask's order breaks ties. For a :class:`~daskjobs.policies.HeapPolicy` the
-rank is its ``key``; a policy that picks slot by slot (fair share, node-aware, any
-other) gives its :meth:`~daskjobs.policies.Policy.hold_key` (the order dask keeps
-its held tasks in) and the release gate (:mod:`daskjobs.plugin.release`) promotes
-what ``pop`` chooses.
+and dask's order breaks ties. What the rank is, the policy declares
+(:attr:`~daskjobs.policies.Policy.capabilities`): a policy that ranks by a static key
+(``pops`` false: a :class:`~daskjobs.policies.HeapPolicy`) gives its ``key``; a policy
+that pops slot by slot (fair share, node-aware, a user's) gives its
+:meth:`~daskjobs.policies.Policy.hold_key` (the order dask keeps its held tasks in) and
+the release gate (:mod:`daskjobs.plugin.release`) promotes what ``pop`` chooses. The
+first element is the policy layer's :func:`~daskjobs.policies.order.user_order`
+(interactive work ahead of best-effort work of its user priority, under a preemption
+policy that says so).
 
 A graph is ranked entirely or not at all, right after dask prioritised it and
 before anything is dispatched (the plugin wraps ``Scheduler._set_priorities``,
@@ -33,7 +37,9 @@ from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.estimates import BadEstimate, Estimator
 from daskjobs.plugin.views import LiveTask, stage_of
-from daskjobs.policies import FIFO, FairShare, HeapPolicy, NodeAware, Policy, TaskView, registry
+from daskjobs.policies import FIFO, Policy, TaskView, registry
+from daskjobs.policies.base import SpeedLearner, TeamBooks
+from daskjobs.policies.order import user_order
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -65,10 +71,9 @@ class _RankFailed(Exception):
 
 
 class _PopperGraphs(FIFO):
-    """What the ranking calls ``policy`` while a popper picks (fair-share, node-aware or
-    any policy that is not a HeapPolicy): it tells the popper of each new graph and of
-    each forgotten task, and names it in audit events; its rank is the popper's
-    ``hold_key``."""
+    """What the ranking calls ``policy`` while a popper picks (a policy that declares
+    ``pops``): it tells the popper of each new graph and of each forgotten task, and
+    names it in audit events; its rank is the popper's ``hold_key``."""
 
     def __init__(self, popper: Policy) -> None:
         super().__init__()
@@ -88,10 +93,12 @@ class _PopperGraphs(FIFO):
 class Ranker:
     """The policy the settings name, the task views, and the ranking of new graphs.
 
-    ``policy`` ranks (a HeapPolicy, or the popper's stand-in); ``popper`` is the policy
-    that picks slot by slot (None for a HeapPolicy); ``fair`` is it when it is fair
-    share (explain and status report its teams); ``tasks`` maps each ranked key to its
-    :class:`~daskjobs.plugin.views.LiveTask`.
+    ``made`` is the policy the settings name; ``policy`` ranks (``made`` when it ranks by
+    a static key, else the popper's stand-in); ``popper`` is ``made`` when it pops slot by
+    slot; ``fair`` is it when it keeps team books (explain and status report its teams);
+    ``learner`` when it learns speeds (the plugin's speed learner then); ``tasks`` maps
+    each ranked key to its :class:`~daskjobs.plugin.views.LiveTask`. All from the
+    policy's declared capabilities, never its class.
     """
 
     def __init__(self, settings: Settings, audit: Audit) -> None:
@@ -104,22 +111,22 @@ class Ranker:
         # and replay make (docs/policies.md).
         made = registry.make(s.policy, **policy_settings(s))
         self.made: Policy = made  # the policy the settings name
-        self.popper: Policy | None = None
-        self.fair: FairShare | None = None
-        self.learner: NodeAware | None = None  # the popper, when it learns speeds too
-        self.policy: HeapPolicy
-        if isinstance(made, HeapPolicy):
-            self.policy = made
-        else:
-            if isinstance(made, FairShare):
-                self.fair = made
-            if isinstance(made, NodeAware):
-                self.learner = made
-            self.popper = made
-            self.policy = _PopperGraphs(made)
+        caps = made.capabilities
+        self.popper: Policy | None = made if caps.pops else None
+        self.fair: TeamBooks | None = made if caps.team_books else None  # type: ignore[assignment]
+        self.learner: SpeedLearner | None = made if caps.learns_speeds else None  # type: ignore[assignment]
+        # a policy that speculates without learning speeds answers the learner's urgent
+        self.urgent = made.urgent if caps.speculates and not caps.learns_speeds else None
+        self.policy: Any = _PopperGraphs(made) if caps.pops else made
+        if not (caps.pops or callable(getattr(made, "key", None))):
+            raise TypeError(
+                f"policy {s.policy!r} declares that it does not pop (capabilities.pops is "
+                "False) but has no key(task) to rank by: subclass HeapPolicy, or declare pops"
+            )
         self.estimator = Estimator(s.default_estimate, s.history_samples, s.history_path)
         self.tasks: dict[Key, LiveTask] = {}
-        # TE tasks ahead of BE ones (the preemption policy's order, PreemptionPolicy.te_first)
+        # TE tasks ahead of BE ones: the preemption policy's declaration
+        # (PreemptionPolicy.te_first), ordered by the policy layer's user_order
         self.te_first = False
         self.ranked_graphs = 0
         self.ranked_tasks = 0
@@ -205,8 +212,7 @@ class Ranker:
             # a preempted task gives back go to a waiting TE task. Only tasks with resource
             # restrictions: they wait on workers, never in dask's queue, whose order the
             # release gate keeps for a popper (a boost there would pass its released task).
-            te = te_ahead and v.job_class == "te" and bool(ts.resource_restrictions)
-            first = p[0] - 0.5 if te else p[0]
+            first = user_order(p[0], v.job_class, te_ahead) if ts.resource_restrictions else p[0]
             dask_internals.set_priority(ts, (first, rank, p[1], p[2]))
             self.tasks[ts.key] = v
             sources[v.source] += 1

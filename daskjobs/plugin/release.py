@@ -1,8 +1,9 @@
 """The release gate: dask's free slots get the task the policy's ``pop`` chooses.
 
-Under a policy that picks slot by slot (fair share, node-aware, any policy that is
-not a :class:`~daskjobs.policies.HeapPolicy`), the decision "which waiting task
-gets the next free slot" is ``popper.pop``, the same call the simulator makes.
+Under a policy that picks slot by slot (one that declares ``pops`` in its
+:attr:`~daskjobs.policies.Policy.capabilities`: fair share, node-aware, a user's), the
+decision "which waiting task gets the next free slot" is ``popper.pop``, the same call
+the simulator makes.
 dask hands free slots to the head of its queue of waiting root tasks
 (``scheduler.queued``, ordered by priority) one slot at a time, and calls the
 plugin's ``transition`` hook after each. The gate keeps every queued task *held*
@@ -56,7 +57,7 @@ from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import ANY_NODE, OUTCOME, LiveAttempt, LiveTask, Slot
-from daskjobs.policies import FairShare, Policy
+from daskjobs.policies import Capabilities, Policy
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -98,6 +99,13 @@ class ReleaseGate:
         audit: Audit,
     ) -> None:
         self.popper = popper
+        # what the policy declares (a bare popper that declares nothing: the defaults)
+        caps: Capabilities = getattr(popper, "capabilities", None) or Capabilities()
+        # a policy that learns speeds is offered each free slot on its worker (and may
+        # leave a slow worker's slots idle); one that reads node.waiting sees its worker
+        self.learns = caps.learns_speeds
+        self.by_worker = caps.learns_speeds or "node.waiting" in caps.reads
+        self.reconciles = caps.reconciles
         self.tasks = tasks
         self.speeds = speeds
         self.audit = audit
@@ -171,8 +179,9 @@ class ReleaseGate:
 
     def _slot_view(self, idle: Any) -> Any:
         """The slot about to be filled, as the policy sees it: on the worker dask will
-        give the head of its queue to (only a policy that learns speeds cares which)."""
-        if self.popper is not self.speeds.learner:
+        give the head of its queue to (only a policy that learns speeds or reads what waits
+        on a worker cares which)."""
+        if not self.by_worker:
             return ANY_NODE
         ws = _next_worker(idle)
         return ANY_NODE if ws is None else Slot(self.speeds.node(ws.address), ws, self.tasks)
@@ -192,7 +201,7 @@ class ReleaseGate:
         if v is None:
             # a task the policy does not rank (a speculative copy, another client's task)
             # freed a slot: dask fills it from its queue next, so the policy is asked
-            if start == "processing" and popper is self.speeds.learner and self.held:
+            if start == "processing" and self.learns and self.held:
                 self._offer()
             return
         now = time.time()
@@ -223,13 +232,12 @@ class ReleaseGate:
                 ended.end = now
                 # a learner of speeds learns from compute times (WorkerSpeeds.learn), not
                 # from assignment-to-finish here: it only closes its books on this attempt
-                learner = popper is self.speeds.learner
-                ended.outcome = None if learner else OUTCOME.get(finish, "killed")
+                ended.outcome = None if self.learns else OUTCOME.get(finish, "killed")
                 popper.ended(ended, now)
             slot_opened = True
         # Decide when a slot is about to be filled, with usage as it is now: a
         # task just ended (dask fills the free slots next), or slots are free already.
-        if self.held and slot_opened and popper is self.speeds.learner:
+        if self.held and slot_opened and self.learns:
             self._offer()  # with promotions pending too: this end may free another worker
         elif not self.promoted and self.held:
             idle = dask_internals.idle_workers(self.scheduler)
@@ -311,7 +319,7 @@ class ReleaseGate:
         """O(processing + queued log queued); runs only after a failure."""
         self._reconcile_pending = False
         self._readmit()
-        if isinstance(self.popper, FairShare):
+        if self.reconciles:
             self.pending = []  # its books are rebuilt below from dask's queue
         else:
             self._flush()  # the policy keeps its own queue: hand it what it lacks
@@ -342,6 +350,6 @@ class ReleaseGate:
         )
         held = [self.tasks[ts.key] for ts in queued]
         self.held = {v.tid for v in held}
-        if isinstance(self.popper, FairShare):
-            self.popper.reconcile(running, held, now)
+        if self.reconciles:
+            self.popper.reconcile(running, held, now)  # type: ignore[attr-defined]
         self.audit.event("reconciled", running=running, held=len(held))

@@ -1,19 +1,24 @@
 """Worker speeds: dask's workers as the policies' nodes, and what is believed of them.
 
-The beliefs are the simulator's :class:`~daskjobs.policies.NodeAware` learner (or,
-under ``policy: node-aware``, the very policy object that picks tasks), fed the
-attempts the plugin sees end; which attempts teach a speed is the learner's own
-rule (:meth:`NodeAware.ended <daskjobs.policies.NodeAware.ended>`). This object
-only maps worker addresses to node indices and announces belief changes.
+The beliefs are the policy's own when it declares that it learns speeds
+(``capabilities.learns_speeds``: ``node-aware``, or a user's), else a
+:class:`~daskjobs.policies.NodeAware` that only learns; either is fed the attempts
+the plugin sees end, and which attempts teach a speed is the learner's own rule
+(its ``ended``). A policy that declares that it speculates but does not learn speeds
+answers ``urgent`` for that learner: the speculation driver asks the learner, so a
+user's speculating policy is asked live as in the simulator. This object only maps
+worker addresses to node indices and announces belief changes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.policies import NodeAware
+from daskjobs.policies.base import SpeedLearner
 
 if TYPE_CHECKING:
     from distributed.scheduler import Scheduler
@@ -21,12 +26,31 @@ if TYPE_CHECKING:
 __all__ = ["WorkerSpeeds"]
 
 
+class _AskingLearner(NodeAware):
+    """The plugin's learner when the policy speculates without learning speeds:
+    NodeAware's beliefs, the policy's ``urgent``."""
+
+    def __init__(self, urgent: Callable[[Any, float], bool]) -> None:
+        super().__init__()
+        self._urgent = urgent
+
+    def urgent(self, attempt: Any, now: float) -> bool:
+        return bool(self._urgent(attempt, now))
+
+
 class WorkerSpeeds:
     """``address -> node index`` for the policies, and the speed learner."""
 
-    def __init__(self, audit: Audit, learner: NodeAware | None = None) -> None:
+    def __init__(
+        self,
+        audit: Audit,
+        learner: SpeedLearner | None = None,
+        urgent: Callable[[Any, float], bool] | None = None,
+    ) -> None:
         self.audit = audit
-        self.learner = learner if learner is not None else NodeAware()
+        if learner is None:
+            learner = NodeAware() if urgent is None else _AskingLearner(urgent)
+        self.learner: SpeedLearner = learner
         self.nodes: dict[str, int] = {}  # worker address -> node index of the policies
         self.addresses: dict[int, str] = {}  # node index -> address, of present workers
         self._next = 0  # node indices are never reused

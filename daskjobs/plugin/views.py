@@ -49,6 +49,7 @@ class LiveAttempt:
     end: float = float("nan")
     outcome: str | None = None
     backup: bool = False
+    books: Any = None  # the policy's own slot (AttemptView.books)
 
 
 class _AnyNode:

@@ -12,7 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from daskjobs.policies import registry
-from daskjobs.policies.base import AttemptView, HeapPolicy, NodeView, Policy, TaskView
+from daskjobs.policies.base import (
+    AttemptView,
+    Capabilities,
+    HeapPolicy,
+    NodeView,
+    Policy,
+    TaskView,
+)
 from daskjobs.policies.fairshare import FairShare
 from daskjobs.policies.nodeaware import NodeAware
 from daskjobs.policies.order import FIFO, LPT, CriticalPath
@@ -24,6 +31,7 @@ __all__ = [
     "FIFO",
     "LPT",
     "AttemptView",
+    "Capabilities",
     "CriticalPath",
     "FairShare",
     "HeapPolicy",

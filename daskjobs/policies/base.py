@@ -12,6 +12,22 @@ Views (structural protocols, so any object with these attributes will do):
 * :class:`AttemptView` - ``task`` (a TaskView), ``node`` (index), ``start``,
   ``end`` and ``outcome`` once ended, ``backup`` (is it a speculative copy).
 
+Beyond those, a driver may give a view the *optional fields* of :data:`OPTIONAL_FIELDS`
+(``task.estimated``, ``task.speculate``, ``task.job_class``, ``node.waiting``,
+``node.core``, ``attempt.books``); a policy reads one with its default there
+(:func:`field`) and names those it reads in its capabilities.
+
+Capabilities
+============
+
+A policy declares what it does and needs in :attr:`Policy.capabilities`
+(:class:`Capabilities`): whether it *pops* slot by slot or ranks by a static key, whether
+it *learns speeds*, whether it *speculates* (asks for backups itself), whether it keeps
+*team books* or can *reconcile* them, and which optional view fields it *reads*. The
+drivers (the simulator, the plugin, replay) ask the declaration, never the policy's
+class: a user's registered policy that declares a capability gets what a built-in one
+with it gets.
+
 The life of a task, as a policy sees it::
 
     add_graph([tasks])         once per submitted batch, before any push
@@ -43,16 +59,22 @@ import heapq
 import itertools
 import math
 from collections.abc import Hashable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 __all__ = [
+    "OPTIONAL_FIELDS",
     "AttemptView",
+    "Capabilities",
     "HeapPolicy",
     "NodeView",
     "Policy",
+    "SpeedLearner",
     "TaskView",
+    "TeamBooks",
+    "field",
 ]
 
 
@@ -77,10 +99,11 @@ class TaskView(Protocol):
 class NodeView(Protocol):
     """A node (in dask: a worker) as a policy sees it when offering slots.
 
-    A driver whose nodes queue work of their own may add ``waiting``: nominal seconds of
-    work already on the node that starts before the offered slot's task (the plugin's
-    slots do: dask hands a worker more tasks than it has threads). A policy reads it with
-    ``getattr(node, "waiting", 0.0)``; the simulator's nodes have no queue of their own.
+    Optional fields (:data:`OPTIONAL_FIELDS`): ``waiting``, nominal seconds of work
+    already on the node that starts before the offered slot's task (the plugin's slots
+    have it: dask hands a worker more tasks than it has threads; the simulator's nodes
+    queue nothing of their own); ``core``, the one core a slot is on (the simulator's,
+    for policies that deal tasks to cores).
     """
 
     @property
@@ -92,7 +115,12 @@ class NodeView(Protocol):
 
 
 class AttemptView(Protocol):
-    """One execution of a task on one node."""
+    """One execution of a task on one node.
+
+    Optional field (:data:`OPTIONAL_FIELDS`): ``books``, a writable slot that is the
+    policy's own (what its ``started`` keeps for its ``ended``); without it a policy
+    keeps a dict by attempt. The simulator's and the plugin's attempts have it.
+    """
 
     @property
     def task(self) -> TaskView: ...
@@ -108,15 +136,113 @@ class AttemptView(Protocol):
     def backup(self) -> bool: ...
 
 
+#: The optional view fields a driver may provide, by view, with the value a policy
+#: takes when a view lacks one. ``task.estimated``: the estimate is a real one (an
+#: annotation or measured history), not a configured default; ``task.speculate``: the
+#: task may get a backup copy; ``task.job_class``: "te" (interactive) or "be"
+#: (best-effort); ``node.waiting``: nominal seconds queued on the node ahead of the
+#: offered slot; ``node.core``: the core of a one-core slot; ``attempt.books``: the
+#: policy's own slot on an attempt.
+OPTIONAL_FIELDS: dict[str, Any] = {
+    "task.estimated": True,
+    "task.speculate": True,
+    "task.job_class": "be",
+    "node.waiting": 0.0,
+    "node.core": None,
+    "attempt.books": None,
+}
+
+
+def field(view: object, name: str) -> Any:
+    """``view``'s optional field ``name`` (``"node.waiting"``), or its default. Not for
+    hot paths: a policy there reads ``getattr(view, "waiting", 0.0)`` itself, with the
+    default of :data:`OPTIONAL_FIELDS`."""
+    return getattr(view, name.partition(".")[2], OPTIONAL_FIELDS[name])
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a policy does and needs, as the drivers read it (module docstring).
+
+    ``pops``: it chooses each free slot's task itself (:meth:`Policy.pop`); live, the
+    plugin then holds dask's queue and releases its choices slot by slot (the release
+    gate). False: a static key ranks every task (:meth:`HeapPolicy.key`), and the plugin
+    writes it into dask's priorities.
+
+    ``learns_speeds``: its ``ended`` learns how fast each node runs and ``speed(node)``
+    answers it (with ``samples(node)``, the attempts a belief rests on, and ``capacity()``,
+    the effective cores: :class:`SpeedLearner`); live, it is
+    then the plugin's one speed learner (every finished attempt is told to it) and the
+    slots it is offered name their worker.
+
+    ``speculates``: ``urgent(attempt, now)`` may ask for a backup copy before the
+    lateness deadline (drivers that speculate ask it).
+
+    ``team_books``: it keeps per-team books that ``explain`` and ``status`` report
+    (:class:`TeamBooks`).
+
+    ``reconciles``: it can rebuild its books from the live scheduler's state after a
+    failure (``reconcile(running, held, now)``); otherwise the plugin hands it the tasks
+    it lacks.
+
+    ``reads``: the optional view fields it reads (keys of :data:`OPTIONAL_FIELDS`).
+    """
+
+    pops: bool = True
+    learns_speeds: bool = False
+    speculates: bool = False
+    team_books: bool = False
+    reconciles: bool = False
+    reads: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.reads) - set(OPTIONAL_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"Capabilities.reads names no optional view field: {', '.join(unknown)} "
+                f"(known: {', '.join(OPTIONAL_FIELDS)})"
+            )
+        object.__setattr__(self, "reads", frozenset(self.reads))
+
+
+class SpeedLearner(Protocol):
+    """What a policy that declares ``learns_speeds`` answers (beside the hooks every policy
+    has: ``add_node``, ``remove_node``, ``ended``)."""
+
+    def speed(self, node: int) -> float: ...
+    def samples(self, node: int) -> int: ...
+    def capacity(self) -> float: ...
+    def add_node(self, index: int, cores: int) -> None: ...
+    def remove_node(self, index: int) -> None: ...
+    def ended(self, attempt: AttemptView, now: float) -> bool: ...
+
+
+class TeamBooks(Protocol):
+    """What a policy that declares ``team_books`` answers (and, with ``reconciles``,
+    ``reconcile``)."""
+
+    quotas: Any
+
+    def teams(self) -> list[str]: ...
+    def knows(self, team: str) -> bool: ...
+    def share(self, team: str) -> float: ...
+    def usage(self, team: str, now: float) -> float: ...
+    def running(self, team: str) -> int: ...
+    def queued(self, team: str) -> int: ...
+
+
 class Policy:
     """Base class of every policy: no-op hooks and the interface's contract.
 
     Subclasses implement :meth:`push`, :meth:`pop` and :meth:`__len__`; the
-    other hooks are optional.
+    other hooks are optional. A subclass declares what it does in
+    :attr:`capabilities` (the default: it pops, and nothing more).
     """
 
     #: The name the CLI, reports and the plugin's configuration use.
     name: str = "policy"
+    #: What it does and needs (:class:`Capabilities`); the drivers read this.
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     def add_node(self, index: int, cores: int) -> None:
         """A node joined (in the simulator: all nodes, before the first task)."""
@@ -191,7 +317,9 @@ class HeapPolicy(Policy):
     Tasks are bucketed by their core request so that ``pop`` on a node with
     ``f`` free slots looks only at the head of each bucket that fits: the cost
     is O(b log n) with b the number of distinct core requests (usually 1).
-    Ties on ``key`` are broken by push order (earlier first).
+    Ties on ``key`` are broken by push order (earlier first). It does not pop slot by
+    slot as far as a driver needs to know (``capabilities.pops`` is False): its ``key``
+    orders everything, so the plugin writes it into dask's priorities.
 
     Each bucket is a heap plus a *run*: a batch pushed at once
     (:meth:`push_many`, e.g. a whole sweep submitted together) is sorted once
@@ -201,6 +329,8 @@ class HeapPolicy(Policy):
     (keys, push counters, tasks), not as a list of ``(key, counter, task)``
     tuples: a million tuples cost more to allocate than the sort itself.
     """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(pops=False)
 
     def __init__(self) -> None:
         self._buckets: dict[int, _Bucket] = {}

@@ -49,7 +49,14 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from daskjobs.policies.base import AttemptView, HeapPolicy, NodeView, Policy, TaskView
+from daskjobs.policies.base import (
+    AttemptView,
+    Capabilities,
+    HeapPolicy,
+    NodeView,
+    Policy,
+    TaskView,
+)
 from daskjobs.policies.order import FIFO, LPT
 
 __all__ = ["FairShare"]
@@ -76,6 +83,7 @@ class FairShare(Policy):
     """
 
     name = "fair-share"
+    capabilities = Capabilities(pops=True, team_books=True, reconciles=True)
 
     def __init__(
         self,

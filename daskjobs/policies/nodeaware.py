@@ -82,13 +82,12 @@ from functools import reduce
 from itertools import repeat
 from operator import add, mul
 from operator import neg as neg_
-from types import MemberDescriptorType
 from typing import Any
 
 import numpy as np
 from sortedcontainers import SortedList
 
-from daskjobs.policies.base import AttemptView, NodeView, Policy, TaskView
+from daskjobs.policies.base import AttemptView, Capabilities, NodeView, Policy, TaskView
 from daskjobs.policies.speculation import expected_left, projected_end
 
 __all__ = ["NodeAware"]
@@ -100,11 +99,8 @@ _log, _exp, _INF = math.log, math.exp, math.inf  # hot in `ended`
 _MAX_LOG = math.log(1000.0)
 
 
-def _carries(cls: type) -> bool:
-    """Has ``cls`` a ``books`` slot (the simulator's Attempt)? Then an attempt's books
-    ride on it; any other class (the plugin's, a user's view, whatever attributes it
-    has) keeps the dict."""
-    return isinstance(getattr(cls, "books", None), MemberDescriptorType)
+#: ``attempt.books`` of an attempt view without the field (AttemptView): a dict entry.
+_NO_BOOKS: Any = object()
 
 
 def _est(entry: _Entry) -> float:
@@ -310,6 +306,12 @@ class NodeAware(Policy):
     judges lateness against the speed of the node an attempt runs on."""
 
     name = "node-aware"
+    capabilities = Capabilities(
+        pops=True,
+        learns_speeds=True,
+        speculates=True,
+        reads=frozenset({"task.estimated", "node.waiting", "attempt.books"}),
+    )
 
     def __init__(
         self,
@@ -375,10 +377,6 @@ class NodeAware(Policy):
         # task view is frozen); attempt views hash by identity (as in Horizon)
         self._run: dict[AttemptView, tuple[int, float, float, bool, float]] = {}
         self._popped: _Entry | None = None  # the queue entry `pop` returned last
-        # the attempt class whose instances carry their books (see `started`), and the
-        # last class seen that does not: one class per driver, decided once, not per start
-        self._carrier: type | None = None
-        self._other: type | None = None
 
     # -- nodes and speeds -------------------------------------------------------
     def add_node(self, index: int, cores: int) -> None:
@@ -637,23 +635,14 @@ class NodeAware(Policy):
             else 0.0
         )
         books = (c, end, est, getattr(t, "estimated", True), ask)
-        cls = type(attempt)
-        if cls is self._carrier or (cls is not self._other and self._learn_class(cls)):
-            attempt.books = books  # type: ignore[attr-defined]  # no dict entry each
-        else:
+        try:  # the view's own slot (AttemptView.books): no dict entry each
+            attempt.books = books  # type: ignore[attr-defined]
+        except AttributeError:  # a view without it keeps a dict entry
             self._run[attempt] = books
         self._run_cores += c
         self._run_end_sum += c * end
         if ask:
             self._demand += ask
-
-    def _learn_class(self, cls: type) -> bool:
-        """Does ``cls`` carry books (a ``books`` slot)? Remembered for the next start."""
-        if _carries(cls):
-            self._carrier = cls
-            return True
-        self._other = cls
-        return False
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """Close the books on ``attempt`` and learn its node's speed from it.
@@ -665,12 +654,11 @@ class NodeAware(Policy):
         copy) that had already run past its estimate gives that ratio as a lower
         bound, or a node whose every task is rescued would never be measured.
         """
-        cls = type(attempt)
-        if cls is self._carrier or (cls is not self._other and self._learn_class(cls)):
-            got = getattr(attempt, "books", None)  # unset: never started here
-            attempt.books = None  # type: ignore[attr-defined]  # closed once
-        else:
+        got = getattr(attempt, "books", _NO_BOOKS)
+        if got is _NO_BOOKS:  # no field (or never set): a dict entry, if it started here
             got = self._run.pop(attempt, None)
+        elif got is not None:
+            attempt.books = None  # type: ignore[attr-defined]  # closed once
         if got is not None:
             c, end, est, estimated, ask = got  # the task's, as `started` read them
             self._run_cores -= c

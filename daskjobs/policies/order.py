@@ -29,6 +29,16 @@ Costs: ``push`` and ``pop`` are O(log n). ``CriticalPath.add_graph`` is
 O(V + E) per submitted batch.
 
 Ties: equal keys run in push order (earlier first).
+
+Interactive work first
+======================
+
+:func:`user_order` is the first element of a task's order everywhere a user priority
+applies (lower first): ``-user_priority``, and, when the preemption policy puts
+interactive work first (``te_first``), half a step less for a TE task, so within one
+user priority every TE task sorts before every BE one and never passes a task of a
+higher user priority (user priorities are whole numbers). The live plugin writes it
+into dask's priorities; a simulator of job classes orders by the same function.
 """
 
 from __future__ import annotations
@@ -38,7 +48,16 @@ from typing import Any
 
 from daskjobs.policies.base import HeapPolicy, TaskView
 
-__all__ = ["FIFO", "LPT", "CriticalPath"]
+__all__ = ["FIFO", "LPT", "TE_AHEAD", "CriticalPath", "user_order"]
+
+#: How far ahead of best-effort work of its user priority interactive work sorts.
+TE_AHEAD = 0.5
+
+
+def user_order(user_key: float, job_class: str, te_first: bool) -> float:
+    """The first element of a task's order (lower first): ``user_key`` (``-user
+    priority``), less :data:`TE_AHEAD` for a TE task when ``te_first`` (module docs)."""
+    return user_key - TE_AHEAD if te_first and job_class == "te" else user_key
 
 
 class FIFO(HeapPolicy):

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from daskjobs.policies.base import NodeView, Policy, TaskView
+from daskjobs.policies.base import Capabilities, NodeView, Policy, TaskView
 
 __all__ = ["WorkStealing"]
 
@@ -46,6 +46,7 @@ class WorkStealing(Policy):
     """Round-robin deal to per-core deques; idle cores steal from the fullest."""
 
     name = "work-stealing"
+    capabilities = Capabilities(pops=True, reads=frozenset({"node.core"}))
 
     def __init__(self) -> None:
         self._deques: dict[int, deque[TaskView]] = {}
