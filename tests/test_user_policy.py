@@ -237,12 +237,6 @@ def test_a_user_policy_decides_the_same_in_simulate_replay_and_live(
     assert started_order(replay(loaded).schedule) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="live, the tasks of a graph that dask sends straight to idle threads are the first "
-    "in the plugin's held order (the policy's hold_key; submission order by default), not "
-    "pop's choice",
-)
 def test_a_popper_chooses_the_first_task_of_a_graph_on_an_idle_cluster(
     user_policies: None,
 ) -> None:

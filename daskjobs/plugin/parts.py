@@ -427,7 +427,6 @@ class LearningPart(Part):
         self._pc: Any = None
 
     async def start(self, scheduler: Any) -> None:
-        self.speeds.scheduler = scheduler
         if self.ranker.estimator.path:
             from tornado.ioloop import PeriodicCallback
 
@@ -469,8 +468,8 @@ class GatePart(Part):
     def __init__(self, gate: ReleaseGate) -> None:
         self.gate = gate
 
-    async def start(self, scheduler: Any) -> None:
-        self.gate.scheduler = scheduler
+    def graph(self, new: list[Any]) -> None:
+        self.gate.first_wave(new)
 
     def transition(self, step: Step) -> None:
         self.gate.transition(step.key, step.start, step.finish)
@@ -483,9 +482,6 @@ class RankingPart(Part):
 
     def __init__(self, ranker: Ranker) -> None:
         self.ranker = ranker
-
-    async def start(self, scheduler: Any) -> None:
-        self.ranker.scheduler = scheduler
 
     def transition(self, step: Step) -> None:
         if step.finish == "forgotten":

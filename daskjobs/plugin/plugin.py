@@ -116,7 +116,10 @@ class JobsPlugin(SchedulerPlugin):
             dask_internals.check_scheduler(scheduler)
             self.settings = apply_trust(self, scheduler, JobsPlugin)
             self.recording.settings = self.settings
-            self.scheduler = self.audit.scheduler = self.recording.scheduler = scheduler
+            self.scheduler = scheduler  # and the objects the parts share, before any await
+            for shared in (self.audit, self.recording, self.ranker, self.speeds, self.gate):
+                if shared is not None:
+                    shared.scheduler = scheduler
             self.reporters.scheduler = scheduler
             dask_internals.wrap_priorities(scheduler, self._new_graph)
             for name in ("explain", "status", "record"):

@@ -24,6 +24,13 @@ policy then sees a submitted sweep as the simulator does (``NodeAware`` sorts it
 once and measures a new worker with a task from the batch's short end, not the very
 shortest), at O(1) per queued transition instead of a sorted insertion each.
 
+A graph that arrives while slots are free: dask sends the first of its root tasks, by
+priority, straight to those slots without queuing them, so the gate pushes the graph's
+root tasks to the policy when it arrives (ranked, before dask sends anything: one
+``push_many``, as the simulator pushes a submitted graph), asks ``pop`` once per free
+slot in dask's order and puts each choice ahead of every held rank
+(:meth:`ReleaseGate.first_wave`); the rest are held when dask queues them.
+
 Which worker a slot is on: dask gives the task at the head of its queue to the least
 busy worker of its ``idle_task_count`` (``decide_worker_rootish_queuing_enabled``), so
 when a task ends the gate walks the free slots in that order, before dask counts them,
@@ -123,6 +130,10 @@ class ReleaseGate:
         self._seq = 0
         self.attempts: dict[Key, LiveAttempt] = {}
         self._reconcile_pending = False
+        # a new graph's root tasks pushed to the policy when it arrived with slots free
+        # (first_wave), not yet queued by dask; and those the policy chose for the slots
+        self.early: set[Key] = set()
+        self.chosen: set[Key] = set()
 
     def _flush(self) -> None:
         """Hand the tasks queued since the policy was last asked to it, as one batch."""
@@ -158,23 +169,114 @@ class ReleaseGate:
         if self.pending:
             self._flush()
         popper = self.popper
-        sched = self.scheduler
         now = time.time()
         while self.held:
             v = popper.pop(node, now)
             if v is None:
                 return False  # nothing the policy would run in this slot now
-            if v.tid not in self.held:
-                continue  # dask already ran or dropped it (a stale queue entry)
-            ts = sched.tasks.get(v.tid)
-            if ts is None or ts.state != "queued" or ts.priority is None:
-                self.held.discard(v.tid)
+            if self._promote(v):
+                return True
+        return False
+
+    def _promote(self, v: Any) -> bool:
+        """Promote held ``v`` to the head of dask's queue (after those promoted before
+        it); False for a stale entry (dask already ran or dropped it)."""
+        if v.tid not in self.held:
+            return False
+        self.held.discard(v.tid)
+        sched = self.scheduler
+        ts = sched.tasks.get(v.tid)
+        if ts is None or ts.state != "queued" or ts.priority is None:
+            return False
+        self._seq += 1
+        dask_internals.promote(sched, ts, _RELEASED + self._seq)
+        self.promoted[v.tid] = None
+        return True
+
+    def first_wave(self, new: list[Any]) -> None:
+        """A new graph arrives (ranked, before dask sends anything) while slots are free:
+        dask sends the first of its root tasks, by priority, straight to those slots
+        without queuing them. So that ``pop`` chooses those too, as the simulator's
+        first pops do after a graph's ``push_many``: push the graph's root tasks now, in
+        one batch, ask ``pop`` for each free slot in dask's order (the least busy worker
+        first), and put each chosen task ahead of every held rank. The others are held
+        when dask queues them (already pushed); one it sends on without queuing leaves
+        the policy's queue (``discard``). O(free slots) pops; nothing without free slots."""
+        sched = self.scheduler
+        idle = dask_internals.idle_workers(sched)
+        if not idle:
+            return
+        free = {ws: n for ws in idle if (n := dask_internals.free_slots(sched, ws)) > 0}
+        tasks = self.tasks
+        roots = [
+            tasks[ts.key]
+            for ts in new
+            if not ts.dependencies and not ts.resource_restrictions and ts.key in tasks
+        ]
+        if not (free and roots):
+            return
+        if self.pending:
+            self._flush()
+        popper = self.popper
+        popper.push_many(roots)
+        early = self.early
+        early.update(v.tid for v in roots)
+        taken: dict[Any, int] = {}
+        now = time.time()
+        while free:
+            ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
+            slot = (
+                Slot(self.speeds.node(ws.address), ws, tasks, taken.get(ws, 0))
+                if self.by_worker
+                else ANY_NODE
+            )
+            v = popper.pop(slot, now)
+            if v is None:
+                del free[ws]  # nothing for this worker now (a later task end offers again)
                 continue
-            self.held.discard(v.tid)
-            self._seq += 1
-            dask_internals.promote(sched, ts, _RELEASED + self._seq)
-            self.promoted[v.tid] = None
+            if v.tid in early:
+                early.discard(v.tid)
+                ts = sched.tasks.get(v.tid)
+                if ts is None or ts.priority is None:
+                    continue
+                self._seq += 1
+                p = ts.priority
+                dask_internals.set_priority(ts, (p[0], _RELEASED + self._seq, *p[2:]))
+                self.chosen.add(v.tid)
+                # started now, as the simulator starts what it pops: the next pop of this
+                # wave counts it (a team's quota, a worker's load)
+                att = LiveAttempt(tasks[v.tid], self.speeds.node(ws.address), now)
+                popper.started(att, now)
+                self.attempts[v.tid] = att
+            elif not self._promote(v):
+                continue  # a stale entry: not a slot's task
+            taken[ws] = taken.get(ws, 0) + 1
+            free[ws] -= 1
+            if free[ws] <= 0:
+                del free[ws]
+
+    def _wave(self, key: Key, v: LiveTask, finish: str) -> bool:
+        """A transition of a task of a first wave; True if it was queued (and is held or
+        promoted already: not to be pushed again)."""
+        if finish == "waiting":  # on its way: released -> waiting -> queued or processing
+            return False
+        if key in self.chosen:
+            self.chosen.discard(key)
+            if finish == "processing":
+                return False  # it took its slot (its attempt started at the pop)
+            att = self.attempts.pop(key, None)
+            if att is not None:  # no slot after all: the attempt counted at the pop ends
+                att.end = time.time()
+                self.popper.ended(att, att.end)
+            if finish == "queued":  # first in dask's queue
+                self.promoted[key] = None
+                return True
+            return False
+        self.early.discard(key)
+        if finish == "queued":
+            self.held.add(key)
             return True
+        self.popper.discard(v)  # sent on (or dropped) without queuing: out of the queue
         return False
 
     def _slot_view(self, idle: Any) -> Any:
@@ -205,7 +307,9 @@ class ReleaseGate:
                 self._offer()
             return
         now = time.time()
-        if finish == "queued":
+        if (key in self.early or key in self.chosen) and self._wave(key, v, finish):
+            pass  # a first wave's task, queued: held or promoted already
+        elif finish == "queued":
             if not self.pending:  # the burst ends with the scheduler's current stimulus
                 self._schedule_flush()
             self.pending.append(v)  # pushed with the rest of its burst (_flush)
@@ -220,12 +324,13 @@ class ReleaseGate:
             self.held.discard(key)
         slot_opened = False  # a task left processing: dask fills free slots next
         if finish == "processing":
-            ts = self.scheduler.tasks.get(key)
-            ws = ts.processing_on if ts is not None else None
-            node = self.speeds.node(ws.address) if ws else -1
-            att = LiveAttempt(v, node, now)
-            popper.started(att, now)
-            self.attempts[key] = att  # only once the policy counted it
+            if key not in self.attempts:  # else started at its first-wave pop
+                ts = self.scheduler.tasks.get(key)
+                ws = ts.processing_on if ts is not None else None
+                node = self.speeds.node(ws.address) if ws else -1
+                att = LiveAttempt(v, node, now)
+                popper.started(att, now)
+                self.attempts[key] = att  # only once the policy counted it
         elif start == "processing":
             ended = self.attempts.pop(key, None)
             if ended is not None:
