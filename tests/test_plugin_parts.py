@@ -268,3 +268,41 @@ def test_interactive_work_first_is_a_rule_of_the_policy_layer() -> None:
     source = (PLUGIN / "ranking.py").read_text(encoding="utf-8")
     assert "- 0.5" not in source
     assert HeapPolicy.capabilities.pops is False
+
+
+# -- every optional view field a policy reads is declared -------------------------------------
+
+_VIEW_NAMES = {"node": "node", "task": "task", "t": "task", "attempt": "attempt", "a": "attempt"}
+
+
+def _optional_reads(source: str) -> list[tuple[str, object]]:
+    """``(view.field, default)`` of every ``getattr(<view>, "field", default)`` in
+    ``source`` whose first argument is a view by its house name."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) == 3
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in _VIEW_NAMES
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            try:
+                default: object = ast.literal_eval(node.args[2])
+            except ValueError:
+                default = ast.unparse(node.args[2])  # a sentinel: a name
+            out.append((f"{_VIEW_NAMES[node.args[0].id]}.{node.args[1].value}", default))
+    return out
+
+
+def test_policies_read_only_declared_view_fields_with_their_defaults() -> None:
+    folder = Path(daskjobs.__file__).resolve().parent / "policies"
+    reads = {p.name: _optional_reads(p.read_text(encoding="utf-8")) for p in folder.glob("*.py")}
+    assert ("node.waiting", 0.0) in reads["nodeaware.py"]  # the scan sees them
+    for module, found in reads.items():
+        for name, default in found:
+            assert name in OPTIONAL_FIELDS, f"policies/{module} reads undeclared {name}"
+            if name != "attempt.books":  # read with a sentinel: missing vs unset
+                assert default == OPTIONAL_FIELDS[name], f"policies/{module}: {name}"
