@@ -3,6 +3,8 @@
 * :mod:`daskjobs.cache.keys`: how a stage's content key is computed (and what it ignores);
 * :mod:`daskjobs.cache.store`: :class:`ResultStore`, results under their keys on any fsspec
   filesystem, with atomic commits and checksummed reads;
+* :mod:`daskjobs.cache.claims`: :class:`Claims`, so that clusters sharing a store compute a
+  stage once;
 * :mod:`daskjobs.cache.cli`: the ``daskjobs cache`` command (``ls``, ``info``, ``gc``,
   ``verify``).
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
+    "Claims": "daskjobs.cache.claims",
     "NondeterministicParameterError": "daskjobs.cache.keys",
     "code_hash": "daskjobs.cache.keys",
     "stage_key": "daskjobs.cache.keys",

@@ -20,6 +20,7 @@ from daskjobs.policies.base import (
     Policy,
     TaskView,
 )
+from daskjobs.policies.durations import DurationModels, Estimator
 from daskjobs.policies.fairshare import FairShare
 from daskjobs.policies.nodeaware import NodeAware
 from daskjobs.policies.order import FIFO, LPT, CriticalPath
@@ -33,6 +34,8 @@ __all__ = [
     "AttemptView",
     "Capabilities",
     "CriticalPath",
+    "DurationModels",
+    "Estimator",
     "FairShare",
     "HeapPolicy",
     "NodeAware",
