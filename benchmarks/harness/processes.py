@@ -1,0 +1,34 @@
+"""Clusters of real processes for the benchmarks: ``dask scheduler`` and ``dask worker``.
+
+The benchmarks that run on real processes use the test suite's harness
+(``tests/realcluster.py``: loopback, dask's defaults, each process's log scanned for
+broken invariants, SIGKILL on cue), reached through this module only, so that the day
+it moves into the package, one import changes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def realcluster() -> Any:
+    """The module of the real-process harness (``RealCluster``, ``in_thread``, ...)."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.append(tests)
+    import realcluster
+
+    return realcluster
+
+
+def worker_path() -> dict[str, str]:
+    """The environment that lets worker processes import the benchmarks' task modules,
+    the harness's own (tests/) and this checkout's daskjobs."""
+    path = [str(BENCHMARKS), str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
