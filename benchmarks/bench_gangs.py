@@ -45,11 +45,7 @@ nothing here asserts.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import machine
 
 from daskjobs.policies.resources import GangPolicy
 from daskjobs.sim.gangs import gang_metrics, simulate_gangs, synthetic_gangs
@@ -361,30 +358,6 @@ PARTS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], Callable[
     "sim": (lambda a: sim_part(range(a.seeds), a.hours, a.loads), sim_markdown),
     "live": (lambda a: live_part(range(a.live_seeds), a.live_hours, a.scale), live_markdown),
 }
-
-
-def machine() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):  # pragma: no cover - not a checkout
-        commit = "?"
-    try:
-        load = "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:  # pragma: no cover - not on every platform
-        load = "?"
-    return (
-        f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, code at {commit}\n"
-        f"- python {platform.python_version()} ({platform.python_implementation()}), "
-        f"numpy {np.__version__}\n"
-        f"- platform: {platform.platform()}\n"
-        f"- processor: {platform.processor() or platform.machine()}, "
-        f"CPUs: {os.cpu_count()}, load average at the end {load}"
-    )
 
 
 def _loads(text: str) -> list[float]:

@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_plugin.py            # full run (a few minutes)
-    python benchmarks/bench_plugin.py --quick    # fewer tasks and reps (about a minute)
+    python benchmarks/bench_plugin.py --quick    # 500 tasks, 3 reps, one seed of 400 tasks
 
 Two experiments:
 
@@ -16,8 +16,9 @@ Two experiments:
    (``client.unregister_scheduler_plugin``; dask does not call ``close`` on
    unregister, so the script does, restoring dask's ``_set_priorities``). The
    order of the three configurations rotates each rep. Reported: the median
-   wall time per configuration and the throughput ratio
-   ``median(plain) / median(plugin)``; target >= 0.90.
+   wall time per configuration, the throughput ratio ``median(plain) /
+   median(plugin)`` and the paired ratios (plain / plugin within each rep: median
+   and range); target >= 0.90.
 2. **The chapter sweep on a laptop.** 32 slots (4 workers x 8 threads,
    ``processes=False``: ``time.sleep`` releases the GIL), sleep tasks with
    log-normal durations (median 0.1 s, sigma 0.76) from
@@ -31,29 +32,27 @@ Two experiments:
    ``max(work / slots, longest task)``; plain dask vs the plugin's LPT, on a
    fresh cluster per run, for 3 seeds.
 
-Prints markdown tables with the command, date and machine. This is a script,
-not a test: nothing here asserts.
+Prints markdown tables with the command and the machine (``--markdown``/``--plot``
+write them and a PNG). This is a script, not a test: nothing here asserts.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import math
-import os
-import platform
 import statistics
 import sys
 import time
 from typing import Any
 
 import dask
+import harness
 from distributed import Client, LocalCluster
 
 from daskjobs.plugin import JobsPlugin
 from daskjobs.sim import workloads
 
 SLOTS = (4, 8)  # workers x threads
+#: The throughput with the plugin over plain dask's that the plugin aims for.
+TARGET = 0.90
 
 
 def inc(x: int) -> int:
@@ -101,8 +100,9 @@ def one_rep(client: Client, n: int, policy: str | None) -> float:
 
 
 def throughput(n: int, reps: int) -> list[dict[str, Any]]:
-    configs: list[str | None] = [None, "critical-path", "fair-share"]
-    times: dict[str | None, list[float]] = {c: [] for c in configs}
+    """Wall time of ``n`` trivial tasks per configuration, ``reps`` runs each, the
+    configurations in turns (the order rotating every rep) on one cluster."""
+    configs = {"plain dask": None, "critical-path": "critical-path", "fair-share": "fair-share"}
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
@@ -110,41 +110,67 @@ def throughput(n: int, reps: int) -> list[dict[str, Any]]:
         Client(cl) as client,
     ):
         one_rep(client, min(n, 1000), None)  # warm up imports and connections
-        for rep in range(reps):
-            order = configs[rep % 3 :] + configs[: rep % 3]
-            for c in order:
-                s = one_rep(client, n, c)
-                times[c].append(s)
-                print(f"  rep {rep} {c or 'plain'}: {s:.2f} s", file=sys.stderr)
-    plain = statistics.median(times[None])
+        times = harness.alternate(
+            {name: (lambda p=policy: one_rep(client, n, p)) for name, policy in configs.items()},
+            reps,
+            show=lambda name, rep, s: f"rep {rep} {name}: {s:.2f} s",
+        )
+    plain = statistics.median(times["plain dask"])
     rows = []
     for c in configs:
         med = statistics.median(times[c])
         rows.append(
             {
-                "config": c or "plain dask",
+                "config": c,
                 "times": times[c],
                 "median": med,
                 "rate": n / med,
                 "ratio": plain / med,
+                "paired": harness.spread(harness.paired_ratios(times["plain dask"], times[c])),
             }
         )
     return rows
 
 
 def throughput_table(rows: list[dict[str, Any]], n: int) -> str:
-    out = [
-        "| configuration | wall times (s) | median (s) | tasks/s | throughput vs plain |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        times = ", ".join(f"{t:.2f}" for t in r["times"])
-        ok = "" if r["config"] == "plain dask" else (" ok" if r["ratio"] >= 0.90 else " MISS")
-        out.append(
-            f"| {r['config']} | {times} | {r['median']:.2f} | {r['rate']:,.0f} | "
-            f"{r['ratio']:.2f}{ok} |"
-        )
-    return "\n".join(out) + f"\n\n{n:,} trivial tasks per rep; target ratio >= 0.90."
+    body = harness.table(
+        [
+            "configuration",
+            "wall times (s)",
+            "median (s)",
+            "tasks/s",
+            "throughput vs plain",
+            "paired, median (range)",
+        ],
+        [
+            [
+                r["config"],
+                ", ".join(f"{t:.2f}" for t in r["times"]),
+                f"{r['median']:.2f}",
+                f"{r['rate']:,.0f}",
+                f"{r['ratio']:.2f}"
+                + (
+                    ""
+                    if r["config"] == "plain dask"
+                    else (" ok" if r["ratio"] >= TARGET else " MISS")
+                ),
+                r["paired"].text(".2f"),
+            ]
+            for r in rows
+        ],
+        align="llrrrr",
+    )
+    return body + f"\n\n{n:,} trivial tasks per rep; target ratio >= {TARGET:.2f}."
+
+
+def throughput_chart(rows: list[dict[str, Any]]) -> harness.Chart:
+    return harness.Chart(
+        "Scheduler throughput, trivial tasks",
+        "throughput / plain dask's",
+        [r["config"] for r in rows],
+        {"median of the paired runs": [r["paired"].median for r in rows]},
+        reference=TARGET,
+    )
 
 
 # -- 2. the chapter sweep -----------------------------------------------------------------
@@ -155,8 +181,8 @@ def sweep_graph(seed: int, n: int) -> tuple[list[Any], list[float]]:
     parts, durations = [], []
     last = len(w.tasks) - 1
     for i, t in enumerate(w.tasks):  # the 4 long tasks come last
-        # dask.order runs independent tasks in descending key order (checked on
-        # 2026.8): name them so that dask's own order is the submission order
+        # dask.order runs independent tasks in descending key order: name them so that
+        # dask's own order is the submission order
         with dask.annotate(estimate=float(t.estimate)):
             parts.append(dask.delayed(nap)(float(t.duration), dask_key_name=f"bt-{last - i:06d}"))
         durations.append(float(t.duration))
@@ -219,65 +245,45 @@ def sweep_table(rows: list[dict[str, Any]], n: int) -> str:
     )
 
 
-# -- report ---------------------------------------------------------------------------------
-
-
-def _load() -> str:
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:  # pragma: no cover
-        return "n/a"
-
-
-def machine_speed() -> str:
-    """One CPU's speed as the benchmark pages compare machines: ``sum(range(10**7))``
-    in ms, best of 3 (the shared VMs these figures come from ran it in 129-353 ms)."""
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        sum(range(10**7))
-        best = min(best, time.perf_counter() - t0)
-    return f"`sum(range(10**7))` {best * 1000:.0f} ms (best of 3)"
-
-
-def machine() -> str:
-    import distributed
-
-    return (
-        f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}\n"
-        f"- python {platform.python_version()}, dask/distributed {distributed.__version__}\n"
-        f"- platform: {platform.platform()}\n"
-        f"- processor: {platform.processor() or platform.machine()}, "
-        f"CPUs: {os.cpu_count()}, load average at the end {_load()}, "
-        f"{machine_speed()}"
+def sweep_chart(rows: list[dict[str, Any]]) -> harness.Chart:
+    return harness.Chart(
+        "The chapter sweep on 32 slots",
+        "makespan / bound",
+        [f"seed {r['seed']}" for r in rows],
+        {
+            "plain dask": [r["plain"]["ratio"] for r in rows],
+            "plugin LPT": [r["lpt"]["ratio"] for r in rows],
+        },
+        reference=1.0,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer tasks, reps and seeds")
+    ap = harness.parser(__doc__, seeds=3)
     ap.add_argument("--tasks", type=int, default=None, help="trivial tasks per throughput rep")
     ap.add_argument("--reps", type=int, default=None, help="throughput reps per configuration")
     ap.add_argument("--sweep-tasks", type=int, default=None, help="tasks per chapter sweep")
-    ap.add_argument("--seeds", type=int, default=None, help="chapter sweep seeds")
     args = ap.parse_args(argv)
-    n = args.tasks or (2_000 if args.quick else 10_000)
+    n = args.tasks or (500 if args.quick else 10_000)
     reps = args.reps or (3 if args.quick else 5)
     sweep_n = args.sweep_tasks or (400 if args.quick else 832)
-    seeds = list(range(args.seeds or (1 if args.quick else 3)))
+    seeds = harness.seeds(args, 3)
 
     print(f"throughput: {n:,} tasks x {reps} reps ...", file=sys.stderr)
     tp = throughput(n, reps)
     print(f"chapter sweep: {sweep_n} tasks, seeds {seeds} ...", file=sys.stderr)
     sw = sweep(seeds, sweep_n)
 
-    print("## Scheduler plugin\n")
-    print(machine())
-    print(f"- command: python benchmarks/bench_plugin.py {' '.join(sys.argv[1:])}".rstrip())
-    print("\n### Scheduler throughput: trivial tasks, plugin vs plain dask\n")
-    print(throughput_table(tp, n))
-    print("\n### The chapter sweep on 32 slots: makespan over the lower bound\n")
-    print(sweep_table(sw, sweep_n))
+    report = harness.Report("Scheduler plugin", __file__, argv)
+    report.section(
+        "Scheduler throughput: trivial tasks, plugin vs plain dask", throughput_table(tp, n)
+    )
+    report.section(
+        "The chapter sweep on 32 slots: makespan over the lower bound", sweep_table(sw, sweep_n)
+    )
+    report.chart(throughput_chart(tp))
+    report.chart(sweep_chart(sw))
+    report.emit(args)
     return 0
 
 

@@ -51,16 +51,16 @@ This is a script, not a test: nothing here asserts.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness import machine
 
 POLICIES = ("fifo", "lpt", "critical-path", "work-stealing", "fair-share", "node-aware")
 BIG_TARGET = 100_000.0  # tasks/s, every policy, with and without backups
@@ -329,48 +329,6 @@ def _paired_text(ratios: list[float]) -> str:
     if len(ratios) == 1:
         return f"{med:.3f}x"
     return f"{med:.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
-
-
-def machine() -> str:
-    try:
-        import numpy
-
-        np_version = numpy.__version__
-    except ImportError:  # pragma: no cover
-        np_version = "?"
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):  # pragma: no cover - not a checkout
-        commit = "?"
-    return (
-        f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, code at {commit}\n"
-        f"- python {platform.python_version()} ({platform.python_implementation()}), "
-        f"numpy {np_version}\n"
-        f"- platform: {platform.platform()}\n"
-        f"- processor: {platform.processor() or platform.machine()}, "
-        f"CPUs: {os.cpu_count()}, load average at the end {_load()}, {machine_speed()}"
-    )
-
-
-def machine_speed() -> str:
-    """``bench_plugin.machine_speed``: one CPU's speed, as the benchmark pages compare
-    machines (imported here only when printing: it loads distributed)."""
-    from bench_plugin import machine_speed as speed
-
-    return str(speed())
-
-
-def _load() -> str:
-    """1/5/15-minute load average: other work on the machine skews wall times."""
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:  # pragma: no cover - not on every platform
-        return "n/a"
 
 
 def _parse_profile(spec: str) -> tuple[str, bool]:
