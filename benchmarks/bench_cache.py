@@ -18,25 +18,25 @@ parameters: computing a node's content key while the sweep is built, a store hit
 small result and of a 1 MB array), ``contains`` and ``put``.
 
     python benchmarks/bench_cache.py                # 100 x 100, about two minutes on 2 cores
-    python benchmarks/bench_cache.py --features 20 --readers 20      # a quick look
+    python benchmarks/bench_cache.py --quick        # 10 x 10
     python benchmarks/bench_cache.py --json
 
-Figures go to docs/benchmarks.md with the command and the date.
+Prints markdown with the command and the machine (``--markdown``/``--plot`` write it and a
+PNG). A script, not a test: nothing here asserts.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import date
 from typing import Any
 
+import harness
 import numpy as np
 
 FEATURE_SECONDS = 0.04
@@ -165,29 +165,35 @@ def overheads(directory: str) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--features", type=int, default=100)
-    parser.add_argument("--readers", type=int, default=100, help="backtests per feature")
-    parser.add_argument("--feature-seconds", type=float, default=FEATURE_SECONDS)
-    parser.add_argument("--backtest-seconds", type=float, default=BACKTEST_SECONDS)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=8, help="threads per worker ('cores')")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+RUNS = (
+    ("a_recompute_in_every_backtest", "(a) features inside every backtest", "a"),
+    ("b_graph", "(b) graph, shared features", "b"),
+    ("c_graph_store_warm", "(c) graph, store warm", "c"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--features", type=int, default=None, help="feature stages (100; quick 10)")
+    ap.add_argument(
+        "--readers", type=int, default=None, help="backtests per feature (100; quick 10)"
+    )
+    ap.add_argument("--feature-seconds", type=float, default=FEATURE_SECONDS)
+    ap.add_argument("--backtest-seconds", type=float, default=BACKTEST_SECONDS)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=8, help="threads per worker ('cores')")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = ap.parse_args(argv)
 
     from distributed import Client, LocalCluster
 
     from daskjobs import ResultStore
 
-    f, r = args.features, args.readers
+    f = args.features or (10 if args.quick else 100)
+    r = args.readers or (10 if args.quick else 100)
     fs, bs = args.feature_seconds, args.backtest_seconds
     cores = args.workers * args.threads
     out: dict[str, Any] = {
-        "date": date.today().isoformat(),
-        "machine": (
-            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-        ),
         "cluster": f"LocalCluster {args.workers} workers x {args.threads} threads",
         "features": f,
         "backtests": f * r,
@@ -216,31 +222,49 @@ def main() -> None:
 
     if args.json:
         print(json.dumps(out))
-        return
-    print(f"{out['date']}  {out['machine']}  {out['cluster']}")
-    print(
-        f"{f} feature stages ({fs * 1e3:.0f} ms) each read by {r} backtests ({bs * 1e3:.0f} ms)\n"
-    )
-    print(f"{'run':<40} {'wall s':>8} {'ideal s':>8} {'task-s':>8} {'computed':>9} {'hits':>6}")
-    for name, label, ideal in (
-        ("a_recompute_in_every_backtest", "(a) features inside every backtest", "a"),
-        ("b_graph", "(b) graph, shared features", "b"),
-        ("c_graph_store_warm", "(c) graph, store warm", "c"),
-    ):
+        return 0
+    report = harness.Report("Shared feature stages and the result store", __file__, argv)
+    report.note(f"cluster: {out['cluster']}")
+    rows = []
+    for name, label, ideal in RUNS:
         row = out[name]
-        print(
-            f"{label:<40} {row['wall_seconds']:>8.2f} {out['ideal_seconds'][ideal]:>8.2f} "
-            f"{row['task_seconds']:>8.1f} {row['computed']:>9} {row['hits']:>6}"
+        rows.append(
+            [
+                label,
+                f"{row['wall_seconds']:.2f}",
+                f"{out['ideal_seconds'][ideal]:.2f}",
+                f"{row['task_seconds']:.1f}",
+                row["computed"],
+                row["hits"],
+            ]
         )
-    a, b, c = (
-        out[k]["wall_seconds"]
-        for k in ("a_recompute_in_every_backtest", "b_graph", "c_graph_store_warm")
+    a, b, c = (out[name]["wall_seconds"] for name, _, _ in RUNS)
+    report.section(
+        f"{f} feature stages ({fs * 1e3:.0f} ms) each read by {r} backtests ({bs * 1e3:.0f} ms)",
+        harness.table(["run", "wall s", "ideal s", "task-s", "computed", "hits"], rows)
+        + f"\n\nWall time: (b)/(a) = {b / a:.2f}, (c)/(a) = {c / a:.2f}, (c)/(b) = {c / b:.2f}.",
     )
-    print(f"\nwall time: (b)/(a) = {b / a:.2f}, (c)/(a) = {c / a:.2f}, (c)/(b) = {c / b:.2f}")
-    print("\nper-stage overhead (microseconds):")
-    for k, v in out["overhead"].items():
-        print(f"  {k:<28} {v:>10.1f}")
+    report.section(
+        "Per-stage overhead",
+        harness.table(
+            ["operation", "microseconds per call"],
+            [[k.removesuffix("_us"), f"{v:.1f}"] for k, v in out["overhead"].items()],
+        ),
+    )
+    report.chart(
+        harness.Chart(
+            "Wall time of the three runs",
+            "seconds",
+            [label for _, label, _ in RUNS],
+            {
+                "measured": [out[name]["wall_seconds"] for name, _, _ in RUNS],
+                "ideal": [out["ideal_seconds"][k] for _, _, k in RUNS],
+            },
+        )
+    )
+    report.emit(args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,9 +3,11 @@
 Usage::
 
     python benchmarks/bench_chaos.py            # every fault, about two minutes
+    python benchmarks/bench_chaos.py --quick    # one fault: a worker killed mid-sweep
     python benchmarks/bench_chaos.py --only scheduler-restart
 
-Each fault runs on a fresh cluster of real processes (``tests/realcluster.py``):
+Each fault runs on a fresh cluster of real processes (the harness of
+``tests/realcluster.py``, through ``harness.processes``):
 ``dask scheduler --preload plugins/daskjobs_scheduler.py`` and three ``dask worker``
 processes of two threads, dask's default configuration plus dask's state validation,
 a result store in a temporary directory. The sweep: 6 feature stages (200 kB each)
@@ -19,7 +21,6 @@ A script, not a test: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
@@ -28,23 +29,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import chaos_tasks
+import harness
+from harness.processes import realcluster, worker_path
 
-import realtasks  # noqa: E402
-from realcluster import SPECULATION_CONFIG, RealCluster, in_thread  # noqa: E402
+from daskjobs import Sweep, grid
+from daskjobs.plugin.client import status
 
-from daskjobs import Sweep, grid  # noqa: E402
-from daskjobs.plugin.client import status  # noqa: E402
+_rc = realcluster()
+RealCluster = _rc.RealCluster
+in_thread = _rc.in_thread
+SPECULATION = _rc.SPECULATION_CONFIG
 
-SPECULATION = SPECULATION_CONFIG
+
+def cluster(work: Path, slow: str = "", **kwargs: Any) -> Any:
+    """A cluster of real processes under ``work``; ``slow`` names slowed workers
+    (``"w0=8"``)."""
+    env = worker_path()
+    if slow:
+        env["DASKJOBS_BENCH_SLOW"] = slow
+    return RealCluster(work / "c", env=env, **kwargs)
 
 
 def sweep_of(seconds: float = 0.3) -> Sweep:
     sweep = Sweep("chaos")
-    feats = sweep.stage(realtasks.features, over=grid(slice=range(6)), estimate=0.02)
+    feats = sweep.stage(chaos_tasks.features, over=grid(slice=range(6)), estimate=0.02)
     sweep.stage(
-        realtasks.backtest,
+        chaos_tasks.backtest,
         inputs={"features": feats},
         over=grid(fast=range(20)),
         params={"seconds": seconds},
@@ -78,7 +89,7 @@ def _happened(rc: RealCluster, box: dict[str, Any], extra: str = "") -> str:
 
 
 def worker_killed_mid_sweep(work: Path) -> tuple[str, str, str]:
-    rc = RealCluster(work / "c", n_workers=3).start()
+    rc = cluster(work, n_workers=3).start()
     store = str(work / "store")
     try:
         with rc.client() as c:
@@ -101,7 +112,7 @@ def _race(rc: RealCluster, victim: str) -> tuple[str, str]:
     with rc.client() as c:
         w0 = rc.worker_address(c, "w0")
         with dask.annotate(workers=[w0], allow_other_workers=True, estimate=0.5):
-            x = dask.delayed(realtasks.where)(1, 0.5, dask_key_name="race-1")
+            x = dask.delayed(chaos_tasks.where)(1, 0.5, dask_key_name="race-1")
         fut = c.compute(x)
         deadline = time.time() + 30
         races: dict[str, Any] = {}
@@ -133,9 +144,7 @@ def _race(rc: RealCluster, victim: str) -> tuple[str, str]:
 
 
 def worker_killed_running_copy(work: Path) -> tuple[str, str, str]:
-    rc = RealCluster(
-        work / "c", n_workers=3, nthreads=1, config=SPECULATION, env={"DASKJOBS_TEST_SLOW": "w0=8"}
-    ).start()
+    rc = cluster(work, "w0=8", n_workers=3, nthreads=1, config=SPECULATION).start()
     try:
         happened, seen = _race(rc, "copy")
         return ("worker killed while running a backup copy", _happened(rc, {}, happened), seen)
@@ -144,9 +153,7 @@ def worker_killed_running_copy(work: Path) -> tuple[str, str, str]:
 
 
 def worker_killed_running_primary(work: Path) -> tuple[str, str, str]:
-    rc = RealCluster(
-        work / "c", n_workers=3, nthreads=1, config=SPECULATION, env={"DASKJOBS_TEST_SLOW": "w0=8"}
-    ).start()
+    rc = cluster(work, "w0=8", n_workers=3, nthreads=1, config=SPECULATION).start()
     try:
         happened, seen = _race(rc, "primary")
         return (
@@ -159,14 +166,14 @@ def worker_killed_running_primary(work: Path) -> tuple[str, str, str]:
 
 
 def speculation_sweep_with_amm(work: Path) -> tuple[str, str, str]:
-    rc = RealCluster(
-        work / "c",
+    rc = cluster(
+        work,
+        "w0=4",
         n_workers=3,
         config={
             **SPECULATION,
             "distributed": {"scheduler": {"active-memory-manager": {"interval": "50ms"}}},
         },
-        env={"DASKJOBS_TEST_SLOW": "w0=4"},
     ).start()
     try:
         with rc.client() as c:
@@ -185,7 +192,7 @@ def speculation_sweep_with_amm(work: Path) -> tuple[str, str, str]:
 
 
 def scheduler_restart(work: Path) -> tuple[str, str, str]:
-    rc = RealCluster(work / "c", n_workers=3).start()
+    rc = cluster(work, n_workers=3).start()
     store = str(work / "store")
     try:
         with rc.client() as c:
@@ -222,13 +229,12 @@ FAULTS: dict[str, Callable[[Path], tuple[str, str, str]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--only", choices=sorted(FAULTS), action="append")
     args = ap.parse_args(argv)
-    from bench_plugin import machine
-
+    names = args.only or (["worker-mid-sweep"] if args.quick else list(FAULTS))
     rows = []
-    for name in args.only or list(FAULTS):
+    for name in names:
         work = Path(tempfile.mkdtemp(prefix=f"chaos-{name}-"))
         try:
             t0 = time.time()
@@ -236,13 +242,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: {time.time() - t0:.1f} s", file=sys.stderr)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(machine())
-    print(f"- command: python benchmarks/bench_chaos.py {' '.join(sys.argv[1:])}".rstrip())
-    print()
-    print("| fault | what happens (measured) | what the user sees |")
-    print("|---|---|---|")
-    for fault, happened, seen in rows:
-        print(f"| {fault} | {happened} | {seen} |")
+    report = harness.Report("Faults on real processes", __file__, argv)
+    report.section(
+        None, harness.table(["fault", "what happens (measured)", "what the user sees"], rows, "lll")
+    )
+    report.emit(args)
     return 0
 
 

@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_jobs.py                 # 10,000 tasks, SQLite and PostgreSQL
-    python benchmarks/bench_jobs.py --quick         # 1,000 tasks
+    python benchmarks/bench_jobs.py --quick         # 300 tasks, 50 jobs, SQLite only
     python benchmarks/bench_jobs.py --postgres URL  # another PostgreSQL server
     python benchmarks/bench_jobs.py --processes     # workers in their own processes
 
@@ -27,15 +27,13 @@ case: >= 0.9) and submissions per second. A script, not a test: nothing asserts.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
-import platform
 import sys
 import tempfile
 import time
 import uuid
 from typing import Any
+
+import harness
 
 
 def inc(x: int) -> int:
@@ -90,64 +88,96 @@ def run(url: str, n: int, store: str, processes: bool = False, m: int = 0) -> di
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1,000 tasks instead of 10,000")
-    ap.add_argument("-n", type=int, default=None, help="tasks (default 10,000)")
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__doc__)
+    ap.add_argument("-n", type=int, default=None, help="tasks (default 10,000; quick 300)")
     ap.add_argument("--processes", action="store_true", help="two worker processes")
     ap.add_argument(
-        "--jobs", type=int, default=None, help="jobs of one part in case 3 (default: n)"
+        "--jobs", type=int, default=None, help="jobs of one part in case 3 (default: n; quick 50)"
     )
     ap.add_argument(
         "--postgres",
-        default="postgresql+psycopg://postgres@127.0.0.1:5432",
-        help="PostgreSQL server (a fresh database is made and dropped); 'none' to skip",
+        default=None,
+        help="PostgreSQL server (a fresh database is made and dropped; default "
+        "postgresql+psycopg://postgres@127.0.0.1:5432, none with --quick); 'none' to skip",
     )
-    args = ap.parse_args()
-    n = args.n or (1_000 if args.quick else 10_000)
-    print(f"# jobs ledger overhead, {datetime.date.today()}")
-    print(f"command: python {' '.join(sys.argv)}")
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    args = ap.parse_args(argv)
+    n = args.n or (300 if args.quick else 10_000)
+    postgres = args.postgres or (
+        "none" if args.quick else "postgresql+psycopg://postgres@127.0.0.1:5432"
     )
-    print(
-        "cluster: LocalCluster, 2 workers x 1 thread, "
-        + ("worker processes" if args.processes else "one process (processes=False)")
-    )
-    print()
-    print("| backend | plain dask | one job of n parts | ratio | n jobs | ratio | submits/s |")
-    print("|---|---|---|---|---|---|---|")
-    backends = ["sqlite"] + ([] if args.postgres == "none" else ["postgresql"])
+    m = args.jobs or (50 if args.quick else n)
+    backends = ["sqlite"] + ([] if postgres == "none" else ["postgresql"])
+    rows, charts = [], {}
     for backend in backends:
         with tempfile.TemporaryDirectory() as d:
+            drop = None
             if backend == "sqlite":
-                url, drop = f"sqlite:///{d}/ledger.sqlite", None
+                url = f"sqlite:///{d}/ledger.sqlite"
             else:
                 import sqlalchemy as sa
 
                 name = "daskjobs_bench_" + uuid.uuid4().hex[:8]
-                admin = sa.create_engine(args.postgres + "/postgres", isolation_level="AUTOCOMMIT")
+                admin = sa.create_engine(postgres + "/postgres", isolation_level="AUTOCOMMIT")
                 with admin.connect() as c:
                     c.exec_driver_sql(f'CREATE DATABASE "{name}"')
-                url = f"{args.postgres}/{name}"
+                url = f"{postgres}/{name}"
 
                 def drop(admin: Any = admin, name: str = name) -> None:
                     with admin.connect() as c:
                         c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
             try:
-                r = run(url, n, f"{d}/store", args.processes, args.jobs or n)
+                r = run(url, n, f"{d}/store", args.processes, m)
             finally:
                 if drop is not None:
                     drop()
-        print(
-            f"| {backend} | {r['plain']:.2f} s | {r['one job']:.2f} s | "
-            f"{r['plain'] / r['one job']:.2f} | {r['n jobs']:.2f} s | "
-            f"{r['plain'] * (args.jobs or n) / n / r['n jobs']:.2f} | "
-            f"{(args.jobs or n) / r['submit']:.0f} |"
+        print(f"  {backend}: {r}", file=sys.stderr)
+        rows.append(
+            [
+                backend,
+                f"{r['plain']:.2f} s",
+                f"{r['one job']:.2f} s",
+                f"{r['plain'] / r['one job']:.2f}",
+                f"{r['n jobs']:.2f} s",
+                f"{r['plain'] * m / n / r['n jobs']:.2f}",
+                f"{m / r['submit']:.0f}",
+            ]
         )
-        sys.stdout.flush()
+        charts[backend] = [r["plain"] / r["one job"], r["plain"] * m / n / r["n jobs"]]
+    report = harness.Report("Jobs ledger overhead", __file__, argv)
+    report.note(
+        "cluster: LocalCluster, 2 workers x 1 thread, "
+        + ("worker processes" if args.processes else "one process (processes=False)")
+    )
+    report.section(
+        None,
+        harness.table(
+            [
+                "backend",
+                "plain dask",
+                "one job of n parts",
+                "ratio",
+                "n jobs",
+                "ratio",
+                "submits/s",
+            ],
+            rows,
+        )
+        + f"\n\n{n:,} tasks; {m:,} jobs of one part; target for one job of n parts: >= 0.9.",
+    )
+    report.chart(
+        harness.Chart(
+            "Throughput with the ledger over plain dask's",
+            "plain dask's time / the ledger's",
+            ["one job of n parts", "n jobs of one part"],
+            charts,
+            reference=0.9,
+        )
+    )
+    report.emit(args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,19 +14,20 @@ scheduler knows the thread is busy), with speculation and a loser that runs to
 its end (a *zombie*), and with speculation and a loser that checks
 ``daskjobs.cancelled()`` between steps.
 
+The three alternate, their order rotating every rep.
+
     python benchmarks/bench_zombie.py [--reps 3]
+    python benchmarks/bench_zombie.py --quick    # one rep
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
-import platform
 import statistics
+import sys
 import time
 
 import dask
+import harness
 from distributed import Client, LocalCluster, get_worker
 
 import daskjobs
@@ -78,29 +79,50 @@ def run(mode: str) -> dict[str, float]:
         return {"race": race_s, "batch": makespan}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
-    modes = ("plain", "zombie", "cooperative")
-    got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
-    for _ in range(args.reps):
-        for m in modes:
-            got[m].append(run(m))
-    print("## A losing copy's thread\n")
-    print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
-    print(f"- python {platform.python_version()}, {platform.machine()}, CPUs: {os.cpu_count()}")
-    print("- command: python benchmarks/bench_zombie.py\n")
-    print("| run | race task (s) | next batch makespan (s), each rep | median |")
-    print("|---|---:|---|---:|")
-    for m in modes:
-        races = statistics.median(g["race"] for g in got[m])
+MODES = ("plain", "zombie", "cooperative")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--reps", type=int, default=None, help="reps (default 3; quick 1)")
+    args = ap.parse_args(argv)
+    reps = args.reps or (1 if args.quick else 3)
+    got = harness.alternate(
+        {m: (lambda m=m: run(m)) for m in MODES},
+        reps,
+        show=lambda m, rep, r: f"rep {rep} {m}: batch {r['batch']:.2f} s",
+    )
+    report = harness.Report("A losing copy's thread", __file__, argv)
+    rows = []
+    for m in MODES:
         batches = [g["batch"] for g in got[m]]
-        print(
-            f"| {m} | {races:.2f} | {', '.join(f'{b:.2f}' for b in batches)} "
-            f"| {statistics.median(batches):.2f} |"
+        rows.append(
+            [
+                m,
+                f"{statistics.median(g['race'] for g in got[m]):.2f}",
+                ", ".join(f"{b:.2f}" for b in batches),
+                f"{statistics.median(batches):.2f}",
+            ]
         )
+    report.section(
+        None,
+        harness.table(
+            ["run", "race task (s)", "next batch makespan (s), each rep", "median"],
+            rows,
+            align="lrlr",
+        ),
+    )
+    report.chart(
+        harness.Chart(
+            "The batch after a race",
+            "makespan (s), median of the reps",
+            list(MODES),
+            {"next batch": [statistics.median(g["batch"] for g in got[m]) for m in MODES]},
+        )
+    )
+    report.emit(args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -67,7 +67,7 @@ def test_decompose_counts_a_beaten_primary_as_copies_and_ends_with_the_winner() 
 
 
 def test_slots_refuse_a_worker_faster_than_full_speed() -> None:
-    with pytest.raises(ValueError, match="slow-down is at least 1.0"):
+    with pytest.raises(ValueError, match=r"slow-down is at least 1\.0"):
         Slots(2, {"w0": 0.5})
     with pytest.raises(ValueError, match="threads must be at least 1"):
         Slots(0, {"w0": 1.0})
