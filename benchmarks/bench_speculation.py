@@ -45,7 +45,7 @@ from speculation import workload
 from speculation.workload import GRID, QUICK
 
 
-def _policy_options(ap: object, items: list[str]) -> dict[str, float]:
+def _policy_options(items: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, metavar="RATES", help="the grid in the simulator")
     ap.add_argument("--submit", type=int, default=0, metavar="REPS", help="also fixed costs")
     args = ap.parse_args(argv)
-    workload.POLICY_OPTIONS.update(_policy_options(ap, args.policy_option))
+    workload.POLICY_OPTIONS.update(_policy_options(args.policy_option))
     seeds = harness.seeds(args, 3)
     n = args.sweep_tasks or (400 if args.quick else 832)
     report = harness.Report("Speculation", __file__, argv)

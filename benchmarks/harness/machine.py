@@ -3,8 +3,8 @@
 Every figure on the benchmarks page sits beside the machine that produced it: the CPU
 model, its cores and memory, the Python, dask and distributed versions, the commit
 measured, the load average, and one CPU's speed as the pages compare machines
-(``sum(range(10**7))``, best of 3: on a shared VM the same code runs 1.5-3x slower
-from one hour to the next, and this figure says which hour it was).
+(``sum(range(10**7))``, best of 3: on a shared machine the same code runs slower from
+one hour to the next, and this figure says how fast the hour was).
 
 Nothing here imports dask or distributed until :func:`machine` is called, so a
 benchmark's child processes can import the harness for free.
