@@ -153,6 +153,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_every_benchmark_takes_the_common_options() -> None:
     scripts = sorted(BENCHMARKS.glob("bench_*.py"))
     assert len(scripts) >= 10
