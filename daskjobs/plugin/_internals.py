@@ -96,7 +96,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -105,10 +105,14 @@ if TYPE_CHECKING:
 __all__ = [
     "COPIES_CLIENT",
     "LOWEST_SUPPORTED",
+    "PREEMPTION_CHECKS",
     "REQUIRED_SCHEDULER_ATTRS",
     "SELF_CHECKS",
     "DaskInternalsError",
+    "Pinned",
     "add_copy",
+    "ask_to_yield",
+    "check_preemption_verbs",
     "check_scheduler",
     "check_versions",
     "compute_seconds",
@@ -116,16 +120,22 @@ __all__ = [
     "forget_tasks",
     "free_slots",
     "has_worker_plugin",
+    "hold",
     "http_router",
     "idle_workers",
     "install_worker_plugin",
+    "pin",
+    "pinned",
+    "place",
     "priorities_wrapped",
     "promote",
     "queued_tasks",
     "redirect",
+    "release",
     "remove_worker_plugin",
     "restore_slots",
     "set_priority",
+    "unpin",
     "unwrap_priorities",
     "unwrap_stream_handler",
     "withhold_slots",
@@ -235,6 +245,7 @@ def check_scheduler(scheduler: Any) -> None:
     if not (too_old or missing):
         # every attribute is there: does each verb still behave as it relies on?
         missing += _self_check(scheduler)
+        missing += check_preemption_verbs(scheduler)
     if not (too_old or missing):
         return
     from daskjobs import __version__
@@ -677,3 +688,205 @@ def compute_seconds(startstops: Any) -> float | None:
             total += ss["stop"] - ss["start"]
             seen = True
     return total if seen else None
+
+
+# -- preemption and gangs --------------------------------------------------------------------
+#
+# The preemption driver (plugin/preemption.py) and the resource placer (plugin/gangs.py)
+# steer dask through the verbs below and touch no private piece of dask themselves. Each
+# verb has a behavioural self-check in :data:`PREEMPTION_CHECKS`, which
+# :func:`check_scheduler` runs at start: a small experiment on dask's own classes (never on
+# the live scheduler's state) that fails, naming the verb, if what it relies on changed.
+#
+# * :func:`ask_to_yield` - ``Scheduler.stream_comms[address].send`` of the worker plugin's
+#   ``daskjobs-preempt`` message (the worker sets the flag ``daskjobs.preempted()`` reads).
+# * :func:`pin` / :func:`unpin` - a waiting task is sent to one worker: a hard worker
+#   restriction (``worker_restrictions``, ``host_restrictions`` cleared,
+#   ``loose_restrictions`` false), optionally a priority of the driver's, and
+#   ``Scheduler.transitions`` to ``released`` (dask places it again, on that worker, with
+#   that priority in its ``compute-task`` message); ``unpin`` puts back what the task had.
+#   The BE reservation rests on it: a worker runs its resource-constrained tasks strictly
+#   in priority order and starts none past a head that does not fit
+#   (``WorkerState._next_ready_task``), so the task pinned to the held worker with a
+#   priority ahead of every best-effort task keeps later best-effort tasks off the units it
+#   waits for, until it starts.
+# * :func:`hold` / :func:`place` - the placer keeps a task in ``no-worker`` with a worker
+#   restriction no worker has (``Scheduler.valid_workers`` answers none), and places tasks
+#   by restricting each to its worker and recommending ``processing``, all in one
+#   ``Scheduler.transitions`` call.
+# * :func:`release` - ``Scheduler.transitions`` to ``released`` (a task let go of a worker
+#   that left: dask places it anew).
+
+#: verb -> its self-check (raises AssertionError, saying what changed)
+PREEMPTION_CHECKS: dict[str, Callable[[Any], None]] = {}
+
+
+def _preemption_check(*verbs: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    def register(check: Callable[[Any], None]) -> Callable[[Any], None]:
+        for verb in verbs:
+            PREEMPTION_CHECKS[verb] = check
+        return check
+
+    return register
+
+
+def check_preemption_verbs(scheduler: Any) -> list[str]:
+    """Run each preemption and gang verb's self-check once; a phrase per failing verb."""
+    out: list[str] = []
+    done: dict[Callable[[Any], None], str | None] = {}
+    for verb, check in PREEMPTION_CHECKS.items():
+        if check not in done:
+            try:
+                check(scheduler)
+                done[check] = None
+            except Exception as e:
+                done[check] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        problem = done[check]
+        if problem is not None:
+            out.append(f"{verb} ({problem})")
+    return out
+
+
+def ask_to_yield(sched: Scheduler, address: str, keys: list[Key], op: str) -> bool:
+    """Send ``keys`` (running on ``address``) the worker plugin's message ``op``; False
+    if that worker has no stream (it is leaving)."""
+    comm = sched.stream_comms.get(address)
+    if comm is None:
+        return False
+    comm.send({"op": op, "keys": list(keys)})
+    return True
+
+
+@_preemption_check("ask_to_yield")
+def _check_ask_to_yield(sched: Any) -> None:
+    from distributed.batched import BatchedSend
+
+    comms = sched.stream_comms
+    if not isinstance(comms, dict):
+        raise AssertionError(f"Scheduler.stream_comms is a {type(comms).__name__}, not a dict")
+    if not callable(getattr(BatchedSend, "send", None)):
+        raise AssertionError("a worker's stream (BatchedSend) has no send")
+
+
+class Pinned(NamedTuple):
+    """What :func:`pin` changed of a task, for :func:`unpin` to put back."""
+
+    worker_restrictions: Any
+    host_restrictions: Any
+    loose_restrictions: bool
+    priority: Any
+
+
+def pinned(ts: TaskState) -> Pinned:
+    """What :func:`pin` changes of ``ts``, as it is now (for :func:`unpin`). A driver
+    keeps it *before* it pins: the ``released`` transition reaches the plugin's hook
+    while :func:`pin` runs."""
+    return Pinned(ts.worker_restrictions, ts.host_restrictions, ts.loose_restrictions, ts.priority)
+
+
+def pin(
+    sched: Scheduler,
+    ts: TaskState,
+    address: str,
+    stimulus_id: str,
+    priority: tuple[Any, ...] | None = None,
+) -> None:
+    """Send waiting task ``ts`` (``processing`` or ``no-worker``) to the worker
+    ``address`` only, with ``priority`` if given (:func:`pinned` first, to undo it)."""
+    ts.worker_restrictions = {address}
+    ts.host_restrictions = None
+    ts.loose_restrictions = False
+    if priority is not None:
+        ts.priority = priority
+    sched.transitions({ts.key: "released"}, stimulus_id=stimulus_id)
+
+
+def unpin(ts: TaskState, saved: Pinned) -> None:
+    """Put back what :func:`pin` changed (no transition: a running task stays put)."""
+    ts.worker_restrictions = saved.worker_restrictions
+    ts.host_restrictions = saved.host_restrictions
+    ts.loose_restrictions = saved.loose_restrictions
+    if saved.priority is not None:
+        ts.priority = saved.priority
+
+
+def release(sched: Scheduler, key: Key, stimulus_id: str) -> None:
+    """Let dask place ``key`` anew (it goes back to ``released``, then on)."""
+    sched.transitions({key: "released"}, stimulus_id=stimulus_id)
+
+
+def hold(ts: TaskState, nowhere: str) -> None:
+    """Keep ``ts`` in dask's ``no-worker`` until :func:`place` sends it on: a worker
+    restriction to ``nowhere``, an address no worker has."""
+    ts.worker_restrictions = {nowhere}
+    ts.host_restrictions = None
+    ts.loose_restrictions = False
+
+
+def place(sched: Scheduler, where: dict[Key, str], stimulus_id: str) -> None:
+    """Send each task of ``where`` to its worker, all in one ``transitions`` call."""
+    recs: Recs = {}
+    for key, address in where.items():
+        ts = sched.tasks[key]
+        ts.worker_restrictions = {address}
+        ts.host_restrictions = None
+        ts.loose_restrictions = False
+        recs[key] = "processing"
+    if recs:
+        sched.transitions(recs, stimulus_id=stimulus_id)
+
+
+def _stand_in_task(sched: Any, key: str) -> Any:
+    """A dask TaskState the live scheduler does not know (for a read-only experiment)."""
+    from distributed.scheduler import TaskGroup, TaskPrefix
+    from distributed.scheduler import TaskState as _TS
+
+    group = TaskGroup(key, TaskPrefix(key))
+    return _TS(key, None, "released", group, validate=False)
+
+
+@_preemption_check("hold", "place", "pin", "pinned", "unpin", "release")
+def _check_restrictions(sched: Any) -> None:
+    # dask reads a hard worker restriction as the only workers a task may go to: one that
+    # names no known worker leaves none (the task waits in no-worker), and unpin restores
+    ts = _stand_in_task(sched, "daskjobs-check-hold")
+    before = ts.loose_restrictions
+    hold(ts, "daskjobs-held://self-check")
+    valid = sched.valid_workers(ts)
+    if valid != set():
+        raise AssertionError(
+            f"a task restricted to no known worker may run on {valid!r} (dask's valid_workers)"
+        )
+    unpin(ts, Pinned(None, None, before, None))
+    if ts.worker_restrictions or sched.valid_workers(ts) is not None:
+        raise AssertionError("a task without restrictions is not free to run anywhere")
+    import inspect
+
+    params = inspect.signature(sched.transitions).parameters
+    if not {"recommendations", "stimulus_id"} <= set(params):
+        raise AssertionError(f"Scheduler.transitions takes {list(params)}")
+
+
+@_preemption_check("pin (the BE reservation)")
+def _check_head_of_line(sched: Any) -> None:
+    # a worker starts its resource-constrained tasks in priority order and none past a
+    # head that does not fit: the task pinned first holds the units it waits for
+    from distributed.worker_state_machine import ComputeTaskEvent, Execute, WorkerState
+
+    ws = WorkerState(nthreads=4, resources={"R": 2}, validate=False)
+
+    def started(*events: Any) -> list[Any]:
+        return [i.key for i in ws.handle_stimulus(*events) if isinstance(i, Execute)]
+
+    def task(key: str, priority: int, units: int) -> Any:
+        return ComputeTaskEvent.dummy(
+            key, priority=(priority,), resource_restrictions={"R": units}, stimulus_id=key
+        )
+
+    if started(task("running", 5, 1)) != ["running"]:
+        raise AssertionError("a worker did not start a constrained task that fits")
+    got = started(task("held", 0, 2), task("later", 1, 1))
+    if got:
+        raise AssertionError(f"a worker started {got} past a constrained head that does not fit")
+    if started(task("ahead", -1, 1)) != ["ahead"]:
+        raise AssertionError("a worker did not start a constrained task ahead of its head")

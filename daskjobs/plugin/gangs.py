@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from daskjobs.plugin._internals import ask_to_yield, hold, place
 from daskjobs.plugin.worker import PREEMPT_OP
 from daskjobs.policies.resources import (
     Allocation,
@@ -133,11 +134,33 @@ class _PJob:
     arrival: float
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class _PWait:
+    """An interactive demand that did not start, as the preemption policy's waiting job."""
+
+    jid: Any
+    cls: str
+    gpus: float
+    arrival: float
+    preemptions: int
+    promised: int | None
+    where: frozenset[int]
+    node: None = None
+
+    def end_at(self, t: float) -> float:
+        return math.inf
+
+
+@dataclass(frozen=True, slots=True)
 class _PNode:
     index: int
     gpus: float
-    available: float
+    free: float
+    promised: float
+
+    @property
+    def available(self) -> float:
+        return self.free - self.promised
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +172,8 @@ class _PRun:
     started: float
     preemptions: int
     lost: float  # resource-seconds lost if it yielded now (its whole gang's, for a member)
+    group: str | None  # its gang: a victim's gang yields whole
+    end: float = math.inf
 
     def lost_at(self, t: float) -> float:
         return self.lost
@@ -198,6 +223,8 @@ class Placer:
         self.ignoring: set[Key] = set()  # victims that kept their slot past the grace
         self.promised: dict[Any, tuple[int, float, list[Key], float]] = {}
         self.preemptions: dict[Key, int] = {}  # task -> times it yielded
+        #: task -> the preemption decision's last reason about it (for ``explain``)
+        self.reasons: dict[Key, str] = {}
         self.refuse = refuse_unsatisfiable
         self.interval = interval
         self.audit = audit
@@ -377,9 +404,14 @@ class Placer:
             self._forget(t)
             self.checkpoints.pop(key, None)
             self.preemptions.pop(key, None)
+            self.reasons.pop(key, None)
 
     def checkpointed(self, key: Key, when: float) -> None:
         self.checkpoints[key] = when
+
+    def why(self, key: Key) -> str | None:
+        """The preemption decision's last reason about ``key`` (for ``explain``)."""
+        return self.reasons.get(key)
 
     def started(self, key: Key, when: float) -> None:
         t = self.placed.get(key)
@@ -564,16 +596,12 @@ class Placer:
         self.stats.decisions += 1
         self.stats.held_back += decision.held_back
         by_index = {n.index: n for n in nodes}
-        recs: dict[Key, Any] = {}
+        where: dict[Key, str] = {}
         for p in decision.starts:
             d: _Demand = p.demand
             for key, idx, req in zip(d.keys, p.nodes, d.requests, strict=True):
                 address = by_index[idx].address
                 t = self.placed[key]
-                ts = sched.tasks[key]
-                ts.worker_restrictions = {address}
-                ts.host_restrictions = None
-                ts.loose_restrictions = False
                 t.worker, t.placed, t.started = address, now, None
                 self.holding[key] = t
                 used = self.used.setdefault(address, {})
@@ -581,7 +609,7 @@ class Placer:
                     used[k] = used.get(k, 0.0) + v
                 self.waiting.discard(key)
                 self._singles.pop(key, None)
-                recs[key] = "processing"
+                where[key] = address
             self.stats.placed += len(d.keys)
             did = d.did[1] if isinstance(d.did, tuple) else str(d.did)
             self.starts.append((now, did, [by_index[i].address for i in p.nodes]))
@@ -609,8 +637,8 @@ class Placer:
                 "workers": sorted({by_index[i].address for i in r.nodes}),
             }
         )
-        if recs:
-            sched.transitions(recs, stimulus_id=f"daskjobs-place-{now}")
+        if where:
+            place(sched, where, f"daskjobs-place-{now}")
         if self.preemption is not None:
             started_ids = {id(p.demand) for p in decision.starts}
             self._preempt([d for d in demands if id(d) not in started_ids], nodes, now)
@@ -625,8 +653,9 @@ class Placer:
         return v.job_class if v is not None else "be"
 
     def _preempt(self, waiting: list[_Demand], nodes: list[_Node], now: float) -> None:
-        """Interactive demands that did not start: victims from the preemption policy,
-        asked to yield; a victim in a gang stops its whole gang."""
+        """Interactive demands that did not start: one decision of the preemption policy
+        (its placements are the gang policy's to make: only its victims are enacted),
+        the victims asked to yield; a victim in a gang stops its whole gang."""
         assert self.preemption is not None
         res = self.preempt_resource
         self._expire(now)
@@ -634,16 +663,6 @@ class Placer:
         waiting_ids = {d.did for d in waiting}
         for did in [d for d in self.promised if d not in waiting_ids]:
             del self.promised[did]
-        te = [
-            d
-            for d in waiting
-            if len(d.keys) == 1
-            and d.did not in self.promised
-            and self._class(d.keys[0]) == "te"
-            and d.requests[0].resources.get(res, 0.0) > 0
-        ]
-        if not te:
-            return
         promised_on: dict[int, float] = {}
         for idx, gpus, _, _ in self.promised.values():
             promised_on[idx] = promised_on.get(idx, 0.0) + gpus
@@ -651,40 +670,57 @@ class Placer:
             _PNode(
                 n.index,
                 n.inventory.resources.get(res, 0.0),
-                n.free.get(res, 0.0) - promised_on.get(n.index, 0.0),
+                n.free.get(res, 0.0),
+                promised_on.get(n.index, 0.0),
             )
             for n in nodes
             if n.inventory.resources.get(res, 0.0) > 0
         ]
-        index = {n.address: n.index for n in nodes}
-        running = self._victim_views(index, now)
-        address = {n.index: n.address for n in nodes}
-        for d in sorted(te, key=self.policy.order_key):
-            key = d.keys[0]
-            feasible = {n.index for n in nodes if why_not(d.requests[0], n.inventory) is None}
-            job = _PJob(key, "te", d.requests[0].resources[res], d.arrival)
-            choice = self.preemption.victims(
-                job, [n for n in pnodes if n.index in feasible], running, now
-            )
-            if choice is None:
+        te = []
+        for d in waiting:
+            if len(d.keys) != 1 or d.requests[0].resources.get(res, 0.0) <= 0:
                 continue
-            idx, victims = choice
-            keys = self._whole_gangs([r.job.jid for r in victims])
+            key = d.keys[0]
+            if self._class(key) != "te":
+                continue
+            promise = self.promised.get(d.did)
+            te.append(
+                _PWait(
+                    key,
+                    "te",
+                    d.requests[0].resources[res],
+                    d.arrival,
+                    self.preemptions.get(key, 0),
+                    promise[0] if promise is not None else None,
+                    frozenset(
+                        n.index for n in nodes if why_not(d.requests[0], n.inventory) is None
+                    ),
+                )
+            )
+        if not te:
+            return
+        index = {n.address: n.index for n in nodes}
+        address = {n.index: n.address for n in nodes}
+        decision = self.preemption.decide(te, self._victim_views(index, now), pnodes, now)
+        for w in decision.waits:
+            self.reasons[w.job.jid] = w.reason
+        for act in decision.preemptions:
+            key = act.job.jid
+            victims = [r.job.jid for r in (*act.victims, *act.group)]
+            self.stats.gangs_preempted += len({r.group for r in act.victims if r.group})
+            keys = self._whole_gangs(victims)
             self._ask(keys, now)
-            self.promised[d.did] = (idx, job.gpus, keys, now)
-            for n in pnodes:
-                if n.index == idx:
-                    n.available -= job.gpus
-            asked = set(keys)
-            running = [r for r in running if r.job.jid not in asked]
+            self.promised[key] = (act.node, act.job.gpus, keys, now)  # a single's did is its key
+            self.reasons[key] = act.reason
             self.audit.event(
                 "preempt",
                 key=str(key),
-                worker=address.get(idx),
+                worker=address.get(act.node),
                 victims=[str(k) for k in keys],
+                reason=act.reason,
             )
             if decisions.isEnabledFor(logging.DEBUG):
-                decisions.debug("preempt %s for %r on %s", keys, key, address.get(idx))
+                decisions.debug("%s: %s", key, act.reason)
 
     def _victim_views(self, index: Mapping[str, int], now: float) -> list[_PRun]:
         """Best-effort placed tasks as the preemption policy sees running jobs; a gang
@@ -719,6 +755,7 @@ class Placer:
                     t.started,
                     self.preemptions.get(t.key, 0),
                     lost,
+                    t.gang,
                 )
             )
         return runs
@@ -731,7 +768,6 @@ class Placer:
             t = self.placed.get(key)
             if t is None or t.gang is None:
                 continue
-            self.stats.gangs_preempted += 1
             for m in self.gangs[t.gang].members:
                 mt = self.placed.get(m)
                 if m not in seen and mt is not None and mt.worker is not None and not mt.done:
@@ -749,9 +785,7 @@ class Placer:
                 by_worker.setdefault(t.worker, []).append(k)
                 self.asked[k] = now
         for address, ks in by_worker.items():
-            comm = sched.stream_comms.get(address)
-            if comm is not None:
-                comm.send({"op": PREEMPT_OP, "keys": ks})
+            if ask_to_yield(sched, address, ks, PREEMPT_OP):
                 self.stats.preempt_requested += len(ks)
 
     def _expire(self, now: float) -> None:
@@ -785,9 +819,7 @@ class Placer:
                 continue
             by_worker.setdefault(t.worker, []).append(k)
         for address, keys in by_worker.items():
-            comm = sched.stream_comms.get(address)
-            if comm is not None:
-                comm.send({"op": PREEMPT_OP, "keys": keys})
+            if ask_to_yield(sched, address, keys, PREEMPT_OP):
                 self.stats.stopped += len(keys)
         self.audit.event("gang-stop", gang=g.gid, lost=str(lost), asked=self.stats.stopped)
         if decisions.isEnabledFor(logging.DEBUG):
@@ -868,6 +900,4 @@ def _size_of(new: list[tuple[Any, Request, str | None, int]], gid: str) -> int:
 
 def _hold(ts: Any) -> None:
     """Keep ``ts`` in dask's ``no-worker`` until a decision places it."""
-    ts.worker_restrictions = {HELD}
-    ts.host_restrictions = None
-    ts.loose_restrictions = False
+    hold(ts, HELD)

@@ -339,6 +339,10 @@ class PreemptionPart(Part):
     def status(self) -> dict[str, Any]:
         return {"preemption": self.preemptor.status()}
 
+    def explain(self, key: Key) -> dict[str, Any]:
+        why = self.preemptor.why(key)  # the decision's own reason (placed, held, ...)
+        return {"preemption": why} if why is not None else {}
+
     async def close(self) -> None:
         self.preemptor.close()
 
@@ -410,6 +414,10 @@ class ResourcesPart(Part):
 
     def status(self) -> dict[str, Any]:
         return {"resources": self.placer.status()}
+
+    def explain(self, key: Key) -> dict[str, Any]:
+        why = self.placer.why(key)  # the preemption decision's reason, as the placer enacts it
+        return {"preemption": why} if why is not None else {}
 
     async def close(self) -> None:
         self.placer.close()

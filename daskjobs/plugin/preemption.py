@@ -1,45 +1,58 @@
 """The live half of preemption: interactive (TE) tasks take resources back from
 best-effort (BE) ones that checkpoint (docs/preemption.md, "Live on dask").
 
-Every decision is the preemption policy's, the object the job-level simulator runs
-(:mod:`daskjobs.policies.preemption`): which waiting TE task is served first
-(``order_key``), on which worker a TE task that fits goes (``place``), and which running
-BE tasks of one worker make room for one that does not (``victims``: fit, least work lost
-since their last checkpoints, exempt time, at most so many preemptions per task). This
-driver adapts dask's state into the policy's views, and enacts the answer:
+Every decision is the preemption policy's, the object the job-level simulator runs:
+every ``interval`` this driver adapts dask's state into the policy's views and asks
+:meth:`~daskjobs.policies.preemption.PreemptionPolicy.decide` once (the waiting tasks
+that need the resource, TE and BE; the runs holding it; the workers' free and promised
+units; the victims already asked), then enacts the decision in the order it was made,
+through the verbs of :mod:`daskjobs.plugin._internals`:
 
 * a task's resource need is its ``resources={NAME: n}`` restriction for the configured
   resource (``daskjobs.preemption.resource``, default ``GPU``: dask's own worker
   resources, ``dask worker --resources GPU=2``); its class is its ``job_class``
   annotation (``te``; anything else is ``be``, the default);
 * a worker's free amount is what it supplies less what the tasks *executing* there hold
-  (dask's ``used_resources`` also counts tasks only queued on it) and less what is
-  promised to a TE task whose victims are yielding;
-* victims are told through their worker (the worker plugin's ``daskjobs-preempt``
-  message): ``daskjobs.preempted()`` turns True in the task, which checkpoints and raises
-  ``daskjobs.Preempted`` (dask's ``Reschedule``): dask runs it again later and
-  ``daskjobs.restore()`` gives it its state. Until its thread returns, its resources stay
-  held (dask releases them only then): nothing is oversubscribed while it winds down;
-* the TE task is moved to the victims' worker if dask queued it elsewhere (a worker
-  restriction it had not got from its user, removed once it starts);
+  (dask's ``used_resources`` also counts tasks only queued on it); its promised amount
+  is what victims yielding there free for a TE task;
+* **placements**: a waiting task placed on the worker it is queued on is left to it; one
+  placed elsewhere is sent there (:func:`~daskjobs.plugin._internals.pin`, a worker
+  restriction it had not got from its user, removed once it starts). A task with its
+  user's own restrictions may use only those workers (the view's ``where``);
+* **preemptions**: the victims are told through their worker (the worker plugin's
+  ``daskjobs-preempt`` message): ``daskjobs.preempted()`` turns True in the task, which
+  checkpoints and raises ``daskjobs.Preempted`` (dask's ``Reschedule``): dask runs it
+  again later and ``daskjobs.restore()`` gives it its state. Until its thread returns,
+  its resources stay held (dask releases them only then): nothing is oversubscribed
+  while it winds down. The units they free are promised to the TE task, which is sent to
+  their worker;
+* **the reservation**: the worker held for the first BE task that fits nowhere gets it
+  pinned there with a priority ahead of every BE task of its user priority (behind the
+  TE ones): a dask worker starts its resource-constrained tasks in priority order and
+  none past a head that does not fit, so no later BE task takes the units it waits for
+  there until it starts (then its own restriction and priority are put back);
 * a victim that has not yielded ``grace`` seconds after it was asked is counted as
   ignoring the signal (dask cannot stop a thread): it keeps its slot, is never asked
   again in this run, and the TE task's promise is dropped so that another choice can be
   made.
 
-Hooks are O(1) per transition; the choice runs on a periodic callback, off dask's
-transition loop.
+Each decision's reasons are kept for ``explain()`` (:meth:`Preemptor.why`) and go to the
+audit trail with the events (``preempt-requested``, ``preempt-hold``). Hooks are O(1)
+per transition; the decision runs on a periodic callback, off dask's transition loop.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from daskjobs.plugin._internals import Pinned, ask_to_yield, pin, pinned, release, unpin
 from daskjobs.plugin.worker import PREEMPT_OP
+from daskjobs.policies.preemption import Placement
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -47,16 +60,20 @@ if TYPE_CHECKING:
 
     from daskjobs.plugin.audit import Audit
     from daskjobs.plugin.views import LiveTask
-    from daskjobs.policies.preemption import PreemptionPolicy
+    from daskjobs.policies.preemption import Hold, Preemption, PreemptionDecision, PreemptionPolicy
 
 __all__ = ["Preemptor"]
 
 decisions = logging.getLogger("daskjobs.decisions")
 
+#: How far ahead of its user priority a held best-effort task goes: past every best-effort
+#: task (0), behind the interactive ones (ranking puts them 0.5 ahead).
+HOLD_AHEAD = 0.25
+
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """A task as the preemption policy sees a job."""
+    """A task as the preemption policy sees a job (``jid``, ``cls``, ``gpus``)."""
 
     jid: Any
     cls: str
@@ -65,10 +82,33 @@ class _Job:
 
 
 @dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A waiting task, as the policy's waiting view."""
+
+    jid: Any
+    cls: str
+    gpus: float
+    arrival: float
+    preemptions: int
+    promised: int | None
+    node: int | None
+    where: frozenset[int] | None
+    estimate: float | None
+
+    def end_at(self, t: float) -> float:
+        return math.inf if self.estimate is None else t + self.estimate
+
+
+@dataclass(frozen=True, slots=True)
 class _Node:
     index: int
     gpus: float
-    available: float
+    free: float
+    promised: float
+
+    @property
+    def available(self) -> float:
+        return self.free - self.promised
 
 
 @dataclass(slots=True, eq=False)
@@ -82,6 +122,8 @@ class _Run:
     run_id: int
     preemptions: int
     last: float  # its last checkpoint (or its start)
+    end: float = math.inf  # its expected end (start + estimate)
+    group: Any = None
 
     def lost_at(self, t: float) -> float:
         """Resource-seconds lost if it yielded at ``t``: the work since its checkpoint."""
@@ -105,7 +147,8 @@ class PreemptionStats:
     finished_first: int = 0  # ... that ended before they yielded
     ignored: int = 0  # ... that had not yielded after the grace period
     lost_with_worker: int = 0  # ... whose worker left before they yielded
-    moved: int = 0  # TE tasks moved to the worker their victims free
+    moved: int = 0  # waiting tasks sent to the worker the policy placed them on
+    holds: int = 0  # best-effort tasks pinned to the worker held for them
     lost_seconds: float = 0.0  # resource-seconds of work since the victims' checkpoints
     preemptions: dict[str, int] = field(default_factory=dict)  # task -> times preempted
 
@@ -117,13 +160,16 @@ class PreemptionStats:
             "ignored": self.ignored,
             "lost_with_worker": self.lost_with_worker,
             "moved": self.moved,
+            "holds": self.holds,
             "lost_seconds": round(self.lost_seconds, 3),
             "max_per_task": max(self.preemptions.values(), default=0),
         }
 
 
 class Preemptor:
-    """Drives preemption for the plugin (see the module docs)."""
+    """Drives preemption for the plugin (see the module docs). ``reservation``: enact
+    the policy's hold for the first waiting best-effort task (False: today's dask, which
+    keeps none; the benchmark's switch)."""
 
     def __init__(
         self,
@@ -133,22 +179,28 @@ class Preemptor:
         interval: float,
         audit: Audit,
         tasks: Mapping[Key, LiveTask],
+        reservation: bool = True,
     ) -> None:
         self.policy = policy
         self.resource = resource
         self.grace = grace
         self.interval = interval
         self.audit = audit
-        self.tasks = tasks  # the ranked tasks' views (job_class)
+        self.reservation = reservation
+        self.tasks = tasks  # the ranked tasks' views (job_class, estimate)
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         self.runs: dict[Key, _Run] = {}  # tasks executing with the resource
-        self.waiting: dict[Key, float] = {}  # TE tasks waiting for the resource -> since
-        self.arrived: dict[Key, float] = {}  # TE task -> when it first waited
+        self.waiting: dict[Key, float] = {}  # tasks waiting for the resource -> since
+        self.arrived: dict[Key, float] = {}  # task -> when it first waited
         self.promises: dict[Key, _Promise] = {}  # TE task -> what its victims free
         self.asked: dict[Key, float] = {}  # victim -> when it was asked
         self.ignoring: set[Key] = set()  # victims that kept their slot past the grace
-        self.moved: dict[Key, Any] = {}  # TE task -> its own worker restrictions
+        self.moved: dict[Key, Pinned] = {}  # task -> what it had before this driver pinned it
+        self.held: dict[Key, str] = {}  # the BE task the reservation holds a worker for
+        self.sent: dict[Key, float] = {}  # waiting task -> when dask last sent it on
         self.checkpoints: dict[Key, float] = {}  # task -> its last checkpoint
+        self.reasons: dict[Key, str] = {}  # task -> the last decision's reason about it
+        self.last: PreemptionDecision | None = None
         self.stats = PreemptionStats()
         self._pc: Any = None
 
@@ -176,28 +228,36 @@ class Preemptor:
         v = self.tasks.get(key)
         return v.job_class if v is not None else "be"
 
+    def _estimate(self, key: Key) -> float | None:
+        v = self.tasks.get(key)
+        return float(v.estimate) if v is not None and v.estimated else None
+
     def transition(self, key: Key, start: str, finish: str, stimulus_id: str = "") -> None:
         """Every scheduler transition (O(1))."""
         if finish in ("processing", "no-worker"):
-            if start not in ("processing", "no-worker") and self._class(key) == "te":
+            if start not in ("processing", "no-worker"):
                 ts = self.scheduler.tasks.get(key)
                 if self._need(ts) > 0:
                     since = self.arrived.setdefault(key, time.time())
                     self.waiting.setdefault(key, since)
+                    self.sent[key] = time.time()
             return
         if start not in ("processing", "no-worker"):
             if finish == "forgotten":
                 self.arrived.pop(key, None)
                 self.checkpoints.pop(key, None)
                 self.moved.pop(key, None)
+                self.reasons.pop(key, None)
             return
         self.runs.pop(key, None)
+        self.sent.pop(key, None)
         if not (key in self.moved and finish in ("released", "waiting")):  # not our move
             self.waiting.pop(key, None)
             self.promises.pop(key, None)
             if finish in ("memory", "erred", "forgotten"):
-                self._unmove(key)
+                self._unpin(key)
                 self.arrived.pop(key, None)
+                self.reasons.pop(key, None)
         asked = self.asked.pop(key, None)
         if asked is None:
             return
@@ -222,13 +282,22 @@ class Preemptor:
         if ts.processing_on is None or ts.processing_on.address != worker:
             return
         self.waiting.pop(key, None)
+        self.sent.pop(key, None)
         self.promises.pop(key, None)
-        self._unmove(key)
-        cls = self._class(key)
-        job = _Job(key, cls, need, when)
+        self._unpin(key)
+        self.reasons[key] = f"started on {worker}"
+        job = _Job(key, self._class(key), need, when)
         last = max(self.checkpoints.get(key, when), when)
+        est = self._estimate(key)
         self.runs[key] = _Run(
-            job, -1, worker, when, int(run_id or 0), self.stats.preemptions.get(str(key), 0), last
+            job,
+            -1,
+            worker,
+            when,
+            int(run_id or 0),
+            self.stats.preemptions.get(str(key), 0),
+            last,
+            math.inf if est is None else when + est,
         )
 
     def checkpointed(self, key: Key, when: float) -> None:
@@ -237,17 +306,21 @@ class Preemptor:
         if run is not None and when > run.last:
             run.last = when
 
-    # -- the periodic choice ---------------------------------------------------------------
+    def why(self, key: Key) -> str | None:
+        """The last decision's reason about ``key`` (for ``explain``)."""
+        return self.reasons.get(key)
+
+    # -- the periodic decision --------------------------------------------------------------
     def _tick(self) -> None:
         try:
             self.check(time.time())
         except Exception:
             self.audit.failed("preemption")
 
-    def _nodes(self) -> tuple[list[Any], list[_Node], dict[str, int]]:
-        """Workers that supply the resource (address order), their views, and indices."""
+    def _workers(self) -> list[Any]:
+        """Workers that supply the resource, running, in address order (node indices)."""
         res = self.resource
-        workers = sorted(
+        return sorted(
             (
                 ws
                 for ws in self.scheduler.workers.values()
@@ -255,98 +328,165 @@ class Preemptor:
             ),
             key=lambda ws: ws.address,
         )
+
+    def views(
+        self, now: float
+    ) -> tuple[list[Any], list[_Waiting], list[_Run], list[_Node], set[Key]] | None:
+        """dask's state as the policy's views: workers (node order), waiting tasks, runs,
+        nodes, and the runs already asked to yield; None without a worker."""
+        workers = self._workers()
+        if not workers:
+            return None
         index = {ws.address: i for i, ws in enumerate(workers)}
-        held = {a: 0.0 for a in index}
+        held = dict.fromkeys(index, 0.0)
+        running: list[_Run] = []
         for r in self.runs.values():
-            if r.worker in held:
+            i = index.get(r.worker)
+            if i is not None:
                 held[r.worker] += r.job.gpus
-        promised = {a: 0.0 for a in index}
+                r.node = i
+                running.append(r)
+        promised = dict.fromkeys(index, 0.0)
         for p in self.promises.values():
             if p.worker in promised:
                 promised[p.worker] += p.gpus
+        res = self.resource
         nodes = [
-            _Node(i, float(ws.resources[res]), float(ws.resources[res]) - held[a] - promised[a])
+            _Node(i, float(ws.resources[res]), float(ws.resources[res]) - held[a], promised[a])
             for i, (a, ws) in enumerate((ws.address, ws) for ws in workers)
         ]
-        return workers, nodes, index
-
-    def check(self, now: float) -> None:
-        self._expire(now)
-        if not self.waiting:
-            return
         sched = self.scheduler
-        workers, nodes, index = self._nodes()
-        if not workers:
-            return
-        jobs = []
+        waiting = []
         for key, since in self.waiting.items():
-            if key in self.promises:
-                continue
             ts = sched.tasks.get(key)
             if ts is None:
                 continue
-            jobs.append((_Job(key, "te", self._need(ts), since), ts))
-        policy = self.policy
-        jobs.sort(key=lambda j: policy.order_key(j[0]))
-        for job, ts in jobs:
-            on = ts.processing_on.address if ts.processing_on is not None else None
-            here = next((n for n in nodes if on is not None and index.get(on) == n.index), None)
-            if here is not None and here.available >= job.gpus:
-                continue  # it starts on its worker as soon as the worker gets to it
-            fit = policy.place(job, nodes)
-            if fit is not None:
-                self._move(ts, workers[fit], "fits")
-                nodes = self._nodes()[1]
-                continue
-            running = []
-            for r in self.runs.values():
-                jid = r.job.jid
-                if r.worker in index and jid not in self.asked and jid not in self.ignoring:
-                    r.node = index[r.worker]
-                    running.append(r)
-            choice = policy.victims(job, nodes, running, now)
-            if choice is None:
-                decisions.debug("%s: waits, no victims fit (%s)", job.jid, policy.name)
-                continue
-            node, victims = choice
-            ws = workers[node]
-            self._ask(job, ws, victims, now)
-            nodes = self._nodes()[1]
+            on = ts.processing_on
+            promise = self.promises.get(key)
+            where = None
+            if ts.worker_restrictions and key not in self.moved:  # its user's: kept
+                where = frozenset(index[a] for a in ts.worker_restrictions if a in index)
+            waiting.append(
+                _Waiting(
+                    key,
+                    self._class(key),
+                    self._need(ts),
+                    since,
+                    self.stats.preemptions.get(str(key), 0),
+                    index.get(promise.worker) if promise is not None else None,
+                    index.get(on.address) if on is not None else None,
+                    where,
+                    self._estimate(key),
+                )
+            )
+        return workers, waiting, running, nodes, set(self.asked) | self.ignoring
 
-    def _ask(self, job: _Job, ws: Any, victims: list[_Run], now: float) -> None:
+    def check(self, now: float) -> PreemptionDecision | None:
+        """One decision of the policy, enacted (see the module docs)."""
+        self._expire(now)
+        if not self.waiting:
+            self._drop_holds(())
+            return None
+        got = self.views(now)
+        if got is None:
+            return None
+        workers, waiting, running, nodes, signalled = got
+        decision = self.policy.decide(waiting, running, nodes, now, signalled)
+        self.last = decision
+        for act in decision.steps():
+            if isinstance(act, Placement):
+                self._place(act, workers)
+            else:
+                self._ask(act, workers[act.node], now)
+        keep = ()
+        if self.reservation:
+            keep = tuple(h.job.jid for h in decision.reservations)
+            for h in decision.reservations:
+                self._hold(h, workers[h.node])
+        self._drop_holds(keep)
+        for w in decision.waits:
+            self.reasons[w.job.jid] = w.reason
+        return decision
+
+    # -- enacting ------------------------------------------------------------------------------
+    def _place(self, act: Placement, workers: list[Any]) -> None:
+        job = act.job
+        self.reasons[job.jid] = act.reason
+        if act.node == job.node:
+            return  # it starts on its worker as soon as the worker gets to it
+        ts = self.scheduler.tasks.get(job.jid)
+        if ts is not None:
+            self._pin(ts, workers[act.node], "fits")
+
+    def _ask(self, act: Preemption, ws: Any, now: float) -> None:
+        job = act.job
+        victims = [*act.victims, *act.group]
         keys = [v.job.jid for v in victims]
-        freed = sum(v.job.gpus for v in victims)
-        lost = sum(v.lost_at(now) for v in victims)
+        freed = sum(v.job.gpus for v in act.victims)
         self.promises[job.jid] = _Promise(ws.address, freed, keys, now)
-        for v in victims:
-            self.asked[v.job.jid] = now
+        for k in keys:
+            self.asked[k] = now
+            self.reasons[k] = f"asked to yield for {job.jid!r}"
+        self.reasons[job.jid] = act.reason
         st = self.stats
-        st.requested += len(victims)
-        st.lost_seconds += lost
+        st.requested += len(keys)
+        st.lost_seconds += act.lost
         by_worker: dict[str, list[Key]] = {}
-        for v in victims:
-            by_worker.setdefault(v.worker, []).append(v.job.jid)
+        for k in keys:
+            run = self.runs.get(k)
+            # (a victim placed earlier in this round has not started: nothing to tell;
+            # only a policy that offers best-effort jobs a place before interactive ones
+            # can choose one)
+            if run is not None:
+                by_worker.setdefault(run.worker, []).append(k)
         for address, ks in by_worker.items():
-            comm = self.scheduler.stream_comms.get(address)
-            if comm is not None:
-                comm.send({"op": PREEMPT_OP, "keys": ks})
-        decisions.debug(
-            "%s: preempts %s on %s (%.1f resource-seconds since their checkpoints)",
-            job.jid,
-            keys,
-            ws.address,
-            lost,
-        )
+            ask_to_yield(self.scheduler, address, ks, PREEMPT_OP)
+        decisions.debug("%s: %s", job.jid, act.reason)
         self.audit.event(
             "preempt-requested",
             key=str(job.jid),
             worker=ws.address,
             victims=[str(k) for k in keys],
-            lost_seconds=round(lost, 3),
+            lost_seconds=round(act.lost, 3),
+            reason=act.reason,
         )
         ts = self.scheduler.tasks.get(job.jid)
         if ts is not None:
-            self._move(ts, ws, "victims")
+            self._pin(ts, ws, "victims", settled=True)
+
+    def _hold(self, h: Hold, ws: Any) -> None:
+        """Pin the held BE task to ``ws`` ahead of every BE task of its user priority
+        (see the module docs); a task already queued there is left as it is (sending it
+        again for a new priority could catch it started since the decision's views)."""
+        key = h.job.jid
+        address: str = ws.address
+        self.reasons[key] = h.reason
+        ts = self.scheduler.tasks.get(key)
+        if ts is None or ts.state not in ("processing", "no-worker") or ts.priority is None:
+            return
+        if ts.processing_on is not ws:
+            if not self._settled(key):
+                return
+            if ts.worker_restrictions and key not in self.moved:
+                return  # its user's restriction: not ours to change
+            saved = self.moved.get(key)
+            if saved is None:
+                saved = self.moved[key] = pinned(ts)  # kept before the hook sees the move
+            base = saved.priority or ts.priority
+            ahead = (base[0] - HOLD_AHEAD, *base[1:])
+            pin(self.scheduler, ts, address, "daskjobs-preempt-hold", ahead)
+            self.stats.holds += 1
+        if self.held.get(key) != address:
+            self.held[key] = address
+            decisions.debug("%s: %s", key, h.reason)
+            self.audit.event("preempt-hold", key=str(key), worker=address, reason=h.reason)
+
+    def _drop_holds(self, keep: tuple[Key, ...]) -> None:
+        """Holds the last decision did not renew: the task's own restrictions and
+        priority are put back (it stays queued where it is)."""
+        for key in [k for k in self.held if k not in keep]:
+            del self.held[key]
+            self._unpin(key)
 
     def _expire(self, now: float) -> None:
         """Victims that kept their slot past the grace period: counted, never asked
@@ -368,52 +508,62 @@ class Preemptor:
 
     def worker_removed(self, address: str) -> None:
         """A worker left (dask has moved its tasks already): what was promised there is
-        void, and a TE task moved there is let go wherever dask can run it."""
+        void, and a task pinned there is let go wherever dask can run it."""
         for te, p in list(self.promises.items()):
             if p.worker == address:
                 del self.promises[te]
+        self.held = {k: a for k, a in self.held.items() if a != address}
         for key in list(self.moved):
             ts = self.scheduler.tasks.get(key)
             if ts is None or ts.worker_restrictions != {address}:
                 continue
-            self._unmove(key)
+            self._unpin(key)
             if ts.state == "no-worker":
-                self.scheduler.transitions({key: "released"}, stimulus_id="daskjobs-unmove")
+                release(self.scheduler, key, "daskjobs-unmove")
 
-    # -- moving a waiting TE task to the worker with room ----------------------------------
-    def _move(self, ts: Any, ws: Any, why: str) -> None:
-        """Send waiting TE task ``ts`` to worker ``ws`` (dask queued it elsewhere)."""
+    # -- pinning a waiting task to the worker the policy chose ------------------------------------
+    def _pin(self, ts: Any, ws: Any, why: str, settled: bool = False) -> None:
+        """Send waiting task ``ts`` to worker ``ws`` (dask queued it elsewhere)."""
         if ts.state not in ("processing", "no-worker"):
             return
-        if ts.processing_on is ws:
+        if ts.processing_on is ws or not (settled or self._settled(ts.key)):
             return
         if ts.key not in self.moved:
-            if ts.worker_restrictions:  # its user's restriction: not ours to change
-                return
-            self.moved[ts.key] = (set(), ts.loose_restrictions)
-        ts.worker_restrictions = {ws.address}
-        ts.loose_restrictions = False
+            if ts.worker_restrictions:
+                return  # its user's restriction: not ours to change
+            self.moved[ts.key] = pinned(ts)  # kept before the hook sees the move
+        pin(self.scheduler, ts, ws.address, f"daskjobs-preempt-{why}")
         self.stats.moved += 1
         decisions.debug("%s: moved to %s (%s)", ts.key, ws.address, why)
-        self.scheduler.transitions({ts.key: "released"}, stimulus_id=f"daskjobs-preempt-{why}")
 
-    def _unmove(self, key: Key) -> None:
-        """A moved TE task started (or left): its restriction was ours, it goes."""
+    def _settled(self, key: Key) -> bool:
+        """Was ``key`` sent to its worker at least one interval ago? A task dask sent on
+        more recently may have started there without its start report in yet (it would
+        be sent away while it runs): it is left where it is until then."""
+        sent = self.sent.get(key)
+        return sent is None or time.time() - sent >= self.interval
+
+    def _unpin(self, key: Key) -> None:
+        """A pinned task started (or left, or its hold ended): its restriction and priority
+        were ours, they go."""
+        self.held.pop(key, None)
         saved = self.moved.pop(key, None)
         if saved is None:
             return
         ts = self.scheduler.tasks.get(key)
         if ts is not None:
-            ts.worker_restrictions = saved[0] or None
-            ts.loose_restrictions = saved[1]
+            unpin(ts, saved)
 
     def status(self) -> dict[str, Any]:
         return {
             "policy": self.policy.describe(),
             "resource": self.resource,
             "grace": self.grace,
+            "reservation": self.reservation,
             **self.stats.to_dict(),
-            "waiting_te": len(self.waiting),
+            "waiting": len(self.waiting),
+            "waiting_te": sum(self._class(k) == "te" for k in self.waiting),
             "running": len(self.runs),
             "asked": sorted(str(k) for k in self.asked),
+            "held": {str(k): a for k, a in self.held.items()},
         }

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from daskjobs.policies.preemption import PreemptionPolicy
+from daskjobs.policies.preemption import Placement, PreemptionPolicy
 
 __all__ = [
     "PUBLISHED",
@@ -169,8 +169,10 @@ class _Node:
 
 
 class _Run:
-    """A job's current run (a view for the policy: job, node, started, preemptions,
-    lost_at)."""
+    """A job's current run (a running view for the policy: job, node, started,
+    preemptions, end, group, lost_at)."""
+
+    group = None  # the simulator has no gangs
 
     def __init__(self, job: Job, node: int, start: float, saved: float, restore: float) -> None:
         self.job = job
@@ -179,7 +181,6 @@ class _Run:
         self.saved = saved  # work committed by checkpoints before this run
         self.restore = restore  # seconds of this run spent reading the checkpoint
         self.preemptions = 0
-        self.signalled = False
         self.end = start + restore + (job.duration - saved)
 
     def done_at(self, t: float) -> float:
@@ -196,6 +197,40 @@ class _Run:
         run's own restore, and the next run's restore."""
         work = self.done_at(t) - self.checkpointed_at(t) + min(t - self.started, self.restore)
         return self.job.gpus * (work + restore)
+
+
+class _Waiting:
+    """A waiting job (a waiting view for the policy: jid, cls, gpus, arrival,
+    preemptions, promised, node, where, end_at)."""
+
+    __slots__ = (
+        "arrival",
+        "cls",
+        "gpus",
+        "jid",
+        "job",
+        "preemptions",
+        "promised",
+        "restore",
+        "saved",
+    )
+    node = None  # the simulator queues a job nowhere before it starts
+    where = None  # any node
+
+    def __init__(self, job: Job, saved: float, restore: float, preemptions: int) -> None:
+        self.job = job
+        self.jid = job.jid
+        self.cls = job.cls
+        self.gpus = job.gpus
+        self.arrival = job.arrival
+        self.saved = saved
+        self.restore = restore if saved > 0 else 0.0
+        self.preemptions = preemptions
+        self.promised: int | None = None  # the node its victims are freeing
+
+    def end_at(self, t: float) -> float:
+        """Its end if it started at ``t`` (as :class:`_Run` has it)."""
+        return t + self.restore + (self.job.duration - self.saved)
 
 
 @dataclass
@@ -228,10 +263,10 @@ def simulate(workload: Workload, policy: PreemptionPolicy) -> dict[str, Any]:
 
     for j in workload.jobs:
         push(j.arrival, "arrive", j)
-    waiting: dict[int, Job] = {}
+    waiting: dict[int, _Waiting] = {}
     saved: dict[int, float] = {}  # work checkpointed, per job (resumes from here)
-    pending: dict[int, int] = {}  # job -> node its victims are freeing
     running: dict[int, _Run] = {}
+    signalled: set[int] = set()  # running jobs asked to yield
     st = _State()
     now = 0.0
 
@@ -246,55 +281,37 @@ def simulate(workload: Workload, policy: PreemptionPolicy) -> dict[str, Any]:
         push(run.end, "finish", (job.jid, run))
 
     def schedule(t: float) -> None:
-        reserved: set[int] = set()  # nodes held for the first best-effort job that waits
-        for job in sorted(waiting.values(), key=policy.order_key):
-            where = pending.get(job.jid)
-            if where is not None:
-                node = nodes[where]
-                if node.free >= job.gpus:  # its victims have left: the promise is kept
-                    node.promised -= job.gpus
-                    del pending[job.jid]
-                    start(job, node, t)
+        """One round of the policy's decision, enacted in the order it was made."""
+        decision = policy.decide(waiting.values(), running.values(), nodes, t, signalled)
+        for act in decision.steps():
+            w = act.job
+            if isinstance(act, Placement):
+                node = nodes[act.node]
+                if act.kept:  # its victims have left: the promise is kept
+                    node.promised -= w.gpus
+                start(w.job, node, t)
                 continue
-            offer = (
-                nodes
-                if not reserved or job.cls == "te"
-                else [n for n in nodes if n.index not in reserved]
-            )
-            idx = policy.place(job, offer)
-            if idx is not None:
-                start(job, nodes[idx], t)
-                continue
-            if job.cls == "be" and not reserved:
-                r = policy.reserve(job, nodes, list(running.values()), t)
-                if r is not None:
-                    reserved.add(r)
-            if policy.preempts and job.cls == "te":
-                live = [r for r in running.values() if not r.signalled]
-                choice = policy.victims(job, nodes, live, t)
-                if choice is None:
-                    continue
-                idx, victims = choice
-                node = nodes[idx]
-                freed = node.available + sum(v.job.gpus for v in victims)
-                if freed < job.gpus or any(v.node != idx or v.signalled for v in victims):
-                    raise RuntimeError(f"policy {policy.name}: victims do not make room on {idx}")
-                node.promised += job.gpus
-                pending[job.jid] = idx
-                for v in victims:
-                    v.signalled = True
-                    push(t + cl.grace, "release", (v.job.jid, v))
+            nodes[act.node].promised += w.gpus
+            w.promised = act.node
+            for v in (*act.victims, *act.group):
+                signalled.add(v.job.jid)
+                push(t + cl.grace, "release", (v.job.jid, running[v.job.jid]))
+
+    def wait(job: Job) -> None:
+        s = saved.get(job.jid, 0.0)
+        waiting[job.jid] = _Waiting(job, s, cl.restore, st.preemptions.get(job.jid, 0))
 
     while events:
         now, _, kind, payload = heapq.heappop(events)
         if kind == "arrive":
-            waiting[payload.jid] = payload
+            wait(payload)
         elif kind == "finish":
             jid, mine = payload
             r = running.get(jid)
             if r is None or r is not mine:
                 continue  # preempted before it ended
             del running[jid]
+            signalled.discard(jid)
             nodes[r.node].free += r.job.gpus
             st.busy += r.job.gpus * (now - r.started)
             st.end[jid] = now
@@ -304,6 +321,7 @@ def simulate(workload: Workload, policy: PreemptionPolicy) -> dict[str, Any]:
             if r is None or r is not mine:
                 continue  # it ended during the grace period
             del running[jid]
+            signalled.discard(jid)
             nodes[r.node].free += r.job.gpus
             st.busy += r.job.gpus * (now - r.started)
             lost = r.lost_at(now, cl.restore)
@@ -319,7 +337,7 @@ def simulate(workload: Workload, policy: PreemptionPolicy) -> dict[str, Any]:
                 }
             )
             st.preemptions[jid] = st.preemptions.get(jid, 0) + 1
-            waiting[jid] = r.job
+            wait(r.job)
         schedule(now)
     if waiting or running:
         raise RuntimeError(f"simulation ended with {len(waiting)} job(s) waiting")
