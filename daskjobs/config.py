@@ -171,6 +171,7 @@ class PreemptionSettings:
     max_preemptions: int = _default("preemption.max-preemptions")
     grace: float = _default_seconds("preemption.grace") or 0.0
     interval: float = _default_seconds("preemption.interval") or MIN_INTERVAL
+    reservation: bool = _default("preemption.reservation")
 
 
 @dataclass(frozen=True)
@@ -490,6 +491,7 @@ def _preemption(pr: Mapping[str, Any]) -> PreemptionSettings:
         max_preemptions=_integer(f"{key}.max-preemptions", pr["max-preemptions"], 0, 1_000_000),
         grace=_seconds(f"{key}.grace", pr["grace"]) or 0.0,
         interval=_seconds(f"{key}.interval", pr["interval"], floor=MIN_INTERVAL) or MIN_INTERVAL,
+        reservation=_boolean(f"{key}.reservation", pr["reservation"]),
     )
 
 

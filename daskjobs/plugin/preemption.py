@@ -167,9 +167,7 @@ class PreemptionStats:
 
 
 class Preemptor:
-    """Drives preemption for the plugin (see the module docs). ``reservation``: enact
-    the policy's hold for the first waiting best-effort task (False: today's dask, which
-    keeps none; the benchmark's switch)."""
+    """Drives preemption for the plugin (see the module docs)."""
 
     def __init__(
         self,
@@ -179,14 +177,12 @@ class Preemptor:
         interval: float,
         audit: Audit,
         tasks: Mapping[Key, LiveTask],
-        reservation: bool = True,
     ) -> None:
         self.policy = policy
         self.resource = resource
         self.grace = grace
         self.interval = interval
         self.audit = audit
-        self.reservation = reservation
         self.tasks = tasks  # the ranked tasks' views (job_class, estimate)
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         self.runs: dict[Key, _Run] = {}  # tasks executing with the resource
@@ -398,12 +394,9 @@ class Preemptor:
                 self._place(act, workers)
             else:
                 self._ask(act, workers[act.node], now)
-        keep = ()
-        if self.reservation:
-            keep = tuple(h.job.jid for h in decision.reservations)
-            for h in decision.reservations:
-                self._hold(h, workers[h.node])
-        self._drop_holds(keep)
+        for h in decision.reservations:
+            self._hold(h, workers[h.node])
+        self._drop_holds(tuple(h.job.jid for h in decision.reservations))
         for w in decision.waits:
             self.reasons[w.job.jid] = w.reason
         return decision
@@ -559,7 +552,6 @@ class Preemptor:
             "policy": self.policy.describe(),
             "resource": self.resource,
             "grace": self.grace,
-            "reservation": self.reservation,
             **self.stats.to_dict(),
             "waiting": len(self.waiting),
             "waiting_te": sum(self._class(k) == "te" for k in self.waiting),

@@ -554,9 +554,14 @@ PREEMPTION_POLICIES = {
 
 def preemption_options(settings: Any) -> dict[str, Any]:
     """The options of the configured policy (``daskjobs.preemption``) its factory takes:
-    ``min_runtime`` and ``max_preemptions`` for fit-resume, none for the others."""
+    ``min_runtime``, ``max_preemptions`` and ``reservation`` for fit-resume, none for the
+    others."""
     if PREEMPTION_POLICIES.get(settings.policy) is FitResume:
-        return {"min_runtime": settings.min_runtime, "max_preemptions": settings.max_preemptions}
+        return {
+            "min_runtime": settings.min_runtime,
+            "max_preemptions": settings.max_preemptions,
+            "reservation": settings.reservation,
+        }
     return {}
 
 
