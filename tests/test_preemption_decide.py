@@ -18,7 +18,7 @@ from distributed import Client, Event
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin.client import status
+from daskjobs.plugin.client import explain, status
 from daskjobs.policies.preemption import (
     FitResume,
     NaivePreemption,
@@ -335,6 +335,11 @@ def test_live_dask_decides_the_scenario_as_the_simulator_and_enacts_the_hold(
         sched = cl.scheduler
         _until(lambda: sched.tasks["big"].processing_on is not None, "big is not queued")
         assert sched.tasks["big"].processing_on.address == held  # dask's own state
+        # the decision's reasons, as explain and the audit trail show them
+        assert explain(c, "big")["preemption"].startswith("holds node 2")
+        audit = {e["action"]: e for e in plugin.audit.events}
+        assert audit["preempt-hold"]["reason"].startswith("holds node 2")
+        assert "preempts c on node 1" in audit["preempt-requested"]["reason"]
         # a later best-effort task of one GPU; then e ends: a GPU frees on the held worker
         with dask.annotate(resources={"GPU": 1}, estimate=1.0):
             late = c.submit(be_start, "late", key="late")

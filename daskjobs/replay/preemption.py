@@ -23,7 +23,9 @@ into the simulator's jobs and cluster:
   the run's computing).
 
 :func:`replay_preemption` simulates that workload under each policy and puts the recorded
-run's own figures beside them. Nothing here imports ``distributed``.
+run's own figures beside them: every round of it is the policy's
+:meth:`~daskjobs.policies.preemption.PreemptionPolicy.decide`, the one call the live plugin
+makes too (the simulator only enacts it). Nothing here imports ``distributed``.
 """
 
 from __future__ import annotations
