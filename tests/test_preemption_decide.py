@@ -302,7 +302,8 @@ def test_live_dask_decides_the_scenario_as_the_simulator_and_enacts_the_hold(
         policy="fifo",
         preemption={"enabled": True, "min_runtime": 0, "grace": "10s", "interval": "20ms"},
     )
-    rec = Recorder(plugin.preemption_policy)
+    assert plugin.preemptor is not None
+    rec = Recorder(plugin.preemptor.policy)
     with (
         dask.config.set(VALIDATE),
         plugin_cluster(plugin, n_workers=3, threads_per_worker=4, resources={"GPU": 2}) as cl,
