@@ -464,7 +464,14 @@ def test_on_real_processes_a_killed_members_worker_restarts_the_whole_gang(
         while len(c.run_on_scheduler(members)) < 4:
             assert time.time() < deadline, "the gang did not start"
             time.sleep(0.05)
-        time.sleep(0.5)  # a few steps, checkpointed
+        def checkpointed(dask_scheduler: Any) -> list[str]:
+            placer = dask_scheduler.plugins["daskjobs"].placer
+            return sorted(str(k) for k in placer.checkpoints if str(k).startswith("ddp-"))
+
+        # every member has stored a checkpoint (a worker reports it once it is written)
+        while len(c.run_on_scheduler(checkpointed)) < 4:
+            assert time.time() < deadline, "the members did not checkpoint"
+            time.sleep(0.05)
         victim = c.run_on_scheduler(members)["ddp-0"]
         rc.kill(victim)
         results = c.gather(fs)
