@@ -32,6 +32,7 @@ _LAZY = {
     "ResultStore": "daskjobs.cache.store",
     "StoreAccessError": "daskjobs.cache.store",
     "SweepInterrupted": "daskjobs.sweep",
+    "SubmissionRefused": "daskjobs.errors",
     "JobsPlugin": "daskjobs.plugin",
     "cancelled": "daskjobs.tasks",
     "checkpoint": "daskjobs.tasks",

@@ -4,6 +4,7 @@
 
 from daskjobs.cache.store import ResultStore as ResultStore
 from daskjobs.cache.store import StoreAccessError as StoreAccessError
+from daskjobs.errors import SubmissionRefused as SubmissionRefused
 from daskjobs.plugin import JobsPlugin as JobsPlugin
 from daskjobs.plugin.client import explain as explain
 from daskjobs.plugin.client import local_cluster as local_cluster

@@ -112,6 +112,7 @@ from daskjobs.cache.keys import (
     validate_stage_name,
 )
 from daskjobs.cache.store import ResultStore
+from daskjobs.errors import SubmissionRefused
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -1754,7 +1755,9 @@ def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | N
 
     dask reports a graph it cannot deserialize as an error of every output, but its progress
     bar waits for the outputs to appear on the scheduler, for ever: so wait for one or the
-    other first (a few round trips). Nothing is raised here (see :func:`_run_with`).
+    other first (a few round trips). A graph the daskjobs plugin refused is on the
+    scheduler, its tasks erred with the refusal (:class:`~daskjobs.SubmissionRefused`):
+    that is returned too. Nothing is raised here (see :func:`_run_with`).
     """
     if not futures:
         return None
@@ -1763,8 +1766,11 @@ def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | N
     assert scheduler is not None
     delay = 0.002
     while not first.done():
-        state = client.sync(scheduler.get_task_status, keys=[first.key])
-        if state.get(first.key) is not None:
+        state = client.sync(scheduler.get_task_status, keys=[first.key]).get(first.key)
+        if state == "erred":  # its report to this client is on its way
+            first.exception(timeout=_REPORT_PATIENCE)
+            break
+        if state is not None:
             return None
         time.sleep(delay)
         delay = min(2 * delay, 0.1)
@@ -1774,12 +1780,26 @@ def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | N
     return None
 
 
+#: Seconds the scheduler's report of an erred output may take to reach this client.
+_REPORT_PATIENCE = 30.0
+
+
 def _rejected(exc: BaseException | None) -> bool:
+    if isinstance(exc, SubmissionRefused):
+        return True
     return isinstance(exc, RuntimeError) and "deserialization of the task graph" in str(exc)
 
 
 def _raise_rejected(client: Client, graph: SweepGraph, rejection: BaseException) -> None:
-    """Name the modules behind a graph the scheduler could not read (its error does not)."""
+    """The scheduler refused the graph (raise the refusal, naming the sweep run), or could
+    not read it: name the modules behind it (its error does not)."""
+    if isinstance(rejection, SubmissionRefused):
+        lead = f"the scheduler refused sweep run {graph.run_id}; nothing of it ran: "
+        try:
+            refused = type(rejection)(lead + str(rejection))
+        except Exception:  # a refusal type that takes other arguments
+            refused = SubmissionRefused(lead + str(rejection))
+        raise refused from None
     candidates = _referenced_modules(graph._calls)
     missing = _missing_on_cluster(client, sorted(candidates)) if candidates else {}
     lead = "the scheduler could not read this sweep's graph; nothing ran:"

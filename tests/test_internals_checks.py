@@ -51,7 +51,7 @@ def test_every_verb_has_a_self_check() -> None:
         "free_slots",
         "withhold_slots",
         "restore_slots",
-        "forget_tasks",
+        "fail_tasks",
         "ensure_client",
         "has_worker_plugin",
         "install_worker_plugin",
@@ -127,7 +127,7 @@ def test_a_different_count_of_free_slots_is_named(
     ("change", "verb"),
     [
         ({"idle_task_count": []}, "withhold_slots"),
-        ({"transitions": lambda recs: None}, "forget_tasks"),
+        ({"transitions": lambda recs: None}, "fail_tasks"),
         ({"register_worker_plugin": lambda plugin: None}, "install_worker_plugin"),
         ({"clients": []}, "ensure_client"),
     ],

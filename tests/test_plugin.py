@@ -263,10 +263,14 @@ def test_a_bad_estimate_fails_the_submission_with_a_clear_error(bad):
     with dask.config.set(VALIDATE), cluster(JobsPlugin()) as cl, Client(cl) as c:
         with dask.annotate(estimate=bad):
             x = dask.delayed(stamp)(1, dask_key_name="bad-est")
-        with pytest.raises(Exception, match=r"task 'bad-est': estimate must be"):
-            c.compute(x, sync=True)
-        # nothing is left behind and the scheduler goes on working
+        future = c.compute(x)
+        with pytest.raises(Exception, match=r"task 'bad-est': estimate must be") as info:
+            future.result()
+        # the scheduler goes on working; the refused task is erred while its future lives
+        # (as dask keeps a failed task), and nothing is left behind once it is released
         assert c.compute(dask.delayed(sum)([1, 2]), sync=True) == 3
+        info.value.with_traceback(None)  # the client's copy of the error: its frames hold it
+        del future, info
         deadline = time.time() + 5
         while time.time() < deadline:
             keys = c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))

@@ -17,6 +17,7 @@ import cloudpickle
 
 from daskjobs.jobs.model import JobSpec
 from daskjobs.jobs.runner import INLINE
+from daskjobs.jobs.service import REFUSED
 
 __all__ = ["Job", "JobFailed", "list_jobs", "submit"]
 
@@ -30,6 +31,8 @@ class JobFailed(RuntimeError):
 
 def _call(client: Any, op: str, **kw: Any) -> Any:
     result = client.sync(client.scheduler.daskjobs_jobs, action=op, **kw)
+    if isinstance(result, dict) and REFUSED in result:  # the client's own input
+        raise pickle.loads(result[REFUSED])
     if result is None and op == "status":
         raise RuntimeError(
             "the daskjobs jobs service is not loaded on this scheduler: daskjobs.jobs.submit "

@@ -46,6 +46,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs.cache.store import ResultStore, default_store_url
 from daskjobs.config import JobsSettings, jobs_settings
+from daskjobs.errors import SubmissionRefused
 from daskjobs.jobs.ledger import Ledger, default_url
 from daskjobs.jobs.model import (
     AttemptRecord,
@@ -57,6 +58,7 @@ from daskjobs.jobs.model import (
 )
 from daskjobs.jobs.runner import Order, Prepare, run_attempt
 from daskjobs.plugin._internals import install_worker_plugin
+from daskjobs.plugin.ranking import UnknownTeam
 
 __all__ = ["JobsService", "attempt_key"]
 
@@ -64,6 +66,10 @@ logger = logging.getLogger("daskjobs.jobs")
 
 #: errors that mean "the database is not reachable now" (retry later), not a bug
 UNREACHABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, OSError)
+
+
+#: The key of an RPC answer that carries the client's error (pickled, as dask sends one).
+REFUSED = "daskjobs-refused"
 
 
 def attempt_key(job_id: str, part: int, token: int) -> str:
@@ -534,7 +540,13 @@ class JobsService(SchedulerPlugin):
         fn = getattr(self, f"_op_{op}", None)
         if fn is None:
             raise ValueError(f"daskjobs jobs: unknown operation {op!r}")
-        result = await self._ledger_call(self._with_ledger, fn, kw)
+        try:
+            result = await self._ledger_call(self._with_ledger, fn, kw)
+        except ValueError as e:
+            # the client's own input (a refused job, a bad spec): its error, not a traceback
+            # in the scheduler's log (dask logs what an RPC handler raises)
+            logger.info("daskjobs jobs: %s refused: %s", op, e)
+            return {REFUSED: pickle.dumps(e)}
         if op in ("submit", "retry", "cancel") and self._wake is not None:
             self._dirty = True
             if op == "cancel":  # release its attempts' tasks at once: a full pass
@@ -596,11 +608,21 @@ class JobsService(SchedulerPlugin):
         plugin = self.scheduler.plugins.get("daskjobs") if self.scheduler is not None else None
         teams = getattr(getattr(plugin, "settings", None), "teams", None)
         if teams is not None and teams.strict and job.team not in teams.targets:
-            raise ValueError(
+            raise UnknownTeam(
                 f"daskjobs job {job.name!r}: team {job.team!r} is not configured on this "
                 f"scheduler and teams are strict (daskjobs.teams.targets has: "
                 f"{', '.join(sorted(teams.targets)) or 'no teams'})"
             )
+        if plugin is not None and hasattr(plugin, "check_submission"):
+            # any other refusal of its attempts (a resource request no worker can ever
+            # meet): refused now, naming it, rather than each attempt failing in turn
+            annotations = {"team": job.team, "job_class": job.job_class, **job.placement()}
+            try:
+                plugin.check_submission(
+                    attempt_key(job.job_id, 0, 0), annotations, dict(job.resources) or None
+                )
+            except SubmissionRefused as e:
+                raise type(e)(f"daskjobs job {job.name!r}: its attempts are refused: {e}") from None
         record = ledger.submit(job, self.epoch)
         return _job_json(record)
 

@@ -25,7 +25,7 @@ release that changes what a verb relies on is named at start, with the verb:
 * :func:`wrap_stream_handler` / :func:`unwrap_stream_handler` - the start reports;
 * :func:`queued_tasks`, :func:`promote`, :func:`idle_workers`, :func:`free_slots`,
   :func:`withhold_slots`, :func:`restore_slots` - the release gate;
-* :func:`forget_tasks` - what a rejected graph leaves behind;
+* :func:`fail_tasks` - a refused submission's tasks err with the refusal;
 * :func:`ensure_client`, :func:`has_worker_plugin`, :func:`install_worker_plugin`,
   :func:`remove_worker_plugin`, :func:`http_router` - clients, worker plugins, pages;
 * :func:`add_copy` and :func:`redirect` - speculation (below).
@@ -117,7 +117,7 @@ __all__ = [
     "check_versions",
     "compute_seconds",
     "ensure_client",
-    "forget_tasks",
+    "fail_tasks",
     "free_slots",
     "has_worker_plugin",
     "hold",
@@ -611,30 +611,60 @@ def _check_slots(sched: Any) -> None:
     _expect(ours == dasks, f"dask counts {dasks} free slot(s) where daskjobs counts {ours}")
 
 
-# ---- ranking: a rejected graph leaves no trace -------------------------------------------------
+# ---- ranking: a refused submission fails the way dask fails a task -----------------------------
 
 
-def forget_tasks(sched: Scheduler, keys: Iterable[Key], stimulus_id: str) -> None:
-    """Forget the tasks of ``keys`` that are released, wanted by nobody and needed by no
-    task outside ``keys`` (what dask leaves behind of a failed submission)."""
-    keyset = set(keys)
-    recs: Recs = {}
-    for k in keyset:
-        ts = sched.tasks.get(k)
-        if (
-            ts is not None
-            and ts.state == "released"
-            and not ts.who_wants
-            and all(d.key in keyset for d in ts.dependents)
-        ):
-            recs[k] = "forgotten"
-    if recs:
-        sched.transitions(recs, stimulus_id=stimulus_id)
+def fail_tasks(
+    sched: Scheduler,
+    tasks: Iterable[TaskState],
+    error: BaseException,
+    stimulus_id: str,
+    waiting: Iterable[Key] = (),
+) -> None:
+    """Err ``tasks`` with ``error``, as dask errs a task whose function raised: each is
+    blamed on itself and holds the pickled error, so the futures of its clients raise it
+    and its dependents err with it; dask forgets it once they are released. ``tasks`` are
+    a new graph's, released and wanted by no one yet (called before dask recommends
+    anything); ``waiting`` are keys submitted before that wait for them (no-worker,
+    queued, waiting or released), failed with them."""
+    from distributed.core import error_message
+
+    msg = error_message(error)
+    failing = list(tasks)
+    earlier = [sched.tasks[k] for k in waiting if k in sched.tasks]
+    for ts in failing + earlier:
+        # what dask's update_graph reports for a graph it cannot read (a Serialize)
+        ts.exception, ts.traceback = msg["exception"], msg["traceback"]  # type: ignore[assignment]
+        ts.exception_text, ts.traceback_text = msg["exception_text"], msg["traceback_text"]
+        ts.exception_blame = ts
+    recs: Recs = {ts.key: "erred" for ts in failing}
+    recs.update({ts.key: "erred" for ts in earlier if ts.state in ("released", "waiting")})
+    sched.transitions(recs, stimulus_id=stimulus_id)
+    for ts in earlier:
+        if ts.state in ("no-worker", "queued"):  # dask's own failure, blamed on itself
+            r, cmsgs, wmsgs = sched._transition(ts.key, "erred", stimulus_id, cause=ts.key)
+            sched._transitions(r, cmsgs, wmsgs, stimulus_id)
+            sched.send_all(cmsgs, wmsgs)
 
 
-@_checks("forget_tasks")
-def _check_transitions(sched: Any) -> None:
+@_checks("fail_tasks")
+def _check_fail_tasks(sched: Any) -> None:
+    from distributed.core import error_message
+    from distributed.scheduler import TaskState
+
+    slots = {s for c in TaskState.__mro__ for s in getattr(c, "__slots__", ())}
+    for name in ("exception", "traceback", "exception_text", "traceback_text", "exception_blame"):
+        _expect(name in slots, f"TaskState.{name} is gone")
+    table = sched._TRANSITIONS_TABLE
+    for start in ("released", "no-worker", "queued"):
+        _expect((start, "erred") in table, f"dask has no {start} -> erred transition")
     inspect.signature(sched.transitions).bind({}, stimulus_id="daskjobs-check")
+    inspect.signature(sched._transition).bind("k", "erred", "daskjobs-check", cause="k")
+    inspect.signature(sched._transitions).bind({}, {}, {}, "daskjobs-check")
+    inspect.signature(sched.send_all).bind({}, {})
+    msg = error_message(ValueError("daskjobs-check"))
+    for key in ("exception", "traceback", "exception_text", "traceback_text"):
+        _expect(key in msg, f"distributed.core.error_message gives no {key!r}")
 
 
 # ---- clients and worker plugins ----------------------------------------------------------------

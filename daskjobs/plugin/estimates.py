@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from daskjobs.errors import SubmissionRefused
+
 __all__ = ["BadEstimate", "Estimator"]
 
 logger = logging.getLogger("daskjobs.plugin")
@@ -30,7 +32,7 @@ logger = logging.getLogger("daskjobs.plugin")
 HISTORY_VERSION = 1
 
 
-class BadEstimate(ValueError):
+class BadEstimate(SubmissionRefused):
     """An ``estimate`` annotation that is not a finite number of seconds >= 0."""
 
 

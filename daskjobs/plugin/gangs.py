@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from daskjobs.errors import SubmissionRefused
 from daskjobs.plugin._internals import ask_to_yield, hold, place
 from daskjobs.plugin.worker import PREEMPT_OP
 from daskjobs.policies.resources import (
@@ -79,8 +80,11 @@ ACCELERATOR_RESOURCE = "GPU"
 _GATING = ("accelerator", "gpu_memory", "constraint", "gang")
 
 
-class ResourceRequestError(ValueError):
+class ResourceRequestError(SubmissionRefused):
     """A task's resource request or gang annotation is malformed or can never be met."""
+
+    #: the members of a refused gang submitted before, waiting: they fail with it
+    waiting: tuple[Any, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -347,7 +351,9 @@ class Placer:
                 why = unsatisfiable(reqs, inventories)
                 if why is not None:
                     self.stats.refused += 1
-                    raise ResourceRequestError(f"gang {gid!r} can never start: {why}")
+                    err = ResourceRequestError(f"gang {gid!r} can never start: {why}")
+                    err.waiting = tuple(known.members) if known else ()  # fail with it
+                    raise err
 
     def admit(self, checked: list[tuple[Any, Request, str | None, int]]) -> None:
         """Hold the checked tasks until a decision places them."""

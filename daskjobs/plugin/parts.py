@@ -32,7 +32,6 @@ key a transition is recorded.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -384,10 +383,8 @@ class ResourcesPart(Part):
         self._placed = []
         try:
             self._placed = self.placer.check(new)
-        except self.refusals as e:
+        except self.refusals as e:  # the plugin errs the graph's tasks with it
             self.audit.event("rejected-graph", error=str(e), tasks=len(new))
-            cleanup = self.audit.guard("cleanup", self.ranker.forget_rejected)
-            asyncio.get_running_loop().call_soon(cleanup, [ts.key for ts in new])
             raise
 
     def graph(self, new: list[Any]) -> None:

@@ -21,11 +21,14 @@ impossible resource request). Trust: docs/plugin.md#trust.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs.config import Settings, settings
+from daskjobs.errors import SubmissionRefused
 from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin import parts as _parts
 from daskjobs.plugin.audit import Audit
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
     from daskjobs.plugin.speculation import Speculator
 
 __all__ = ["JobsPlugin", "LiveAttempt", "LiveTask", "UnknownTeam"]
+
+logger = logging.getLogger("daskjobs.plugin")
 
 #: What the RPC handlers answer once the plugin was unregistered (dask keeps handlers).
 _REMOVED = {"daskjobs": "removed"}
@@ -166,16 +171,42 @@ class JobsPlugin(SchedulerPlugin):
             uninstall_metrics(self.scheduler, self)
             return False
         new = self.ranker.unranked(tasks)
-        for part in self._hooks["check_graph"]:
-            try:
-                part.check_graph(new)
-            except part.refusals:
-                raise  # the client's own input: its submission fails, naming the problem
-            except Exception:
-                self.audit.failed(part.name)
-        self.ranker.rank(new)  # a rejected graph raised
+        try:
+            for part in self._hooks["check_graph"]:
+                try:
+                    part.check_graph(new)
+                except part.refusals:
+                    raise
+                except Exception:
+                    self.audit.failed(part.name)
+            self.ranker.rank(new)
+        except SubmissionRefused as e:  # the client's own input: its new tasks err with it
+            logger.info("daskjobs refused a submission: %s", e)
+            self.ranker.refuse(tasks, e, also=getattr(e, "waiting", ()))
+            return True
         self._each("graph", new)
         return True
+
+    def check_submission(
+        self, key: Key, annotations: dict[str, Any], resources: dict[str, float] | None = None
+    ) -> None:
+        """Raise the :class:`~daskjobs.SubmissionRefused` that a task ``key`` with these
+        annotations and resources would be refused with, if any (the jobs service asks
+        before it records a job whose every attempt would be refused)."""
+        from types import SimpleNamespace
+
+        ts = SimpleNamespace(
+            key=key,
+            annotations=dict(annotations),
+            resource_restrictions=dict(resources or {}) or None,
+            worker_restrictions=None,
+            host_restrictions=None,
+            dependencies=(),
+            prefix=SimpleNamespace(name=str(key)),
+        )
+        self.ranker.view(ts, time.time())
+        if self.placer is not None:
+            self.placer.check([ts])
 
     def _each(self, hook: str, *args: Any, key: Any = None) -> None:
         for part in self._hooks[hook]:

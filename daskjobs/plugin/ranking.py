@@ -27,12 +27,12 @@ team when teams are strict): they fail that submission, naming the task.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings, policy_settings
+from daskjobs.errors import SubmissionRefused
 from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.estimates import BadEstimate, Estimator
@@ -50,11 +50,11 @@ if TYPE_CHECKING:
 __all__ = ["Ranker", "UnknownTeam"]
 
 
-class UnknownTeam(ValueError):
+class UnknownTeam(SubmissionRefused):
     """A task's team has no target while teams are strict."""
 
 
-class BadJobClass(ValueError):
+class BadJobClass(SubmissionRefused):
     """A task's ``job_class`` annotation is neither "te" nor "be"."""
 
 
@@ -166,14 +166,10 @@ class Ranker:
         except _RankFailed as e:  # dask's own order for the whole graph
             self.audit.failed("rank", e.key)
         except (BadEstimate, UnknownTeam, BadJobClass) as e:
-            # the client's own input: fail its submission, naming the problem
+            # the client's own input: its submission is refused (refuse), naming the problem
             for ts in new:
                 self.tasks.pop(ts.key, None)
             self.audit.event("rejected-graph", error=str(e), tasks=len(new))
-            keys = [ts.key for ts in new]
-            asyncio.get_running_loop().call_soon(
-                self.audit.guard("cleanup", self.forget_rejected), keys
-            )
             raise
         except Exception:
             self.audit.failed("rank", new[0].key)
@@ -222,11 +218,18 @@ class Ranker:
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
 
-    def forget_rejected(self, keys: list[Key]) -> None:
-        """dask leaves the task states of a failed submission behind, released and
-        wanted by nobody: forget them so a rejected graph leaves no trace."""
-        stimulus = f"daskjobs-rejected-{time.time()}"
-        dask_internals.forget_tasks(self.scheduler, keys, stimulus)
+    def refuse(
+        self, tasks: Iterable[Any], error: SubmissionRefused, also: Iterable[Key] = ()
+    ) -> None:
+        """Fail a refused submission the way dask fails a task: each of its new tasks
+        (released, wanted by no one yet) errs with ``error`` before dask recommends
+        anything, so their futures raise it and their dependents err with it; dask
+        forgets them once their futures are released. ``also``: tasks submitted before
+        that wait for the refused ones (a gang's first members) fail with them. What
+        existed before otherwise (in memory, running for another graph) is untouched."""
+        new = [ts for ts in tasks if ts.state == "released" and not ts.who_wants]
+        stimulus = f"daskjobs-refused-{time.time()}"
+        dask_internals.fail_tasks(self.scheduler, new, error, stimulus, waiting=also)
 
     def forget(self, key: Key) -> None:
         """``key`` was forgotten by the scheduler."""
