@@ -28,10 +28,12 @@ _LEDGER = click.option(
 )
 
 
-def _open(url: str | None, migrate: bool = False) -> Any:
+def _open(url: str | None, *, write: bool = False, migrate: bool = False) -> Any:
+    """The ledger at ``url``: an existing one only (``migrate`` makes or upgrades one),
+    read-only unless ``write``. Every error is one line naming the URL."""
     from daskjobs.cache.store import ResultStore, default_store_url
     from daskjobs.config import jobs_settings
-    from daskjobs.jobs.ledger import Ledger, LedgerError, default_url
+    from daskjobs.jobs.ledger import Ledger, default_url
 
     if url is None:
         url = jobs_settings().ledger_url
@@ -40,10 +42,28 @@ def _open(url: str | None, migrate: bool = False) -> Any:
         url = default_url(store if "://" not in store else ".daskjobs-cache")
         if not migrate and not _exists(url):
             raise click.ClickException(f"no jobs ledger at {url} (give --ledger URL)")
-    try:
-        return Ledger(url, migrate=migrate)
-    except LedgerError as e:
-        raise click.ClickException(str(e)) from None
+    click.get_current_context().meta["daskjobs.ledger"] = url
+    if migrate:
+        return Ledger(url, migrate=True)
+    return Ledger(url, create=False, read_only=not write)
+
+
+class _LedgerCommands(click.Group):
+    """Commands whose ledger errors are one line naming the ledger, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        import sqlalchemy as sa
+
+        from daskjobs.jobs.ledger import LedgerError, reason, safe_url
+
+        try:
+            return super().invoke(ctx)
+        except LedgerError as e:
+            raise click.ClickException(str(e)) from None
+        except (sa.exc.SQLAlchemyError, OSError) as e:
+            url = ctx.meta.get("daskjobs.ledger")  # (shared with the subcommand's context)
+            where = f"daskjobs ledger {safe_url(url)}" if url else "daskjobs ledger"
+            raise click.ClickException(f"{where}: {reason(e)}") from None
 
 
 def _exists(url: str) -> bool:
@@ -76,7 +96,7 @@ def _find(ledger: Any, job: str) -> Any:
         raise click.ClickException(f"{job!r} names {len(matches)} jobs: {ids}") from None
 
 
-@click.group("jobs")
+@click.group("jobs", cls=_LedgerCommands)
 def jobs_command() -> None:
     """Jobs in the ledger: list, show, cancel, retry (docs/jobs.md)."""
 
@@ -181,7 +201,7 @@ def show(url: str | None, job: str, as_json: bool) -> None:
 def cancel(url: str | None, job: str) -> None:
     """Cancel a queued or running job: no part starts again; running attempts are told
     to stop at their next heartbeat and their outputs are refused."""
-    ledger = _open(url)
+    ledger = _open(url, write=True)
     record = _find(ledger, job)
     if ledger.cancel(record.job_id, None, "cancelled from the command line"):
         click.echo(f"cancelled {record.job_id}")
@@ -197,7 +217,7 @@ def retry(url: str | None, job: str) -> None:
     """Queue a failed or cancelled job again: its missing parts run, with fresh retries."""
     from daskjobs.jobs.model import StaleTransition
 
-    ledger = _open(url)
+    ledger = _open(url, write=True)
     record = _find(ledger, job)
     try:
         moved = ledger.retry(record.job_id, None, "retried from the command line")

@@ -38,6 +38,7 @@ import collections
 import dataclasses
 import json
 import os
+import pathlib
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -217,6 +218,12 @@ class Ledger:
     out-of-date one); ``busy_timeout`` is how long an SQLite writer waits for another's
     lock before the database counts as unreachable (workers wait less than the service,
     so that their threads go back to work).
+
+    ``create=False`` opens an existing ledger only: no file or directory is made, and a
+    database without the ledger's schema is refused (:class:`LedgerError`, one line
+    naming the URL and what is wrong); ``read_only=True`` also opens it for reading
+    only (SQLite's ``mode=ro``, PostgreSQL's read-only transactions). The command
+    line's ``ls`` and ``show`` open a ledger both ways.
     """
 
     def __init__(
@@ -226,20 +233,39 @@ class Ledger:
         clock: Callable[[], float] = time.time,
         migrate: bool = True,
         busy_timeout: float = 30.0,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
         self.url = url or default_url()
         self.clock = clock
+        if not create:
+            migrate = False
+            _check_exists(self.url)
         try:
-            self.engine: Engine = _engine(self.url, busy_timeout)
+            self.engine: Engine = _engine(self.url, busy_timeout, create, read_only)
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as e:
             raise LedgerError(
                 f"daskjobs ledger: cannot use {self.url!r}: {e} (expected sqlite:///PATH or "
                 "postgresql+psycopg://USER@HOST/DB)"
             ) from e
+        except OSError as e:  # the directory of an SQLite file cannot be made
+            raise LedgerError(f"daskjobs ledger {safe_url(self.url)}: {reason(e)}") from e
         self._ready = False
         self._waited = 0.0
         if migrate:
             self.migrate()
+        elif not create:
+            try:
+                version = self.version()
+            except sa.exc.SQLAlchemyError as e:
+                self.engine.dispose()
+                raise LedgerError(f"daskjobs ledger {safe_url(self.url)}: {reason(e)}") from e
+            if version == 0:
+                self.engine.dispose()
+                raise LedgerError(
+                    f"daskjobs ledger {safe_url(self.url)}: not a daskjobs ledger (no schema); "
+                    "`daskjobs jobs migrate --ledger URL` creates one there"
+                )
 
     def close(self) -> None:
         self.engine.dispose()
@@ -1542,18 +1568,62 @@ def _chunks(items: Sequence[Any], size: int = 300) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
-def _engine(url: str, busy_timeout: float = 30.0) -> Engine:
+def safe_url(url: str) -> str:
+    """The URL without its password."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<ledger>"
+
+
+def reason(e: BaseException) -> str:
+    """What went wrong, in one line: the database driver's own message without the
+    SQL statement and SQLAlchemy's pointers."""
+    inner = getattr(e, "orig", None) or e
+    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(inner).__name__
+    if isinstance(inner, OSError) and inner.strerror:
+        text = f"{inner.strerror}: {inner.filename}" if inner.filename else inner.strerror
+    return text.removeprefix("connection failed: ")
+
+
+def _sqlite_path(url: str) -> str | None:
+    path = sa.engine.make_url(url).database
+    return path if path and path != ":memory:" and not path.startswith("file:") else None
+
+
+def _check_exists(url: str) -> None:
+    """An SQLite ledger file that must be there already (not made by opening it)."""
+    try:
+        path = _sqlite_path(url) if url.startswith("sqlite") else None
+    except sa.exc.ArgumentError:
+        return  # Ledger names the bad URL
+    if path is not None and not os.path.isfile(path):
+        what = "no such file" if not os.path.exists(path) else "not a file"
+        raise LedgerError(
+            f"daskjobs ledger {safe_url(url)}: {what} ({os.path.abspath(path)}); "
+            "`daskjobs jobs migrate --ledger URL` creates a ledger there"
+        )
+
+
+def _engine(
+    url: str, busy_timeout: float = 30.0, create: bool = True, read_only: bool = False
+) -> Engine:
     if url.startswith("sqlite"):
-        path = sa.engine.make_url(url).database
-        if path and path != ":memory:":
+        path = _sqlite_path(url)
+        if path is not None and create:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if path is not None and read_only:  # SQLite's read-only open: never makes the file
+            file = pathlib.Path(os.path.abspath(path)).as_uri()
+            url = f"sqlite:///{file}?mode=ro&uri=true"
         engine = sa.create_engine(url, connect_args={"timeout": busy_timeout})
 
         @sa.event.listens_for(engine, "connect")
         def _connect(dbapi_conn: Any, record: Any) -> None:
             dbapi_conn.isolation_level = None  # transactions begun explicitly, below
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            if create and not read_only:  # (persistent: a ledger made here is WAL already)
+                cur.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a commit survives the process (every fault the jobs service
             # handles); after a power loss the last commits may roll back, and those parts
             # run again (an output is visible once either way). FULL syncs every commit.
@@ -1568,6 +1638,9 @@ def _engine(url: str, busy_timeout: float = 30.0) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
         return engine
+    if read_only and url.startswith("postgresql"):
+        options = "-c default_transaction_read_only=on"
+        return sa.create_engine(url, pool_pre_ping=True, connect_args={"options": options})
     return sa.create_engine(url, pool_pre_ping=True)
 
 
