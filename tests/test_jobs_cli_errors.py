@@ -62,7 +62,8 @@ def test_migrate_where_no_ledger_can_be_made_is_one_line(tmp_path: Path) -> None
     code, lines = daskjobs("migrate", "--ledger", url, cwd=tmp_path)
     assert code != 0
     assert lines == [
-        f"Error: daskjobs ledger {url}: No such file or directory: /proc/daskjobs-nowhere"
+        f"Error: daskjobs ledger {url}: cannot make its directory: "
+        "No such file or directory: /proc/daskjobs-nowhere"
     ]
 
 

@@ -249,7 +249,9 @@ class Ledger:
                 "postgresql+psycopg://USER@HOST/DB)"
             ) from e
         except OSError as e:  # the directory of an SQLite file cannot be made
-            raise LedgerError(f"daskjobs ledger {safe_url(self.url)}: {reason(e)}") from e
+            raise LedgerError(
+                f"daskjobs ledger {safe_url(self.url)}: cannot make its directory: {reason(e)}"
+            ) from e
         self._ready = False
         self._waited = 0.0
         if migrate:

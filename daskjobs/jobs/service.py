@@ -47,7 +47,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskjobs.cache.store import ResultStore, default_store_url
 from daskjobs.config import JobsSettings, jobs_settings
 from daskjobs.errors import SubmissionRefused
-from daskjobs.jobs.ledger import Ledger, default_url
+from daskjobs.jobs.ledger import Ledger, LedgerError, default_url, reason, safe_url
 from daskjobs.jobs.model import (
     AttemptRecord,
     JobSpec,
@@ -156,6 +156,11 @@ class JobsService(SchedulerPlugin):
     def url(self) -> str:
         return self._ledger_url or self.settings.ledger_url or default_url(self._store_root())
 
+    @property
+    def ledger_name(self) -> str:
+        """The ledger's URL without its password (for logs and status)."""
+        return _safe(self.url)
+
     def _store_root(self) -> str:
         url = self.store_url
         return url if "://" not in url else ".daskjobs-cache"
@@ -167,11 +172,42 @@ class JobsService(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="daskjobs-ledger")
+        # the ledger opened and this scheduler's epoch taken before anything is served: a
+        # ledger that cannot be used stops the scheduler, naming the setting (an outage
+        # once it runs does not: dask goes on scheduling)
+        try:
+            await self._ledger_call(self._open_ledger)
+        except Exception as e:
+            self._pool.shutdown(wait=False)
+            raise ValueError(f"{self._setting()}: {e}") from None
         self._wake = asyncio.Event()
         scheduler.handlers["daskjobs_jobs"] = self._rpc
         self._task = asyncio.ensure_future(self._run())
         self._prepare = asyncio.ensure_future(self._prepare_workers())
         logger.info("daskjobs jobs service on ledger %s", _safe(self.url))
+
+    def _open_ledger(self) -> None:
+        """Open (make, migrate) the ledger and take the next scheduler epoch; raises
+        :class:`~daskjobs.jobs.ledger.LedgerError` naming the URL and what is wrong."""
+        url = self.url
+        try:
+            if self.ledger is None:
+                self.ledger = Ledger(url, busy_timeout=5.0)
+            if self.epoch is None:
+                self.epoch = self.ledger.acquire_epoch(f"scheduler {self.scheduler.address}")
+                self._reconcile_start(self.ledger, self.epoch)
+        except LedgerError:
+            raise
+        except (sa.exc.SQLAlchemyError, OSError) as e:
+            raise LedgerError(f"cannot use the jobs ledger {_safe(url)}: {reason(e)}") from e
+
+    def _setting(self) -> str:
+        """The setting that chose the ledger, as the operator wrote it."""
+        if self._ledger_url is None and self.settings.ledger_url is None:
+            return "daskjobs.ledger.url (not set: the default ledger in the store directory)"
+        if self._ledger_url is None or self._ledger_url == self.settings.ledger_url:
+            return "daskjobs.ledger.url"
+        return "JobsService(ledger=...)"
 
     async def _prepare_workers(self) -> None:
         """Install :class:`~daskjobs.jobs.runner.Prepare` on every worker, present and
@@ -680,12 +716,7 @@ class JobsService(SchedulerPlugin):
         }
 
 
-def _safe(url: str) -> str:
-    """The URL without its password."""
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<ledger>"
+_safe = safe_url
 
 
 def _job_json(j: Any) -> dict[str, Any]:
