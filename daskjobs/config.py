@@ -58,10 +58,12 @@ __all__ = [
     "SpeculationSettings",
     "TeamSettings",
     "claim_settings",
+    "configure_logging",
     "jobs_settings",
     "policy_names",
     "policy_settings",
     "settings",
+    "summary",
 ]
 
 # The defaults, as written in daskjobs.yaml (the one place a default is written).
@@ -91,6 +93,82 @@ _given = _not_mappings("daskjobs", dask.config.config.get("daskjobs"), _defaults
 dask.config.update_defaults(_defaults)
 #: key -> (the operator's value, the mapping dask's config holds in its place)
 _REPLACED = {key: (value, dask.config.get(key, default=None)) for key, value in _given.items()}
+
+
+# -- logging, the way distributed configures its own ----------------------------------------
+
+#: The level of the ``daskjobs`` loggers unless the operator's dask config says otherwise
+#: (distributed's own loggers default to INFO the same way).
+LOG_LEVEL = "info"
+
+
+def configure_logging(config: dict[str, Any] | None = None) -> None:
+    """Configure the ``daskjobs`` loggers from dask's logging config, as distributed
+    configures its own when it is imported (``distributed.config.initialize_logging``).
+
+    dask's config names loggers and levels under ``logging:`` (or
+    ``distributed.logging:``), e.g. ``logging: {daskjobs: debug, daskjobs.jobs:
+    warning}``; ``daskjobs`` defaults to :data:`LOG_LEVEL`. Like distributed, the
+    ``daskjobs`` logger then gets a handler to stderr in dask's format
+    (``distributed.admin.log-format``: time, logger name, level, message) and does not
+    propagate, unless the application configured logging itself (the root logger has
+    handlers: then daskjobs' records go there). A full configuration in
+    ``logging:`` (``version: 1``, :func:`logging.config.dictConfig`) or
+    ``logging-file-config`` is the operator's, and left alone. Idempotent.
+    """
+    import logging
+    import sys
+
+    cfg = dask.config.config if config is None else config
+    dist = cfg.get("distributed") or {}
+    base = dist if {"logging", "logging-file-config"} & set(dist) else cfg
+    named = base.get("logging") or {}
+    if "logging-file-config" in base or not isinstance(named, Mapping) or "version" in named:
+        return
+    levels: dict[str, Any] = {"daskjobs": LOG_LEVEL}
+    levels.update({k: v for k, v in named.items() if k == "daskjobs" or k.startswith("daskjobs.")})
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level.upper() if isinstance(level, str) else level)
+    top = logging.getLogger("daskjobs")
+    if top.handlers or logging.getLogger().handlers:
+        return  # ours, the operator's (distributed gives a named logger one), or the app's
+    fmt = dask.config.get("distributed.admin.log-format", default=_LOG_FORMAT, config=cfg)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(fmt))
+    top.addHandler(handler)
+    top.propagate = False
+
+
+#: distributed's ``distributed.admin.log-format``, should its config not be loaded
+_LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
+
+configure_logging()
+
+
+def summary(s: Settings, ledger: str | None = None) -> str:
+    """One line of what the plugin runs with (logged at INFO when it starts):
+    policy, teams, speculation, preemption, resources, recording and the ledger."""
+    t = s.teams
+    targets = ", ".join(f"{k}={v:g}" for k, v in sorted(t.targets.items())) or "none"
+    teams = f"teams {targets}" + (" (strict)" if t.strict else "")
+    sp = s.speculation
+    spec = (
+        f"speculation on (late-factor {sp.late_factor:g}, min-runtime "
+        f"{_duration_text(sp.min_runtime)}, max-fraction {sp.max_fraction:g})"
+        if sp.enabled
+        else "speculation off"
+    )
+    pr = s.preemption
+    pre = f"preemption on ({pr.policy}, resource {pr.resource})" if pr.enabled else "preemption off"
+    res = "resources on" if s.resources.enabled else "resources off"
+    rec = f"recording to {s.record}" if s.record else "recording off"
+    if s.record_dir:
+        rec += f" (clients' traces under {s.record_dir})"
+    led = f"ledger {ledger}" if ledger else "no jobs ledger"
+    return (
+        f"daskjobs plugin: policy {s.policy}, default estimate "
+        f"{_duration_text(s.default_estimate)}; {teams}; {spec}; {pre}; {res}; {rec}; {led}"
+    )
 
 
 def policy_names() -> tuple[str, ...]:

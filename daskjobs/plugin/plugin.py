@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskjobs.config import Settings, settings
+from daskjobs.config import Settings, settings, summary
 from daskjobs.errors import SubmissionRefused
 from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin import parts as _parts
@@ -142,6 +142,8 @@ class JobsPlugin(SchedulerPlugin):
             for part in self.parts:
                 await part.start(scheduler)
             await self.reporters.refresh()
+            jobs = scheduler.plugins.get("daskjobs-jobs")  # the preload adds it beside this one
+            logger.info("%s", summary(s, getattr(jobs, "ledger_name", None)))
         finally:
             self._starting = False
 
