@@ -34,10 +34,11 @@ idle scheduler's event loop busy. Sizes have ceilings that keep memory bounded
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -324,6 +325,55 @@ def _show(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def _meant(given: Any, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The choice ``given`` is a near miss of (spelling, case, ``-``/``_`` or a typo
+    away), or None."""
+    if not isinstance(given, str) or not given:
+        return None
+    choices = list(choices)
+    same = [c for c in choices if _norm(c) == _norm(given)]
+    if same:
+        return same[0]
+    by_norm = {_norm(c): c for c in choices}
+    close = difflib.get_close_matches(_norm(given), list(by_norm), n=1, cutoff=cutoff)
+    return by_norm[close[0]] if close else None
+
+
+def _guess(given: Any, choices: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for a near miss, else ``""``."""
+    meant = _meant(given, choices)
+    return f"; did you mean {meant}?" if meant is not None else ""
+
+
+def _check_sections(config: Mapping[str, Any] | None = None) -> None:
+    """A top-level section of dask's config that is a near miss of ``daskjobs``
+    (``daskjob:``, ``dask-jobs:``, ``DASK_DASKJOB__POLICY``) would be kept by dask and
+    never read: name it. So is a key made by a single-underscore environment variable
+    (``DASK_DASKJOBS_POLICY`` is the top-level key ``daskjobs_policy``)."""
+    cfg = dask.config.config if config is None else config
+    for name in cfg:
+        if not isinstance(name, str) or name == "daskjobs":
+            continue
+        norm = _norm(name)
+        if norm == "daskjobs" or _meant(name, ["daskjobs"], cutoff=0.8) == "daskjobs":
+            raise ValueError(
+                f"dask config section {name!r} is not read by daskjobs: did you mean "
+                "daskjobs? (its settings are ignored until they are under daskjobs:)"
+            )
+        if name.lower().startswith("daskjobs") and name[8:9] in ("_", "-"):
+            rest = name[9:].lstrip("_-")
+            env = rest.upper().replace("-", "_")
+            raise ValueError(
+                f"dask config key {name!r} is not read by daskjobs: did you mean "
+                f"daskjobs.{rest.replace('_', '-')}? (in the environment: "
+                f"DASK_DASKJOBS__{env}, two underscores)"
+            )
+
+
 def _bad(key: str, expected: str, value: Any) -> ValueError:
     return ValueError(f"{key}: expected {expected}, got {_show(value)}")
 
@@ -351,9 +401,10 @@ def _keys(key: str, given: Any, known: Mapping[str, Any]) -> dict[str, Any]:
             )
         out[name], spelled[name] = v, k
     if unknown:
+        first = sorted(unknown)[0]
         raise ValueError(
             f"unknown key(s) in {key}: {', '.join(sorted(unknown))} "
-            f"(known: {', '.join(sorted(known))})"
+            f"(known: {', '.join(sorted(known))}){_guess(first, known)}"
         )
     return out
 
@@ -524,7 +575,8 @@ def _teams(t: Mapping[str, Any]) -> TeamSettings:
                 )
     within = t["within"]
     if within not in ("fifo", "lpt"):
-        raise _bad(f"{key}.within", "'fifo' or 'lpt'", within)
+        err = _bad(f"{key}.within", "'fifo' or 'lpt'", within)
+        raise ValueError(f"{err}{_guess(within, ('fifo', 'lpt'))}")
     half_life = _seconds(f"{key}.half-life", t["half-life"], allow_none=True)
     return TeamSettings(
         default=default,
@@ -586,7 +638,8 @@ def _resources(rs: Mapping[str, Any]) -> ResourcesSettings:
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
     if isinstance(value, str) and value in choices:
         return value
-    raise _bad(key, f"one of {', '.join(choices)}", value)
+    err = _bad(key, f"one of {', '.join(choices)}", value)
+    raise ValueError(f"{err}{_guess(value, choices)}")
 
 
 def _policy(policy: Any) -> str:
@@ -601,7 +654,9 @@ def _policy(policy: Any) -> str:
             f"daskjobs.policy: {policy!r} runs in the simulator only, not in the plugin "
             f"(docs/policies.md); {expected}"
         )
-    raise ValueError(f"daskjobs.policy: unknown policy {_show(policy)}; {expected}")
+    raise ValueError(
+        f"daskjobs.policy: unknown policy {_show(policy)}; {expected}{_guess(policy, live)}"
+    )
 
 
 def _policy_options(policy: str, value: Any, teams: TeamSettings) -> dict[str, Any]:
@@ -668,6 +723,7 @@ def settings(**overrides: Any) -> Settings:
     Keys may be spelled kebab-case or snake_case, in dask's config and in
     ``overrides`` alike; a bad value raises :class:`ValueError` naming its key.
     """
+    _check_sections()
     _check_replaced()
     raw = _raw(overrides)
     policy = _policy(raw["policy"])
@@ -714,6 +770,7 @@ def jobs_settings(**overrides: Any) -> JobsSettings:
     """The ``daskjobs.ledger`` and ``daskjobs.jobs`` sections with ``overrides`` (as
     :func:`settings` takes them: ``jobs={"lease": "5s"}``, ``ledger={"url": ...}``),
     checked."""
+    _check_sections()
     raw = _raw(overrides)
     url = raw["ledger"]["url"]
     if url is not None and (not isinstance(url, str) or not url or "\x00" in url):
