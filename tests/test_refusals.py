@@ -28,7 +28,7 @@ from daskjobs.jobs.service import JobsService
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.estimates import BadEstimate
 from daskjobs.plugin.gangs import ResourceRequestError
-from daskjobs.plugin.ranking import UnknownTeam
+from daskjobs.plugin.ranking import BadJobClass, UnknownTeam
 
 #: how long a refusal may take to reach its caller (it takes a few round trips; a
 #: refusal that does not travel hangs, and fails the test here)
@@ -52,6 +52,12 @@ KINDS: dict[str, tuple[dict[str, Any], dict[str, Any], type[Exception], str]] = 
         {"estimate": "soon"},
         BadEstimate,
         r"estimate must be a number of seconds, got str 'soon'",
+    ),
+    "job-class": (
+        {},
+        {"job_class": "urgent"},
+        BadJobClass,
+        r"has job_class 'urgent': expected 'te' \(interactive work a person waits for\) or 'be'",
     ),
     "resources": (
         RESOURCES,
