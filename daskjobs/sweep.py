@@ -112,6 +112,7 @@ from daskjobs.cache.keys import (
     validate_stage_name,
 )
 from daskjobs.cache.store import ResultStore
+from daskjobs.config import configure_logging
 from daskjobs.errors import SubmissionRefused
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("daskjobs.sweep")
+# a worker that runs a stage imports this module: its daskjobs lines in dask's format too
+configure_logging()
 
 EVENT_TOPIC = "daskjobs.cache"
 

@@ -12,7 +12,7 @@ from typing import Any
 import dask
 import pytest
 
-from daskjobs import SubmissionRefused
+from daskjobs import SubmissionRefused, Sweep
 
 #: distributed's log format (``distributed.admin.log-format``), as a pattern
 TIME = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
@@ -20,6 +20,12 @@ TIME = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 
 def inc(x: int) -> int:
     return x + 1
+
+
+def warn_from_the_worker() -> None:
+    import logging
+
+    logging.getLogger("daskjobs.sweep").warning("a warning on a worker")
 
 
 def _line(log: str, name: str, level: str, message: str) -> str | None:
@@ -70,3 +76,17 @@ def test_a_schedulers_log_shows_daskjobs_lines_in_dasks_format(
     for text in log.splitlines():
         if "daskjobs" in text and " - daskjobs" not in text and text.startswith("daskjobs"):
             pytest.fail(f"a daskjobs line not in dask's format: {text!r}")
+
+
+@pytest.mark.realcluster
+def test_a_worker_that_ran_a_sweep_logs_the_dask_way(real_cluster: Any, tmp_path: Path) -> None:
+    """Plain dask (no plugin, no jobs): a worker imports daskjobs only to run a sweep's
+    stages, and its daskjobs lines are in dask's format too."""
+    rc = real_cluster(n_workers=1, preload=None)
+    with rc.client() as c:
+        sweep = Sweep("logs")
+        sweep.stage(inc, over={"x": [1]})
+        assert sweep.run(c, progress=False, store=tmp_path / "store").computed == 1
+        c.run(warn_from_the_worker)
+    worker = rc.log("w0")
+    assert _line(worker, "daskjobs.sweep", "WARNING", "a warning on a worker"), worker[-3000:]
