@@ -166,11 +166,11 @@ def test_the_bokeh_document_carries_the_sections_and_data(ran):
         titles = {p.title.text for p in doc.select({"type": Plot})}
         text = " ".join(div.text for div in doc.select({"type": Div}))
     assert titles == {
-        "Share of running slots: now vs target",
-        "Running slots per team",
+        "Share of the threads held: now vs target",
+        "Threads held per team (copies included)",
         "Queue delay per team (s): longest wait in dask's queue",
         "Backup copies (cumulative)",
-        "Worker speeds (believed slow-down; 1 = nominal)",
+        "Worker slow-down (run time / estimate; compare workers)",
     }
     for part in ("<h3>Teams</h3>", "<h3>Backups</h3>", "<h3>Workers</h3>", "backup-launched"):
         assert part in text
@@ -363,10 +363,12 @@ async def render(url: str, ready: Any, png: Path, tmp: Path, size=(1400, 1300)) 
 
 
 def rendered_teams(text: str) -> dict[str, list[float]]:
-    """The teams table as the browser drew it: team -> running, queued, share, target,
-    queue delay, waste (the quota column is blank here)."""
+    """The teams table as the browser drew it: team -> threads held, of which copies,
+    assigned, booked, queued, share, target, queue delay, copy waste, failed (the quota
+    column is blank here)."""
     num = r"(\d+(?:\.\d+)?)"
-    rows = re.findall(rf"\b([ab]) {num} {num} {num} {num} {num} {num}(?= [ab] | Share)", text)
+    cells = " ".join([num] * 10)
+    rows = re.findall(rf"\b([ab]) {cells}(?= [ab] | Threads held:)", text)
     return {r[0]: [float(x) for x in r[1:]] for r in rows}
 
 
@@ -389,7 +391,7 @@ def test_a_headless_browser_renders_live_data_during_a_run(tmp_path):
         teams = rendered_teams(text)
         return (
             set(teams) == {"a", "b"}
-            and sum(t[1] for t in teams.values()) > 0
+            and sum(t[4] for t in teams.values()) > 0
             and rendered_backups(text) >= 1
             and "backup-launched" in text
         )
@@ -412,8 +414,9 @@ def test_a_headless_browser_renders_live_data_during_a_run(tmp_path):
     assert live(text), text
     assert left > 0
     teams = rendered_teams(text)
-    assert teams["a"][3] == pytest.approx(0.67) and teams["b"][3] == pytest.approx(0.33)
-    assert "Worker Speed Samples" in text and "policy fair-share" in text
+    assert teams["a"][6] == pytest.approx(0.67) and teams["b"][6] == pytest.approx(0.33)
+    assert all(t[0] <= 3 for t in teams.values())  # threads held: never more than exist
+    assert "Worker Slow-down (measured) Samples" in text and "policy fair-share" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     if keep:
         shutil.copyfile(png, keep)

@@ -418,13 +418,16 @@ def test_metrics_per_team(ledger: Ledger, clock: Clock) -> None:
     assert m["alpha"]["attempts"] == {"lost": 1, "succeeded": 1}
     assert (m["alpha"]["retries"], m["alpha"]["lost"], m["alpha"]["refused"]) == (1, 1, 1)
     assert m["alpha"]["queue_delay"] == pytest.approx(4.0)
+    assert (m["alpha"]["expired"], m["alpha"]["queue_delay_count"]) == (1, 1)
     assert m["beta"] == {
         "jobs": {"queued": 1},
         "attempts": {},
         "retries": 0,
         "lost": 0,
+        "expired": 0,
         "refused": 0,
         "queue_delay": None,
+        "queue_delay_count": 0,
     }
     assert b in {j.job_id for j in ledger.jobs(team="beta")}
 

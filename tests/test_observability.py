@@ -147,7 +147,8 @@ def test_status_command_prints_policy_teams_stages_and_counters():
         code, out, _ = invoke("status", cl.scheduler.address)
         assert code == 0, out
         assert "policy    fair-share" in out
-        assert re.search(r"^quant\s+0\.67\s+\S+\s+0\s+0\s+-$", out, flags=re.M), out
+        # team, share, usage, threads, copies, assigned, booked, queued, quota
+        assert re.search(r"^quant\s+0\.67\s+\S+\s+0\s+0\s+0\s+\S+\s+0\s+-$", out, flags=re.M), out
         assert re.search(r"^backtest\s+4\s+", out, flags=re.M), out
         assert re.search(r"^ranked_graphs\s+1$", out, flags=re.M), out
         assert "errors           none" in out

@@ -1255,9 +1255,12 @@ class Ledger:
         return out
 
     def metrics(self) -> dict[str, dict[str, Any]]:
-        """Per team: jobs by state, attempts by state, retries (attempts beyond the first
-        of each part), lost leases, refused stale commits and the mean queue delay (from
-        submission to a part's first attempt, seconds)."""
+        """Per team: ``jobs`` and ``attempts`` by state, ``retries`` (attempts beyond the
+        first of each part), ``lost`` attempts, of which ``expired`` (their lease ran out),
+        ``refused`` commits (fenced: a stale token or an attempt no longer live), and
+        ``queue_delay``: the mean from a job's submission to a part's first attempt
+        (seconds) over ``queue_delay_count`` parts. Aggregates over the tables: the
+        plugin's ``/metrics`` reads them at most every few seconds, in a thread."""
         out: dict[str, dict[str, Any]] = {}
 
         def team(name: str) -> dict[str, Any]:
@@ -1268,8 +1271,10 @@ class Ledger:
                     "attempts": {},
                     "retries": 0,
                     "lost": 0,
+                    "expired": 0,
                     "refused": 0,
                     "queue_delay": None,
+                    "queue_delay_count": 0,
                 },
             )
 
@@ -1292,6 +1297,13 @@ class Ledger:
             for r in conn.execute(
                 sa.select(jobs_t.c.team, sa.func.count())
                 .select_from(attempts_t.join(jobs_t, jobs_t.c.job_id == attempts_t.c.job_id))
+                .where(attempts_t.c.state == "lost", attempts_t.c.reason == "lease expired")
+                .group_by(jobs_t.c.team)
+            ):
+                team(r[0])["expired"] = r[1]
+            for r in conn.execute(
+                sa.select(jobs_t.c.team, sa.func.count())
+                .select_from(attempts_t.join(jobs_t, jobs_t.c.job_id == attempts_t.c.job_id))
                 .where(attempts_t.c.token > 1)
                 .group_by(jobs_t.c.team)
             ):
@@ -1302,11 +1314,17 @@ class Ledger:
                 .subquery()
             )
             for r in conn.execute(
-                sa.select(jobs_t.c.team, sa.func.avg(first.c.first - jobs_t.c.submitted))
+                sa.select(
+                    jobs_t.c.team,
+                    sa.func.avg(first.c.first - jobs_t.c.submitted),
+                    sa.func.count(),
+                )
                 .select_from(first.join(jobs_t, jobs_t.c.job_id == first.c.job_id))
                 .group_by(jobs_t.c.team)
             ):
-                team(r[0])["queue_delay"] = float(r[1]) if r[1] is not None else None
+                t = team(r[0])
+                t["queue_delay"] = float(r[1]) if r[1] is not None else None
+                t["queue_delay_count"] = int(r[2])
             refused = conn.execute(
                 sa.select(transitions_t.c.ref).where(
                     transitions_t.c.kind == "output", transitions_t.c.to_state == "refused"

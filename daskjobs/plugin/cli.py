@@ -238,33 +238,123 @@ def fetch_status(address: str, timeout: str) -> dict[str, Any]:
         client.close()
 
 
+def _pairs(d: Any, prefix: str = "") -> list[str]:
+    """``name value`` words of a (nested) mapping, nested names joined by dots; seconds
+    and floats written short. Never JSON: status is read by people."""
+    out: list[str] = []
+    if not isinstance(d, dict):
+        return [f"{prefix} {_num(d)}"] if prefix else [_num(d)]
+    for k, v in d.items():
+        name = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.extend(_pairs(v, name) if v else [f"{name} -"])
+        elif isinstance(v, list | tuple):
+            out.append(f"{name} {', '.join(map(_num, v)) or '-'}")
+        else:
+            out.append(f"{name} {_num(v)}")
+    return out
+
+
+def _seconds_text(x: Any) -> str:
+    return "-" if x is None else f"{_num(float(x), '.6g')} s"
+
+
+def _settings_lines(settings: dict[str, Any]) -> list[str]:
+    """What the plugin runs with, in the configuration's own words (kebab-case)."""
+    t = settings.get("teams") or {}
+    sp = settings.get("speculation") or {}
+    rows = [
+        ("default-estimate", _seconds_text(settings.get("default_estimate"))),
+        ("teams.strict", _num(t.get("strict"))),
+        ("teams.half-life", _seconds_text(t.get("half_life"))),
+        ("teams.default", _num(t.get("default"))),
+        ("teams.within", _num(t.get("within"))),
+        ("speculation.enabled", _num(sp.get("enabled"))),
+    ]
+    if sp.get("enabled"):
+        rows += [
+            ("speculation.late-factor", _num(sp.get("late_factor"))),
+            ("speculation.min-runtime", _seconds_text(sp.get("min_runtime"))),
+            ("speculation.max-fraction", _num(sp.get("max_fraction"))),
+            ("speculation.interval", _seconds_text(sp.get("interval"))),
+            ("speculation.ahead", _num(sp.get("ahead"))),
+        ]
+    rows += [
+        ("record", _num(settings.get("record"))),
+        ("record-dir", _num(settings.get("record_dir"))),
+        ("history.path", _num(settings.get("history_path"))),
+    ]
+    for name in ("preemption", "resources"):
+        section = settings.get(name) or {}
+        rows.append((f"{name}.enabled", _num(section.get("enabled"))))
+    return [f"  {k:<26} {v}" for k, v in rows]
+
+
+def _speculation_lines(sp: dict[str, Any]) -> list[str]:
+    counts = ("launched", "won", "lost", "failed", "abandoned", "running", "peak")
+    lines = ["  copies          " + "  ".join(f"{k} {sp.get(k, 0)}" for k in counts)]
+    waste = sp.get("waste_seconds") or {}
+    failed = sp.get("failed_seconds") or {}
+    lines.append(
+        "  copy waste (s)  "
+        + (", ".join(f"{t} {_num(float(v), '.1f')}" for t, v in sorted(waste.items())) or "0")
+    )
+    lines.append(
+        "  failed (s)      "
+        + (", ".join(f"{t} {_num(float(v), '.1f')}" for t, v in sorted(failed.items())) or "0")
+    )
+    lines += [
+        "  copy waste: seconds the losing side of each race ran (a losing copy, or a primary",
+        "  its copy beat); failed: attempts that failed or died with their worker, no copy.",
+    ]
+    return lines
+
+
 def render(st: dict[str, Any], address: str) -> str:
-    """The status as text: policy, teams, stages, counters, errors."""
+    """The status as text: policy, settings, teams, workers, stages, speculation,
+    recording, counters, errors. No section is printed as JSON (``--json`` is for that)."""
     lines = [f"scheduler {address}", f"policy    {st.get('policy')}"]
     overrides = st.get("overrides") or {}
     if overrides:
-        lines.append(f"overrides {json.dumps(overrides, sort_keys=True, default=str)}")
+        lines.append("overrides " + ", ".join(_pairs(overrides)))
+    settings = st.get("settings") or {}
+    if settings:
+        lines += ["", "settings", *_settings_lines(settings)]
     teams = st.get("teams") or []
     lines.append("")
     if teams:
         lines.append(
-            f"{'team':<20} {'share':>7} {'usage':>10} {'running':>8} {'queued':>8} {'quota':>6}"
+            f"{'team':<20} {'share':>7} {'usage':>10} {'threads':>8} {'copies':>7} "
+            f"{'assigned':>9} {'booked (core-s)':>16} {'queued':>8} {'quota':>6}"
         )
         for row in teams:
             lines.append(
                 f"{row['team']:<20} {_num(row.get('share'), '.2f'):>7} "
                 f"{_num(row.get('usage')):>10} {_num(row.get('running')):>8} "
+                f"{_num(row.get('copies')):>7} {_num(row.get('assigned')):>9} "
+                f"{_num(row.get('booked'), '.1f'):>16} "
                 f"{_num(row.get('queued')):>8} {_num(row.get('quota')):>6}"
             )
+        lines += [
+            "threads: worker threads the team's tasks and copies hold now (never more than",
+            "  exist); copies: of which backup copies; assigned: its tasks dask sent to workers,",
+            "  running or waiting there (what fair share books); booked: core-seconds so far.",
+            "  A task several teams' graphs want is split equally among them.",
+        ]
     else:
         lines.append("teams: none (fair share is off; policy orders tasks by estimate)")
     workers = st.get("workers") or []
     lines.append("")
     if workers:
-        lines.append(f"{'worker':<40} {'speed':>7} {'samples':>8}  (speed: slow-down, 1 = nominal)")
+        lines.append(f"{'worker':<40} {'slow-down':>9} {'samples':>8}")
         for w in workers:
             label = w["worker"] if w.get("present", True) else f"{w['worker']} (gone)"
-            lines.append(f"{label:<40} {_num(w['speed'], '.2f'):>7} {w['samples']:>8}")
+            lines.append(f"{label:<40} {_num(w['speed'], '.2f'):>9} {w['samples']:>8}")
+        lines += [
+            "slow-down: run time / estimate of the tasks that finished there (geometric mean,",
+            "  pulled to 1 until a few did): the worker and the estimates together; compare",
+            "  workers with each other. A worker that left keeps what was learned of it.",
+        ]
     else:
         lines.append("workers: no finished task with an estimate yet")
     stages = st.get("stages") or {}
@@ -275,13 +365,28 @@ def render(st: dict[str, Any], address: str) -> str:
             lines.append(f"{name:<32} {row['samples']:>8} {_num(row['median'], '.4g'):>11}")
     else:
         lines.append("stages: none measured yet")
-    counters = {k: v for k, v in st.items() if k not in _SECTIONS}
+    sp = st.get("speculation")
+    lines.append("")
+    if sp:
+        lines += ["speculation", *_speculation_lines(sp)]
+    else:
+        lines.append("speculation: off")
+    rec = st.get("recording")
+    lines.append("recording: " + (", ".join(_pairs(rec)) if rec else "off"))
+    for name in ("preemption", "resources"):
+        section = st.get(name)
+        if section:
+            lines.append(f"{name}: " + ", ".join(_pairs(section)))
+    counters = {
+        k: v
+        for k, v in st.items()
+        if k not in _SECTIONS
+        and k not in ("speculation", "recording", "overrides")
+        and k not in ("preemption", "resources")
+    }
     lines.append("")
     for k, v in sorted(counters.items()):
-        if isinstance(v, dict | list):
-            shown = json.dumps(v, sort_keys=True, default=str)
-        else:
-            shown = "-" if v is None else str(v)
+        shown = ", ".join(_pairs(v)) if isinstance(v, dict) else _num(v)
         lines.append(f"{k:<16} {shown}")
     errors = st.get("errors") or {}
     if errors:

@@ -2,12 +2,20 @@
 
 What it shows
 -------------
-Per team: slots running, tasks queued, the share of running slots it holds beside
-its target share, and its *queue delay* (the longest wait so far of a task of the
-team in dask's queue), now and over the last ten minutes. Backup copies launched,
-won, lost and the seconds their losers ran (waste, per team). The believed
-slow-down of each worker. The latest audit events. The same data is served as JSON
-at ``/daskjobs/data.json`` for tests and operators (``curl``, a notebook).
+Per team: the worker threads its tasks hold now (backup copies included, and how many
+of them are copies: never more than the threads that exist; see
+:func:`daskjobs.plugin.explain.running_slots`), the tasks dask assigned to workers
+(running or waiting there: what fair share books), the core-seconds booked to it (a
+task several teams' graphs want split among them), tasks queued, the share of the
+threads it holds beside its target share, and its *queue delay* (the longest wait so
+far of a task of the team in dask's queue), now and over the last ten minutes. Backup
+copies launched, won, lost, and *copy waste*: the seconds the losing side of each race
+ran (a losing copy, or a primary its copy beat); attempts that failed or died with
+their worker are counted apart (failed seconds), never as copy waste. Each worker's
+measured slow-down. The latest audit events, without the routine ``worker-speed``
+updates (one a finished task; the workers table holds what they say). The same data
+is served as JSON at ``/daskjobs/data.json`` for tests and operators (``curl``, a
+notebook).
 
 How it is served
 ----------------
@@ -98,6 +106,10 @@ INTERVAL_MS = 1000
 HISTORY = 600
 #: Audit events shown on the page and in the JSON.
 EVENTS = 25
+#: Audit actions left out of the page's table (routine, one per finished task).
+ROUTINE = frozenset({"worker-speed"})
+#: The most audit events read to find the latest ``EVENTS`` that are not routine.
+SCAN = 2000
 #: Backup-copy outcomes, as ``Speculator.stats()`` counts them.
 OUTCOMES = ("launched", "won", "lost", "failed", "abandoned", "running", "peak")
 
@@ -173,9 +185,9 @@ class QueueClock(SchedulerPlugin):
 
 
 class TeamPoint(NamedTuple):
-    running: int
+    running: float  # threads held now (copies included; at most the threads that exist)
     queued: int
-    share: float  # of the running slots, now
+    share: float  # of the threads held, now
     delay: float  # seconds, longest wait in dask's queue
 
 
@@ -187,7 +199,7 @@ class Sample(NamedTuple):
     teams: dict[str, TeamPoint]
     launched: int
     won: int
-    waste: float  # seconds run by losing copies, all teams
+    waste: float  # seconds run by the losing side of backup races, all teams
 
 
 def _finite(x: Any) -> Any:
@@ -265,13 +277,18 @@ class Dashboard:
                         "share": None,
                         "usage": None,
                         "running": None,
+                        "copies": None,
+                        "assigned": None,
+                        "booked": None,
                         "queued": clock.waiting(team),
                         "quota": None,
                     }
                 )
         total = sum(r["running"] or 0 for r in rows)
         sp = plugin.speculator
-        waste = sp.stats()["waste_seconds"] if sp is not None else {}
+        st = sp.stats() if sp is not None else {}
+        waste = st.get("waste_seconds", {})
+        failed = st.get("failed_seconds", {})
         out = []
         for r in rows:
             running = r["running"]
@@ -279,6 +296,9 @@ class Dashboard:
                 {
                     "team": r["team"],
                     "running": running,
+                    "copies": r.get("copies"),
+                    "assigned": r.get("assigned"),
+                    "booked": _finite(r.get("booked")),
                     "queued": r["queued"],
                     "share": (running or 0) / total if total else 0.0,
                     "target": r["share"],
@@ -287,6 +307,7 @@ class Dashboard:
                     "queue_delay": clock.oldest(r["team"], now),
                     "in_queue": clock.waiting(r["team"]),
                     "waste_seconds": float(waste.get(r["team"], 0.0)),
+                    "failed_seconds": float(failed.get(r["team"], 0.0)),
                 }
             )
         return out
@@ -300,6 +321,9 @@ class Dashboard:
         waste = {str(t): float(s) for t, s in st.get("waste_seconds", {}).items()}
         out["waste_seconds"] = waste
         out["waste_total"] = sum(waste.values())
+        failed = {str(t): float(s) for t, s in st.get("failed_seconds", {}).items()}
+        out["failed_seconds"] = failed
+        out["failed_total"] = sum(failed.values())
         return out
 
     def workers(self) -> list[dict[str, Any]]:
@@ -310,8 +334,12 @@ class Dashboard:
         ]
 
     def events(self, n: int = EVENTS) -> list[dict[str, Any]]:
-        """The latest ``n`` audit events, newest first. O(n)."""
-        return [_jsonable(e) for e in islice(reversed(self.plugin.events), n)]
+        """The latest ``n`` audit events, newest first, without the routine ones
+        (:data:`ROUTINE`: a ``worker-speed`` update per finished task would flood the
+        table; the workers table shows what they say). Looks at most ``SCAN`` events."""
+        latest = islice(reversed(self.plugin.events), SCAN)
+        kept = (e for e in latest if e.get("action") not in ROUTINE)
+        return [_jsonable(e) for e in islice(kept, n)]
 
     # -- the sampler ------------------------------------------------------------------
     def sample(self) -> Sample:
@@ -457,6 +485,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 h3 { margin: 4px 0; font-size: 14px; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin-right: 5px; }
 .scroll { max-height: 260px; overflow-y: auto; }
+.note { color: #555; font-size: 11px; margin: 3px 0; white-space: normal; }
 """
 
 
@@ -464,6 +493,25 @@ def _num(x: Any, fmt: str = "{:.2f}") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return ""
     return fmt.format(x) if isinstance(x, float) else str(x)
+
+
+#: What the teams table's figures count, under it.
+_TEAM_NOTE = (
+    '<p class="note">Threads held: worker threads the team\'s tasks and backup copies hold '
+    "now (a worker holding more tasks than threads shares them out), never more than the "
+    "threads that exist. Assigned: its tasks dask sent to workers, running or waiting "
+    "there (what fair share books). Booked: core-seconds so far. A task several teams' "
+    "graphs want is split equally among them. Copy waste: seconds the losing side of "
+    "backup races ran. Failed: seconds of attempts that failed or died with their "
+    "worker.</p>"
+)
+#: What the workers table's figure is, under it.
+_SPEED_NOTE = (
+    '<p class="note">Slow-down: run time / estimate of the tasks that finished there '
+    "(geometric mean, pulled to 1 until a few did). It measures the worker and the "
+    "estimates together: compare workers with each other. A worker that left keeps "
+    "its figure and gets it back when it returns under the same name.</p>"
+)
 
 
 def _table(title: str, head: list[str], rows: list[list[str]], numeric: set[int]) -> str:
@@ -503,7 +551,7 @@ class _Page:
         self.team_div = div()
         self.share_src = ColumnDataSource({"x": [], "top": [], "color": []})
         self.share_fig = figure(
-            title="Share of running slots: now vs target",
+            title="Share of the threads held: now vs target",
             x_range=FactorRange(),
             y_range=Range1d(0, 1.05),
             height=220,
@@ -524,7 +572,7 @@ class _Page:
                 tools="pan,wheel_zoom,box_zoom,reset",
             )
 
-        self.running_fig = timeseries("Running slots per team")
+        self.running_fig = timeseries("Threads held per team (copies included)")
         self.delay_fig = timeseries("Queue delay per team (s): longest wait in dask's queue")
         self.backup_src = ColumnDataSource({"time": [], "launched": [], "won": [], "waste": []})
         self.backup_fig = timeseries("Backup copies (cumulative)")
@@ -536,7 +584,7 @@ class _Page:
         self.backup_div = div()
         self.worker_src = ColumnDataSource({"label": [], "speed": [], "color": []})
         self.worker_fig = figure(
-            title="Worker speeds (believed slow-down; 1 = nominal)",
+            title="Worker slow-down (run time / estimate; compare workers)",
             y_range=FactorRange(),
             height=220,
             sizing_mode="stretch_width",
@@ -618,26 +666,34 @@ class _Page:
                 f'<span class="swatch" style="background:{self.color(r["team"])}"></span>'
                 + escape(str(r["team"])),
                 _num(r["running"]),
+                _num(r["copies"]),
+                _num(r["assigned"]),
+                _num(r["booked"], "{:.1f}"),
                 _num(r["queued"]),
                 _num(r["share"]),
                 _num(r["target"]),
                 _num(r["quota"]),
                 _num(r["queue_delay"], "{:.1f}"),
                 _num(r["waste_seconds"], "{:.1f}"),
+                _num(r["failed_seconds"], "{:.1f}"),
             ]
             for r in teams
         ]
         head = [
             "Team",
-            "Running",
+            "Threads held",
+            "of which copies",
+            "Assigned",
+            "Booked (core-s)",
             "Queued",
             "Share now",
             "Target",
             "Quota",
             "Queue delay (s)",
-            "Backup waste (s)",
+            "Copy waste (s)",
+            "Failed (s)",
         ]
-        _set(self.team_div, _table("Teams", head, rows, set(range(1, 8))))
+        _set(self.team_div, _table("Teams", head, rows, set(range(1, 12))) + _TEAM_NOTE)
         factors = [(r["team"], what) for r in teams for what in ("now", "target")]
         if list(self.share_fig.x_range.factors) != factors:
             self.share_fig.x_range.factors = factors
@@ -685,7 +741,9 @@ class _Page:
             + " · ".join(
                 f"{k} <b>{b[k]}</b>" for k in ("launched", "won", "lost", "failed", "running")
             )
-            + f" · waste <b>{b['waste_total']:.1f} s</b></p>",
+            + f" · copy waste <b>{b['waste_total']:.1f} s</b> (what the losing side of "
+            "each race ran) · failed or lost attempts, apart "
+            f"<b>{b['failed_total']:.1f} s</b></p>",
         )
 
     def _workers(self, workers: list[dict[str, Any]]) -> None:
@@ -702,7 +760,8 @@ class _Page:
             },
         )
         rows = [[escape(str(w["worker"])), _num(w["speed"]), _num(w["samples"])] for w in workers]
-        table = _table("Workers", ["Worker", "Speed", "Samples"], rows, {1, 2})
+        head = ["Worker", "Slow-down (measured)", "Samples"]
+        table = _table("Workers", head, rows, {1, 2}) + _SPEED_NOTE
         _set(self.worker_div, f'<div class="scroll">{table}</div>')
 
     def _events(self, events: list[dict[str, Any]]) -> None:

@@ -121,6 +121,10 @@ class PluginView:
             "team": v.team if v else None,
             "user_priority": -ts.priority[0] if ts.priority else None,
         }
+        if v is not None:
+            # who pays for it: a task several teams' graphs want is split equally among them
+            payers = v.teams or (v.team,)
+            out["paid_by"] = {t: 1 / len(payers) for t in payers}
         if fair is not None and v is not None:
             out["team_state"] = self.team_row(v.team)
         if ts.state == "queued":
@@ -133,9 +137,9 @@ class PluginView:
                 row = out["team_state"]
                 if gate is not None and key == gate.released:
                     out["why"] = "next in line: fair share chose it for the next free slot"
-                elif row["quota"] is not None and row["running"] >= row["quota"]:
+                elif row["quota"] is not None and row["assigned"] >= row["quota"]:
                     out["why"] = (
-                        f"team {v.team!r} holds {row['running']} slot(s), its quota; "
+                        f"team {v.team!r} holds {row['assigned']:g} slot(s), its quota; "
                         "it runs when no team below its quota waits"
                     )
                 else:
@@ -165,31 +169,91 @@ class PluginView:
         return out
 
     # -- teams and workers ------------------------------------------------------------
-    def team_row(self, team: str) -> dict[str, Any]:
+    def running_slots(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Per team: the worker threads its tasks hold now, and of those its backup copies'.
+
+        What dask calls ``processing`` is a task *assigned* to a worker: it runs there or
+        waits for a thread (dask hands a worker ``ceil(worker-saturation x threads)``
+        tasks, 8 on four one-thread workers at the default 1.1), and a backup copy is a
+        task of its own. So each worker's threads are shared out among the tasks assigned
+        to it: all of them hold a thread while there are no more than threads; else each
+        holds ``threads / assigned`` of one (dask's scheduler does not know which of them
+        has started). A shared task's part is split among the teams that want it. The
+        figures of all teams add up to at most the threads that exist. O(tasks assigned
+        to workers): at most ``worker-saturation`` times the threads, never the queue."""
+        p = self._p
+        sched = p.scheduler
+        tasks = p.ranker.tasks
+        sp = p.speculator
+        default = p.settings.teams.default
+        slots: dict[str, float] = {}
+        copies: dict[str, float] = {}
+        if sched is None:
+            return slots, copies
+        for ws in list(sched.workers.values()):
+            assigned = list(ws.processing)
+            if not assigned:
+                continue
+            each = min(1.0, ws.nthreads / len(assigned))
+            for ts in assigned:
+                key = ts.key
+                copy = sp is not None and sp.is_copy(key)
+                if copy:
+                    assert sp is not None
+                    key = sp.copies[key]
+                v = tasks.get(key)
+                payers = (v.teams or (v.team,)) if v is not None else (default,)
+                part = each / len(payers)
+                for team in payers:
+                    slots[team] = slots.get(team, 0.0) + part
+                    if copy:
+                        copies[team] = copies.get(team, 0.0) + part
+        return slots, copies
+
+    def team_row(
+        self, team: str, slots: tuple[dict[str, float], dict[str, float]] | None = None
+    ) -> dict[str, Any]:
+        """One team's figures: ``running`` (threads its tasks and copies hold now, see
+        :meth:`running_slots`), ``copies`` (of which its backup copies'), ``assigned``
+        (what fair share books as held: its tasks dask assigned to workers, running or
+        waiting there, a shared task's split), ``booked`` (core-seconds booked to it so
+        far), ``usage``, ``share``, ``queued``, ``quota``."""
         fair = self.fair
         assert fair is not None
+        running, copies = self.running_slots() if slots is None else slots
+        figures = {"running": running.get(team, 0.0), "copies": copies.get(team, 0.0)}
         if not fair.knows(team):  # a team never seen yet
             return {
                 "team": team,
                 "share": None,
                 "usage": 0.0,
-                "running": 0,
+                **figures,
+                "assigned": 0.0,
+                "booked": 0.0,
                 "queued": 0,
                 "quota": self._p.settings.teams.quotas.get(team),
             }
+        now = time.time()
         return {
             "team": team,
             "share": fair.share(team),
-            "usage": fair.usage(team, time.time()),
-            "running": fair.running(team),
+            "usage": fair.usage(team, now),
+            **figures,
+            "assigned": fair.running(team),
+            "booked": fair.booked(team, now),
             "queued": fair.queued(team),
             "quota": fair.quotas.get(team),
         }
 
     def teams(self) -> list[dict[str, Any]]:
-        """Per team: target share, decayed usage, running slots, queued, quota."""
+        """Per team: target share, usage, threads held now (copies included, at most the
+        threads that exist), tasks assigned to workers, core-seconds booked, queued, quota
+        (:meth:`team_row`)."""
         fair = self.fair
-        return [] if fair is None else [self.team_row(t) for t in fair.teams()]
+        if fair is None:
+            return []
+        slots = self.running_slots()
+        return [self.team_row(t, slots) for t in fair.teams()]
 
     def worker_speeds(self) -> list[dict[str, Any]]:
         """Per worker: believed slow-down (1.0 nominal) and the attempts it rests on."""

@@ -16,24 +16,40 @@ O(tasks the plugin tracks + queued tasks).
 
 Metrics (with the default namespace):
 
-* ``dask_daskjobs_team_running_slots{team}``, ``..._team_usage{team}`` (decayed
-  slot-seconds, or running slots without a half-life), ``..._team_queued_tasks{team}``,
-  ``..._team_share{team}``, ``..._team_quota_slots{team}`` (teams with a quota) -
-  fair share only;
+* ``dask_daskjobs_team_running_slots{team}`` (worker threads the team's tasks and
+  backup copies hold now: never more than the threads that exist, see
+  :func:`daskjobs.plugin.explain.running_slots`), ``..._team_copy_slots{team}`` (of
+  which its copies'), ``..._team_assigned_tasks{team}`` (its tasks dask sent to workers,
+  running or waiting there: what fair share books), ``..._team_booked_core_seconds_total
+  {team}`` (a task several teams' graphs want split equally among them),
+  ``..._team_usage{team}`` (decayed slot-seconds, or assigned tasks without a
+  half-life), ``..._team_queued_tasks{team}``, ``..._team_share{team}``,
+  ``..._team_quota_slots{team}`` (teams with a quota) - fair share only;
 * ``dask_daskjobs_ranked_graphs_total``, ``dask_daskjobs_ranked_tasks_total`` and
   ``dask_daskjobs_estimates_total{source}`` (annotation, history, default);
 * ``dask_daskjobs_tracked_tasks{source}``: tasks the plugin knows now, by the
   source of their estimate;
 * ``dask_daskjobs_worker_speed{worker}``: believed slow-down of each worker,
   learned from finished attempts against their estimates;
-* ``dask_daskjobs_backups_total{outcome}``, ``dask_daskjobs_backups_running`` and
-  ``dask_daskjobs_waste_seconds_total{team}``: backup copies and the time their losers ran
-  (speculation only);
+* ``dask_daskjobs_backups_total{outcome}``, ``dask_daskjobs_backups_running``,
+  ``dask_daskjobs_waste_seconds_total{team}`` (the seconds the losing side of each backup
+  race ran: a losing copy, or a primary its copy beat; nothing else) and
+  ``dask_daskjobs_failed_attempt_seconds_total{team}`` (attempts that failed or died with
+  their worker, no copy involved) - speculation only;
 * ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, per hook;
 * ``dask_daskjobs_queued_tasks{team}``, ``dask_daskjobs_queue_delay_seconds{team}``
   (longest wait) and ``dask_daskjobs_queue_delay_seconds_sum{team}`` (summed
   waits) of the tasks waiting in dask's queue now, measured from the moment the
   plugin ranked them;
+* the jobs ledger, when the jobs service runs on the scheduler (:data:`LEDGER_METRICS`):
+  ``dask_daskjobs_jobs{team,state}``, ``dask_daskjobs_job_attempts{team,state}``,
+  ``dask_daskjobs_job_retries_total{team}``, ``dask_daskjobs_job_lease_expiries_total
+  {team}``, ``dask_daskjobs_job_fenced_commits_total{team}``,
+  ``dask_daskjobs_job_queue_delay_seconds{team}`` (mean, submission to a part's first
+  attempt) with ``..._count``, and ``dask_daskjobs_ledger_metrics_age_seconds``. They are
+  :meth:`Ledger.metrics <daskjobs.jobs.Ledger.metrics>`, aggregates over the ledger's
+  tables: read in a thread of their own at most every ``LEDGER_REFRESH`` seconds, never
+  on the event loop; a scrape serves the latest reading (the first waits up to a second).
 
 Several schedulers in one process (tests, notebooks) share the registry: one
 process-wide collector serves every installed scheduler, and labels each
@@ -95,12 +111,34 @@ class JobsCollector(PrometheusCollector):
 
         # fair share: one row per team
         teams = plugin.teams()
-        running = fam("team_running_slots", "gauge", "Slots a team's tasks hold now", "team")
+        running = fam(
+            "team_running_slots",
+            "gauge",
+            "Worker threads a team's tasks and backup copies hold now (at most the threads "
+            "that exist; a task several teams want is split among them)",
+            "team",
+        )
+        copy_slots = fam(
+            "team_copy_slots", "gauge", "Of a team's running slots, its backup copies'", "team"
+        )
+        assigned = fam(
+            "team_assigned_tasks",
+            "gauge",
+            "A team's tasks dask sent to workers, running or waiting there (what fair share "
+            "books as held)",
+            "team",
+        )
+        booked = fam(
+            "team_booked_core_seconds",
+            "counter",
+            "Core-seconds booked to a team (a task several teams want split among them)",
+            "team",
+        )
         usage = fam(
             "team_usage",
             "gauge",
             "Fair-share usage of a team: slot-seconds decayed with the configured half-life "
-            "(running slots when there is no half-life)",
+            "(assigned tasks when there is no half-life)",
             "team",
         )
         queued = fam("team_queued_tasks", "gauge", "Tasks of a team held for fair share", "team")
@@ -108,6 +146,9 @@ class JobsCollector(PrometheusCollector):
         quota = fam("team_quota_slots", "gauge", "Most slots a team may hold at once", "team")
         for row in teams:
             running.add([row["team"]], row["running"])
+            copy_slots.add([row["team"]], row.get("copies") or 0.0)
+            assigned.add([row["team"]], row.get("assigned") or 0.0)
+            booked.add([row["team"]], row.get("booked") or 0.0)
             usage.add([row["team"]], row["usage"])
             queued.add([row["team"]], row["queued"])
             if row["share"] is not None:
@@ -138,7 +179,11 @@ class JobsCollector(PrometheusCollector):
 
         # worker speeds learned from finished attempts (1.0 = nominal)
         speed = fam(
-            "worker_speed", "gauge", "Believed slow-down of a worker (1 = nominal)", "worker"
+            "worker_speed",
+            "gauge",
+            "Measured slow-down of a worker: run time / estimate of the tasks that finished "
+            "there (geometric mean; the worker and the estimates together)",
+            "worker",
         )
         for w in plugin.worker_speeds():
             if w["present"]:
@@ -152,10 +197,22 @@ class JobsCollector(PrometheusCollector):
                 copies.add([outcome], spec[outcome])
             fam("backups_running", "gauge", "Backup copies running now").add([], spec["running"])
             waste = fam(
-                "waste_seconds", "counter", "Seconds run by losing copies, per team", "team"
+                "waste_seconds",
+                "counter",
+                "Seconds the losing side of backup races ran (a losing copy, or a primary its "
+                "copy beat), per team",
+                "team",
             )
             for team, seconds in sorted(spec["waste_seconds"].items()):
                 waste.add([team], seconds)
+            failed = fam(
+                "failed_attempt_seconds",
+                "counter",
+                "Seconds run by attempts that failed or died with their worker (no copy), per team",
+                "team",
+            )
+            for team, seconds in sorted(spec.get("failed_seconds", {}).items()):
+                failed.add([team], seconds)
 
         # safety
         errs = fam("hook_errors", "counter", "Exceptions swallowed by a plugin hook", "hook")
@@ -193,7 +250,61 @@ class JobsCollector(PrometheusCollector):
             qt.add([team], count[team])
             qd.add([team], oldest.get(team, 0.0))
             qs.add([team], total.get(team, 0.0))
+        self._ledger_families(fam)
         return out
+
+    def _ledger_families(self, fam: Any) -> None:
+        """The jobs ledger's metrics, from the latest reading (module docs)."""
+        ledger = _jobs_ledger(self.server)
+        if ledger is None:
+            return
+        reading = LEDGER_METRICS.get(ledger)
+        if reading is None:
+            return
+        taken, per_team = reading
+        jobs = fam("jobs", "gauge", "Jobs in the ledger, by state", "team", "state")
+        attempts = fam(
+            "job_attempts", "gauge", "Job attempts in the ledger, by state", "team", "state"
+        )
+        retries = fam("job_retries", "counter", "Attempts beyond the first of each part", "team")
+        expiries = fam(
+            "job_lease_expiries",
+            "counter",
+            "Attempts lost because their lease ran out (no heartbeat)",
+            "team",
+        )
+        fenced = fam(
+            "job_fenced_commits",
+            "counter",
+            "Commits the ledger refused: a stale fencing token or an attempt no longer live",
+            "team",
+        )
+        delay = fam(
+            "job_queue_delay_seconds",
+            "gauge",
+            "Mean wait from a job's submission to a part's first attempt",
+            "team",
+        )
+        delay_n = fam(
+            "job_queue_delay_seconds_count",
+            "gauge",
+            "Parts the mean queue delay is over",
+            "team",
+        )
+        for team, m in sorted(per_team.items()):
+            for state, n in sorted(m["jobs"].items()):
+                jobs.add([team, state], n)
+            for state, n in sorted(m["attempts"].items()):
+                attempts.add([team, state], n)
+            retries.add([team], m["retries"])
+            expiries.add([team], m.get("expired", 0))
+            fenced.add([team], m["refused"])
+            if m["queue_delay"] is not None:
+                delay.add([team], m["queue_delay"])
+                delay_n.add([team], m.get("queue_delay_count", 0))
+        fam("ledger_metrics_age_seconds", "gauge", "Age of the ledger metrics served").add(
+            [], max(0.0, time.monotonic() - taken)
+        )
 
     def collect(self) -> Iterator[Any]:
         """prometheus_client's collector protocol (used when registered alone)."""
@@ -202,6 +313,67 @@ class JobsCollector(PrometheusCollector):
     def describe(self) -> list[Any]:
         # no names up front: the registry must not call collect() at registration
         return []
+
+
+#: Seconds between two readings of a ledger's metrics (aggregates over its tables).
+LEDGER_REFRESH = 10.0
+
+
+def _jobs_ledger(scheduler: Any) -> Any:
+    """The ledger of the jobs service running on ``scheduler``, if any (the plugin whose
+    ``ledger`` has ``metrics``: a capability, not a class)."""
+    for p in list(getattr(scheduler, "plugins", {}).values()):
+        ledger = getattr(p, "ledger", None)
+        if ledger is not None and callable(getattr(ledger, "metrics", None)):
+            return ledger
+    return None
+
+
+class _LedgerReadings:
+    """The latest ``Ledger.metrics()`` of each ledger, read in a thread of its own at most
+    every :data:`LEDGER_REFRESH` seconds; a scrape never waits for the database beyond
+    the first reading (at most a second)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.readings: dict[int, tuple[float, dict[str, dict[str, Any]]]] = {}
+        self.busy: dict[int, threading.Event] = {}
+
+    def get(self, ledger: Any) -> tuple[float, dict[str, dict[str, Any]]] | None:
+        key = id(ledger)
+        with self.lock:
+            got = self.readings.get(key)
+            done = self.busy.get(key)
+            due = got is None or time.monotonic() - got[0] >= LEDGER_REFRESH
+            if due and done is None:
+                done = self.busy[key] = threading.Event()
+                threading.Thread(
+                    target=self._read,
+                    args=(ledger, done),
+                    name="daskjobs-ledger-metrics",
+                    daemon=True,
+                ).start()
+        if got is None and done is not None:
+            done.wait(1.0)
+            with self.lock:
+                got = self.readings.get(key)
+        return got
+
+    def _read(self, ledger: Any, done: threading.Event) -> None:
+        key = id(ledger)
+        try:
+            reading = (time.monotonic(), ledger.metrics())
+            with self.lock:
+                self.readings[key] = reading
+        except Exception:
+            logger.debug("daskjobs: reading the ledger's metrics failed", exc_info=True)
+        finally:
+            with self.lock:
+                self.busy.pop(key, None)
+            done.set()
+
+
+LEDGER_METRICS = _LedgerReadings()
 
 
 def _families_to_prometheus(collectors: dict[str, JobsCollector]) -> Iterator[Any]:

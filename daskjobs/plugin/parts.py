@@ -154,6 +154,9 @@ class Part:
     def graph(self, new: list[Any]) -> None:
         """A new graph's tasks, ranked."""
 
+    def update_graph(self, client: str | None, keys: Any) -> None:
+        """A client's graph wants ``keys`` (dask's ``update_graph``, after ranking)."""
+
     def transition(self, step: Step) -> None:
         """A task changed state."""
 
@@ -183,7 +186,14 @@ class Part:
 
 
 #: The hooks the plugin runs over the parts that implement them.
-HOOKS = ("check_graph", "graph", "transition", "worker_added", "worker_removed")
+HOOKS = (
+    "check_graph",
+    "graph",
+    "update_graph",
+    "transition",
+    "worker_added",
+    "worker_removed",
+)
 
 
 def overrides(part: Part, hook: str) -> bool:
@@ -493,6 +503,28 @@ class RankingPart(Part):
             self.ranker.forget(step.key)
 
 
+class SharePart(Part):
+    """Tasks another team's graph brought and this graph wants too (a shared stage): their
+    cores are split among the teams that want them (docs/plugin.md). O(keys of the graph)."""
+
+    name = "share"
+
+    def __init__(self, ranker: Ranker, gate: ReleaseGate | None, audit: Audit) -> None:
+        self.ranker = ranker
+        self.gate = gate
+        self.audit = audit
+
+    def update_graph(self, client: str | None, keys: Any) -> None:
+        grown = self.ranker.share(client, keys)
+        if not grown:
+            return
+        if self.gate is not None:
+            for v in grown:
+                self.gate.reshare(v)
+        teams = sorted({t for v in grown for t in v.teams})  # one event a graph
+        self.audit.event("shared", tasks=len(grown), first=str(grown[0].tid), teams=teams)
+
+
 # -- composing the parts from the settings ---------------------------------------------------
 
 
@@ -560,6 +592,7 @@ def compose(
     if gate is not None:
         parts.append(GatePart(gate))
     parts.append(RankingPart(ranker))
+    parts.append(SharePart(ranker, gate, audit))
     return Composed(parts, speculator, preemptor, placer)
 
 

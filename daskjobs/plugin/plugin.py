@@ -217,6 +217,9 @@ class JobsPlugin(SchedulerPlugin):
             except Exception:
                 self.audit.failed(part.name, key)
 
+    def update_graph(self, scheduler: Any, *, client: Any = None, tasks: Any = (), **kw: Any) -> None:
+        self._each("update_graph", client, tasks)
+
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         step = _parts.Step(key, start, finish, kwargs)
         for part in self._hooks["transition"]:

@@ -27,6 +27,7 @@ team when teams are strict): they fail that submission, naming the task.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -131,6 +132,8 @@ class Ranker:
         self.ranked_graphs = 0
         self.ranked_tasks = 0
         self.estimate_sources = {"annotation": 0, "history": 0, "default": 0}
+        self.just_ranked: list[Key] = []  # the keys the latest graph brought (for share)
+        self.client_teams: dict[str, frozenset[str]] = {}  # client -> its graphs' teams
 
     def view(self, ts: Any, now: float) -> LiveTask:
         stage = stage_of(ts)
@@ -214,6 +217,7 @@ class Ranker:
             sources[v.source] += 1
         self.ranked_graphs += 1
         self.ranked_tasks += len(new)
+        self.just_ranked = [ts.key for ts in new]
         for src, count in sources.items():
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
@@ -230,6 +234,41 @@ class Ranker:
         new = [ts for ts in tasks if ts.state == "released" and not ts.who_wants]
         stimulus = f"daskjobs-refused-{time.time()}"
         dask_internals.fail_tasks(self.scheduler, new, error, stimulus, waiting=also)
+
+    def share(self, client: str | None, keys: Iterable[Key]) -> list[LiveTask]:
+        """A graph of ``client`` wants ``keys`` (dask's ``update_graph`` hook, right after
+        ranking): the tasks it did not bring (another team's graph did) are now wanted by
+        this graph's teams too. This graph's teams are those of the tasks it brought, else
+        (it brought none: every key existed) the teams of the client's earlier graphs, else
+        the default team. Returns the views whose ``teams`` grew (``self.tasks`` holds the
+        new views); fair share splits their cores among their teams. O(keys)."""
+        new = self.just_ranked
+        self.just_ranked = []
+        tasks = self.tasks
+        mine = frozenset(tasks[k].team for k in new if k in tasks)
+        if mine and client:
+            self.client_teams[client] = mine
+        elif not mine:
+            mine = self.client_teams.get(client or "") or frozenset({self.settings.teams.default})
+        fresh = set(new)
+        sched = self.scheduler
+        grown = []
+        for key in keys:
+            if key in fresh:
+                continue
+            v = tasks.get(key)
+            if v is None:
+                continue
+            ts = sched.tasks.get(key) if sched is not None else None
+            if ts is not None and ts.state in ("memory", "erred", "forgotten"):
+                continue  # done: nothing more to pay for
+            have = v.teams or (v.team,)
+            more = sorted(mine.difference(have))
+            if more:
+                tasks[key] = w = dataclasses.replace(v, teams=(*have, *more))
+                grown.append(w)
+        return grown
+
 
     def forget(self, key: Key) -> None:
         """``key`` was forgotten by the scheduler."""

@@ -351,6 +351,18 @@ class ReleaseGate:
         elif self.refused and not self.held:
             self._readmit()  # nothing left to refuse for
 
+    def reshare(self, v: LiveTask) -> None:
+        """The teams that want ``v`` grew (another team's graph came to want it): a
+        running attempt of it is split among them from now on (the policy's
+        ``reshare``, if it has one); a waiting one starts with them."""
+        att = self.attempts.get(v.tid)
+        if att is None:
+            return
+        att.task = v
+        reshare = getattr(self.popper, "reshare", None)
+        if reshare is not None:
+            reshare(att, v.teams, time.time())
+
     def _offer(self) -> None:
         """A task just ended, and dask fills the free slots of the workers in
         ``idle_task_count`` right after this transition
@@ -430,14 +442,16 @@ class ReleaseGate:
             self._flush()  # the policy keeps its own queue: hand it what it lacks
         sched = self.scheduler
         now = time.time()
-        running: dict[str, int] = {}
+        running: dict[str, float] = {}
         attempts: dict[Key, LiveAttempt] = {}
         for ws in sched.workers.values():
             for ts in ws.processing:
                 v = self.tasks.get(ts.key)
                 if v is None:
                     continue
-                running[v.team] = running.get(v.team, 0) + v.cores
+                payers = v.teams or (v.team,)  # a shared task's cores, split
+                for team in payers:
+                    running[team] = running.get(team, 0) + v.cores / len(payers)
                 old = self.attempts.get(ts.key)
                 attempts[ts.key] = old or LiveAttempt(v, self.speeds.node(ws.address), now)
         self.attempts = attempts

@@ -40,7 +40,9 @@ created in the scheduler's state so that everything dask does keeps working:
    task's worker still wins if it finishes first.
 5. **Losers.** dask cannot stop the losing thread: it runs to its end (or
    returns early if it calls :func:`daskjobs.cancelled`) and its result is
-   dropped. Its elapsed time is counted as waste per team, and tasks queued on a
+   dropped. Its elapsed time is counted as backup waste per team (only races count:
+   an attempt that fails or dies with its worker is counted apart, as failed
+   seconds), and tasks queued on a
    worker behind such a zombie thread are moved to idle workers.
 
 Every private piece of dask used here is in :mod:`daskjobs.plugin._internals`.
@@ -150,7 +152,12 @@ class Speculator:
         self.zombies: dict[str, set[Key]] = {}
         self._zombie_until: dict[tuple[str, Key], float] = {}
         self.moved = 0  # tasks moved off a worker whose thread a zombie holds
-        self.waste: dict[str, float] = {}  # team -> seconds of losing copies
+        # team -> seconds run by the losing side of backup races (a losing copy, or a
+        # primary its copy beat): what copies cost, and only that
+        self.waste: dict[str, float] = {}
+        # team -> seconds run by attempts that failed or were lost with their worker (no
+        # copy involved): reported apart, never as backup waste
+        self.failed_seconds: dict[str, float] = {}
         self._pc: Any = None
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
 
@@ -188,6 +195,7 @@ class Speculator:
             "peak": self.peak,
             "late_factor": self.spec.late_factor,
             "waste_seconds": dict(self.waste),
+            "failed_seconds": dict(self.failed_seconds),
         }
 
     # -- what the plugin asks ------------------------------------------------------
@@ -280,8 +288,8 @@ class Speculator:
         if start == "processing":
             self.copied.discard(key)
             st = self.starts.pop(key, None)
-            if st is not None and finish != "memory":  # a failed or lost attempt
-                self._waste(key, time.time() - st[1])
+            if st is not None and finish != "memory":  # a failed or lost attempt: no race
+                self._waste(key, time.time() - st[1], self.failed_seconds)
         race = self.races.get(key)
         if race is None:
             return
@@ -596,10 +604,12 @@ class Speculator:
         )
 
     # -- accounting ------------------------------------------------------------------
-    def _waste(self, key: Key, seconds: float) -> None:
+    def _waste(self, key: Key, seconds: float, into: dict[str, float] | None = None) -> None:
+        """Count ``seconds`` for ``key``'s team in ``into`` (default: backup waste)."""
+        book = self.waste if into is None else into
         v = self.tasks.get(key)
         team = v.team if v is not None else "default"
-        self.waste[team] = self.waste.get(team, 0.0) + max(seconds, 0.0)
+        book[team] = book.get(team, 0.0) + max(seconds, 0.0)
 
     def _learn_from_loser(self, key: Key, worker: str, now: float) -> None:
         """A primary beaten by its copy ran ``now - start`` on ``worker``: the learner's

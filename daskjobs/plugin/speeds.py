@@ -8,6 +8,17 @@ the plugin sees end, and which attempts teach a speed is the learner's own rule
 answers ``urgent`` for that learner: the speculation driver asks the learner, so a
 user's speculating policy is asked live as in the simulator. This object only maps
 worker addresses to node indices and announces belief changes.
+
+What the figure is: a worker's *slow-down* is the geometric mean of ``run time /
+estimate`` over the tasks that finished on it, pulled towards 1 by the learner's
+prior (a few samples of 1) until some have. It measures the worker and the estimates
+together: 1 means tasks took what they were estimated to take there; two identical
+workers running tasks that take a tenth of their estimates both read about 0.1. Only
+the ratio between workers says one is slower than another.
+
+A worker that leaves keeps what was learned of it (shown as gone), and a worker that
+joins under the same name (or, without one, the same address) starts from it: it is
+the same machine, and its next tasks refine the belief rather than start it again.
 """
 
 from __future__ import annotations
@@ -55,6 +66,11 @@ class WorkerSpeeds:
         self.addresses: dict[int, str] = {}  # node index -> address, of present workers
         self._next = 0  # node indices are never reused
         self.gone: dict[str, int] = {}  # workers that left: their index, for status rows
+        # what was learned of workers that left, by name (else address): restored when a
+        # worker of that name joins again
+        self.kept: dict[str, tuple[float, int]] = {}
+        self._kept_rows: dict[str, tuple[float, int]] = {}  # gone address -> its belief
+        self.names: dict[str, str] = {}  # address -> the worker's name (else address)
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
 
     def node(self, address: str) -> int:
@@ -67,6 +83,13 @@ class WorkerSpeeds:
             sched = self.scheduler
             ws = sched.workers.get(address) if sched is not None else None
             self.learner.add_node(node, int(ws.nthreads) if ws is not None else 1)
+            name = str(ws.name) if ws is not None and ws.name not in (None, "") else address
+            self.names[address] = name
+            learned = self.kept.pop(name, None)
+            if learned is not None:  # the same worker again: what was learned still holds
+                self.learner.relearn(node, learned)
+                self.gone.pop(address, None)
+                self._kept_rows.pop(address, None)
         return node
 
     def forget(self, address: str) -> None:
@@ -75,6 +98,10 @@ class WorkerSpeeds:
         if node is not None:
             self.addresses.pop(node, None)
             self.gone[address] = node
+            learned = self.learner.learned(node)
+            if learned is not None and learned[1] > 0:
+                self.kept[self.names.get(address, address)] = learned
+                self._kept_rows[address] = (self.learner.speed(node), learned[1])
             self.learner.remove_node(node)
 
     def speed(self, address: str) -> float:
@@ -95,17 +122,21 @@ class WorkerSpeeds:
             )
 
     def rows(self) -> list[dict[str, Any]]:
-        """Per worker: believed slow-down (1.0 nominal) and the attempts it rests on."""
+        """Per worker: measured slow-down (run time / estimate, module docs) and the
+        finished tasks it rests on; a worker that left keeps what was learned of it."""
         sched = self.scheduler
         out = []
         for address, node in sorted({**self.gone, **self.nodes}.items()):
             ws = sched.workers.get(address) if sched is not None else None
+            speed, samples = self.learner.speed(node), self.learner.samples(node)
+            if address not in self.nodes and address in self._kept_rows:
+                speed, samples = self._kept_rows[address]
             out.append(
                 {
                     "worker": address,
-                    "name": str(ws.name) if ws is not None else None,
-                    "speed": self.learner.speed(node),
-                    "samples": self.learner.samples(node),
+                    "name": str(ws.name) if ws is not None else self.names.get(address),
+                    "speed": speed,
+                    "samples": samples,
                     "present": ws is not None,
                 }
             )

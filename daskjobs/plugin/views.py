@@ -32,6 +32,9 @@ class LiveTask:
     stage: str
     speculate: bool = True  # the task's ``speculate`` annotation
     job_class: str = "be"  # the task's ``job_class`` annotation: "te" (interactive) or "be"
+    # every team whose graphs want the task, when several do (its own team first); empty:
+    # its own team alone. Fair share splits its cores among them (Ranker.share)
+    teams: tuple[str, ...] = ()
 
     @property
     def estimated(self) -> bool:

@@ -80,7 +80,13 @@ __all__ = [
 
 @runtime_checkable
 class TaskView(Protocol):
-    """What a policy may know about a task: never its true duration."""
+    """What a policy may know about a task: never its true duration.
+
+    A driver may add ``teams``: every team whose graphs want the task when several do
+    (one task for a stage two teams' sweeps share), the task's own team among them.
+    A policy reads it with ``getattr(task, "teams", ())``; fair share splits the task's
+    cores among them (docs/fairshare.md).
+    """
 
     @property
     def tid(self) -> Hashable: ...

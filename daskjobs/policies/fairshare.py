@@ -34,6 +34,21 @@ without being popped (the live scheduler ran or dropped it), lazily, in O(1);
 :meth:`FairShare.reconcile` resets running counts and queues from the
 scheduler's state after a driver failed to report something.
 
+Shared stages (one task wanted by several teams): two teams' sweeps that share a stage
+get one task for it (its content key is the same, which is the point of content keys),
+so someone must pay for it. The rule: **a shared task's cores are split equally among
+the teams that want it, for as long as it runs**. A task view may carry ``teams``
+(every team whose graphs want it, the submitter first); each of those teams holds
+``cores / len(teams)`` of its slots in the books (running cores and usage) and is
+booked that share of its core-seconds. When a team's graph starts wanting a task that
+already runs, the driver says so (:meth:`FairShare.reshare`) and the split changes from
+that moment: the submitter paid alone until then. Why split, not charge the submitter:
+the submitter would pay for work the second team then reads for free, and fair share
+would hold the submitter back for it; splitting charges each team what its graphs
+asked for, and a stage wanted by all teams costs each of them the same. Why equally,
+not by share: every team that wants the stage would have had to run all of it alone.
+:meth:`FairShare.booked` is the core-seconds booked to a team (not decayed).
+
 Starvation: every target is positive and usage of an idle team only decays, so
 a team with queued work is served once every busier team's usage per share
 rises above its own, which happens within one task length of each running
@@ -119,9 +134,14 @@ class FairShare(Policy):
         self._teams: list[str] = []
         self._share: dict[str, float] = {}
         self._queues: dict[str, HeapPolicy] = {}
-        self._running: dict[str, int] = {}
+        self._running: dict[str, float] = {}  # cores held (a shared task's are split)
         self._usage: dict[str, float] = {}
         self._stamp: dict[str, float] = {}
+        self._booked: dict[str, float] = {}  # core-seconds booked, not decayed
+        self._booked_at: dict[str, float] = {}
+        # running attempts of shared tasks -> the teams paying for them (a task paid by its
+        # own team alone has no entry)
+        self._payers: dict[Any, tuple[str, ...]] = {}
         self._lambda = math.log(2) / half_life if half_life else 0.0
         self._n = 0
         # team -> ids discarded while still in the team's queue (dropped when they surface)
@@ -139,6 +159,8 @@ class FairShare(Policy):
         self._running[team] = 0
         self._usage[team] = 0.0
         self._stamp[team] = 0.0
+        self._booked[team] = 0.0
+        self._booked_at[team] = 0.0
 
     def _team_of(self, task: TaskView) -> str:
         team = task.team
@@ -163,6 +185,40 @@ class FairShare(Policy):
             self._usage[team] = r / lam + (u0 - r / lam) * decay
         self._stamp[team] = now
 
+    def _book(self, team: str, now: float) -> None:
+        """Book the core-seconds ``team`` held since its last change, up to ``now``."""
+        dt = now - self._booked_at[team]
+        if dt > 0:
+            self._booked[team] += self._running[team] * dt
+            self._booked_at[team] = now
+
+    def _hold(self, team: str, cores: float, now: float) -> None:
+        """``team`` holds ``cores`` more (fewer, if negative) from ``now``."""
+        if self.half_life is not None:
+            self._advance(team, now)
+        self._book(team, now)
+        self._running[team] = max(self._running[team] + cores, 0.0)
+
+    def payers(self, task: TaskView) -> tuple[str, ...]:
+        """The teams that pay for ``task``: its ``teams`` (the teams whose graphs want it),
+        else its own team. Each pays ``cores / len(payers)``."""
+        teams = getattr(task, "teams", None)
+        if not teams or len(teams) == 1:
+            return (self._team_of(task),)
+        out = tuple(dict.fromkeys(teams))
+        for team in out:
+            if team not in self._queues:
+                self._team_of(_TeamOnly(team))
+        return out
+
+    def booked(self, team: str, now: float | None = None) -> float:
+        """Core-seconds booked to ``team`` so far (up to ``now``, if given): each of its
+        tasks' run time times its cores, a shared task's split among its payers. Not
+        decayed (what the team was charged, not what weighs on its priority)."""
+        if now is not None:
+            self._book(team, now)
+        return self._booked[team]
+
     def usage(self, team: str, now: float | None = None) -> float:
         """Current usage of ``team``: running cores, or decayed core-seconds."""
         if self.half_life is None:
@@ -174,7 +230,9 @@ class FairShare(Policy):
     def share(self, team: str) -> float:
         return self._share[team]
 
-    def running(self, team: str) -> int:
+    def running(self, team: str) -> float:
+        """Cores ``team`` holds now (a shared task's split among the teams paying for it:
+        the teams' figures add up to the cores in use)."""
         return self._running[team]
 
     def teams(self) -> list[str]:
@@ -282,23 +340,56 @@ class FairShare(Policy):
         team = task.team
         if team not in self._queues:  # not known yet (or an error): the one rule
             team = self._team_of(task)
+        teams = getattr(task, "teams", None)
+        if teams and len(teams) > 1:  # a shared task: split among the teams that want it
+            payers = self.payers(task)
+            self._payers[attempt] = payers
+            cores = task.cores / len(payers)
+            for t in payers:
+                self._hold(t, cores, now)
+            return
         if self.half_life is not None:
             self._advance(team, now)
+        self._book(team, now)
         self._running[team] += task.cores
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         task = attempt.task
+        payers = self._payers.pop(attempt, None) if self._payers else None
+        if payers is not None:
+            cores = task.cores / len(payers)
+            for t in payers:
+                self._hold(t, -cores, now)
+            return False
         team = task.team
         if team not in self._queues:
             team = self._team_of(task)
-        if self.half_life is not None:
-            self._advance(team, now)
-        self._running[team] = max(self._running[team] - task.cores, 0)
+        self._hold(team, -task.cores, now)
         return False
 
-    def reconcile(self, running: Mapping[str, int], queued: Sequence[TaskView], now: float) -> None:
+    def reshare(self, attempt: AttemptView, teams: Sequence[str], now: float) -> None:
+        """The teams that want ``attempt``'s task changed while it runs (a team's graph
+        came to want it): from ``now`` on it is split among ``teams``. O(teams)."""
+        task = attempt.task
+        old = self._payers.pop(attempt, None) or (self._team_of(task),)
+        new = tuple(dict.fromkeys(teams)) or (self._team_of(task),)
+        for t in new:
+            if t not in self._queues:
+                self._team_of(_TeamOnly(t))
+        for t in old:
+            self._hold(t, -task.cores / len(old), now)
+        for t in new:
+            self._hold(t, task.cores / len(new), now)
+        if len(new) > 1:
+            self._payers[attempt] = new
+
+    def reconcile(
+        self, running: Mapping[str, float], queued: Sequence[TaskView], now: float
+    ) -> None:
         """Reset from the driver's ground truth: cores each team holds now and the
-        tasks waiting (in order). Usage integrated so far is kept. O(T + n log n)."""
+        tasks waiting (in order). Usage integrated so far is kept; the running attempts'
+        payers are forgotten (a shared attempt running now is then closed as its own
+        team's). O(T + n log n)."""
         for team in list(running):
             if team not in self._queues:
                 self._team_of(_TeamOnly(team))
@@ -307,8 +398,10 @@ class FairShare(Policy):
         for team in self._teams:
             if self.half_life is not None:
                 self._advance(team, now)
-            self._running[team] = int(running.get(team, 0))
+            self._book(team, now)
+            self._running[team] = float(running.get(team, 0))
             self._queues[team] = _INNER[self.within]()
+        self._payers.clear()
         self._gone.clear()
         self._n = 0
         for t in queued:
@@ -324,6 +417,7 @@ class FairShare(Policy):
             "within": self.within,
             "half_life": self.half_life,
             "quotas": dict(self.quotas),
+            "shared": "split equally among the teams that want a task while it runs",
         }
 
 

@@ -405,6 +405,26 @@ class NodeAware(Policy):
         st = self._nodes.get(node)
         return st.count if st is not None else 0
 
+    def learned(self, node: int) -> tuple[float, int] | None:
+        """What ``node``'s belief rests on: (sum of its clamped log ratios, their count);
+        None for a node not known. :meth:`relearn` puts it back (a worker that left and
+        returns is the same machine: what was measured of it still holds)."""
+        st = self._nodes.get(node)
+        return (st.logsum, st.count) if st is not None else None
+
+    def relearn(self, node: int, learned: tuple[float, int]) -> None:
+        """Restore what :meth:`learned` returned onto ``node`` (added already)."""
+        st = self._nodes.get(node)
+        if st is None:
+            return
+        st.logsum, st.count = float(learned[0]), int(learned[1])
+        log_new = st.logsum / (st.count + self.prior)
+        new = _exp(log_new)
+        self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
+        st.speed = new
+        st.announced = log_new
+        self._rescan_best()
+
     def measured(self, node: int) -> bool:
         st = self._nodes.get(node)
         return st is not None and st.count >= self.min_samples

@@ -44,6 +44,9 @@ class Task:
     speed learning, the policies' rules). ``stage`` and ``params`` say what the task
     computes (a sweep's stage and the parameters of its grid point): a duration model
     (:mod:`daskjobs.policies.durations`) learns from them where no estimate is given.
+    ``teams``: every team whose graphs want the task, when several do (a stage two
+    teams' sweeps share: one task); empty means ``team`` alone. Fair share splits its
+    cores among them while it runs.
     """
 
     tid: Hashable
@@ -57,6 +60,7 @@ class Task:
     estimated: bool = True
     stage: str | None = None
     params: Mapping[str, Any] | None = field(default=None, compare=False)
+    teams: tuple[str, ...] = ()
     # where the running simulation keeps this task (simulator-internal, checked on use)
     _ti: int = field(default=-1, init=False, repr=False, compare=False)
 
@@ -75,6 +79,13 @@ class Task:
             object.__setattr__(self, "deps", tuple(self.deps))
         if self.tid in self.deps:
             raise ValueError(f"task {self.tid!r} depends on itself")
+        if not isinstance(self.teams, tuple):
+            object.__setattr__(self, "teams", tuple(self.teams))
+        if self.teams and self.team not in self.teams:
+            raise ValueError(
+                f"task {self.tid!r}: teams {self.teams!r} (the teams that want it) must "
+                f"include its own team {self.team!r}"
+            )
 
 
 @dataclass(frozen=True)
