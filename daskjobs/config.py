@@ -520,6 +520,17 @@ def _seconds(key: str, value: Any, *, floor: float = 0.0, allow_none: bool = Fal
     return float(seconds)
 
 
+def duration_seconds(what: str, value: Any) -> float:
+    """Seconds from a duration written as the configuration writes them: a number of
+    seconds (``2.5``), a string with a unit (``"10s"``, ``"2 minutes"``, ``"150ms"``) or
+    a ``timedelta``; >= 0 and finite. A :class:`ValueError` names ``what`` and the value
+    otherwise. The one parser of durations: configuration, ``estimate=`` of a sweep's
+    stage and the ``estimate`` annotation all read durations with it."""
+    seconds = _seconds(what, value)
+    assert seconds is not None
+    return seconds
+
+
 def _duration_text(seconds: float) -> str:
     return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
 

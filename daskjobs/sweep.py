@@ -90,7 +90,6 @@ import inspect
 import io
 import itertools
 import logging
-import math
 import os
 import pickle
 import sys
@@ -237,7 +236,7 @@ class Node:
 class StageOptions:
     """Per-stage scheduling and caching options (the annotations the scheduler sees)."""
 
-    estimate: float | Callable[[Mapping[str, Any]], float] | None = None
+    estimate: float | str | Callable[[Mapping[str, Any]], float | str] | None = None
     team: str | None = None
     resources: Mapping[str, float] | None = None
     retries: int | None = None
@@ -591,7 +590,7 @@ class Sweep:
         inputs: Mapping[str, Stage] | Stage | None = None,
         params: Mapping[str, Any] | None = None,
         name: str | None = None,
-        estimate: float | Callable[[Mapping[str, Any]], float] | None = None,
+        estimate: float | str | Callable[[Mapping[str, Any]], float | str] | None = None,
         team: str | None = None,
         resources: Mapping[str, float] | None = None,
         retries: int | None = None,
@@ -789,21 +788,23 @@ def _default_stage_name(func: Callable[..., Any]) -> str:
 
 
 def _estimate(
-    stage: str, estimate: float | Callable[[Mapping[str, Any]], float] | None, params: dict
+    stage: str,
+    estimate: float | str | Callable[[Mapping[str, Any]], float | str] | None,
+    params: dict,
 ) -> float | None:
+    """Seconds, read as the configuration reads durations (2.5, ``"10s"``, ``"2 minutes"``)."""
+    from daskjobs.config import duration_seconds
+
     if estimate is None:
         return None
     value = estimate(params) if callable(estimate) else estimate
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    try:
+        return duration_seconds(f"estimate of stage {stage!r}", value)
+    except ValueError:
         raise ValueError(
-            f"estimate of stage {stage!r} must be a finite number of seconds >= 0, got {value!r}"
-        )
-    return float(value)
+            f"estimate of stage {stage!r} must be a duration: seconds >= 0 (2.5) or a string "
+            f"with a unit ('10s', '2 minutes'), got {value!r}"
+        ) from None
 
 
 def _join_inputs(stage: str, inputs: Mapping[str, Stage]) -> list[dict[str, Node]]:

@@ -28,6 +28,8 @@ from typing import Any
 
 import click
 
+from daskjobs._text import table
+
 
 def _store(url: str | None) -> Any:
     """The store at ``url``, checked: a path that is a file or missing is a usage error."""
@@ -103,12 +105,19 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
         click.echo(json.dumps(out, default=str))
         return
     now = time.time()
-    click.echo(f"{'key':<48} {'stage':<20} {'size':>9} {'age':>7} {'compute':>9}  writer")
-    for e in entries:
-        click.echo(
-            f"{e.key:<48} {e.stage:<20} {_size(e.nbytes):>9} {_age(now - e.created):>7} "
-            f"{e.compute_seconds:>8.2f}s  {e.writer}"
-        )
+    rows = [
+        [
+            e.key,
+            e.stage,
+            _size(e.nbytes),
+            _age(now - e.created),
+            f"{e.compute_seconds:.2f}s",
+            str(e.writer),
+        ]
+        for e in entries
+    ]
+    # columns as wide as their widest cell: a long key or stage never shifts the others
+    click.echo(table(["key", "stage", "size", "age", "compute", "writer"], rows, "llrrrl"))
     click.echo(f"{len(entries)} entries, {_size(total)} in {store.url}")
     if corrupt:
         n = len(corrupt)

@@ -33,19 +33,22 @@ HISTORY_VERSION = 1
 
 
 class BadEstimate(SubmissionRefused):
-    """An ``estimate`` annotation that is not a finite number of seconds >= 0."""
+    """An ``estimate`` annotation that is not a duration (seconds >= 0, or ``"10s"``)."""
 
 
 def check_estimate(key: object, value: Any) -> float:
-    """``value`` as seconds, or :class:`BadEstimate` naming the task and value."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """``value`` as seconds, read as the configuration reads durations (a number of
+    seconds, ``"10s"``, ``"2 minutes"``: :func:`daskjobs.config.duration_seconds`), or
+    :class:`BadEstimate` naming the task and value."""
+    from daskjobs.config import duration_seconds
+
+    try:
+        return duration_seconds(f"task {key!r}: estimate", value)
+    except ValueError:
         raise BadEstimate(
-            f"task {key!r}: estimate must be a number of seconds, got "
-            f"{type(value).__name__} {value!r}"
-        )
-    if not (math.isfinite(value) and value >= 0):
-        raise BadEstimate(f"task {key!r}: estimate must be finite and >= 0 seconds, got {value!r}")
-    return float(value)
+            f"task {key!r}: estimate must be a duration: seconds >= 0 (2.5) or a string "
+            f"with a unit ('10s', '2 minutes'), got {type(value).__name__} {value!r}"
+        ) from None
 
 
 class Estimator:

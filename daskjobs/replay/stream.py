@@ -18,8 +18,13 @@ What a task stream lacks, and what is used instead (also in
 * **dependencies**: none unless the graph is given (``deps=``, a mapping key ->
   input keys, or the dask collection that ran); without them the tasks replay
   as independent, which under-estimates a DAG's makespan;
-* **submit times**: every task is taken as submitted when the first one
-  started (no start-up latency, no later submissions);
+* **submit times**: every task is taken as submitted when the *busy stretch* it
+  started in began (the cluster computing without a break since; no start-up
+  latency). Work submitted during a stretch cannot be told from work submitted at its
+  start, but work never waits through an idle cluster, so the idle hours between a
+  day's submissions are neither read as dask's per-task overhead (they were 692 ms a
+  task on a day-long stream when every task was taken as submitted at the first start)
+  nor dropped from the replay;
 * **threads per worker**: counted from the thread ids seen (``nthreads=``
   overrides);
 * **the policy** that ran: replayed as ``fifo`` unless another is asked;
@@ -47,9 +52,36 @@ __all__ = ["LACKS", "from_task_stream", "read_task_stream"]
 #: What a task stream does not hold (printed by ``daskjobs replay --task-stream``).
 LACKS = (
     "task stream: no estimates (each task's is its stage's median measured duration), "
-    "no teams (all 'default'), no submit times (all taken as submitted at the first start; "
-    "start-up 0), no policy (replayed as fifo), no lost or stolen attempts"
+    "no teams (all 'default'), no submit times (each taken as the start of the busy stretch "
+    "it ran in; start-up 0), no policy (replayed as fifo), no lost or stolen attempts"
 )
+
+
+def _busy_stretch_starts(
+    attempts: Mapping[Hashable, list[TraceAttempt]], order: list[Hashable]
+) -> dict[Hashable, float]:
+    """Per task (``order``: by first start), the start of the busy stretch its first
+    attempt started in: the cluster computed without a break from then until that start
+    (a task waiting while nothing computed would have started). O(n log n)."""
+    spans = sorted(
+        (a.compute_start, a.compute_start + (a.duration or 0.0))
+        for atts in attempts.values()
+        for a in atts
+        if a.compute_start is not None
+    )
+    out: dict[Hashable, float] = {}
+    i = 0
+    stretch = busy_until = -math.inf
+    for key in order:
+        first = attempts[key][0].compute_start or 0.0
+        while i < len(spans) and spans[i][0] <= first:
+            begin, end = spans[i]
+            if begin > busy_until:  # the cluster was idle before this start
+                stretch = begin
+            busy_until = max(busy_until, end)
+            i += 1
+        out[key] = stretch if stretch > -math.inf else first
+    return out
 
 
 def _key(value: Any) -> Hashable:
@@ -204,6 +236,7 @@ def from_task_stream(
         by_stage.setdefault(_prefix(key), []).append(atts[-1].duration or 0.0)
     stage_median = {s: statistics.median(ds) for s, ds in by_stage.items()}
     order = sorted(attempts, key=lambda k: attempts[k][0].compute_start or 0.0)
+    submitted = _busy_stretch_starts(attempts, order)
     trace = Trace(
         path=where,
         header={"type": "header", "version": 1, "policy": None, "settings": {}},
@@ -219,7 +252,7 @@ def from_task_stream(
             team="default",
             stage=stage,
             priority=(0, 0, 0, n),
-            submit=t0,
+            submit=submitted[key],
             attempts=attempts[key],
         )
     for addr, ids in sorted(threads.items()):

@@ -185,7 +185,22 @@ def _check_plotting(plot_dir: Path | None) -> None:
 
 @contextmanager
 def _progress(label: str, runs: int) -> Iterator[Callable[[str], None]]:
-    """A progress bar over ``runs`` simulations on stderr; yields the per-run callback."""
+    """A progress bar over ``runs`` simulations on stderr; yields the per-run callback.
+
+    When stderr is not a terminal (redirected to a file or a pipe, as under ``nohup`` or
+    a CI log) a bar cannot redraw, and click's writes nothing until the end: then each
+    finished run is one line, written and flushed as it is computed."""
+    if not _is_terminal(sys.stderr):
+        done_runs = 0
+
+        def line(done: str) -> None:
+            nonlocal done_runs
+            done_runs += 1
+            sys.stderr.write(f"{label}: {done_runs}/{runs} done: {done}\n")
+            sys.stderr.flush()
+
+        yield line
+        return
     bar: Any = click.progressbar(
         length=runs,
         label=label,
@@ -200,6 +215,14 @@ def _progress(label: str, runs: int) -> Iterator[Callable[[str], None]]:
             bar.update(1, current_item=done)
 
         yield advance
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
 
 
 def _run(
