@@ -30,8 +30,12 @@ COMMANDS: dict[str, str] = {
     "status": "daskjobs.plugin.cli:status_command",
     "start-rate": "daskjobs.plugin.cli:start_rate_command",
     "replay": "daskjobs.replay.cli:replay",
-    "jobs": "daskjobs.jobs.cli:jobs_command",
+    "ledger": "daskjobs.jobs.cli:jobs_command",
 }
+
+#: Old subcommand names: still run, with a one-line deprecation on stderr, and not listed
+#: (``daskjobs jobs ls`` read ``dask jobs jobs ls`` as part of ``dask``).
+DEPRECATED: dict[str, str] = {"jobs": "ledger"}
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -60,6 +64,14 @@ class LazyGroup(click.Group):
         return sorted({*COMMANDS, *super().list_commands(ctx)})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        new = DEPRECATED.get(cmd_name)
+        if new is not None and new in COMMANDS:
+            prog = ctx.command_path
+            click.echo(
+                f"'{prog} {cmd_name}' is now '{prog} {new}' (the old name will be removed)",
+                err=True,
+            )
+            cmd_name = new
         target = COMMANDS.get(cmd_name)
         if target is None:
             return super().get_command(ctx, cmd_name)

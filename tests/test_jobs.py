@@ -69,7 +69,7 @@ def test_inference_job_runs_every_part_once(cluster: Any, tmp_path: Path) -> Non
     assert again.job_id == job.job_id and again.state == "succeeded"
     time.sleep(0.3)
     assert len(marks(m)) == 4
-    assert [j["job_id"] for j in jobs.list(client)] == [job.job_id]
+    assert [j.job_id for j in jobs.list(client)] == [job.job_id]
     assert service.status()["reachable"] is True
 
 

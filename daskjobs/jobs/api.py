@@ -9,13 +9,14 @@ with the preload and ``daskjobs.jobs.enabled``)."""
 from __future__ import annotations
 
 import pickle
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import cloudpickle
 
-from daskjobs.jobs.model import JobSpec
+from daskjobs.jobs.model import JobInfo, JobSpec, Progress
 from daskjobs.jobs.runner import INLINE
 from daskjobs.jobs.service import REFUSED
 
@@ -105,11 +106,32 @@ def submit(
     return Job(client, record["job_id"])
 
 
-def list_jobs(
-    client: Any, *, team: str | None = None, state: str | None = None
-) -> list[dict[str, Any]]:
-    """The ledger's jobs (oldest first), optionally of one team or in one state."""
-    return list(_call(client, "list", team=team, state=state))
+def list_jobs(client: Any, *, team: str | None = None, state: str | None = None) -> list[JobInfo]:
+    """The ledger's jobs (oldest first), optionally of one team or in one state: each a
+    :class:`~daskjobs.jobs.model.JobInfo` (times as UTC datetimes)."""
+    return [JobInfo.from_json(d) for d in _call(client, "list", team=team, state=state)]
+
+
+#: What ``wait(progress=...)`` and ``result(progress=...)`` take: True (a line of text on
+#: stderr at each change), a callable given each :class:`Progress`, or None/False.
+ProgressArg = bool | Callable[[Progress], Any] | None
+
+
+def _reporter(progress: ProgressArg, name: str) -> Callable[[Progress], Any] | None:
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+
+        def line(p: Progress) -> None:
+            # one line a change, flushed: readable in a terminal, a log or a notebook
+            # (the sweep's progress without a terminal, and no tqdm)
+            sys.stderr.write(p.line(name) + "\n")
+            sys.stderr.flush()
+
+        return line
+    if callable(progress):
+        return progress
+    raise TypeError(f"progress: expected True, a callable or None, got {progress!r}")
 
 
 class Job:
@@ -158,23 +180,43 @@ class Job:
         """Run a failed or cancelled job's missing parts again."""
         return bool(_call(self.client, "retry", job_id=self.job_id))
 
-    def wait(self, timeout: float | None = None, poll: float = 0.2) -> dict[str, Any]:
-        """Wait until the job ends; its final status."""
+    def wait(
+        self, timeout: float | None = None, poll: float = 0.2, progress: ProgressArg = None
+    ) -> dict[str, Any]:
+        """Wait until the job ends; its final status. ``progress``: True writes a line
+        (``job NAME: 3/10 parts committed, 2 running (running)``) to stderr whenever it
+        changes; a callable gets each changed :class:`~daskjobs.jobs.model.Progress`."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        report = _reporter(progress, self.job_id)
+        last: Progress | None = None
         while True:
-            light = _call(self.client, "state", job_id=self.job_id)  # one row, not the job
+            if report is None:
+                light = _call(self.client, "state", job_id=self.job_id)  # one row
+            else:
+                light = _call(self.client, "progress", job_id=self.job_id)
+                now = Progress(
+                    self.job_id,
+                    light["state"],
+                    light["parts"],
+                    light["committed"],
+                    light["running"],
+                )
+                if now != last:
+                    report(now)
+                    last = now
             if light["state"] in ("succeeded", "failed", "cancelled"):
                 return self.status()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"daskjobs job {self.job_id} still {light['state']}")
             time.sleep(poll)
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None, progress: ProgressArg = None) -> Any:
         """The job's output once it succeeded: the value of its one part, or the list of
         its parts' values (an inference job; a sweep's job gives its summary). Raises
         :class:`JobFailed` if it failed or was cancelled. Small values come from the
-        ledger; values in the store are read by a worker and sent back."""
-        status = self.wait(timeout)
+        ledger; values in the store are read by a worker and sent back. ``progress`` as
+        for :meth:`wait`."""
+        status = self.wait(timeout, progress=progress)
         if status["state"] != "succeeded":
             raise JobFailed(
                 f"daskjobs job {self.job_id} {status['state']}: {status['reason'] or ''}".rstrip(

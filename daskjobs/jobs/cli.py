@@ -96,9 +96,12 @@ def _find(ledger: Any, job: str) -> Any:
         raise click.ClickException(f"{job!r} names {len(matches)} jobs: {ids}") from None
 
 
-@click.group("jobs", cls=_LedgerCommands)
+@click.group("ledger", cls=_LedgerCommands)
 def jobs_command() -> None:
-    """Jobs in the ledger: list, show, cancel, retry (docs/jobs.md)."""
+    """Jobs in the ledger: list, show, cancel, retry, migrate (docs/jobs.md).
+
+    ``daskjobs ledger ls`` (``dask jobs ledger ls`` as part of dask); the old name
+    ``daskjobs jobs`` still works, with a deprecation message."""
 
 
 @jobs_command.command("ls")

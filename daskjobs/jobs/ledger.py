@@ -974,6 +974,7 @@ class Ledger:
         outputs: Sequence[tuple[str, int, int, str]],
         epoch: int | None = None,
         values: Sequence[bytes | None] | None = None,
+        workers: Sequence[str | None] | None = None,
     ) -> list[bool | StaleTransition]:
         """:meth:`commit_output` for many ``(job_id, part, token, location)`` in one
         transaction (a worker process's finished parts, committed together): for each,
@@ -981,7 +982,10 @@ class Ledger:
         :class:`StaleTransition` that refused it, recorded in the same transaction. Each
         is decided on its own; a refused one does not hold the others back. ``values``:
         an output kept in the ledger itself (a small one: its pickle), else None.
-        Set-based: a few statements per few hundred outputs."""
+        ``workers``: the worker that ran each (recorded on its attempt). An attempt that
+        ends before its worker acknowledged it (a short part) is recorded as it ran:
+        ``launching -> running -> succeeded``, with its worker. Set-based: a few
+        statements per few hundred outputs."""
         if not outputs:
             return []
         now = self.clock()
@@ -1001,7 +1005,7 @@ class Ledger:
                 ).all()
             for chunk in _chunks(order):
                 finished.update(
-                    self._commit_many(conn, outputs, values, chunk, epoch, now, results)
+                    self._commit_many(conn, outputs, values, chunk, epoch, now, results, workers)
                 )
             for job_id, count in sorted(finished.items()):
                 self._count_committed(conn, job_id, count, epoch, now)
@@ -1016,6 +1020,7 @@ class Ledger:
         epoch: int | None,
         now: float,
         results: dict[int, bool | StaleTransition],
+        workers: Sequence[str | None] | None = None,
     ) -> list[str]:
         """One chunk of :meth:`commit_outputs`; the job of each output committed."""
         pg = conn.dialect.name == "postgresql"
@@ -1091,12 +1096,29 @@ class Ledger:
                 continue
             existing[job_id, part] = token  # a second item of this part in the batch
             won.append((i, holder))
-            log.append(
-                ("attempt", holder.attempt_id, holder.state, "succeeded", "output committed")
-            )
+            worker = workers[i] if workers is not None else None
+            before = holder.state
+            if before != "running":  # it ran before anyone said so: the step, as it was
+                where = f" ({worker})" if worker else ""
+                log.append(
+                    ("attempt", holder.attempt_id, before, "running", f"worker ran it{where}")
+                )
+                before = "running"
+            log.append(("attempt", holder.attempt_id, before, "succeeded", "output committed"))
             log.append(("output", f"{job_id}/{part}", None, "committed", f"token {token}"))
         if won:
             ids = [h.attempt_id for _, h in won]
+            by_worker: dict[str, list[str]] = {}
+            for i, h in won:
+                w = workers[i] if workers is not None else None
+                if w:
+                    by_worker.setdefault(w, []).append(h.attempt_id)
+            for w, wids in sorted(by_worker.items()):  # the worker that ran it, if unknown
+                conn.execute(
+                    attempts_t.update()
+                    .where(attempts_t.c.attempt_id.in_(wids), attempts_t.c.worker.is_(None))
+                    .values(worker=w)
+                )
             res = conn.execute(
                 attempts_t.update()
                 .where(attempts_t.c.attempt_id.in_(ids), _still_live())
@@ -1419,6 +1441,32 @@ class Ledger:
             raise LedgerError(f"daskjobs ledger: no job {job_id!r}")
         return row.state, row.reason
 
+    def progress(self, job_id: str) -> dict[str, Any]:
+        """How far a job is: ``state``, ``reason``, ``parts``, ``committed`` (parts with a
+        visible output) and ``running`` (attempts a worker acknowledged and still runs).
+        Two short statements on indexed keys (what :meth:`Job.wait` with ``progress``
+        polls)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(
+                    jobs_t.c.state, jobs_t.c.reason, jobs_t.c.parts, jobs_t.c.committed
+                ).where(jobs_t.c.job_id == job_id)
+            ).first()
+            if row is None:
+                raise LedgerError(f"daskjobs ledger: no job {job_id!r}")
+            running = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(attempts_t)
+                .where(attempts_t.c.job_id == job_id, attempts_t.c.state == "running")
+            ).scalar()
+        return {
+            "state": row.state,
+            "reason": row.reason,
+            "parts": int(row.parts),
+            "committed": int(row.committed),
+            "running": int(running or 0),
+        }
+
     def missing_parts(self, job_id: str) -> list[int]:
         """Parts of ``job_id`` with no committed output (what a resubmission must run)."""
         with self.engine.connect() as conn:
@@ -1450,7 +1498,7 @@ class Ledger:
             if current != SCHEMA_VERSION:
                 raise LedgerError(
                     f"daskjobs ledger {self.url}: schema version {current}, this daskjobs "
-                    f"writes {SCHEMA_VERSION}: call Ledger.migrate() (or `daskjobs jobs migrate`)"
+                    f"writes {SCHEMA_VERSION}: call Ledger.migrate() (or `daskjobs ledger migrate`)"
                 )
             self._ready = True
         asked = time.monotonic()

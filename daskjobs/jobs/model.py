@@ -37,6 +37,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 __all__ = [
@@ -46,8 +47,10 @@ __all__ = [
     "JOB_STATES",
     "KINDS",
     "AttemptRecord",
+    "JobInfo",
     "JobRecord",
     "JobSpec",
+    "Progress",
     "StaleTransition",
     "may_expire",
     "next_step",
@@ -250,6 +253,60 @@ class JobRecord:
     submitted: float
     updated: float
     reason: str | None = None
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as :func:`daskjobs.jobs.list` returns it: the ledger's record with its times
+    as timezone-aware datetimes (UTC) and the spec's name, team, kind and parts at hand."""
+
+    job_id: str
+    name: str
+    team: str
+    kind: str
+    parts: int
+    state: str
+    submitted: datetime
+    updated: datetime
+    reason: str | None
+    spec: JobSpec
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> JobInfo:
+        """From the service's JSON of a job (epoch seconds, the spec as JSON)."""
+        spec = JobSpec.from_json(d["spec"])
+        return cls(
+            job_id=str(d["job_id"]),
+            name=spec.name,
+            team=spec.team,
+            kind=spec.kind,
+            parts=spec.parts,
+            state=str(d["state"]),
+            submitted=datetime.fromtimestamp(float(d["submitted"]), tz=timezone.utc),
+            updated=datetime.fromtimestamp(float(d["updated"]), tz=timezone.utc),
+            reason=d.get("reason"),
+            spec=spec,
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a job is, as :meth:`Job.wait <daskjobs.jobs.Job.wait>` reports it: parts
+    committed of ``parts``, attempts running now, and the job's state."""
+
+    job_id: str
+    state: str
+    parts: int
+    committed: int
+    running: int
+
+    def line(self, name: str | None = None) -> str:
+        """One line of text: ``job NAME: 3/10 parts committed, 2 running (running)``."""
+        running = f", {self.running} running" if self.running else ""
+        return (
+            f"job {name or self.job_id}: {self.committed}/{self.parts} parts committed"
+            f"{running} ({self.state})"
+        )
 
 
 @dataclass(frozen=True)

@@ -414,6 +414,7 @@ class _Reporter:
                     for e in commits
                 ],
                 values=[e.value for e in commits],
+                workers=[e.attempt._worker or None for e in commits],
             )
             for e, r in zip(commits, results, strict=True):
                 assert e.outcome is not None

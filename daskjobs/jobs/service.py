@@ -676,6 +676,9 @@ class JobsService(SchedulerPlugin):
         state, reason = ledger.state(job_id)
         return {"state": state, "reason": reason}
 
+    def _op_progress(self, ledger: Ledger, job_id: str) -> Any:
+        return ledger.progress(job_id)
+
     def _op_values(self, ledger: Ledger, job_id: str) -> Any:
         return {str(p): v for p, v in ledger.output_values(job_id).items()}
 
