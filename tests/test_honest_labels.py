@@ -56,7 +56,10 @@ def test_running_figures_never_exceed_the_threads_with_copies_running():
             time.sleep(0.02)
         c.gather(futures)
         launched = status(c)["speculation"]["launched"]
+        history = _dashboard_history(cl)
     assert launched >= 1
+    for total in history:  # the dashboard's series: the same figures, sampled each second
+        assert total <= 4 + 1e-9, history
     assert len(samples) > 10
     for rows in samples:
         assert sum(r["running"] for r in rows) <= 4 + 1e-9, rows
@@ -64,6 +67,22 @@ def test_running_figures_never_exceed_the_threads_with_copies_running():
     # what dask assigned to workers is more than the threads: that figure is labelled apart
     assert max(sum(r["assigned"] for r in rows) for rows in samples) > 4
     assert any(r["copies"] > 0 for rows in samples for r in rows), "no copy was seen running"
+
+
+def _dashboard_history(cl: Any) -> list[float]:
+    """Per dashboard sample, the threads held by all teams (empty without the page)."""
+    import json
+    import urllib.request
+
+    from daskjobs.plugin.dashboard import installed
+
+    if installed(cl.scheduler) is None:
+        return []
+    url = f"http://127.0.0.1:{cl.scheduler.http_server.port}/daskjobs/data.json"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        h = json.load(r)["history"]
+    teams = h["teams"].values()
+    return [sum(t["running"][i] or 0 for t in teams) for i in range(len(h["time"]))]
 
 
 def fail_after(seconds):

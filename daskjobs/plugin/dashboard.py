@@ -39,7 +39,9 @@ Cost
 One sampler per scheduler (a ``PeriodicCallback`` in
 ``scheduler.periodic_callbacks``, every second) reads the plugin's public
 summaries - ``teams()``, ``worker_speeds()``, ``speculator.stats()`` - and keeps a
-ring of samples: O(teams + workers) per tick, never a scan over tasks. Each open
+ring of samples: O(teams + workers + tasks assigned to workers) per tick (the threads
+each team holds are counted over the workers' assigned tasks, at most
+``worker-saturation`` times the threads), never a scan over queued or waiting tasks. Each open
 page streams the new samples and redraws its tables from the latest one:
 O(teams + workers + shown events) per tick. The queue delay needs the oldest
 queued task of each team, which no summary holds: a :class:`QueueClock`, a

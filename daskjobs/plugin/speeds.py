@@ -83,7 +83,8 @@ class WorkerSpeeds:
             sched = self.scheduler
             ws = sched.workers.get(address) if sched is not None else None
             self.learner.add_node(node, int(ws.nthreads) if ws is not None else 1)
-            name = str(ws.name) if ws is not None and ws.name not in (None, "") else address
+            named = getattr(ws, "name", None)
+            name = str(named) if named not in (None, "") else address
             self.names[address] = name
             learned = self.kept.pop(name, None)
             if learned is not None:  # the same worker again: what was learned still holds

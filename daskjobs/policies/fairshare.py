@@ -197,7 +197,9 @@ class FairShare(Policy):
         if self.half_life is not None:
             self._advance(team, now)
         self._book(team, now)
-        self._running[team] = max(self._running[team] + cores, 0.0)
+        held = self._running[team] + cores
+        # split shares (thirds) leave float dust when they all end: nothing is held then
+        self._running[team] = held if held > 1e-9 else 0.0
 
     def payers(self, task: TaskView) -> tuple[str, ...]:
         """The teams that pay for ``task``: its ``teams`` (the teams whose graphs want it),
