@@ -90,6 +90,7 @@ import inspect
 import io
 import itertools
 import logging
+import math
 import os
 import pickle
 import sys

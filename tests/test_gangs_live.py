@@ -464,6 +464,7 @@ def test_on_real_processes_a_killed_members_worker_restarts_the_whole_gang(
         while len(c.run_on_scheduler(members)) < 4:
             assert time.time() < deadline, "the gang did not start"
             time.sleep(0.05)
+
         def checkpointed(dask_scheduler: Any) -> list[str]:
             placer = dask_scheduler.plugins["daskjobs"].placer
             return sorted(str(k) for k in placer.checkpoints if str(k).startswith("ddp-"))

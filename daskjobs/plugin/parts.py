@@ -592,7 +592,8 @@ def compose(
     if gate is not None:
         parts.append(GatePart(gate))
     parts.append(RankingPart(ranker))
-    parts.append(SharePart(ranker, gate, audit))
+    if ranker.fair is not None:  # who pays for a shared stage: the team books' question
+        parts.append(SharePart(ranker, gate, audit))
     return Composed(parts, speculator, preemptor, placer)
 
 

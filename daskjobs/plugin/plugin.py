@@ -1,15 +1,14 @@
 """The daskjobs scheduler plugin: dask's scheduler, steered by the shared policy core.
 
 ``JobsPlugin`` makes one decision of its own, each new graph's ``TaskState.priority``
-from the policy (:mod:`~daskjobs.plugin.ranking`, before anything is dispatched), and
-runs every other hook of dask's over its *parts* (:mod:`daskjobs.plugin.parts`: the
-trace, speculation, preemption, resources and gangs, learning, the release gate; one
-concern each, behind one protocol, every call under one guard), composed from the
-settings and from what the policy declares it does
-(:attr:`~daskjobs.policies.Policy.capabilities`). ``explain``, ``status``, the
-dashboard page and the metrics read it through a read-only view (``plugin.view``,
-:mod:`~daskjobs.plugin.explain`). Every private piece of distributed the parts touch
-is a verb of :mod:`daskjobs.plugin._internals`, checked at start.
+from the policy (:mod:`~daskjobs.plugin.ranking`, before anything is dispatched), and runs
+every other hook of dask's over its *parts* (:mod:`daskjobs.plugin.parts`: the trace,
+speculation, preemption, resources and gangs, learning, the release gate, shared stages;
+one concern each, behind one protocol, every call under one guard), composed from the
+settings and what the policy declares it does (:attr:`~daskjobs.policies.Policy.capabilities`).
+``explain``, ``status``, the dashboard page and the metrics read it through a read-only
+view (``plugin.view``, :mod:`~daskjobs.plugin.explain`). Every private piece of distributed
+the parts touch is a verb of :mod:`daskjobs.plugin._internals`, checked at start.
 
 Safety: the plugin runs inside a shared scheduler. An exception in a part's hook is
 logged at WARNING with the key, counted in ``plugin.errors`` under the part's name and
@@ -217,7 +216,9 @@ class JobsPlugin(SchedulerPlugin):
             except Exception:
                 self.audit.failed(part.name, key)
 
-    def update_graph(self, scheduler: Any, *, client: Any = None, tasks: Any = (), **kw: Any) -> None:
+    def update_graph(
+        self, scheduler: Any, *, client: Any = None, tasks: Any = (), **_: Any
+    ) -> None:
         self._each("update_graph", client, tasks)
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -259,7 +260,7 @@ class JobsPlugin(SchedulerPlugin):
         return self.view.status()
 
     def teams(self) -> list[dict[str, Any]]:
-        """Per team: target share, decayed usage, running slots, queued, quota."""
+        """Per team: share, usage, threads held, assigned, booked, queued, quota."""
         return self.view.teams()
 
     def worker_speeds(self) -> list[dict[str, Any]]:

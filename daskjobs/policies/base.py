@@ -13,8 +13,8 @@ Views (structural protocols, so any object with these attributes will do):
   ``end`` and ``outcome`` once ended, ``backup`` (is it a speculative copy).
 
 Beyond those, a driver may give a view the *optional fields* of :data:`OPTIONAL_FIELDS`
-(``task.estimated``, ``task.speculate``, ``task.job_class``, ``node.waiting``,
-``node.core``, ``attempt.books``); a policy reads one with its default there
+(``task.estimated``, ``task.speculate``, ``task.job_class``, ``task.teams``,
+``node.waiting``, ``node.core``, ``attempt.books``); a policy reads one with its default there
 (:func:`field`) and names those it reads in its capabilities.
 
 Capabilities
@@ -153,6 +153,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "task.estimated": True,
     "task.speculate": True,
     "task.job_class": "be",
+    "task.teams": (),
     "node.waiting": 0.0,
     "node.core": None,
     "attempt.books": None,
@@ -221,6 +222,8 @@ class SpeedLearner(Protocol):
     def add_node(self, index: int, cores: int) -> None: ...
     def remove_node(self, index: int) -> None: ...
     def ended(self, attempt: AttemptView, now: float) -> bool: ...
+    def learned(self, node: int) -> tuple[float, int] | None: ...
+    def relearn(self, node: int, learned: tuple[float, int]) -> None: ...
 
 
 class TeamBooks(Protocol):
@@ -235,6 +238,7 @@ class TeamBooks(Protocol):
     def usage(self, team: str, now: float) -> float: ...
     def running(self, team: str) -> int: ...
     def queued(self, team: str) -> int: ...
+    def booked(self, team: str, now: float | None = None) -> float: ...
 
 
 class Policy:

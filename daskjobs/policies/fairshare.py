@@ -98,7 +98,9 @@ class FairShare(Policy):
     """
 
     name = "fair-share"
-    capabilities = Capabilities(pops=True, team_books=True, reconciles=True)
+    capabilities = Capabilities(
+        pops=True, team_books=True, reconciles=True, reads=frozenset({"task.teams"})
+    )
 
     def __init__(
         self,
@@ -204,7 +206,7 @@ class FairShare(Policy):
     def payers(self, task: TaskView) -> tuple[str, ...]:
         """The teams that pay for ``task``: its ``teams`` (the teams whose graphs want it),
         else its own team. Each pays ``cores / len(payers)``."""
-        teams = getattr(task, "teams", None)
+        teams = getattr(task, "teams", ())
         if not teams or len(teams) == 1:
             return (self._team_of(task),)
         out = tuple(dict.fromkeys(teams))
@@ -342,7 +344,7 @@ class FairShare(Policy):
         team = task.team
         if team not in self._queues:  # not known yet (or an error): the one rule
             team = self._team_of(task)
-        teams = getattr(task, "teams", None)
+        teams = getattr(task, "teams", ())
         if teams and len(teams) > 1:  # a shared task: split among the teams that want it
             payers = self.payers(task)
             self._payers[attempt] = payers
