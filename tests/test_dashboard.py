@@ -251,10 +251,10 @@ def test_a_failing_summary_never_breaks_the_scheduler(monkeypatch):
     with plugin_cluster(jobs_plugin()) as cl, Client(cl) as c:
         plugin = cl.scheduler.plugins["daskjobs"]
 
-        def boom():
+        def boom(self):
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(plugin, "teams", boom)
+        monkeypatch.setattr(type(plugin.view), "teams", boom)  # the view the page reads
         status, body = get(base_url(cl) + "/daskjobs/data.json")
         assert status == 500 and "failed" in json.loads(body)["error"]
         assert get(base_url(cl) + "/daskjobs")[0] == 200  # the page says it failed

@@ -26,7 +26,7 @@ def daskjobs(*args: str, cwd: Path) -> tuple[int, list[str]]:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "daskjobs.cli", "jobs", *args],
+        [sys.executable, "-m", "daskjobs.cli", "ledger", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -42,7 +42,7 @@ def test_a_missing_sqlite_ledger_is_named_and_not_made(command: list[str], tmp_p
     assert code != 0
     assert lines == [
         f"Error: daskjobs ledger sqlite:///typo.sqlite: no such file ({tmp_path / 'typo.sqlite'}); "
-        "`daskjobs jobs migrate --ledger URL` creates a ledger there"
+        "`daskjobs ledger migrate --ledger URL` creates a ledger there"
     ]
     assert list(tmp_path.iterdir()) == []
 
@@ -87,7 +87,7 @@ def test_a_database_without_the_schema_is_named_and_left_alone(tmp_path: Path) -
         assert code != 0
         assert lines == [
             f"Error: daskjobs ledger sqlite:///{empty}: not a daskjobs ledger (no schema); "
-            "`daskjobs jobs migrate --ledger URL` creates one there"
+            "`daskjobs ledger migrate --ledger URL` creates one there"
         ]
     assert empty.read_bytes() == b""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.sqlite"]

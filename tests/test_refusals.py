@@ -51,7 +51,7 @@ KINDS: dict[str, tuple[dict[str, Any], dict[str, Any], type[Exception], str]] = 
         {},
         {"estimate": "soon"},
         BadEstimate,
-        r"estimate must be a number of seconds, got str 'soon'",
+        r"estimate must be a duration: .* got str 'soon'",
     ),
     "job-class": (
         {},

@@ -1,4 +1,4 @@
-"""``daskjobs jobs ls|show|cancel|retry|migrate`` (also ``dask jobs jobs ...``).
+"""``daskjobs ledger ls|show|cancel|retry|migrate`` (also ``dask jobs ledger ...``).
 
 The commands read and write the ledger directly (``--ledger URL``, default
 ``daskjobs.ledger.url``, else the SQLite file in the store directory), so they work

@@ -266,7 +266,7 @@ class Ledger:
                 self.engine.dispose()
                 raise LedgerError(
                     f"daskjobs ledger {safe_url(self.url)}: not a daskjobs ledger (no schema); "
-                    "`daskjobs jobs migrate --ledger URL` creates one there"
+                    "`daskjobs ledger migrate --ledger URL` creates one there"
                 )
 
     def close(self) -> None:
@@ -1670,7 +1670,7 @@ def _check_exists(url: str) -> None:
         what = "no such file" if not os.path.exists(path) else "not a file"
         raise LedgerError(
             f"daskjobs ledger {safe_url(url)}: {what} ({os.path.abspath(path)}); "
-            "`daskjobs jobs migrate --ledger URL` creates a ledger there"
+            "`daskjobs ledger migrate --ledger URL` creates a ledger there"
         )
 
 

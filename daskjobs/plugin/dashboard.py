@@ -38,7 +38,7 @@ Cost
 ----
 One sampler per scheduler (a ``PeriodicCallback`` in
 ``scheduler.periodic_callbacks``, every second) reads the plugin's public
-summaries - ``teams()``, ``worker_speeds()``, ``speculator.stats()`` - and keeps a
+summaries - ``view.teams()``, ``view.worker_speeds()``, ``speculator.stats()`` - and keeps a
 ring of samples: O(teams + workers + tasks assigned to workers) per tick (the threads
 each team holds are counted over the workers' assigned tasks, at most
 ``worker-saturation`` times the threads), never a scan over queued or waiting tasks. Each open
@@ -267,7 +267,7 @@ class Dashboard:
     def teams(self, now: float) -> list[dict[str, Any]]:
         """Per team: the plugin's row, the share of running slots it holds, queue delay."""
         plugin = self.plugin
-        rows = [dict(r) for r in plugin.teams()]
+        rows = [dict(r) for r in plugin.view.teams()]
         clock = self.clock
         seen = {r["team"] for r in rows}
         # teams with queued tasks the policy does not know (no fair share: one team)
@@ -331,7 +331,7 @@ class Dashboard:
     def workers(self) -> list[dict[str, Any]]:
         return [
             {**w, "speed": _finite(float(w["speed"]))}
-            for w in self.plugin.worker_speeds()
+            for w in self.plugin.view.worker_speeds()
             if w.get("present", True)
         ]
 

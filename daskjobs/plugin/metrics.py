@@ -110,7 +110,7 @@ class JobsCollector(PrometheusCollector):
             return f
 
         # fair share: one row per team
-        teams = plugin.teams()
+        teams = plugin.view.teams()
         running = fam(
             "team_running_slots",
             "gauge",
@@ -185,7 +185,7 @@ class JobsCollector(PrometheusCollector):
             "there (geometric mean; the worker and the estimates together)",
             "worker",
         )
-        for w in plugin.worker_speeds():
+        for w in plugin.view.worker_speeds():
             if w["present"]:
                 speed.add([w["worker"]], w["speed"])
 

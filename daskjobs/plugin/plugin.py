@@ -21,7 +21,6 @@ impossible resource request). Trust: docs/plugin.md#trust.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -50,8 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = ["JobsPlugin", "LiveAttempt", "LiveTask", "UnknownTeam"]
 
-logger = logging.getLogger("daskjobs.plugin")
-
 #: What the RPC handlers answer once the plugin was unregistered (dask keeps handlers).
 _REMOVED = {"daskjobs": "removed"}
 
@@ -59,14 +56,12 @@ _REMOVED = {"daskjobs": "removed"}
 class JobsPlugin(SchedulerPlugin):
     """Estimate-based priorities for dask's scheduler, from the shared policy core.
 
-    Configure through the ``daskjobs`` section of dask's config (see
-    ``daskjobs/daskjobs.yaml``); keyword arguments override it, e.g.
-    ``JobsPlugin(policy="lpt", default_estimate="10s")``.
+    Configure through the ``daskjobs`` section of dask's config (``daskjobs.yaml``);
+    keywords override it: ``JobsPlugin(policy="lpt", default_estimate="10s")``.
 
-    Load it one of three ways: ``client.register_plugin(JobsPlugin())``;
-    ``LocalCluster(scheduler_kwargs={"plugins": [JobsPlugin()]})`` (or
-    :func:`daskjobs.local_cluster`); or ``dask scheduler --preload
-    daskjobs.preload`` on a shared cluster.
+    Load it with ``client.register_plugin(JobsPlugin())``, :func:`daskjobs.local_cluster`
+    (``LocalCluster(scheduler_kwargs={"plugins": [JobsPlugin()]})``) or, on a shared
+    cluster, ``dask scheduler --preload daskjobs.preload``.
     """
 
     name = "daskjobs"
@@ -109,9 +104,7 @@ class JobsPlugin(SchedulerPlugin):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state["overrides"])  # type: ignore[misc]
-        # it arrived pickled: a client registered it (client.register_plugin); the
-        # operator's plugin is made on the scheduler (preload, Scheduler(plugins=...))
-        self.from_client = True
+        self.from_client = True  # pickled: a client registered it (not the operator's)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
@@ -142,7 +135,9 @@ class JobsPlugin(SchedulerPlugin):
                 await part.start(scheduler)
             await self.reporters.refresh()
             jobs = scheduler.plugins.get("daskjobs-jobs")  # the preload adds it beside this one
-            logger.info("%s", summary(s, getattr(jobs, "ledger_name", None)))
+            logging.getLogger("daskjobs.plugin").info(
+                summary(s, getattr(jobs, "ledger_name", None))
+            )
         finally:
             self._starting = False
 
@@ -182,8 +177,7 @@ class JobsPlugin(SchedulerPlugin):
                     self.audit.failed(part.name)
             self.ranker.rank(new)
         except SubmissionRefused as e:  # the client's own input: its new tasks err with it
-            logger.info("daskjobs refused a submission: %s", e)
-            self.ranker.refuse(tasks, e, also=getattr(e, "waiting", ()))
+            self.ranker.refuse(tasks, e)
             return True
         self._each("graph", new)
         return True
@@ -194,20 +188,7 @@ class JobsPlugin(SchedulerPlugin):
         """Raise the :class:`~daskjobs.SubmissionRefused` that a task ``key`` with these
         annotations and resources would be refused with, if any (the jobs service asks
         before it records a job whose every attempt would be refused)."""
-        from types import SimpleNamespace
-
-        ts = SimpleNamespace(
-            key=key,
-            annotations=dict(annotations),
-            resource_restrictions=dict(resources or {}) or None,
-            worker_restrictions=None,
-            host_restrictions=None,
-            dependencies=(),
-            prefix=SimpleNamespace(name=str(key)),
-        )
-        self.ranker.view(ts, time.time())
-        if self.placer is not None:
-            self.placer.check([ts])
+        self.ranker.check_one(key, annotations, resources, self.placer)
 
     def _each(self, hook: str, *args: Any, key: Any = None) -> None:
         for part in self._hooks[hook]:
@@ -216,9 +197,7 @@ class JobsPlugin(SchedulerPlugin):
             except Exception:
                 self.audit.failed(part.name, key)
 
-    def update_graph(
-        self, scheduler: Any, *, client: Any = None, tasks: Any = (), **_: Any
-    ) -> None:
+    def update_graph(self, scheduler: Any, *, client: str = "", tasks: Any = (), **_: Any) -> None:
         self._each("update_graph", client, tasks)
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -241,8 +220,7 @@ class JobsPlugin(SchedulerPlugin):
         worker topics here, before dask publishes them, so a client cannot forge a start
         or a returned thread. False steps aside (the plugin was unregistered)."""
         if topic in _parts.WORKER_TOPICS and isinstance(msg, dict):
-            # while start() runs, dask has not added the plugin yet: the workers' first
-            # reports (inventories, at once) are ours already
+            # while start() runs, dask has not added the plugin yet: the reports are ours
             if not (self._starting or self._registered()):
                 return False
             try:
@@ -259,24 +237,13 @@ class JobsPlugin(SchedulerPlugin):
     def status(self) -> dict[str, Any]:
         return self.view.status()
 
-    def teams(self) -> list[dict[str, Any]]:
-        """Per team: share, usage, threads held, assigned, booked, queued, quota."""
-        return self.view.teams()
-
-    def worker_speeds(self) -> list[dict[str, Any]]:
-        """Per worker: believed slow-down (1.0 nominal) and the attempts it rests on."""
-        return self.view.worker_speeds()
-
     # -- RPC handlers -----------------------------------------------------------------
     def _rpc_explain(self, key: Any = None) -> dict[str, Any]:
-        if not self._registered():
-            return _REMOVED
-        return self.explain(tuple(key) if isinstance(key, list) else key)  # lists: msgpack
+        key = tuple(key) if isinstance(key, list) else key  # lists: msgpack
+        return self.explain(key) if self._registered() else _REMOVED
 
     def _rpc_status(self) -> dict[str, Any]:
         return self.status() if self._registered() else _REMOVED
 
     async def _rpc_record(self, action: str = "status", path: Any = None) -> dict[str, Any]:
-        if not self._registered():
-            return _REMOVED
-        return await self.recording.rpc(action, path)
+        return (await self.recording.rpc(action, path)) if self._registered() else _REMOVED

@@ -28,6 +28,7 @@ team when teams are strict): they fail that submission, naming the task.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
     from dask.typing import Key
     from distributed.scheduler import Scheduler
+
+logger = logging.getLogger("daskjobs.plugin")
 
 __all__ = ["Ranker", "UnknownTeam"]
 
@@ -222,15 +225,15 @@ class Ranker:
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
 
-    def refuse(
-        self, tasks: Iterable[Any], error: SubmissionRefused, also: Iterable[Key] = ()
-    ) -> None:
+    def refuse(self, tasks: Iterable[Any], error: SubmissionRefused) -> None:
         """Fail a refused submission the way dask fails a task: each of its new tasks
         (released, wanted by no one yet) errs with ``error`` before dask recommends
         anything, so their futures raise it and their dependents err with it; dask
-        forgets them once their futures are released. ``also``: tasks submitted before
-        that wait for the refused ones (a gang's first members) fail with them. What
-        existed before otherwise (in memory, running for another graph) is untouched."""
+        forgets them once their futures are released. Tasks submitted before that wait
+        for the refused ones (``error.waiting``: a gang's first members) fail with them.
+        What existed before otherwise (in memory, running for another graph) is untouched."""
+        logger.info("daskjobs refused a submission: %s", error)
+        also: Iterable[Key] = getattr(error, "waiting", ())
         new = [ts for ts in tasks if ts.state == "released" and not ts.who_wants]
         stimulus = f"daskjobs-refused-{time.time()}"
         dask_internals.fail_tasks(self.scheduler, new, error, stimulus, waiting=also)
@@ -269,6 +272,30 @@ class Ranker:
                 grown.append(w)
         return grown
 
+    def check_one(
+        self,
+        key: Key,
+        annotations: dict[str, Any],
+        resources: dict[str, float] | None,
+        placer: Any = None,
+    ) -> None:
+        """Raise the :class:`~daskjobs.SubmissionRefused` a task ``key`` with these
+        annotations and resources would be refused with, if any, without submitting it:
+        its view is made as for a graph's task, and ``placer`` (resources on) checks it."""
+        from types import SimpleNamespace
+
+        ts = SimpleNamespace(
+            key=key,
+            annotations=dict(annotations),
+            resource_restrictions=dict(resources or {}) or None,
+            worker_restrictions=None,
+            host_restrictions=None,
+            dependencies=(),
+            prefix=SimpleNamespace(name=str(key)),
+        )
+        self.view(ts, time.time())
+        if placer is not None:
+            placer.check([ts])
 
     def forget(self, key: Key) -> None:
         """``key`` was forgotten by the scheduler."""
