@@ -86,6 +86,10 @@ class _Worker:
     copies: int
     same_host: bool
 
+    @property
+    def name(self) -> str:
+        return str(self.ws.address)
+
 
 __all__ = ["COPY_PREFIX", "Race", "Speculator", "copy_key"]
 

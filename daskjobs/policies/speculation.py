@@ -32,14 +32,33 @@ replay only adapt their state and enact the answer:
 * :meth:`Speculation.choose` - where the copy goes: candidate nodes in (the driver
   filters what cannot run it at all: resources, restrictions, dead workers), the
   best one out, with a reason for each refusal.
+* :meth:`Speculation.reclaimed` - losers' threads: dask cannot stop a thread, so a
+  losing copy (or a beaten primary) runs on and holds its slot until its worker
+  reports that it returned. A thread with no such report ``reclaim_after +
+  reclaim_factor x estimate`` seconds after its release (60 s + 3 x the estimate by
+  default: three times as long as the task should take, plus a minute for a slow
+  report) is taken for returned, so that a lost report cannot hold a slot for ever.
+* :meth:`Speculation.moves` - tasks assigned to a node whose threads losers hold, and
+  that would not find a thread there (those beyond its slots less the losers less the
+  attempts running), move to the fastest believed node with an idle slot, one per
+  idle slot.
 
-Cost: ``verdict`` and ``may_queue`` O(1); ``choose`` O(candidates).
+:meth:`Speculation.decide` asks all of these in one call, as
+:meth:`GangPolicy.decide <daskjobs.policies.resources.GangPolicy.decide>` does for
+gangs, and answers with a :class:`SpeculationDecision`: the verdict and deadline of
+every attempt judged, where each wanted copy goes (or why nowhere), which losers'
+threads are taken back and which waiting tasks move where, each with its reason.
+The simulator, the live plugin and replay call it and only enact the answer; the
+reasons are what ``explain()`` and the audit trail report.
+
+Cost: ``verdict`` and ``may_queue`` O(1); ``choose`` O(candidates); ``decide``
+O(judged x candidates + losers + moved tasks x idle nodes).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -49,8 +68,15 @@ __all__ = [
     "AHEAD",
     "SIMILAR",
     "Candidate",
+    "Copy",
+    "Held",
     "Horizon",
+    "Loser",
+    "Move",
+    "Reclaim",
     "Speculation",
+    "SpeculationDecision",
+    "Verdict",
     "expected_left",
     "projected_end",
 ]
@@ -137,9 +163,133 @@ class Candidate(Protocol):
     def copies(self) -> int: ...  # copies running or queued there now
     @property
     def same_host(self) -> bool: ...  # on the primary's host (a worse place for a copy)
+    @property
+    def name(self) -> str: ...  # how reasons name it (a worker's address, "node 3")
 
 
 C = TypeVar("C", bound=Candidate)
+
+
+class Loser(Protocol):
+    """A losing attempt whose thread still runs: dask cannot stop a thread, so the
+    driver released it at ``released`` and waits for its worker to say it returned."""
+
+    @property
+    def node(self) -> int: ...
+    @property
+    def key(self) -> Hashable: ...
+    @property
+    def released(self) -> float: ...
+    @property
+    def estimate(self) -> float: ...
+
+
+class Held(Protocol):
+    """A node some losers' threads may hold, as the driver sees it now."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def cores(self) -> int: ...  # its slots
+    @property
+    def started(self) -> int: ...  # attempts running there (not losers)
+    @property
+    def waiting(self) -> Sequence[Any]: ...  # assigned there, not started, in start order
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A running attempt judged: ``why`` is ``"late"`` (past ``deadline``), ``"urgent"``
+    (the policy asks for a copy before it) or None (judged again at ``deadline``, or
+    never: ``deadline`` is ``inf`` for a task that may not be copied)."""
+
+    attempt: Any
+    deadline: float
+    why: str | None
+    now: float  # when it was judged
+
+    @property
+    def reason(self) -> str:
+        if self.why == "urgent":
+            return "urgent: the policy wants a copy before its deadline"
+        start = self.attempt.start
+        if self.why == "late":
+            return f"late: ran {self.now - start:.3g} s, deadline {self.deadline - start:.3g} s"
+        if self.deadline == math.inf:
+            return "never copied (speculate=False, or no real estimate)"
+        return f"on time until {self.deadline - start:.3g} s"
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """A copy wanted for ``attempt`` (``why``: "late", "urgent", or "asked" for a copy
+    asked earlier that waits for a place): on ``target`` (a candidate), or nowhere yet
+    (None; ``reason`` says why). ``ahead``: it may go ahead of queued work
+    (:meth:`Speculation.may_queue`)."""
+
+    attempt: Any
+    why: str
+    target: Any | None
+    ahead: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """A loser's thread taken for returned (its worker never said so in time)."""
+
+    loser: Any
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A task waiting on node ``source`` behind losers' threads, moved to ``target``
+    (a candidate with an idle slot)."""
+
+    task: Any
+    source: int
+    target: Any
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationDecision:
+    """What :meth:`Speculation.decide` answers: enact it, do not re-derive it.
+
+    ``verdicts``: every attempt judged, in the order given; ``copies``: every copy
+    wanted (the late and urgent judged, then the asked), placed or not; ``reclaimed``:
+    losers' threads taken back; ``moves``: waiting tasks moved off held nodes.
+    Checked on construction: one copy per attempt, never on the attempt's own node;
+    a move never to its own source, never to a node losers hold.
+    """
+
+    verdicts: tuple[Verdict, ...] = ()
+    copies: tuple[Copy, ...] = ()
+    reclaimed: tuple[Reclaim, ...] = ()
+    moves: tuple[Move, ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for c in self.copies:
+            if id(c.attempt) in seen:
+                raise ValueError(f"two copies of one attempt in a decision: {c.attempt!r}")
+            seen.add(id(c.attempt))
+            if c.target is not None and c.target.index == c.attempt.node:
+                raise ValueError(f"a copy on its primary's own node {c.attempt.node}")
+        for m in self.moves:
+            if m.target.index == m.source:
+                raise ValueError(f"a move from node {m.source} to itself")
+
+    @property
+    def late(self) -> tuple[Verdict, ...]:
+        """The attempts that want a copy now (late or urgent)."""
+        return tuple(v for v in self.verdicts if v.why is not None)
+
+    @property
+    def placed(self) -> tuple[Copy, ...]:
+        """The copies that go somewhere now."""
+        return tuple(c for c in self.copies if c.target is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,11 +315,22 @@ class Speculation:
     #: simulator's default): at once, a late attempt at its deadline and urgency at each
     #: event that can change it.
     interval: float = 0.0
+    #: A loser's thread with no word from its worker this many seconds plus
+    #: ``reclaim_factor`` x its estimate after its release is taken for returned.
+    reclaim_after: float = 60.0
+    reclaim_factor: float = 3.0
 
     def __post_init__(self) -> None:
         if self.ahead not in AHEAD:
             raise ValueError(f"ahead must be one of {', '.join(AHEAD)}, got {self.ahead!r}")
-        for name in ("late_factor", "min_runtime", "max_fraction", "interval"):
+        for name in (
+            "late_factor",
+            "min_runtime",
+            "max_fraction",
+            "interval",
+            "reclaim_after",
+            "reclaim_factor",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
@@ -181,6 +342,10 @@ class Speculation:
             raise ValueError(f"max_fraction must be in (0, 1], got {self.max_fraction!r}")
         if not (math.isfinite(self.interval) and self.interval >= 0):
             raise ValueError(f"interval must be >= 0 seconds, got {self.interval!r}")
+        if not (math.isfinite(self.reclaim_after) and self.reclaim_after >= 0):
+            raise ValueError(f"reclaim_after must be >= 0 seconds, got {self.reclaim_after!r}")
+        if not (math.isfinite(self.reclaim_factor) and self.reclaim_factor >= 0):
+            raise ValueError(f"reclaim_factor must be >= 0, got {self.reclaim_factor!r}")
 
     def deadline(self, start: float, estimate: float, speed: float = 1.0) -> float:
         """Time at which an attempt started at ``start`` counts as late."""
@@ -200,12 +365,18 @@ class Speculation:
     def verdict(self, attempt: Any, now: float, policy: Any) -> str | None:
         """``"late"`` past the deadline (scaled by the node's believed slow-down),
         ``"urgent"`` when the policy asks for a copy before it, else None."""
-        speed = policy.speed(attempt.node)
-        if now >= self.deadline(attempt.start, attempt.task.estimate, speed):
-            return "late"
+        return self._judge(attempt, now, policy, policy.speed(attempt.node))[1]
+
+    def _judge(
+        self, attempt: Any, now: float, policy: Any, speed: float
+    ) -> tuple[float, str | None]:
+        """``(deadline, verdict)`` of ``attempt`` on a node believed ``speed``."""
+        d = self.deadline(attempt.start, attempt.task.estimate, speed)
+        if now >= d:
+            return d, "late"
         if policy.urgent(attempt, now):
-            return "urgent"
-        return None
+            return d, "urgent"
+        return d, None
 
     def may_queue(self, attempt: Any, now: float, speed: float, horizon: float) -> bool:
         """May the copy go ahead of queued work (wait for a busy node's next slot before
@@ -239,6 +410,18 @@ class Speculation:
         before the primary's, the fastest believed, the least loaded, the lowest index
         (deterministic).
         """
+        return self._choose(attempt, candidates, policy, may_queue, None)
+
+    def _choose(
+        self,
+        attempt: Any,
+        candidates: Sequence[C],
+        policy: Any,
+        may_queue: bool,
+        taken: dict[int, list[int]] | None,
+    ) -> tuple[C | None, str]:
+        """:meth:`choose`, with ``taken`` {node: [slots taken, copies added]} by the
+        decisions made earlier in the same :meth:`decide` (and the losers' threads)."""
         primary = policy.speed(attempt.node)
         cores = attempt.task.cores
         best = None
@@ -248,12 +431,19 @@ class Speculation:
             if c.index == attempt.node:
                 continue
             speed = policy.speed(c.index)
-            busy = c.free < cores
+            free = c.free
+            copies = c.copies
+            if taken:
+                t = taken.get(c.index)
+                if t is not None:
+                    free -= t[0]
+                    copies += t[1]
+            busy = free < cores
             if busy:
                 if not may_queue:
                     why = "no free slot on a node as fast as the primary's"
                     continue
-                if c.copies or not speed < primary:
+                if copies or not speed < primary:
                     why = "no faster busy node without a copy"
                     continue
             elif speed > primary * SIMILAR:
@@ -265,8 +455,169 @@ class Speculation:
                 # faster node that frees up later
                 why = "only nodes as slow as the primary's are free"
                 continue
-            load = (c.cores - c.free) / c.cores if c.cores else 1.0
+            load = (c.cores - free) / c.cores if c.cores else 1.0
             rank = (busy, c.same_host, speed, load, c.index)
             if best_rank is None or rank < best_rank:
                 best, best_rank = c, rank
         return (best, "ok") if best is not None else (None, why)
+
+    # -- losers' threads -----------------------------------------------------------
+    def reclaim_at(self, released: float, estimate: float) -> float:
+        """When a loser's thread released at ``released`` is taken for returned."""
+        return released + self.reclaim_after + self.reclaim_factor * estimate
+
+    def reclaimed(self, losers: Iterable[Loser], now: float) -> list[Reclaim]:
+        """The losers whose thread is taken for returned by ``now`` (no word from its
+        worker by :meth:`reclaim_at`)."""
+        out = []
+        for lo in losers:
+            at = self.reclaim_at(lo.released, lo.estimate)
+            if now > at:
+                out.append(
+                    Reclaim(
+                        lo,
+                        f"the thread of {lo.key} on node {lo.node} taken for returned: "
+                        f"no word from its worker {at - lo.released:.0f} s after its release",
+                    )
+                )
+        return out
+
+    def moves(
+        self,
+        held: Iterable[Held],
+        losers: dict[int, int],
+        idle: Sequence[C],
+        policy: Any,
+        taken: dict[int, list[int]] | None = None,
+    ) -> list[Move]:
+        """The tasks waiting on a node whose threads ``losers`` {node: threads held}
+        hold, beyond what its free threads will start, each to the fastest believed
+        ``idle`` node with a free slot (least loaded, lowest index next) that losers
+        do not hold; one task per free slot, until none is left."""
+        taken = {} if taken is None else taken
+        out: list[Move] = []
+        for h in held:
+            n = losers.get(h.index, 0)
+            if not n:
+                continue
+            free = h.cores - n - h.started
+            stay = free if free > 0 else 0
+            for task in h.waiting[stay:]:
+                best = None
+                best_rank: tuple[Any, ...] | None = None
+                for c in idle:
+                    if c.index == h.index or losers.get(c.index):
+                        continue
+                    t = taken.get(c.index)
+                    left = c.free - (t[0] if t is not None else 0)
+                    if left < task.cores:
+                        continue
+                    load = (c.cores - left) / c.cores if c.cores else 1.0
+                    rank = (policy.speed(c.index), load, c.index)
+                    if best_rank is None or rank < best_rank:
+                        best, best_rank = c, rank
+                if best is None:
+                    return out  # no idle slot anywhere: the rest wait where they are
+                t = taken.setdefault(best.index, [0, 0])
+                t[0] += task.cores
+                out.append(
+                    Move(
+                        task,
+                        h.index,
+                        best,
+                        f"waited on node {h.index} behind {n} loser thread(s) "
+                        f"({stay} free): moved to {best.name}",
+                    )
+                )
+        return out
+
+    # -- the one call ---------------------------------------------------------------
+    def decide(
+        self,
+        now: float,
+        policy: Any,
+        *,
+        judge: Iterable[Any] = (),
+        asked: Iterable[Any] = (),
+        candidates: Sequence[C] | Callable[[Any], Sequence[C]] = (),
+        horizon: float | Callable[[], float] | None = None,
+        running: int = 0,
+        slots: int | None = None,
+        losers: Iterable[Loser] = (),
+        held: Iterable[Held] = (),
+        idle: Sequence[C] = (),
+    ) -> SpeculationDecision:
+        """Every speculation decision a driver needs at ``now``, in one call.
+
+        ``judge``: running primaries (attempt views: ``task``, ``node``, ``start``) to
+        judge (:meth:`may_copy`, :meth:`verdict`); each that wants a copy gets one,
+        placed on ``candidates`` (a sequence, or a function of the attempt for
+        drivers whose candidates depend on the task: resources, restrictions) by
+        :meth:`choose`, allowed ahead of queued work if :meth:`may_queue` says so
+        against ``horizon`` (a number, a function called at most once, or None:
+        ``policy.horizon(now)``). ``asked``: attempts judged earlier whose copy waits
+        for a place: placed the same way, never ahead (a free slot only). At most
+        :meth:`cap` of ``slots`` copies run, ``running`` already (no cap without
+        ``slots``). Copies placed earlier in the call take their slot on their
+        candidate; a candidate's threads held by losers are not free.
+
+        ``losers``: losing attempts whose threads still run; those past
+        :meth:`reclaim_at` are reclaimed (:meth:`reclaimed`), and tasks waiting behind
+        the others on the ``held`` nodes move to ``idle`` nodes (:meth:`moves`).
+        """
+        verdicts: list[Verdict] = []
+        copies: list[Copy] = []
+        cap = self.cap(slots) if slots is not None else None
+        placed = 0
+        taken: dict[int, list[int]] = {}
+        losers = list(losers)
+        reclaims = self.reclaimed(losers, now) if losers else []
+        holding: dict[int, int] = {}
+        if losers:
+            gone = {id(r.loser) for r in reclaims}
+            for lo in losers:
+                if id(lo) not in gone:
+                    holding[lo.node] = holding.get(lo.node, 0) + 1
+            for node, n in holding.items():
+                taken[node] = [n, 0]  # a loser's thread is not free, whatever dask says
+        h: float | None = None
+
+        def place(a: Any, why: str, ahead: bool) -> None:
+            nonlocal placed
+            if cap is not None and running + placed >= cap:
+                copies.append(
+                    Copy(a, why, None, ahead, f"{why}, not copied: {cap} copies run (the cap)")
+                )
+                return
+            cands = candidates(a) if callable(candidates) else candidates
+            target, refusal = self._choose(a, cands, policy, ahead, taken)
+            if target is None:
+                copies.append(Copy(a, why, None, ahead, f"{why}, not copied: {refusal}"))
+                return
+            placed += 1
+            t = taken.setdefault(target.index, [0, 0])
+            t[0] += a.task.cores
+            t[1] += 1
+            queued = ", ahead of its queued work" if target.free < a.task.cores else ""
+            copies.append(Copy(a, why, target, ahead, f"{why}: copied to {target.name}{queued}"))
+
+        for a in judge:
+            task = a.task
+            if not self.may_copy(task):
+                verdicts.append(Verdict(a, math.inf, None, now))
+                continue
+            speed = policy.speed(a.node)
+            d, why = self._judge(a, now, policy, speed)
+            verdicts.append(Verdict(a, d, why, now))
+            if why is None:
+                continue
+            if h is None and self.ahead != "always":
+                if horizon is None:
+                    h = policy.horizon(now)
+                else:
+                    h = horizon() if callable(horizon) else horizon
+            place(a, why, self.may_queue(a, now, speed, math.inf if h is None else h))
+        for a in asked:
+            place(a, "asked", False)
+        moves = self.moves(held, holding, idle, policy, taken) if holding else []
+        return SpeculationDecision(tuple(verdicts), tuple(copies), tuple(reclaims), tuple(moves))

@@ -63,7 +63,7 @@ from operator import attrgetter
 import numpy as np
 
 from daskjobs.policies.base import Policy
-from daskjobs.policies.speculation import Speculation
+from daskjobs.policies.speculation import Copy, Speculation, SpeculationDecision
 from daskjobs.sim.fates import FATES, check_seed, draw_fates
 from daskjobs.sim.model import Attempt, Cluster, Task, topological_order
 from daskjobs.sim.schedule import Schedule
@@ -90,6 +90,10 @@ class _Offer:
         self.index = index
         self.free = free
         self.cores = cores
+
+    @property
+    def name(self) -> str:
+        return f"node {self.index}"
 
 
 class _Node:
@@ -204,6 +208,7 @@ def simulate(
     cache: Collection[Hashable] | None = None,
     seed: int = 0,
     check_phase: float = 0.0,
+    reference: bool = False,
 ) -> Schedule:
     """Simulate ``tasks`` on ``cluster`` under ``policy``; see the module docs.
 
@@ -213,11 +218,16 @@ def simulate(
     With ``spec.interval`` > 0, running attempts are judged on a periodic
     check at ``check_phase + k * interval`` (as the plugin judges them; a
     replay passes the recorded run's phase), not at once.
+
+    ``reference=True`` runs the slow reference path: where the loop inlines a
+    policy's method for speed (the plain ``Speculation.deadline``) or skips a hook
+    the policy leaves as the base class has it (``speed``, ``urgent``), it calls the
+    method instead. Same schedule, event for event (tests/test_sim_reference.py).
     """
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small acyclic records: the cyclic GC only costs time here
     try:
-        return _simulate(list(tasks), cluster, policy, spec, cache, seed, check_phase)
+        return _simulate(list(tasks), cluster, policy, spec, cache, seed, check_phase, reference)
     finally:
         if gc_was_on:
             gc.enable()
@@ -231,6 +241,7 @@ def _simulate(
     cache: Collection[Hashable] | None,
     seed: int,
     check_phase: float = 0.0,
+    reference: bool = False,
 ) -> Schedule:
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a daskjobs.sim.Cluster, got {type(cluster).__name__}")
@@ -303,9 +314,10 @@ def _simulate(
     else:
         copyable = bytearray(n)
     copy_all = spec is not None and all(copyable)  # no need to read `copyable` per start
-    choose = spec.choose if spec is not None else None
-    may_queue = spec.may_queue if spec is not None else None
-    p_horizon = policy.horizon
+    # every copy decision is the policy's one call (Speculation.decide): the loop below
+    # only notices when to ask it (a deadline reached, a speed belief changed, a
+    # periodic check, a free slot for a waiting copy) and enacts its answer
+    decide = spec.decide if spec is not None else None
     ahead: set[Attempt] = set()  # pending copies allowed ahead of queued work
     # first start and end of the tasks that never run (cached); the others'
     # come from the attempts once the run is over
@@ -375,7 +387,8 @@ def _simulate(
     seq = 0
     attempts: list[Attempt] = []
     pending: list[Attempt] = []  # primaries waiting for a backup slot
-    cap = spec.cap(cluster.total_cores) if spec else 0
+    slots = cluster.total_cores
+    cap = spec.cap(slots) if spec else 0
     backups_running = 0
     backups_launched = 0
     backups_won = 0
@@ -403,8 +416,8 @@ def _simulate(
     pop = policy.pop
     qlen = policy.__len__
     cls = type(policy)
-    started = policy.started if cls.started is not Policy.started else None
-    ended = policy.ended if cls.ended is not Policy.ended else None
+    started = policy.started if reference or cls.started is not Policy.started else None
+    ended = policy.ended if reference or cls.ended is not Policy.ended else None
     # which attempts run on each node: only needed to re-judge them for backups at
     # once (only a policy that learns speeds, through `ended`, ever re-judges them;
     # with a periodic check, `watch` holds the running primaries instead)
@@ -425,8 +438,13 @@ def _simulate(
     # hooks a policy leaves as the base class has them are skipped in the hot path
     urgent_hook = p_urgent if cls.urgent is not Policy.urgent else None
     speed_hook = p_speed if cls.speed is not Policy.speed else None
-    # the plain Speculation deadline, inlined (a subclass keeps its own method)
-    plain_spec = type(spec) is Speculation
+    # the plain Speculation deadline, inlined (a subclass keeps its own method); the
+    # reference path calls the policy's own methods everywhere (tests/test_sim_reference.py
+    # compares the two event for event)
+    plain_spec = type(spec) is Speculation and not reference
+    if reference:
+        urgent_hook = p_urgent
+        speed_hook = p_speed
     late_factor = spec.late_factor if spec is not None else 0.0
     min_runtime = spec.min_runtime if spec is not None else 0.0
     heappush = heapq.heappush
@@ -464,18 +482,24 @@ def _simulate(
         else:
             push(tasks[i])
 
-    def ask_backup(a: Attempt, now: float) -> None:
-        """Ask for a copy of ``a``. Whether it goes ahead of queued work is the policy's
-        rule (``Speculation.may_queue``: always, or only past the projected end of the
-        run); otherwise it takes a slot no queued task wants. Where it goes is
-        ``Speculation.choose``."""
-        i = a.ti
-        if backup_asked[i] or done[i] or not copyable[i]:
-            return
-        backup_asked[i] = 1
-        if may_queue is not None and may_queue(a, now, p_speed(a.node), p_horizon(now)):
+    def ask(c: Copy) -> None:
+        """Enact a copy the policy wants (``Speculation.decide``): it waits for a slot,
+        ahead of queued work if the decision says so (otherwise it takes a slot no
+        queued task wants). Where it goes is decided again when a slot frees."""
+        a = c.attempt
+        backup_asked[a.ti] = 1
+        if c.ahead:
             ahead.add(a)
         pending.append(a)
+
+    def judge(batch: Sequence[Attempt], now: float) -> SpeculationDecision:
+        """Ask the policy about the running primaries ``batch`` (none asked for a copy
+        yet), and enact: a copy asked for each it wants one for."""
+        assert decide is not None
+        d = decide(now, policy, judge=batch)
+        for c in d.copies:
+            ask(c)
+        return d
 
     def rejudge(node: int, now: float) -> None:
         """The policy's belief of ``node``'s speed changed: re-judge its attempts."""
@@ -487,16 +511,19 @@ def _simulate(
             suspects.discard(node)
         if spec is None or interval:  # with a periodic check: judged at the next one
             return
-        for b in running_on(node):
-            if b.backup or not copyable[b.ti]:
-                continue
-            d = spec.deadline(b.start, b.task.estimate, s)
-            if d < b.check_at:
-                b.check_at = max(d, now)
+        judged = [
+            b
+            for b in running_on(node)
+            if not b.backup and copyable[b.ti] and not backup_asked[b.ti] and not done[b.ti]
+        ]
+        if not judged:
+            return
+        for v in judge(judged, now).verdicts:
+            b = v.attempt
+            if v.why is None and v.deadline < b.check_at:  # sooner now: checked then
+                b.check_at = v.deadline
                 seq += 1
                 post(b.check_at, (b.check_at, _CHECK, seq, b))
-            if p_urgent(b, now):
-                ask_backup(b, now)
 
     def finish(a: Attempt, now: float, outcome: str) -> None:
         """End attempt ``a`` (the main loop inlines this for an attempt that is done)."""
@@ -526,13 +553,13 @@ def _simulate(
         if ended is not None and ended(a, now):
             rejudge(a.node, now)
 
-    def take_backup(nd: _Node, ahead_only: bool) -> Attempt | None:
+    def take_backup(nd: _Node, ahead_only: bool, now: float) -> Attempt | None:
         """A pending backup request that may run on ``nd``: the oldest one for which
         the policy's placement rule (``Speculation.choose``) accepts the node; with
         ``ahead_only`` (queued work wants the slot) only one allowed ahead of it."""
         if backups_running >= cap or (ahead_only and not ahead):
             return None
-        assert choose is not None
+        assert decide is not None
         offer = (_Offer(nd.index, nd.free, nd.cores),)
         k = 0
         while k < len(pending):
@@ -544,7 +571,9 @@ def _simulate(
                 if not done[i]:
                     backup_asked[i] = 0  # primary failed: it is retried, not backed up
                 continue
-            if (not ahead_only or p in ahead) and choose(p, offer, policy)[0] is not None:
+            if (not ahead_only or p in ahead) and decide(
+                now, policy, asked=(p,), candidates=offer, running=backups_running, slots=slots
+            ).placed:
                 pending.pop(k)
                 ahead.discard(p)
                 return p
@@ -648,7 +677,7 @@ def _simulate(
                 seq += 1
                 post(a.check_at, (a.check_at, _CHECK, seq, a))
             if urgent_hook is not None and not interval and urgent_hook(a, now):
-                ask_backup(a, now)
+                judge((a,), now)  # the policy wants a copy at once (if it may have one)
 
     inf = math.inf
     while True:
@@ -706,27 +735,25 @@ def _simulate(
                 # asked for again or withdrawn, and may go ahead of queued work only if
                 # the policy says so now (the horizon has moved since it was asked).
                 tick_at = inf
-                assert spec is not None
-                for b in list(watch):
-                    j = b.ti
-                    if done[j]:
-                        continue
-                    want = now >= spec.deadline(b.start, est[j], p_speed(b.node)) or (
-                        urgent_hook is not None and urgent_hook(b, now)
-                    )
-                    if not backup_asked[j]:
-                        if want:
-                            ask_backup(b, now)
-                    elif b in pending:  # asked, not placed yet
-                        if not want:
-                            pending.remove(b)
-                            ahead.discard(b)
-                            backup_asked[j] = 0
-                        elif may_queue is not None:
-                            if may_queue(b, now, p_speed(b.node), p_horizon(now)):
-                                ahead.add(b)
-                            else:
-                                ahead.discard(b)
+                assert decide is not None
+                judged = [
+                    b for b in watch if not done[b.ti] and (not backup_asked[b.ti] or b in pending)
+                ]
+                dec = decide(now, policy, judge=judged)
+                wanted = {w.attempt: w for w in dec.copies}
+                for b in judged:
+                    want = wanted.get(b)
+                    if not backup_asked[b.ti]:
+                        if want is not None:
+                            ask(want)
+                    elif want is None:  # asked, not placed yet, and no longer wanted
+                        pending.remove(b)
+                        ahead.discard(b)
+                        backup_asked[b.ti] = 0
+                    elif want.ahead:  # ahead of queued work only if the policy says so now
+                        ahead.add(b)
+                    else:
+                        ahead.discard(b)
                 if watch:
                     tick_at = now + interval
                     seq += 1
@@ -736,30 +763,33 @@ def _simulate(
                 continue  # killed earlier, or a stale check
             i = a.ti
             if kind == _DONE:
-                # finish(a, now, "done"), inlined: the end of nearly every attempt
-                a.end = now
-                a.outcome = "done"
-                nd = nodes[a.node]
-                stack = nd.freeheap
-                cores = a.cores
-                if len(cores) == 1:
-                    stack.append(cores[0] - nd.base)
-                    nd.free += 1
+                if reference:  # the slow path: the helper the line below inlines
+                    finish(a, now, "done")
                 else:
-                    for c in cores:
-                        stack.append(c - nd.base)
-                    nd.free += len(cores)
-                nd.core = nd.base + stack[-1]
-                if watch:
-                    watch.pop(a, None)
-                k = nd.index
-                if not in_heap[k]:
-                    in_heap[k] = True
-                    heappush(free_heap, k)
-                if a.backup:
-                    backups_running -= 1
-                if ended is not None and ended(a, now):
-                    rejudge(a.node, now)
+                    # finish(a, now, "done"), inlined: the end of nearly every attempt
+                    a.end = now
+                    a.outcome = "done"
+                    nd = nodes[a.node]
+                    stack = nd.freeheap
+                    cores = a.cores
+                    if len(cores) == 1:
+                        stack.append(cores[0] - nd.base)
+                        nd.free += 1
+                    else:
+                        for c in cores:
+                            stack.append(c - nd.base)
+                        nd.free += len(cores)
+                    nd.core = nd.base + stack[-1]
+                    if watch:
+                        watch.pop(a, None)
+                    k = nd.index
+                    if not in_heap[k]:
+                        in_heap[k] = True
+                        heappush(free_heap, k)
+                    if a.backup:
+                        backups_running -= 1
+                    if ended is not None and ended(a, now):
+                        rejudge(a.node, now)
                 if spec is not None:
                     done[i] = 1
                     if a.backup:
@@ -791,13 +821,11 @@ def _simulate(
             else:  # _CHECK
                 if a.check_at != now or done[i] or backup_asked[i]:
                     continue
-                d = spec.deadline(a.start, est[i], p_speed(a.node)) if spec else inf
-                if d > now:
-                    a.check_at = d
+                (v,) = judge((a,), now).verdicts
+                if v.why is None:  # its deadline moved (a new speed belief): check then
+                    a.check_at = d = v.deadline
                     seq += 1
                     post(d, (d, _CHECK, seq, a))
-                else:
-                    ask_backup(a, now)
         # Dispatch: offer the free nodes, lowest index first, to waiting copies and to
         # the policy; if capacity is still idle with nothing queued, rescue attempts on
         # suspect nodes and dispatch once more. (Inlined: it runs after every event.)
@@ -815,14 +843,14 @@ def _simulate(
                     in_heap[k] = False
                     continue
                 if pending:
-                    p = take_backup(nd, queued > 0)
+                    p = take_backup(nd, queued > 0, now)
                     if p is not None:
                         start(p.ti, p.task, nd, now, p)
                         continue
                 tv = pop(nd, now) if queued else None
                 if tv is None:
                     if queued and pending:  # a slot no queued task wants: a copy may take it
-                        p = take_backup(nd, False)
+                        p = take_backup(nd, False, now)
                         if p is not None:
                             start(p.ti, p.task, nd, now, p)
                             continue
@@ -851,9 +879,13 @@ def _simulate(
             ):
                 break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
-                for b in running_on(k):
-                    if not b.backup and copyable[b.ti] and p_urgent(b, now):
-                        ask_backup(b, now)
+                judged = [
+                    b
+                    for b in running_on(k)
+                    if not b.backup and copyable[b.ti] and not backup_asked[b.ti]
+                ]
+                if judged:
+                    judge(judged, now)
             if not pending:
                 break
             rescued = True
