@@ -242,6 +242,8 @@ def check_scheduler(scheduler: Any) -> None:
         del Alias
     except ImportError:
         missing.append("dask._task_spec.Alias (speculation)")
+    if not missing:
+        missing += check_speculation_verbs(scheduler)
     if not (too_old or missing):
         # every attribute is there: does each verb still behave as it relies on?
         missing += _self_check(scheduler)
@@ -920,3 +922,209 @@ def _check_head_of_line(sched: Any) -> None:
         raise AssertionError(f"a worker started {got} past a constrained head that does not fit")
     if started(task("ahead", -1, 1)) != ["ahead"]:
         raise AssertionError("a worker did not start a constrained task ahead of its head")
+# -- speculation -----------------------------------------------------------------------
+# The verbs of the backup-copy driver (:mod:`daskjobs.plugin.speculation`): every read
+# and write of dask's scheduler state it makes beyond the public plugin hooks. Each verb
+# has a behavioural self-check in :func:`check_speculation_verbs` (run by
+# :func:`check_scheduler`): it builds a throwaway ``TaskState`` and ``WorkerState``, runs
+# the verb on them and checks the answer, so that a release that renames or changes the
+# meaning of a piece stops the plugin at start instead of silently changing what it does.
+
+
+def can_copy(ts: TaskState) -> bool:
+    """May ``ts`` run twice side by side: a ``dask._task_spec.Task`` (not an alias, data
+    or a nested graph node) and not an actor (an actor lives on one worker)."""
+    from dask._task_spec import Task
+
+    return isinstance(ts.run_spec, Task) and not ts.actor
+
+
+def runs_on(ts: TaskState | None, worker: str, run_id: Any) -> bool:
+    """Is ``ts`` processing on ``worker`` in its run ``run_id`` (a start report is
+    kept only if so: a report from an earlier run or another worker is stale)?"""
+    return (
+        ts is not None
+        and ts.state == "processing"
+        and ts.processing_on is not None
+        and ts.processing_on.address == worker
+        and run_id == ts.run_id
+    )
+
+
+def processing_worker(ts: TaskState | None) -> str | None:
+    """The address of the worker ``ts`` is processing on, or None."""
+    if ts is None or ts.processing_on is None:
+        return None
+    return str(ts.processing_on.address)
+
+
+def wanted(ts: TaskState | None) -> bool:
+    """Does a client or a dependent still want ``ts``'s result?"""
+    return ts is not None and bool(ts.who_wants or ts.waiters)
+
+
+def is_running(ws: Any) -> bool:
+    """Does ``ws`` accept work (status ``running``: not paused, not closing)?"""
+    return bool(ws.status.name == "running")
+
+
+def free_threads(ws: Any) -> int:
+    """Threads of ``ws`` the scheduler counts as free (its nthreads less the tasks it
+    has sent there; a released loser's thread, which dask cannot stop, counts as free)."""
+    free = ws.nthreads - len(ws.processing)
+    return free if free > 0 else 0
+
+
+def may_run_on(ts: TaskState, ws: Any) -> bool:
+    """Could ``ts`` run on ``ws`` at all: the worker's resources cover its resource
+    restrictions, and its hard worker and host restrictions (loose ones aside) allow it."""
+    if ts.resource_restrictions and any(
+        ws.resources.get(r, 0) < need for r, need in ts.resource_restrictions.items()
+    ):
+        return False
+    if ts.loose_restrictions:
+        return True
+    if ts.worker_restrictions and ws.address not in ts.worker_restrictions:
+        return False
+    return not (ts.host_restrictions and ws.host not in ts.host_restrictions)
+
+
+def waiting_on(ws: Any, started: Any, skip: Any) -> list[TaskState]:
+    """The tasks the scheduler sent to ``ws`` that have not started there (keys not in
+    ``started``), not in ``skip``, not restricted to a worker (they could not move), in
+    the order they would start (priority)."""
+    out = [
+        ts
+        for ts in ws.processing
+        if ts.key not in started and ts.key not in skip and not ts.worker_restrictions
+    ]
+    out.sort(key=_priority)
+    return out
+
+
+def _priority(ts: TaskState) -> Any:
+    return ts.priority or ()
+
+
+def started_on(ws: Any, started: Any) -> int:
+    """How many of the tasks processing on ``ws`` have keys in ``started``."""
+    return sum(1 for ts in ws.processing if ts.key in started)
+
+
+def can_move(sched: Scheduler) -> bool:
+    """Is the work-stealing extension there to move a waiting task?"""
+    return sched.extensions.get("stealing") is not None
+
+
+def move_waiting(sched: Scheduler, ts: TaskState, victim: Any, thief: Any) -> bool:
+    """Move ``ts``, waiting on ``victim``, to ``thief`` through work stealing's two-phase
+    request (it moves only a task that has not started); False without the extension."""
+    stealing = sched.extensions.get("stealing")
+    if stealing is None:
+        return False
+    stealing.move_task_request(ts, victim, thief)
+    return True
+
+
+def release_copy(sched: Scheduler, copy_key: Key, stimulus_id: str) -> None:
+    """The copies client no longer wants ``copy_key``: dask releases it as it releases
+    any unwanted key (``free-keys`` to its worker if it still runs there)."""
+    sched.client_releases_keys(keys=[copy_key], client=COPIES_CLIENT, stimulus_id=stimulus_id)
+
+
+def restrictions(ts: TaskState) -> tuple[Any, bool]:
+    """``ts``'s worker restrictions and whether they are loose (saved by a race)."""
+    return ts.worker_restrictions, bool(ts.loose_restrictions)
+
+
+def restore_restrictions(ts: TaskState, saved: tuple[Any, bool]) -> None:
+    """Put back what :func:`restrictions` saved (a redirected task's own, after the race)."""
+    ts.worker_restrictions, ts.loose_restrictions = saved
+
+
+def _check_verb(name: str, ok: bool, problems: list[str]) -> None:
+    if not ok:
+        problems.append(f"{name} (speculation: its self-check failed)")
+
+
+def check_speculation_verbs(scheduler: Any) -> list[str]:
+    """Run every speculation verb on throwaway scheduler objects; the verbs whose answer
+    is not the expected one, as phrases (empty if all behave)."""
+    import inspect
+
+    problems: list[str] = []
+    try:
+        from dask._task_spec import Alias, Task
+        from distributed.core import Status
+        from distributed.scheduler import TaskGroup, TaskPrefix, WorkerState
+        from distributed.scheduler import TaskState as _TS
+
+        def ts_(key: str) -> Any:
+            group = TaskGroup(key, TaskPrefix(key))
+            return _TS(key, Task(key, len, ()), "released", group, False)
+
+        def ws_(address: str) -> Any:
+            return WorkerState(
+                address=address,
+                status=Status.running,
+                pid=0,
+                name=address,
+                nthreads=2,
+                memory_limit=0,
+                local_directory="",
+                nanny=None,
+                server_id=address,
+            )
+
+        ts, other = ts_("daskjobs-check"), ts_("daskjobs-check-2")
+        ws, ws2 = ws_("tcp://10.0.0.1:1"), ws_("tcp://10.0.0.2:1")
+    except Exception as exc:  # the objects themselves changed
+        return [f"TaskState/WorkerState construction (speculation self-check: {exc!r})"]
+    try:
+        ok = can_copy(ts)
+        ts.run_spec = Alias("daskjobs-check", "daskjobs-check-2")
+        _check_verb("can_copy", ok and not can_copy(ts), problems)
+        _check_verb("is_running", is_running(ws), problems)
+        ws.status = Status.paused
+        _check_verb("is_running", not is_running(ws), problems)
+        _check_verb("wanted", not wanted(ts), problems)
+        ts.waiters = {other}
+        _check_verb("wanted", wanted(ts), problems)
+        ts.resource_restrictions = {"GPU": 1}
+        ok = not may_run_on(ts, ws)
+        ws.resources = {"GPU": 1.0}
+        ok = ok and may_run_on(ts, ws)
+        ts.worker_restrictions = {ws2.address}
+        ts.loose_restrictions = False
+        ok = ok and not may_run_on(ts, ws) and may_run_on(other, ws)
+        ts.loose_restrictions = True
+        _check_verb("may_run_on", ok and may_run_on(ts, ws), problems)
+        saved = restrictions(ts)
+        restore_restrictions(ts, (None, False))
+        ok = restrictions(ts) == (None, False)
+        restore_restrictions(ts, saved)
+        _check_verb("restrictions", ok and restrictions(ts) == ({ws2.address}, True), problems)
+        other.priority = (0, 1)
+        third = ts_("daskjobs-check-3")
+        third.priority = (0, 0)
+        ws.processing = {other, third, ts}  # ts is restricted: it could not move
+        ok = free_threads(ws) == 0 and started_on(ws, {"daskjobs-check-3"}) == 1
+        _check_verb("free_threads", ok, problems)
+        _check_verb("waiting_on", waiting_on(ws, (), ()) == [third, other], problems)
+        other.state = "processing"
+        other.processing_on = ws
+        other.run_id = 7
+        ok = runs_on(other, ws.address, 7) and not runs_on(other, ws.address, 6)
+        _check_verb("runs_on", ok and processing_worker(other) == ws.address, problems)
+    except Exception as exc:
+        problems.append(f"speculation verbs (self-check raised {exc!r})")
+    # the verbs that act on a live scheduler: their signatures, as they call them
+    stealing = scheduler.extensions.get("stealing") if hasattr(scheduler, "extensions") else None
+    if stealing is not None:
+        params = list(inspect.signature(stealing.move_task_request).parameters)
+        _check_verb("move_waiting", params[:3] == ["ts", "victim", "thief"], problems)
+    if hasattr(scheduler, "client_releases_keys"):
+        params = list(inspect.signature(scheduler.client_releases_keys).parameters)
+        ok = {"keys", "client", "stimulus_id"} <= set(params)
+        _check_verb("release_copy", ok, problems)
+    return problems

@@ -42,8 +42,16 @@ created in the scheduler's state so that everything dask does keeps working:
    returns early if it calls :func:`daskjobs.cancelled`) and its result is
    dropped. Its elapsed time is counted as backup waste per team (only races count:
    an attempt that fails or dies with its worker is counted apart, as failed
-   seconds), and tasks queued on a
-   worker behind such a zombie thread are moved to idle workers.
+   seconds). Until its worker says
+   the thread returned (or the policy's reclaim timeout passes), the thread counts
+   as held: a copy is not placed on it, and tasks waiting on that worker beyond its
+   free threads move to idle workers.
+
+Every decision - late or urgent, where a copy goes, which losers' threads are
+reclaimed, which waiting tasks move where - is the policy's one call,
+:meth:`Speculation.decide <daskjobs.policies.Speculation.decide>`, made on each
+periodic check; this module adapts dask's state to its views and enacts the answer,
+and its reasons are what ``explain()`` and the audit trail report.
 
 Every private piece of dask used here is in :mod:`daskjobs.plugin._internals`.
 """
@@ -89,6 +97,37 @@ class _Worker:
     @property
     def name(self) -> str:
         return str(self.ws.address)
+
+
+@dataclass(frozen=True, slots=True)
+class _Loser:
+    """A released loser whose thread still runs (a ``Speculation.Loser``)."""
+
+    node: int
+    key: Any
+    released: float
+    estimate: float
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A task the scheduler sent to ``ws`` that has not started there."""
+
+    ts: Any
+    ws: Any
+    cores: int = 1  # a dask task takes one thread
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A worker losers' threads may hold (a ``Speculation.Held``)."""
+
+    index: int
+    cores: int
+    started: int
+    waiting: list[_Waiting]
+    ws: Any
 
 
 __all__ = ["COPY_PREFIX", "Race", "Speculator", "copy_key"]
@@ -154,7 +193,8 @@ class Speculator:
         # released losers whose threads still run: worker -> keys (until the worker says
         # the thread returned); the scheduler offers those threads as free
         self.zombies: dict[str, set[Key]] = {}
-        self._zombie_until: dict[tuple[str, Key], float] = {}
+        # (worker, key) -> (when released, the task's estimate): the policy's reclaim rule
+        self._released: dict[tuple[str, Key], tuple[float, float]] = {}
         self.moved = 0  # tasks moved off a worker whose thread a zombie holds
         # team -> seconds run by the losing side of backup races (a losing copy, or a
         # primary its copy beat): what copies cost, and only that
@@ -243,14 +283,7 @@ class Speculator:
                 return task
             return None
         ts = self.scheduler.tasks.get(key)
-        if (
-            worker
-            and ts is not None
-            and ts.state == "processing"
-            and ts.processing_on is not None
-            and ts.processing_on.address == worker
-            and run_id == ts.run_id
-        ):
+        if worker and _internals.runs_on(ts, worker, run_id):
             began = time.time() - (age if 0.0 < age < math.inf else 0.0)
             v = self.tasks.get(key)
             if v is not None and key in self.unstarted:  # its work now runs: see transition
@@ -329,13 +362,12 @@ class Speculator:
             self._later(self._settle, race, "abandoned")
 
     def _wanted(self, key: Key) -> bool:
-        ts = self.scheduler.tasks.get(key)
-        return ts is not None and bool(ts.who_wants or ts.waiters)
+        return _internals.wanted(self.scheduler.tasks.get(key))
 
     def returned(self, key: Key, worker: str | None) -> None:
         """``worker`` reports that the thread of a released ``key`` has returned."""
         keys = self.zombies.get(worker or "")
-        self._zombie_until.pop((worker or "", key), None)
+        self._released.pop((worker or "", key), None)
         if keys is not None:
             keys.discard(key)
             if not keys:
@@ -368,10 +400,10 @@ class Speculator:
             and cts.state == "memory"
             and ts.state in ("processing", "waiting", "queued", "no-worker")
         ):
-            loser = ts.processing_on.address if ts.processing_on is not None else None
+            loser = _internals.processing_worker(ts)
             adopted = loser != race.primary
             race.redirected = True
-            race.restrictions = (ts.worker_restrictions, ts.loose_restrictions)
+            race.restrictions = _internals.restrictions(ts)
             if loser is not None:
                 self._learn_from_loser(race.key, loser, now)
             self.starts.pop(race.key, None)
@@ -405,9 +437,7 @@ class Speculator:
         self._decided(race.key, f"copy on {race.worker} {outcome}")
         self._waste(race.key, time.time() - race.launched)
         if cts is not None:
-            sched.client_releases_keys(
-                keys=[race.copy], client=_internals.COPIES_CLIENT, stimulus_id=stimulus_id
-            )
+            _internals.release_copy(sched, race.copy, stimulus_id)
         self.audit.event(
             f"backup-{outcome}", key=str(race.key), worker=race.worker, primary=race.primary
         )
@@ -417,67 +447,47 @@ class Speculator:
         self.races.pop(race.key, None)
         ts = self.scheduler.tasks.get(race.key)
         if ts is not None:
-            ts.worker_restrictions, ts.loose_restrictions = race.restrictions
+            _internals.restore_restrictions(ts, race.restrictions)
 
-    # -- zombies -----------------------------------------------------------------------
+    # -- losers' threads ---------------------------------------------------------------
     def _zombie(self, worker: str, key: Key) -> None:
+        """A loser released on ``worker`` whose thread runs on: it holds a thread until
+        the worker says it returned, or the policy reclaims it
+        (:meth:`Speculation.reclaim_at <daskjobs.policies.Speculation.reclaim_at>`)."""
         self.zombies.setdefault(worker, set()).add(key)
-        task = self.copies.get(key, key)
-        v = self.tasks.get(task)
-        # if the worker's "returned" report never comes, stop counting the thread as held
-        self._zombie_until[(worker, key)] = time.time() + 60.0 + 3 * (v.estimate if v else 0.0)
+        v = self.tasks.get(self.copies.get(key, key))
+        self._released[(worker, key)] = (time.time(), v.estimate if v is not None else 0.0)
 
-    def _drain_zombies(self) -> None:
-        """Tasks waiting on a worker whose thread a zombie holds go to a worker with an
-        idle thread (through the work-stealing extension, which moves only tasks that
-        have not started)."""
-        now = time.time()
-        for (worker, key), until in list(self._zombie_until.items()):
-            if now > until:
-                self.returned(key, worker)
-        sched = self.scheduler
-        stealing = sched.extensions.get("stealing")
-        if stealing is None or not self.zombies:
-            return
-        idle = [
-            ws
-            for ws in sched.workers.values()
-            if ws.address not in self.zombies
-            and ws.status.name == "running"
-            and len(ws.processing) < ws.nthreads
-        ]
-        for address, keys in list(self.zombies.items()):
+    def _losers(self) -> list[_Loser]:
+        out = []
+        for (worker, key), (released, estimate) in self._released.items():
+            out.append(_Loser(self.speeds.node(worker), key, released, estimate, worker))
+        return out
+
+    def _held(self, sched: Any) -> list[_Held]:
+        """The workers losers' threads hold, with the tasks waiting there."""
+        out = []
+        for address in list(self.zombies):
             ws = sched.workers.get(address)
             if ws is None:
                 del self.zombies[address]
                 continue
-            started = sum(1 for ts in ws.processing if ts.key in self.starts)
-            free = ws.nthreads - len(keys) - started
-            waiting = sorted(
-                (
-                    ts
-                    for ts in ws.processing
-                    if ts.key not in self.starts
-                    and ts.key not in self.copies
-                    and not ts.worker_restrictions
-                ),
-                key=lambda ts: ts.priority or (),
+            waiting = _internals.waiting_on(ws, self.starts, self.copies)
+            out.append(
+                _Held(
+                    self.speeds.node(address),
+                    ws.nthreads,
+                    _internals.started_on(ws, self.starts),
+                    [_Waiting(ts, ws) for ts in waiting],
+                    ws,
+                )
             )
-            for ts in waiting[max(free, 0) :]:
-                if not idle:
-                    return
-                thief = idle[0]
-                stealing.move_task_request(ts, ws, thief)
-                self.moved += 1
-                if len(thief.processing) + 1 >= thief.nthreads:
-                    idle.pop(0)
+        return out
 
-    # -- late tasks ------------------------------------------------------------------
+    # -- the periodic check ----------------------------------------------------------
     def _tick(self) -> None:
         try:
             self._check(time.time())
-            if self.zombies:
-                self._drain_zombies()
         except Exception:
             self.audit.failed("speculation")
 
@@ -488,46 +498,63 @@ class Speculator:
         return sum(1 for r in self.races.values() if not r.redirected)
 
     def _check(self, now: float) -> None:
-        """Every decision here is the policy's (:class:`~daskjobs.policies.Speculation`):
-        which tasks may be copied, whether one is late or urgent, whether its copy may
-        wait on a busy worker, and which worker takes it. This only adapts dask's state
-        (true starts, workers, the work the scheduler holds) and enacts the answer."""
-        if not self.starts:
+        """Ask the policy (:meth:`Speculation.decide
+        <daskjobs.policies.Speculation.decide>`) about the started tasks, the losers'
+        threads and the tasks waiting behind them, and enact its decision. Every
+        decision is the policy's: which tasks are late or urgent, where each copy goes,
+        which losers' threads are taken for returned, which waiting tasks move where.
+        This only adapts dask's state (true starts, workers, the work the scheduler
+        holds) and enacts the answer."""
+        if not self.starts and not self.zombies:
             return
-        spec = self.spec
-        cap = spec.cap(self._slots())
-        if self._running() >= cap:
-            return
-        speeds = self.speeds.learner  # the beliefs the policy's decisions read
         sched = self.scheduler
-        horizon: float | None = None
+        judge: list[LiveAttempt] = []
+        of: dict[int, tuple[Any, str]] = {}  # id(attempt) -> (task state, worker)
         for key, (worker, t0, run_id) in list(self.starts.items()):
             if key in self.races or key in self.copied:
                 continue
             ts = sched.tasks.get(key)
-            if ts is None or ts.state != "processing" or ts.run_id != run_id:
+            if ts is None or not _internals.runs_on(ts, worker, run_id):
                 self.starts.pop(key, None)
                 continue
             v = self.tasks.get(key)
-            if v is None or ts.actor or not spec.may_copy(v):
-                continue
-            node = self.speeds.node(worker)
-            attempt = LiveAttempt(v, node, t0)
-            why = spec.verdict(attempt, now, speeds)
-            if why is None:
-                continue
-            if horizon is None:
-                horizon = self._horizon(now)
-            may_queue = spec.may_queue(attempt, now, speeds.speed(node), horizon)
-            target, reason = spec.choose(attempt, self._candidates(ts, worker), speeds, may_queue)
-            if target is None:
-                self._decided(key, f"{why}, not copied: {reason}")
-                continue
-            ahead = ", ahead of its queued work" if target.free < v.cores else ""
-            self._decided(key, f"{why}: copied to {target.ws.address}{ahead}")
-            self._launch(ts, target.ws, now, why)
-            if self._running() >= cap:
-                return
+            if v is None or not _internals.can_copy(ts) or copy_key(key) in sched.tasks:
+                continue  # no view, nothing to run twice, or an earlier copy still known
+            attempt = LiveAttempt(v, self.speeds.node(worker), t0)
+            judge.append(attempt)
+            of[id(attempt)] = (ts, worker)
+        movable = bool(self.zombies) and _internals.can_move(sched)
+        decision = self.spec.decide(
+            now,
+            self.speeds.learner,  # the beliefs the policy's decisions read
+            judge=judge,
+            candidates=lambda a: self._candidates(*of[id(a)]),
+            horizon=lambda: self._horizon(now),
+            running=self._running(),
+            slots=self._slots(),
+            losers=self._losers(),
+            held=self._held(sched) if movable else (),
+            idle=self._idle(sched) if movable else (),
+        )
+        for r in decision.reclaimed:
+            self.returned(r.loser.key, r.loser.worker)
+            decisions.debug("%s: %s", r.loser.key, r.reason)
+        for c in decision.copies:
+            key = c.attempt.task.tid
+            self._decided(key, c.reason)
+            if c.target is not None:
+                self._launch(of[id(c.attempt)][0], c.target.ws, now, c.why, c.reason)
+        for m in decision.moves:
+            if _internals.move_waiting(sched, m.task.ts, m.task.ws, m.target.ws):
+                self.moved += 1
+                decisions.debug("%s: %s", m.task.ts.key, m.reason)
+                self.audit.event(
+                    "moved-off-loser",
+                    key=str(m.task.ts.key),
+                    worker=m.task.ws.address,
+                    thief=m.target.ws.address,
+                    reason=m.reason,
+                )
 
     def _decided(self, key: Key, reason: str) -> None:
         """Keep the latest decision about ``key`` for explain, and log it at DEBUG."""
@@ -550,40 +577,34 @@ class Speculator:
         for r in self.races.values():
             if not r.redirected:
                 copies[r.worker] = copies.get(r.worker, 0) + 1
-        out = []
-        strict = not ts.loose_restrictions
-        for ws in sched.workers.values():
-            if ws.status.name != "running":
-                continue
-            if ts.resource_restrictions and any(
-                ws.resources.get(r, 0) < need for r, need in ts.resource_restrictions.items()
-            ):
-                continue
-            if strict and ts.worker_restrictions and ws.address not in ts.worker_restrictions:
-                continue
-            if strict and ts.host_restrictions and ws.host not in ts.host_restrictions:
-                continue
-            out.append(
-                _Worker(
-                    ws,
-                    self.speeds.node(ws.address),
-                    max(ws.nthreads - len(ws.processing), 0),
-                    ws.nthreads,
-                    copies.get(ws.address, 0),
-                    pws is not None and ws.host == pws.host,
-                )
+        return [
+            _Worker(
+                ws,
+                self.speeds.node(ws.address),
+                _internals.free_threads(ws),
+                ws.nthreads,
+                copies.get(ws.address, 0),
+                pws is not None and ws.host == pws.host,
             )
+            for ws in sched.workers.values()
+            if _internals.is_running(ws) and _internals.may_run_on(ts, ws)
+        ]
+
+    def _idle(self, sched: Any) -> list[_Worker]:
+        """The running workers with a free thread, where a task waiting behind a loser
+        could move (the policy leaves out those losers hold)."""
+        out = []
+        for ws in sched.workers.values():
+            free = _internals.free_threads(ws)
+            if free and _internals.is_running(ws):
+                out.append(_Worker(ws, self.speeds.node(ws.address), free, ws.nthreads, 0, False))
         return out
 
-    def _launch(self, ts: Any, ws: Any, now: float, why: str = "late") -> None:
-        from dask._task_spec import Task
-
+    def _launch(self, ts: Any, ws: Any, now: float, why: str, reason: str) -> None:
         sched = self.scheduler
         ck = copy_key(ts.key)
-        if ck in sched.tasks or not isinstance(ts.run_spec, Task):
-            return  # an earlier copy is still known (lineage), or nothing to run twice
-        primary = ts.processing_on.address
-        race = Race(ts.key, ck, ws.address, primary, now)
+        primary = _internals.processing_worker(ts)
+        race = Race(ts.key, ck, ws.address, primary or "", now)
         self.races[ts.key] = race
         self.copies[ck] = ts.key
         self.copied.add(ts.key)
@@ -605,6 +626,7 @@ class Speculator:
             backup=ws.address,
             late_by=round(now - self.starts[ts.key][1], 3),
             why=why,
+            reason=reason,
         )
 
     # -- accounting ------------------------------------------------------------------
