@@ -167,7 +167,7 @@ class PluginSpeeds(Policy):
     urgency with it, whatever policy orders the tasks. This composes the same two
     objects for a replay of a run with speculation: order from ``inner``, beliefs
     from the learner. Which attempts teach a speed is the learner's own rule
-    (:meth:`NodeAware.ended`); where a copy may go is :meth:`Speculation.choose`;
+    (:meth:`NodeAware.ended`); every copy decision is :meth:`Speculation.decide`;
     the horizon is kept from the same sums as live (:class:`Horizon`: a task counts
     as queued work until it starts, as running until it ends), over the learner's
     capacity. The engine judges attempts on the recorded ``interval`` (as live).
