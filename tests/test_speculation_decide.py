@@ -187,4 +187,8 @@ def test_a_decision_is_checked() -> None:
     with pytest.raises(ValueError, match="two copies"):
         SpeculationDecision(copies=(Copy(a, "late", None, False, ""),) * 2)
     with pytest.raises(ValueError, match="to itself"):
-        SpeculationDecision(moves=(Move(a.task, 1, _Node(1), ""),))
+        SpeculationDecision(moves=(Move(a.task, 1, _Node(1), 1, 0),))
+    d = SpeculationDecision()
+    with pytest.raises(AttributeError, match="frozen"):
+        d.copies = ()  # type: ignore[misc]
+    assert d == SpeculationDecision((), (), (), ())

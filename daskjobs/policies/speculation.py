@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from daskjobs import _defaults
 
@@ -197,8 +197,13 @@ class Held(Protocol):
     def waiting(self) -> Sequence[Any]: ...  # assigned there, not started, in start order
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+# The records of a decision are NamedTuples: the simulator asks for one at every deadline
+# and every slot a waiting copy is offered, and a tuple is built in a tenth of the time a
+# frozen dataclass takes (its fields set through object.__setattr__). Reasons are
+# properties, formatted only when read (by explain, the audit trail, a log).
+
+
+class Verdict(NamedTuple):
     """A running attempt judged: ``why`` is ``"late"`` (past ``deadline``), ``"urgent"``
     (the policy asks for a copy before it) or None (judged again at ``deadline``, or
     never: ``deadline`` is ``inf`` for a task that may not be copied)."""
@@ -220,66 +225,120 @@ class Verdict:
         return f"on time until {self.deadline - start:.3g} s"
 
 
-@dataclass(frozen=True, slots=True)
-class Copy:
+class Copy(NamedTuple):
     """A copy wanted for ``attempt`` (``why``: "late", "urgent", or "asked" for a copy
-    asked earlier that waits for a place): on ``target`` (a candidate), or nowhere yet
-    (None; ``reason`` says why). ``ahead``: it may go ahead of queued work
+    asked earlier that waits for a place): on ``target`` (a candidate; ``queued``: it
+    waits there for a slot, ahead of the work queued there), or nowhere yet (None;
+    ``refusal`` says why). ``ahead``: it may go ahead of queued work
     (:meth:`Speculation.may_queue`)."""
 
     attempt: Any
     why: str
     target: Any | None
     ahead: bool
-    reason: str
+    refusal: str = ""
+    queued: bool = False
+
+    @property
+    def reason(self) -> str:
+        if self.target is None:
+            return f"{self.why}, not copied: {self.refusal}"
+        ahead = ", ahead of its queued work" if self.queued else ""
+        return f"{self.why}: copied to {self.target.name}{ahead}"
 
 
-@dataclass(frozen=True, slots=True)
-class Reclaim:
-    """A loser's thread taken for returned (its worker never said so in time)."""
+class Reclaim(NamedTuple):
+    """A loser's thread taken for returned (its worker never said so in time) at ``at``."""
 
     loser: Any
-    reason: str
+    at: float
+
+    @property
+    def reason(self) -> str:
+        lo = self.loser
+        return (
+            f"the thread of {lo.key} on node {lo.node} taken for returned: "
+            f"no word from its worker {self.at - lo.released:.0f} s after its release"
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class Move:
-    """A task waiting on node ``source`` behind losers' threads, moved to ``target``
-    (a candidate with an idle slot)."""
+class Move(NamedTuple):
+    """A task waiting on node ``source`` behind ``losers`` threads (``free`` threads left
+    there), moved to ``target`` (a candidate with an idle slot)."""
 
     task: Any
     source: int
     target: Any
-    reason: str
+    losers: int
+    free: int
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"waited on node {self.source} behind {self.losers} loser thread(s) "
+            f"({self.free} free): moved to {self.target.name}"
+        )
 
 
-@dataclass(frozen=True, slots=True)
 class SpeculationDecision:
     """What :meth:`Speculation.decide` answers: enact it, do not re-derive it.
 
     ``verdicts``: every attempt judged, in the order given; ``copies``: every copy
     wanted (the late and urgent judged, then the asked), placed or not; ``reclaimed``:
     losers' threads taken back; ``moves``: waiting tasks moved off held nodes.
-    Checked on construction: one copy per attempt, never on the attempt's own node;
-    a move never to its own source, never to a node losers hold.
+    Checked on construction: one copy per attempt, never on the attempt's own node; a
+    move never to its own source. Frozen (a plain class with slots, not a frozen
+    dataclass: built at every question the simulator asks, it costs a third as much).
     """
 
-    verdicts: tuple[Verdict, ...] = ()
-    copies: tuple[Copy, ...] = ()
-    reclaimed: tuple[Reclaim, ...] = ()
-    moves: tuple[Move, ...] = ()
+    __slots__ = ("copies", "moves", "reclaimed", "verdicts")
+    verdicts: tuple[Verdict, ...]
+    copies: tuple[Copy, ...]
+    reclaimed: tuple[Reclaim, ...]
+    moves: tuple[Move, ...]
 
-    def __post_init__(self) -> None:
-        seen: set[int] = set()
-        for c in self.copies:
-            if id(c.attempt) in seen:
-                raise ValueError(f"two copies of one attempt in a decision: {c.attempt!r}")
-            seen.add(id(c.attempt))
-            if c.target is not None and c.target.index == c.attempt.node:
-                raise ValueError(f"a copy on its primary's own node {c.attempt.node}")
-        for m in self.moves:
+    def __init__(
+        self,
+        verdicts: tuple[Verdict, ...] = (),
+        copies: tuple[Copy, ...] = (),
+        reclaimed: tuple[Reclaim, ...] = (),
+        moves: tuple[Move, ...] = (),
+    ) -> None:
+        if copies:
+            if len(copies) > 1 and len({id(c.attempt) for c in copies}) < len(copies):
+                raise ValueError("two copies of one attempt in a decision")
+            for c in copies:
+                if c.target is not None and c.target.index == c.attempt.node:
+                    raise ValueError(f"a copy on its primary's own node {c.attempt.node}")
+        for m in moves:
             if m.target.index == m.source:
                 raise ValueError(f"a move from node {m.source} to itself")
+        setattr_ = object.__setattr__
+        setattr_(self, "verdicts", verdicts)
+        setattr_(self, "copies", copies)
+        setattr_(self, "reclaimed", reclaimed)
+        setattr_(self, "moves", moves)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a SpeculationDecision is frozen: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SpeculationDecision):
+            return NotImplemented
+        return (self.verdicts, self.copies, self.reclaimed, self.moves) == (
+            other.verdicts,
+            other.copies,
+            other.reclaimed,
+            other.moves,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"SpeculationDecision(verdicts={self.verdicts!r}, copies={self.copies!r}, "
+            f"reclaimed={self.reclaimed!r}, moves={self.moves!r})"
+        )
 
     @property
     def late(self) -> tuple[Verdict, ...]:
@@ -473,13 +532,7 @@ class Speculation:
         for lo in losers:
             at = self.reclaim_at(lo.released, lo.estimate)
             if now > at:
-                out.append(
-                    Reclaim(
-                        lo,
-                        f"the thread of {lo.key} on node {lo.node} taken for returned: "
-                        f"no word from its worker {at - lo.released:.0f} s after its release",
-                    )
-                )
+                out.append(Reclaim(lo, at))
         return out
 
     def moves(
@@ -520,15 +573,7 @@ class Speculation:
                     return out  # no idle slot anywhere: the rest wait where they are
                 t = taken.setdefault(best.index, [0, 0])
                 t[0] += task.cores
-                out.append(
-                    Move(
-                        task,
-                        h.index,
-                        best,
-                        f"waited on node {h.index} behind {n} loser thread(s) "
-                        f"({stay} free): moved to {best.name}",
-                    )
-                )
+                out.append(Move(task, h.index, best, n, stay))
         return out
 
     # -- the one call ---------------------------------------------------------------
@@ -565,15 +610,17 @@ class Speculation:
         :meth:`reclaim_at` are reclaimed (:meth:`reclaimed`), and tasks waiting behind
         the others on the ``held`` nodes move to ``idle`` nodes (:meth:`moves`).
         """
+        # Written for the simulator's sake: it asks at every deadline and every slot a
+        # waiting copy is offered, so the common call (one attempt, no losers) allocates
+        # little beyond the records it returns.
         verdicts: list[Verdict] = []
-        copies: list[Copy] = []
-        cap = self.cap(slots) if slots is not None else None
-        placed = 0
-        taken: dict[int, list[int]] = {}
-        losers = list(losers)
-        reclaims = self.reclaimed(losers, now) if losers else []
-        holding: dict[int, int] = {}
+        wants: list[tuple[Any, str, bool]] = []  # (attempt, why, ahead) in order
+        taken: dict[int, list[int]] = {}  # node -> [slots taken, copies added]
+        reclaims: list[Reclaim] = []
+        holding: dict[int, int] = {}  # node -> losers' threads still held there
         if losers:
+            losers = list(losers)
+            reclaims = self.reclaimed(losers, now)
             gone = {id(r.loser) for r in reclaims}
             for lo in losers:
                 if id(lo) not in gone:
@@ -581,29 +628,8 @@ class Speculation:
             for node, n in holding.items():
                 taken[node] = [n, 0]  # a loser's thread is not free, whatever dask says
         h: float | None = None
-
-        def place(a: Any, why: str, ahead: bool) -> None:
-            nonlocal placed
-            if cap is not None and running + placed >= cap:
-                copies.append(
-                    Copy(a, why, None, ahead, f"{why}, not copied: {cap} copies run (the cap)")
-                )
-                return
-            cands = candidates(a) if callable(candidates) else candidates
-            target, refusal = self._choose(a, cands, policy, ahead, taken)
-            if target is None:
-                copies.append(Copy(a, why, None, ahead, f"{why}, not copied: {refusal}"))
-                return
-            placed += 1
-            t = taken.setdefault(target.index, [0, 0])
-            t[0] += a.task.cores
-            t[1] += 1
-            queued = ", ahead of its queued work" if target.free < a.task.cores else ""
-            copies.append(Copy(a, why, target, ahead, f"{why}: copied to {target.name}{queued}"))
-
         for a in judge:
-            task = a.task
-            if not self.may_copy(task):
+            if not self.may_copy(a.task):
                 verdicts.append(Verdict(a, math.inf, None, now))
                 continue
             speed = policy.speed(a.node)
@@ -616,8 +642,32 @@ class Speculation:
                     h = policy.horizon(now)
                 else:
                     h = horizon() if callable(horizon) else horizon
-            place(a, why, self.may_queue(a, now, speed, math.inf if h is None else h))
+            wants.append((a, why, self.may_queue(a, now, speed, math.inf if h is None else h)))
         for a in asked:
-            place(a, "asked", False)
-        moves = self.moves(held, holding, idle, policy, taken) if holding else []
+            wants.append((a, "asked", False))
+        copies: list[Copy] = []
+        if wants:
+            cap = max(1, int(self.max_fraction * slots)) if slots is not None else None
+            placed = 0
+            for a, why, ahead in wants:
+                if cap is not None and running + placed >= cap:
+                    copies.append(Copy(a, why, None, ahead, f"{cap} copies run (the cap)"))
+                    continue
+                cands = candidates(a) if callable(candidates) else candidates
+                target, refusal = self._choose(a, cands, policy, ahead, taken)
+                if target is None:
+                    copies.append(Copy(a, why, None, ahead, refusal))
+                    continue
+                placed += 1
+                cores = a.task.cores
+                t = taken.get(target.index)
+                if t is None:
+                    queued = target.free < cores
+                    taken[target.index] = [cores, 1]
+                else:
+                    queued = target.free - t[0] < cores
+                    t[0] += cores
+                    t[1] += 1
+                copies.append(Copy(a, why, target, ahead, "", queued))
+        moves = self.moves(held, holding, idle, policy, taken) if holding else ()
         return SpeculationDecision(tuple(verdicts), tuple(copies), tuple(reclaims), tuple(moves))
