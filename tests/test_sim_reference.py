@@ -11,6 +11,7 @@ calls in the same order at the same times.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -134,10 +135,15 @@ def test_the_golden_sweep_is_the_same_on_both_paths(policy: str, spec: str) -> N
     assert _same(_golden_tasks(), cluster, policy, SPECS[spec], seed=5) >= 400
 
 
+@pytest.mark.parametrize("stops_losers", [True, False])
 @pytest.mark.parametrize("policy", ["lpt", "node-aware", "work-stealing"])
-def test_a_small_chapter_sweep_with_copies_is_the_same_on_both_paths(policy: str) -> None:
+def test_a_small_chapter_sweep_with_copies_is_the_same_on_both_paths(
+    policy: str, stops_losers: bool
+) -> None:
     wl = chapter(3, n=1500, n_long=8, nodes=6, cores_per_node=8, slow_node=0)
-    n = _same(wl.tasks, wl.cluster, policy, wl.spec, seed=wl.seed)
+    cluster = dataclasses.replace(wl.cluster, stops_losers=stops_losers)
+    spec = dataclasses.replace(wl.spec, reclaim_after=600.0, reclaim_factor=1.0)
+    n = _same(wl.tasks, cluster, policy, spec, seed=wl.seed)
     assert n > 1500  # copies and retries ran
 
 

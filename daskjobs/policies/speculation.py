@@ -527,11 +527,11 @@ class Speculation:
 
     def reclaimed(self, losers: Iterable[Loser], now: float) -> list[Reclaim]:
         """The losers whose thread is taken for returned by ``now`` (no word from its
-        worker by :meth:`reclaim_at`)."""
+        worker by :meth:`reclaim_at`, ``now`` included)."""
         out = []
         for lo in losers:
             at = self.reclaim_at(lo.released, lo.estimate)
-            if now > at:
+            if now >= at:
                 out.append(Reclaim(lo, at))
         return out
 

@@ -24,7 +24,11 @@ believed slow-down of its node``), or that the policy calls urgent, gets one
 backup copy. Backups are served before queued tasks, on a node other than the
 primary's that the policy does not believe slower, within a cap on concurrent
 backups. The first copy to finish wins; the other is killed and its core-time
-counted as waste. If one copy fails while the other runs, the other carries on.
+counted as waste (with ``Cluster(stops_losers=False)``, as dask, it holds its cores
+until it would have ended or the policy reclaims its thread). If one copy fails
+while the other runs, the other carries on. Every one of these answers is the
+policy's one call, ``Speculation.decide``: the loop only notices when to ask it
+and enacts the answer.
 
 Tasks in ``cache`` are hits: they finish at their submission, take no time and
 no core, and do not wait for their inputs. A task that is not cached and that
@@ -59,6 +63,7 @@ import math
 from array import array
 from collections.abc import Collection, Hashable, Iterable, Sequence
 from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -70,7 +75,7 @@ from daskjobs.sim.schedule import Schedule
 
 __all__ = ["simulate"]
 
-_DONE, _FAIL, _CHECK, _TICK = 0, 1, 2, 3
+_DONE, _FAIL, _CHECK, _TICK, _RECLAIM = 0, 1, 2, 3, 4
 _SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node's attempts
 
 
@@ -94,6 +99,15 @@ class _Offer:
     @property
     def name(self) -> str:
         return f"node {self.index}"
+
+
+class _Loser(NamedTuple):
+    """A killed copy whose thread runs on (a ``Speculation.Loser``)."""
+
+    node: int
+    key: Hashable
+    released: float
+    estimate: float
 
 
 class _Node:
@@ -388,6 +402,9 @@ def _simulate(
     attempts: list[Attempt] = []
     pending: list[Attempt] = []  # primaries waiting for a backup slot
     slots = cluster.total_cores
+    # losers that hold their cores (a cluster that cannot stop them, as dask cannot)
+    holds = not cluster.stops_losers
+    held: dict[Attempt, None] = {}
     cap = spec.cap(slots) if spec else 0
     backups_running = 0
     backups_launched = 0
@@ -525,12 +542,8 @@ def _simulate(
                 seq += 1
                 post(b.check_at, (b.check_at, _CHECK, seq, b))
 
-    def finish(a: Attempt, now: float, outcome: str) -> None:
-        """End attempt ``a`` (the main loop inlines this for an attempt that is done)."""
-        nonlocal backups_running
-        a.end = now
-        a.outcome = outcome
-        # free its cores (inlined: this runs once per attempt)
+    def free_cores(a: Attempt) -> None:
+        """Give ``a``'s cores back to its node."""
         nd = nodes[a.node]
         stack = nd.freeheap
         cores = a.cores
@@ -542,16 +555,44 @@ def _simulate(
                 stack.append(c - nd.base)
             nd.free += len(cores)
         nd.core = nd.base + stack[-1]
-        if watch:
-            watch.pop(a, None)
         k = nd.index
         if not in_heap[k]:
             in_heap[k] = True
             heappush(free_heap, k)
+
+    def finish(a: Attempt, now: float, outcome: str, hold: bool = False) -> None:
+        """End attempt ``a`` (the main loop inlines this for an attempt that is done).
+        With ``hold`` (a loser on a cluster that cannot stop it) its cores stay taken
+        until it would have ended, or until the policy reclaims its thread."""
+        nonlocal backups_running, seq
+        a.end = now
+        a.outcome = outcome
+        if hold:
+            held[a] = None
+            assert spec is not None
+            at = spec.reclaim_at(now, est[a.ti])
+            seq += 1
+            post(at, (at, _RECLAIM, seq, a))
+        else:
+            free_cores(a)
+        if watch:
+            watch.pop(a, None)
         if a.backup:
             backups_running -= 1
         if ended is not None and ended(a, now):
             rejudge(a.node, now)
+
+    def release(a: Attempt, now: float, reclaim: bool) -> None:
+        """A held loser's thread returns (its natural end), or (``reclaim``) the policy
+        is asked whether to take it for returned now (``Speculation.decide``)."""
+        if reclaim:
+            assert decide is not None
+            view = _Loser(a.node, a.task.tid, a.end, est[a.ti])
+            if not decide(now, policy, losers=(view,)).reclaimed:
+                return
+        del held[a]
+        a.end = now  # the core-time it held counts as waste
+        free_cores(a)
 
     def take_backup(nd: _Node, ahead_only: bool, now: float) -> Attempt | None:
         """A pending backup request that may run on ``nd``: the oldest one for which
@@ -760,6 +801,8 @@ def _simulate(
                     post(tick_at, (tick_at, _TICK, seq, a))
                 continue
             if a.outcome is not None:
+                if held and kind != _CHECK and a in held:  # a held loser's thread
+                    release(a, now, kind == _RECLAIM)
                 continue  # killed earlier, or a stale check
             i = a.ti
             if kind == _DONE:
@@ -799,7 +842,7 @@ def _simulate(
                         if r is not None:
                             for b in r:
                                 if b is not a and b.outcome is None:
-                                    finish(b, now, "killed")
+                                    finish(b, now, "killed", holds)
                 if has_deps:
                     for j in dependents[i]:
                         waiting[j] -= 1

@@ -103,6 +103,10 @@ class Cluster:
     come, first served) and takes ``1 / dispatch_rate`` seconds of it, the slot
     held meanwhile. It models a scheduler that many short tasks on many slots
     keep busy (docs/benchmarks.md, the end of a longest-first run).
+    ``stops_losers`` (True): the losing copy of a race is killed at once. False
+    models dask, which cannot stop a thread: the loser holds its cores until it
+    would have ended, or until the speculation policy takes its thread for returned
+    (:meth:`Speculation.reclaim_at <daskjobs.policies.Speculation.reclaim_at>`).
     """
 
     nodes: int
@@ -111,6 +115,7 @@ class Cluster:
     failure_rate: float = 0.0
     overhead: float = 0.0
     dispatch_rate: float = 0.0
+    stops_losers: bool = True
     speeds: tuple[float, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +127,8 @@ class Cluster:
             raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
         if not (_is_number(self.overhead) and math.isfinite(self.overhead) and self.overhead >= 0):
             raise ValueError(f"overhead must be >= 0 seconds, got {self.overhead!r}")
+        if not isinstance(self.stops_losers, bool):
+            raise TypeError(f"stops_losers must be True or False, got {self.stops_losers!r}")
         rate = self.dispatch_rate
         if not (_is_number(rate) and math.isfinite(rate) and rate >= 0):
             raise ValueError(
@@ -153,6 +160,7 @@ class Cluster:
             self.failure_rate,
             self.overhead,
             self.dispatch_rate,
+            self.stops_losers,
         )
 
 
