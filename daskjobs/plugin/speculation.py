@@ -196,6 +196,7 @@ class Speculator:
         # (worker, key) -> (when released, the task's estimate): the policy's reclaim rule
         self._released: dict[tuple[str, Key], tuple[float, float]] = {}
         self.moved = 0  # tasks moved off a worker whose thread a zombie holds
+        self.reclaimed = 0  # zombie threads the policy took for returned (no report in time)
         # team -> seconds run by the losing side of backup races (a losing copy, or a
         # primary its copy beat): what copies cost, and only that
         self.waste: dict[str, float] = {}
@@ -235,6 +236,7 @@ class Speculator:
             **self.counts,
             "zombies": sum(len(k) for k in self.zombies.values()),
             "moved_off_zombies": self.moved,
+            "zombies_reclaimed": self.reclaimed,
             "running": sum(1 for r in self.races.values() if not r.redirected),
             "peak": self.peak,
             "late_factor": self.spec.late_factor,
@@ -538,7 +540,11 @@ class Speculator:
         )
         for r in decision.reclaimed:
             self.returned(r.loser.key, r.loser.worker)
+            self.reclaimed += 1
             decisions.debug("%s: %s", r.loser.key, r.reason)
+            self.audit.event(
+                "loser-reclaimed", key=str(r.loser.key), worker=r.loser.worker, reason=r.reason
+            )
         for c in decision.copies:
             key = c.attempt.task.tid
             self._decided(key, c.reason)

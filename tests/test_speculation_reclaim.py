@@ -1,0 +1,56 @@
+"""Live: the policy's reclaim rule (``Speculation.reclaim_at``) takes a loser's thread for
+returned when its worker has not said so in time, as ``Speculation.decide`` decides."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import dask
+from conftest import VALIDATE, plugin_cluster
+from distributed import Client
+
+from daskjobs.plugin import JobsPlugin
+from daskjobs.plugin.client import status
+
+FAST = {"late_factor": 1.5, "min_runtime": "100ms", "interval": "50ms", "enabled": True}
+RETURNED: list[tuple[object, float]] = []
+
+
+def racer(steps):
+    """Ten times slower on the worker named 0; never checks cancelled(): a zombie loser."""
+    from distributed import get_worker
+
+    name = get_worker().name
+    for _ in range(steps):
+        time.sleep(0.01 * (10 if name == 0 else 1))
+    RETURNED.append((name, time.time()))
+    return "done"
+
+
+def test_a_loser_s_thread_is_reclaimed_after_the_policy_s_timeout():
+    RETURNED.clear()
+    plugin = JobsPlugin(policy="lpt", speculation=FAST)
+    with (
+        dask.config.set(VALIDATE),
+        plugin_cluster(plugin, n_workers=2, threads_per_worker=1) as cl,
+        Client(cl) as c,
+    ):
+        sp = plugin.speculator
+        assert sp is not None and sp.spec.reclaim_after == 60.0  # the default: a minute
+        sp.spec = dataclasses.replace(sp.spec, reclaim_after=0.0, reclaim_factor=0.0)
+        w0 = next(a for a, w in c.scheduler_info()["workers"].items() if w["name"] == 0)
+        with dask.annotate(workers=[w0], allow_other_workers=True, estimate=0.3):
+            r = dask.delayed(racer)(300, dask_key_name="race")  # 3 s on worker 0
+        assert c.compute(r, sync=True) == "done"  # the copy won on worker 1
+        deadline = time.time() + 30
+        while status(c)["speculation"]["zombies_reclaimed"] < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        st = status(c)["speculation"]
+        # taken back by the policy's rule, not by the worker's report: the loser still runs
+        assert st["zombies_reclaimed"] == 1 and st["zombies"] == 0
+        assert not [t for name, t in RETURNED if name == 0]
+        events = [e for _, e in c.get_events("daskjobs") if e["action"] == "loser-reclaimed"]
+        assert [e["key"] for e in events] == ["race"]
+        assert "taken for returned" in events[0]["reason"]
+        assert status(c)["errors"] == {}
