@@ -189,6 +189,6 @@ def test_a_decision_is_checked() -> None:
     with pytest.raises(ValueError, match="to itself"):
         SpeculationDecision(moves=(Move(a.task, 1, _Node(1), 1, 0),))
     d = SpeculationDecision()
-    with pytest.raises(AttributeError, match="frozen"):
+    with pytest.raises(AttributeError):
         d.copies = ()  # type: ignore[misc]
     assert d == SpeculationDecision((), (), (), ())

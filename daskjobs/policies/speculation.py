@@ -280,30 +280,33 @@ class Move(NamedTuple):
         )
 
 
-class SpeculationDecision:
+class _Decision(NamedTuple):
+    verdicts: tuple[Verdict, ...] = ()
+    copies: tuple[Copy, ...] = ()
+    reclaimed: tuple[Reclaim, ...] = ()
+    moves: tuple[Move, ...] = ()
+
+
+class SpeculationDecision(_Decision):
     """What :meth:`Speculation.decide` answers: enact it, do not re-derive it.
 
     ``verdicts``: every attempt judged, in the order given; ``copies``: every copy
     wanted (the late and urgent judged, then the asked), placed or not; ``reclaimed``:
     losers' threads taken back; ``moves``: waiting tasks moved off held nodes.
     Checked on construction: one copy per attempt, never on the attempt's own node; a
-    move never to its own source. Frozen (a plain class with slots, not a frozen
-    dataclass: built at every question the simulator asks, it costs a third as much).
+    move never to its own source. A NamedTuple, as its records: built at every
+    question the simulator asks.
     """
 
-    __slots__ = ("copies", "moves", "reclaimed", "verdicts")
-    verdicts: tuple[Verdict, ...]
-    copies: tuple[Copy, ...]
-    reclaimed: tuple[Reclaim, ...]
-    moves: tuple[Move, ...]
+    __slots__ = ()
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         verdicts: tuple[Verdict, ...] = (),
         copies: tuple[Copy, ...] = (),
         reclaimed: tuple[Reclaim, ...] = (),
         moves: tuple[Move, ...] = (),
-    ) -> None:
+    ) -> SpeculationDecision:
         if copies:
             if len(copies) > 1 and len({id(c.attempt) for c in copies}) < len(copies):
                 raise ValueError("two copies of one attempt in a decision")
@@ -313,32 +316,7 @@ class SpeculationDecision:
         for m in moves:
             if m.target.index == m.source:
                 raise ValueError(f"a move from node {m.source} to itself")
-        setattr_ = object.__setattr__
-        setattr_(self, "verdicts", verdicts)
-        setattr_(self, "copies", copies)
-        setattr_(self, "reclaimed", reclaimed)
-        setattr_(self, "moves", moves)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"a SpeculationDecision is frozen: cannot set {name!r}")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SpeculationDecision):
-            return NotImplemented
-        return (self.verdicts, self.copies, self.reclaimed, self.moves) == (
-            other.verdicts,
-            other.copies,
-            other.reclaimed,
-            other.moves,
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return (
-            f"SpeculationDecision(verdicts={self.verdicts!r}, copies={self.copies!r}, "
-            f"reclaimed={self.reclaimed!r}, moves={self.moves!r})"
-        )
+        return tuple.__new__(cls, (verdicts, copies, reclaimed, moves))
 
     @property
     def late(self) -> tuple[Verdict, ...]:
@@ -611,63 +589,82 @@ class Speculation:
         the others on the ``held`` nodes move to ``idle`` nodes (:meth:`moves`).
         """
         # Written for the simulator's sake: it asks at every deadline and every slot a
-        # waiting copy is offered, so the common call (one attempt, no losers) allocates
+        # waiting copy is offered, so the common call (one attempt, no losers) builds
         # little beyond the records it returns.
-        verdicts: list[Verdict] = []
-        wants: list[tuple[Any, str, bool]] = []  # (attempt, why, ahead) in order
         taken: dict[int, list[int]] = {}  # node -> [slots taken, copies added]
-        reclaims: list[Reclaim] = []
+        reclaims: tuple[Reclaim, ...] = ()
         holding: dict[int, int] = {}  # node -> losers' threads still held there
         if losers:
             losers = list(losers)
-            reclaims = self.reclaimed(losers, now)
+            reclaims = tuple(self.reclaimed(losers, now))
             gone = {id(r.loser) for r in reclaims}
             for lo in losers:
                 if id(lo) not in gone:
                     holding[lo.node] = holding.get(lo.node, 0) + 1
             for node, n in holding.items():
                 taken[node] = [n, 0]  # a loser's thread is not free, whatever dask says
-        h: float | None = None
-        for a in judge:
-            if not self.may_copy(a.task):
-                verdicts.append(Verdict(a, math.inf, None, now))
-                continue
-            speed = policy.speed(a.node)
-            d, why = self._judge(a, now, policy, speed)
-            verdicts.append(Verdict(a, d, why, now))
-            if why is None:
-                continue
-            if h is None and self.ahead != "always":
-                if horizon is None:
-                    h = policy.horizon(now)
-                else:
-                    h = horizon() if callable(horizon) else horizon
-            wants.append((a, why, self.may_queue(a, now, speed, math.inf if h is None else h)))
-        for a in asked:
-            wants.append((a, "asked", False))
+        verdicts: list[Verdict] = []
+        wants: list[tuple[Any, str, bool]] = []  # (attempt, why, ahead), in order
+        if judge:
+            h: float | None = None
+            for a in judge:
+                if not self.may_copy(a.task):
+                    verdicts.append(Verdict(a, math.inf, None, now))
+                    continue
+                speed = policy.speed(a.node)
+                d, why = self._judge(a, now, policy, speed)
+                verdicts.append(Verdict(a, d, why, now))
+                if why is None:
+                    continue
+                if h is None and self.ahead != "always":
+                    if horizon is None:
+                        h = policy.horizon(now)
+                    else:
+                        h = horizon() if callable(horizon) else horizon
+                ahead = self.may_queue(a, now, speed, math.inf if h is None else h)
+                wants.append((a, why, ahead))
+        if asked:
+            wants.extend([(a, "asked", False) for a in asked])
+        if not wants:
+            return SpeculationDecision(
+                tuple(verdicts), (), reclaims, self._moves(holding, held, idle, policy, taken)
+            )
         copies: list[Copy] = []
-        if wants:
-            cap = max(1, int(self.max_fraction * slots)) if slots is not None else None
-            placed = 0
-            for a, why, ahead in wants:
-                if cap is not None and running + placed >= cap:
-                    copies.append(Copy(a, why, None, ahead, f"{cap} copies run (the cap)"))
-                    continue
-                cands = candidates(a) if callable(candidates) else candidates
-                target, refusal = self._choose(a, cands, policy, ahead, taken)
-                if target is None:
-                    copies.append(Copy(a, why, None, ahead, refusal))
-                    continue
-                placed += 1
-                cores = a.task.cores
-                t = taken.get(target.index)
-                if t is None:
-                    queued = target.free < cores
-                    taken[target.index] = [cores, 1]
-                else:
-                    queued = target.free - t[0] < cores
-                    t[0] += cores
-                    t[1] += 1
-                copies.append(Copy(a, why, target, ahead, "", queued))
-        moves = self.moves(held, holding, idle, policy, taken) if holding else ()
-        return SpeculationDecision(tuple(verdicts), tuple(copies), tuple(reclaims), tuple(moves))
+        cap = max(1, int(self.max_fraction * slots)) if slots is not None else None
+        placed = 0
+        for a, why, ahead in wants:
+            if cap is not None and running + placed >= cap:
+                copies.append(Copy(a, why, None, ahead, f"{cap} copies run (the cap)"))
+                continue
+            cands = candidates(a) if callable(candidates) else candidates
+            target, refusal = self._choose(a, cands, policy, ahead, taken)
+            if target is None:
+                copies.append(Copy(a, why, None, ahead, refusal))
+                continue
+            placed += 1
+            cores = a.task.cores
+            t = taken.get(target.index)
+            if t is None:
+                queued = target.free < cores
+                taken[target.index] = [cores, 1]
+            else:
+                queued = target.free - t[0] < cores
+                t[0] += cores
+                t[1] += 1
+            copies.append(Copy(a, why, target, ahead, "", queued))
+        return SpeculationDecision(
+            tuple(verdicts),
+            tuple(copies),
+            reclaims,
+            self._moves(holding, held, idle, policy, taken),
+        )
+
+    def _moves(
+        self,
+        holding: dict[int, int],
+        held: Iterable[Held],
+        idle: Sequence[C],
+        policy: Any,
+        taken: dict[int, list[int]],
+    ) -> tuple[Move, ...]:
+        return tuple(self.moves(held, holding, idle, policy, taken)) if holding else ()
