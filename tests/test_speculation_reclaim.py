@@ -53,4 +53,8 @@ def test_a_loser_s_thread_is_reclaimed_after_the_policy_s_timeout():
         events = [e for _, e in c.get_events("daskjobs") if e["action"] == "loser-reclaimed"]
         assert [e["key"] for e in events] == ["race"]
         assert "taken for returned" in events[0]["reason"]
+        # the copy's audit event carries the policy's reason for it, as decided
+        w1 = next(a for a, w in c.scheduler_info()["workers"].items() if w["name"] == 1)
+        (launched,) = [e for _, e in c.get_events("daskjobs") if e["action"] == "backup-launched"]
+        assert launched["reason"] in (f"late: copied to {w1}", f"urgent: copied to {w1}")
         assert status(c)["errors"] == {}

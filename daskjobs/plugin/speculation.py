@@ -149,6 +149,7 @@ class Race:
     launched: float
     started: bool = False  # the copy's worker reported it executing
     redirected: bool = False  # the copy won: the task is an alias of it until in memory
+    end_recorded: bool = False  # the copy's end went to the trace under the task's key
     restrictions: tuple[Any, bool] = (None, False)  # the task's own, restored after
 
 
@@ -264,11 +265,16 @@ class Speculator:
         if task is not None:
             if start == "processing" and finish == "memory":
                 ts = self.scheduler.tasks.get(task)
+                race = self.races.get(task)
                 if ts is not None and ts.state != "memory":
+                    if race is not None:
+                        race.end_recorded = True
                     return task
             return None
         race = self.races.get(key)
-        if race is not None and race.redirected:
+        if race is not None and (race.redirected or (race.end_recorded and start == "processing")):
+            # the task stands in for its copy, or its primary ended just after the copy
+            # (before the race was settled): the copy's end is the one recorded
             return None
         return key
 
@@ -376,7 +382,8 @@ class Speculator:
                 del self.zombies[worker or ""]
 
     def worker_removed(self, worker: str) -> None:
-        self.zombies.pop(worker, None)
+        for key in self.zombies.pop(worker, ()):
+            self._released.pop((worker, key), None)
 
     # -- settling, outside dask's transition loop ------------------------------------
     def _later(self, fn: Callable[..., None], *args: Any) -> None:
@@ -472,7 +479,7 @@ class Speculator:
         for address in list(self.zombies):
             ws = sched.workers.get(address)
             if ws is None:
-                del self.zombies[address]
+                self.worker_removed(address)
                 continue
             waiting = _internals.waiting_on(ws, self.starts, self.copies)
             out.append(
