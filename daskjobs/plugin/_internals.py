@@ -922,6 +922,8 @@ def _check_head_of_line(sched: Any) -> None:
         raise AssertionError(f"a worker started {got} past a constrained head that does not fit")
     if started(task("ahead", -1, 1)) != ["ahead"]:
         raise AssertionError("a worker did not start a constrained task ahead of its head")
+
+
 # -- speculation -----------------------------------------------------------------------
 # The verbs of the backup-copy driver (:mod:`daskjobs.plugin.speculation`): every read
 # and write of dask's scheduler state it makes beyond the public plugin hooks. Each verb
