@@ -5,6 +5,10 @@
 * ``real_cluster`` - a factory of real ``dask scheduler`` / ``dask worker``
   processes (:class:`realcluster.RealCluster`); tests that use it are marked
   ``realcluster`` and their process logs are printed when they fail.
+* ``net_hosts`` - test hosts in network namespaces (:class:`netns.Hosts`): pass it as
+  ``real_cluster(hosts=net_hosts)`` to run each process on a host of its own, then cut
+  links and add latency; tests that use it are marked ``netns`` and skip, with the
+  reason, where namespaces cannot be made (not root, no iproute2, no TUN device).
 * ``ledger_url`` - a fresh, empty jobs ledger, once as an SQLite file and once as a
   PostgreSQL database (``DASKJOBS_TEST_POSTGRES``, default the development and CI
   server ``postgresql+psycopg://postgres@127.0.0.1:5432``): the same tests run on both
@@ -80,6 +84,30 @@ def real_cluster(
                 print(text[-6000:])
 
 
+@pytest.fixture
+def net_hosts() -> Iterator[Any]:
+    """The test hosts of one test (``tests/netns.py``), deleted at teardown. Put it
+    before ``real_cluster`` in a signature: the cluster stops before its hosts go."""
+    import netns
+
+    why = _netns_unavailable()
+    if why is not None:
+        pytest.skip(f"test hosts in network namespaces: {why}")
+    with netns.Hosts() as hosts:
+        yield hosts
+
+
+_NETNS: list[str | None] = []
+
+
+def _netns_unavailable() -> str | None:
+    if not _NETNS:
+        import netns
+
+        _NETNS.append(netns.unavailable())
+    return _NETNS[0]
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     rep = yield
@@ -92,6 +120,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "real_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.realcluster)
+        if "net_hosts" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.netns)
 
 
 POSTGRES = os.environ.get("DASKJOBS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -87,6 +87,15 @@ def _write_yaml(path: Path, config: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(config, indent=1))
 
 
+class Placement(Protocol):
+    """Where each process runs (``tests/netns.py``'s ``Hosts``): the command prefix that
+    starts a process on host ``name`` and the address it listens on."""
+
+    def command(self, name: str) -> list[str]: ...
+
+    def address(self, name: str) -> str: ...
+
+
 class RealCluster:
     """One ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on loopback.
 
@@ -99,6 +108,9 @@ class RealCluster:
     interpreter's); ``source_on_path=False`` leaves this checkout off the processes'
     ``PYTHONPATH`` and working directory, so they import daskjobs as installed in that
     environment (tests/ stays on the path for the test's own task modules).
+    ``hosts`` places each process on a host of its own (``tests/netns.py``): the
+    scheduler on host ``scheduler``, worker ``w0`` on host ``w0``; each listens on
+    its host's address and is started through ``hosts.command(name)``.
     """
 
     def __init__(
@@ -115,6 +127,7 @@ class RealCluster:
         worker_resources: str | None = None,
         bin_dir: Path | None = None,
         source_on_path: bool = True,
+        hosts: Placement | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -125,6 +138,7 @@ class RealCluster:
         self.nanny = nanny
         self.worker_resources = worker_resources
         self.bin_dir = Path(bin_dir) if bin_dir is not None else BIN
+        self.hosts = hosts
         self.cwd = ROOT if source_on_path else self.workdir
         self.scheduler_file = self.workdir / "scheduler.json"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -162,12 +176,17 @@ class RealCluster:
             log = self.logfiles[name]
         self.logfiles[name] = log
         fh = open(log, "ab")  # noqa: SIM115 - closed when the process is reaped
+        if self.hosts is not None:
+            args = [*self.hosts.command(name), *args]
         proc = subprocess.Popen(
             args, cwd=self.cwd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, close_fds=True
         )
         fh.close()
         self.procs[name] = proc
         return proc
+
+    def _host(self, name: str) -> str:
+        return self.hosts.address(name) if self.hosts is not None else "127.0.0.1"
 
     def start_scheduler(self, timeout: float = 60.0) -> str:
         if self.scheduler_file.exists():
@@ -177,7 +196,7 @@ class RealCluster:
             *_dask(self.bin_dir),
             "scheduler",
             "--host",
-            "127.0.0.1",
+            self._host("scheduler"),
             "--port",
             str(port),
             "--dashboard-address",
@@ -213,7 +232,7 @@ class RealCluster:
             "--scheduler-file",
             str(self.scheduler_file),
             "--host",
-            "127.0.0.1",
+            self._host(name),
             "--nthreads",
             str(nthreads or self.nthreads),
             "--name",
