@@ -18,6 +18,14 @@ first element is the policy layer's :func:`~daskjobs.policies.order.user_order`
 (interactive work ahead of best-effort work of its user priority, under a preemption
 policy that says so).
 
+Two more of dask's promises are kept (docs/dask-promises.md): a graph none of whose
+tasks has an estimate (annotated or measured) gets one rank for all its tasks, so it
+runs in dask's own order; and every rank is offset by the seconds from the ranker's
+start to the first graph of its dask generation (graphs dask counts as submitted
+together share it), so a later ``compute``/``persist`` overtakes an earlier one of
+the same priority only by as much as the policy's key gains over the seconds between
+them: it can never starve it.
+
 A graph is ranked entirely or not at all, right after dask prioritised it and
 before anything is dispatched (the plugin wraps ``Scheduler._set_priorities``,
 see :mod:`daskjobs.plugin._internals`). O(n log n) per graph. The only errors
@@ -133,6 +141,9 @@ class Ranker:
         # (PreemptionPolicy.te_first), ordered by the policy layer's user_order
         self.te_first = False
         self.ranked_graphs = 0
+        # seconds from the ranker's start to the first graph of each recent dask generation
+        self.started = time.time()
+        self._ages: dict[Any, float] = {}
         self.ranked_tasks = 0
         self.estimate_sources = {"annotation": 0, "history": 0, "default": 0}
         self.just_ranked: list[Key] = []  # the keys the latest graph brought (for share)
@@ -206,6 +217,7 @@ class Ranker:
                 for w in views:
                     policy.forget(w.tid)
                 raise _RankFailed(ts.key) from e
+        ranks = self._keep_dask_promises(new, views, ranks, now)
         sources = {"annotation": 0, "history": 0, "default": 0}
         te_ahead = self.te_first
         for ts, v, rank in zip(new, views, ranks, strict=True):
@@ -224,6 +236,21 @@ class Ranker:
         for src, count in sources.items():
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
+
+    def _keep_dask_promises(
+        self, new: list[Any], views: list[LiveTask], ranks: list[float], now: float
+    ) -> list[float]:
+        """dask's order inside a graph without estimates (one rank for all its tasks),
+        and every rank aged by its generation's first submission (module docstring)."""
+        if all(v.source == "default" for v in views):
+            ranks = [0.0] * len(ranks)
+        generation = new[0].priority[1]
+        age = self._ages.get(generation)
+        if age is None:
+            age = self._ages[generation] = now - self.started
+            if len(self._ages) > 64:  # generations only grow: the oldest is done with
+                del self._ages[next(iter(self._ages))]
+        return [r + age for r in ranks]
 
     def refuse(self, tasks: Iterable[Any], error: SubmissionRefused) -> None:
         """Fail a refused submission the way dask fails a task: each of its new tasks
