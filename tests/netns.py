@@ -178,7 +178,8 @@ class Hosts:
         return f"{self.prefix}-{name}"
 
     def add(self, name: str) -> str:
-        """Make host ``name`` (its namespace and link); return its address."""
+        """Make host ``name`` (its namespace and link); return its address. ``local``
+        is the test process's own host, made at start."""
         if name in self.ips:
             return self.ips[name]
         ip = self._ip_of(len(self.ips) + 1)
