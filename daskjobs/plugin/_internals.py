@@ -92,6 +92,7 @@ restricting it to the chosen worker and recommending ``processing`` through
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import math
 import re
@@ -135,6 +136,7 @@ __all__ = [
     "remove_worker_plugin",
     "restore_slots",
     "set_priority",
+    "steal_in_order",
     "unpin",
     "unwrap_priorities",
     "unwrap_stream_handler",
@@ -1024,7 +1026,8 @@ def move_waiting(sched: Scheduler, ts: TaskState, victim: Any, thief: Any) -> bo
     stealing = sched.extensions.get("stealing")
     if stealing is None:
         return False
-    stealing.move_task_request(ts, victim, thief)
+    # dask's own method, past steal_in_order's choice: this task, and no other, moves
+    type(stealing).move_task_request(stealing, ts, victim, thief)
     return True
 
 
@@ -1130,3 +1133,100 @@ def check_speculation_verbs(scheduler: Any) -> list[str]:
         ok = {"keys", "client", "stimulus_id"} <= set(params)
         _check_verb("release_copy", ok, problems)
     return problems
+
+
+# -- work stealing in the plugin's order --------------------------------------------------
+# (tests/test_steal_order.py, benchmarks/bench_steal_order.py)
+#
+# dask's work stealing (``distributed.stealing.WorkStealing.balance``) walks a victim's
+# stealable tasks, a set per cost level, in the set's order, and steals the first one an
+# idle thief can take: it ignores priorities (dask/distributed#8992). The stolen task
+# starts at once on the idle thief while tasks of better rank wait on the victim, which
+# undoes the plugin's order exactly where it matters: long tasks stuck behind a slow
+# worker. :func:`steal_in_order` keeps dask's choice of *whether*, *from whom* and *to
+# whom* to steal, and changes *which* task moves: the best-ranked task the victim holds
+# at the same cost level that has not started there, that the thief may run and that is
+# not already being moved. Used: ``Scheduler.extensions["stealing"]``, its
+# ``move_task_request(ts, victim, thief)``, ``stealable`` (victim address -> one set of
+# tasks per level), ``key_stealable`` (task -> (address, level)), ``in_flight``;
+# ``WorkerState.executing``. Cost: one pass over the level's set per steal, which
+# ``balance`` walks anyway.
+
+
+def steal_in_order(
+    sched: Any, enabled: bool = True, still: Callable[[], bool] | None = None
+) -> bool:
+    """Make dask's work stealing move a victim's best-ranked waiting task instead of
+    any (``enabled=False`` restores dask's own); True if it is in place. ``still``: while
+    it answers True (the plugin is registered); once False, dask's own is put back at the
+    next steal. A scheduler without work stealing, or whose stealing lacks a piece used
+    here, is left as it is (False)."""
+    stealing = getattr(sched, "extensions", {}).get("stealing")
+    if stealing is None:
+        return False
+    stealing.__dict__.pop("move_task_request", None)  # dask's own method again
+    if not enabled:
+        return False
+    if not all(hasattr(stealing, a) for a in ("stealable", "key_stealable", "in_flight")):
+        return False
+    request = stealing.move_task_request
+
+    def move_task_request(ts: TaskState, victim: Any, thief: Any) -> str:
+        if still is not None and not still():  # the plugin is gone: dask's own again
+            stealing.__dict__.pop("move_task_request", None)
+            return str(request(ts, victim, thief))
+        try:
+            best = _best_to_steal(stealing, ts, victim)
+        except Exception:  # never let the plugin break dask's stealing
+            best = ts
+        if best is not ts:
+            # ``balance`` drops ``ts`` from its stealable set after this call: it stays
+            # stealable (it did not move), so it goes back once ``balance`` is done
+            import asyncio
+
+            asyncio.get_running_loop().call_soon(_stealable_again, stealing, ts, victim)
+        return str(request(best, victim, thief))
+
+    stealing.move_task_request = move_task_request
+    return True
+
+
+def _best_to_steal(stealing: Any, ts: TaskState, victim: Any) -> TaskState:
+    """The task of ``victim`` to move in place of ``ts``: of better rank, at ``ts``'s
+    cost level, not started, not restricted, not in flight; ``ts`` if there is none."""
+    where = stealing.key_stealable.get(ts)
+    if where is None or ts.priority is None or ts.resource_restrictions:
+        return ts
+    candidates = stealing.stealable[where[0]][where[1]]
+    # the victim runs its tasks best first: its ``nthreads`` best have most likely
+    # started (``WorkerState.executing`` is as old as its last heartbeat), and a steal of
+    # a started task is refused
+    running = set(
+        heapq.nsmallest(victim.nthreads, victim.processing, key=lambda t: t.priority or (math.inf,))
+    )
+    running.update(getattr(victim, "executing", {}))
+    in_flight = stealing.in_flight
+    best, best_priority = None, None
+    for other in candidates:
+        p = other.priority
+        if (
+            p is not None
+            and (best_priority is None or p < best_priority)
+            and other.processing_on is victim
+            and other not in running
+            and other not in in_flight
+            and not other.worker_restrictions
+            and not other.host_restrictions
+            and not other.resource_restrictions
+        ):
+            best, best_priority = other, p
+    if best is None or best_priority is None:
+        return ts
+    if ts not in running and ts.priority <= best_priority:
+        return ts
+    return best
+
+
+def _stealable_again(stealing: Any, ts: TaskState, victim: Any) -> None:
+    if ts.processing_on is victim and ts not in stealing.in_flight:
+        stealing.put_key_in_stealable(ts)

@@ -119,6 +119,7 @@ class JobsPlugin(SchedulerPlugin):
                     shared.scheduler = scheduler
             self.reporters.scheduler = scheduler
             dask_internals.wrap_priorities(scheduler, self._new_graph)
+            dask_internals.steal_in_order(scheduler, still=self._registered)  # dask#8992
             for name in ("explain", "status", "record"):
                 scheduler.handlers[f"daskjobs_{name}"] = getattr(self, f"_rpc_{name}")
             self._log_event = dask_internals.wrap_stream_handler(
@@ -134,10 +135,8 @@ class JobsPlugin(SchedulerPlugin):
             for part in self.parts:
                 await part.start(scheduler)
             await self.reporters.refresh()
-            jobs = scheduler.plugins.get("daskjobs-jobs")  # the preload adds it beside this one
-            logging.getLogger("daskjobs.plugin").info(
-                summary(s, getattr(jobs, "ledger_name", None))
-            )
+            ledger = getattr(scheduler.plugins.get("daskjobs-jobs"), "ledger_name", None)
+            logging.getLogger("daskjobs.plugin").info(summary(s, ledger))  # what it runs with
         finally:
             self._starting = False
 
@@ -150,6 +149,7 @@ class JobsPlugin(SchedulerPlugin):
         sched = self.scheduler
         if sched is not None:
             dask_internals.unwrap_priorities(sched)
+            dask_internals.steal_in_order(sched, False)
             uninstall_metrics(sched, self)
             uninstall_dashboard(sched, self)
             dask_internals.unwrap_stream_handler(sched, self._log_event)
