@@ -32,14 +32,11 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import dask
 from distributed import Client, LocalCluster, get_worker
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_plugin import machine
+from harness import machine
 
 from daskjobs import JobsPlugin
 from daskjobs.plugin import _internals

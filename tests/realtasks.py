@@ -101,3 +101,18 @@ def nap_graph(n, *, seed, mu, sigma, cap, prefix, fn=None):
         with dask.annotate(estimate=d):
             graph.append(dask.delayed(fn or nap)(i, d, dask_key_name=f"{prefix}-{i}"))
     return graph
+
+
+def timed(i, seconds):
+    """Sleep ``seconds`` (times this worker's slow-down); ``(i * i + 7, start, end)``."""
+    t0 = time.time()
+    time.sleep(seconds * slowdown())
+    return i * i + 7, t0, time.time()
+
+
+def backup_events(dask_scheduler):
+    """The plugin's ``backup-*`` audit events (run on the scheduler)."""
+    plugin = dask_scheduler.plugins.get("daskjobs")
+    if plugin is None:
+        return []
+    return [dict(e) for e in plugin.events if str(e.get("action", "")).startswith("backup-")]

@@ -35,6 +35,7 @@ PENDING_CLI = {
     "bench_preemption.py": "its own argparse: no --quick/--markdown/--plot yet",
     "bench_replay.py": "its own argparse: no --quick/--markdown/--plot yet",
     "bench_sim.py": "its own argparse: --quick, no --markdown/--plot yet",
+    "bench_steal_order.py": "its own argparse: no --quick/--markdown/--plot yet",
 }
 #: Calls that put a directory on the path or load a module from a file.
 PATH_CALLS = (

@@ -7,8 +7,6 @@ asserts results (all of them, once), counts and logs; the figures are printed
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +15,7 @@ from typing import Any
 import pytest
 import realtasks
 from netns import Hosts
-from realcluster import ROOT, SPECULATION_CONFIG, RealCluster, in_thread
+from realcluster import SPECULATION_CONFIG, RealCluster, in_thread
 
 from daskjobs import Sweep, grid
 from daskjobs.plugin.client import status
@@ -102,18 +100,16 @@ def test_a_worker_stopped_and_resumed_mid_sweep_with_speculation(
 def test_latency_and_loss_on_the_full_plugin_sweep(
     rtt: float, loss: float, net_hosts: Hosts, real_cluster: Callable[..., RealCluster]
 ) -> None:
-    """bench_speculation.py --real's full plugin (node-aware + speculation, 832 tasks, 4
-    workers x 8 threads, w0 4x slow), every link delayed rtt/2 each way (+-10%) and
-    losing ``loss`` of the packets each way (the first case: the test hosts' wire
-    alone, for comparison)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_speculation as bs
+    """The full plugin (node-aware + speculation) on the chapter's shape: 832 tasks of
+    median 0.1 s on 4 workers x 8 threads, w0 4x slow (as benchmarks/bench_speculation.py
+    --real runs it), every link delayed rtt/2 each way (+-10%) and losing ``loss`` of the
+    packets each way (the first case: the test hosts' wire alone, for comparison)."""
+    import dask
 
-    workers, threads = bs.SLOTS
-    spec = {k.replace("_", "-"): v for k, v in bs.SPECULATION.items()}
-    path = os.pathsep.join(
-        [str(ROOT / "benchmarks"), str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    )
+    from daskjobs.sim import workloads
+
+    workers, threads, slow_factor = 4, 8, 4.0
+    spec = {"enabled": True, "late-factor": 2.5, "min-runtime": "100ms", "interval": "50ms"}
     for name in ["scheduler", *(f"w{i}" for i in range(workers)), "local"]:
         net_hosts.add(name)
         net_hosts.link(name, delay=rtt / 2, jitter=rtt / 20, loss=loss)
@@ -121,22 +117,27 @@ def test_latency_and_loss_on_the_full_plugin_sweep(
         n_workers=workers,
         nthreads=threads,
         config={"daskjobs": {"policy": "node-aware", "speculation": spec}},
-        env={"PYTHONPATH": path},
+        env={"DASKJOBS_TEST_SLOW": f"w0={slow_factor:g}"},
         hosts=net_hosts,
     )
-    parts, durations = bs.real_graph(0, 832)
+    wl = workloads.chapter(0, n=832, n_long=4, median=0.1, sigma=0.76)
+    durations = [t.duration for t in wl.tasks]
+    parts = []
+    for i, t in enumerate(wl.tasks):
+        with dask.annotate(estimate=t.estimate):
+            parts.append(dask.delayed(realtasks.timed)(i, t.duration, dask_key_name=f"bt-{i}"))
     with rc.client() as c:
         w0 = rc.worker_address(c, "w0")
         out = c.compute(parts, sync=True)
-        st = c.run_on_scheduler(bs._status)
-        events = c.run_on_scheduler(bs._backup_events)
+        st = status(c)
+        events = c.run_on_scheduler(realtasks.backup_events)
         assert len(c.scheduler_info(n_workers=-1)["workers"]) == workers
-    assert [v for v, _, _, _ in out] == [i * i + 7 for i in range(832)]
+    assert [v for v, _, _ in out] == [i * i + 7 for i in range(832)]
     assert st["errors"] == {}, st["errors"]
     won = [e for e in events if e["action"] in ("backup-won", "backup-adopted")]
     against_fast = [e for e in won if e.get("loser") not in (w0, None)]
-    makespan = max(e for _, _, e, _ in out) - min(s for _, s, _, _ in out)
-    slots = (workers - 1) * threads + threads / bs.SLOW_FACTOR
+    makespan = max(e for _, _, e in out) - min(s for _, s, _ in out)
+    slots = (workers - 1) * threads + threads / slow_factor
     bound = max(sum(durations) / slots, max(durations))
     stats = net_hosts.stats()
     lost = sum(s["lost"] for s in stats.values())
