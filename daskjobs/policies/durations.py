@@ -476,15 +476,26 @@ class Estimator:
         source = "model" if p.source == "model" else "history"
         return Estimate(p.seconds, p.low, p.high, source, p.samples)
 
-    def observe(self, stage: str, params: Mapping[str, Any] | None, seconds: float) -> None:
+    def observe(
+        self,
+        stage: str,
+        params: Mapping[str, Any] | None,
+        seconds: float,
+        *,
+        score: bool = True,
+    ) -> None:
+        """Learn that a task of ``stage`` with ``params`` computed for ``seconds``.
+        ``score=False`` skips scoring the prediction made before learning it (scoring
+        refits the stage's model, O(window x columns) a call: the simulator scores the
+        estimates its tasks started with instead)."""
         if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
             return
-        if self.learn:
+        if self.learn and score:
             before = self.models.predict(stage, params)
             if before is not None:
-                score = self._scored.setdefault(stage, [0, 0])
-                score[0] += 0.5 <= before.seconds / seconds <= 2.0
-                score[1] += 1
+                tally = self._scored.setdefault(stage, [0, 0])
+                tally[0] += 0.5 <= before.seconds / seconds <= 2.0
+                tally[1] += 1
         self.models.observe(stage, params if self.learn else None, seconds)
         self.dirty = True
 

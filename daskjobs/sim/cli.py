@@ -3,7 +3,9 @@
 Subcommands ``chapter``, ``fairshare`` and ``graph`` each run one experiment of
 :mod:`daskjobs.sim.report`, ``preemption`` the job-level preemption experiment of
 :mod:`daskjobs.sim.preemption` (docs/preemption.md), ``gangs`` the resource-vector and gang
-experiment of :mod:`daskjobs.sim.gangs` (docs/resources.md); each prints an aligned table, with
+experiment of :mod:`daskjobs.sim.gangs` (docs/resources.md), ``estimates`` sweeps without
+estimates under stage medians, the learner and true estimates
+(:func:`daskjobs.sim.report.run_estimates`, docs/simulator.md); each prints an aligned table, with
 the published figures beside the measured ones where there are any (``--json``: exactly one JSON
 object on stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
 extra). Progress goes to stderr, so stdout stays clean for pipes.
@@ -827,6 +829,96 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
             "",
             "waits (arrival to start) in hours, medians over the seeds; frag: free GPUs no "
             "waiting request fits (time average; share of the free GPU-time while work waited)",
+        ]
+    )
+    _emit(report, as_json, text, [])
+
+
+@simulate.command(short_help="Sweeps without estimates: stage medians, learned, true estimates.")
+@click.option(
+    "--seeds",
+    default="0-4",
+    show_default=True,
+    metavar="LIST",
+    help="Seeds of the workloads: N, N-M, or a comma-separated list of them.",
+)
+@click.option(
+    "--workload",
+    "names",
+    multiple=True,
+    type=click.Choice(["lookback-grid", "chapter-params", "two-stage"]),
+    help="Run this workload only (repeat for several; default: all three).",
+)
+@click.option(
+    "--policy",
+    default="lpt",
+    show_default=True,
+    metavar="NAME",
+    callback=lambda ctx, param, value: policy_names(ctx, param, (value,))[0],
+    help="The registered policy that ranks the tasks.",
+)
+@click.option(
+    "--learn/--no-learn",
+    default=True,
+    show_default=True,
+    help="Run the learner beside stage medians and true estimates (--no-learn: the two "
+    "baselines only).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+def estimates(seeds: str, names: tuple[str, ...], policy: str, learn: bool, as_json: bool) -> None:
+    """Sweeps whose durations follow their parameters (a lookback grid with a heavy tail,
+    the chapter's shape with its long tasks at the largest sizes, features read by
+    backtests; docs/simulator.md), submitted without estimates, under one policy with
+    three kinds of estimates: the stage's median (today's plugin without duration models:
+    one submission ranks every task alike), learned online from the durations measured so
+    far (``simulate(..., learn=True)``: the duration models of the live plugin, re-ranking
+    a stage's waiting tasks as it learns), and the true durations. Medians over the seeds
+    of the makespans, of the share of the gain true estimates give over stage medians that
+    learning gets, and of the share of the learner's predictions within 2x of the truth
+    (3Sigma's measure); every seed in the JSON.
+    """
+    from daskjobs.sim.report import run_estimates
+
+    chosen = _parse_seeds(seeds)
+    n_work = len(names) or 3
+    with _progress("sweeps without estimates", n_work * len(chosen)) as advance:
+        try:
+            report = run_estimates(
+                chosen, names=names, policy=policy, progress=advance, learn=learn
+            )
+        except ValueError as exc:
+            raise click.UsageError(f"invalid workload: {exc}") from None
+    headers = [
+        "workload",
+        "tasks",
+        "cores",
+        "medians h",
+        "learned h",
+        "true h",
+        "gain",
+        "within 2x",
+    ]
+    rows = [
+        [
+            r["workload"],
+            str(r["tasks"]),
+            str(r["cores"]),
+            _num(r["medians_h"]),
+            _num(r["learned_h"]),
+            _num(r["true_h"]),
+            "—" if r["gain_share"] is None else f"{r['gain_share']:.0%}",
+            "—" if r["within_2x"] is None else f"{r['within_2x']:.0%}",
+        ]
+        for r in report["workloads"]
+    ]
+    text = "\n".join(
+        [
+            f"policy {policy}; medians over seeds {seeds}",
+            "",
+            table(headers, rows),
+            "",
+            "gain: the share of the makespan true estimates save over stage medians that "
+            "learning saves; within 2x: the learner's predictions within 2x of the truth",
         ]
     )
     _emit(report, as_json, text, [])

@@ -34,6 +34,29 @@ Tasks in ``cache`` are hits: they finish at their submission, take no time and
 no core, and do not wait for their inputs. A task that is not cached and that
 only cached tasks (transitively) read is *pruned*: nobody needs its output.
 
+Learning estimates
+==================
+
+With ``learn`` (``True``, or a :class:`~daskjobs.policies.durations.Estimator` to
+learn into), a task without an estimate of its own (``estimated=False``: the
+configured default) gets one from the duration models, as the live plugin gives
+it: at its submission, the prediction of its stage's model over its ``params``
+(``source`` model), else the stage's median (history), else it keeps its default.
+Every finished task with a ``stage`` teaches its stage its *true* duration (the
+nominal one: what a worker's speed-normalised measurement gives live); policies
+still only see estimates. When the estimator says a stage is
+:meth:`~daskjobs.policies.durations.Estimator.due` (after its 1st, 2nd, 4th, ...
+completion, then every 64th), the stage's learned tasks that have not started
+yet are estimated afresh and the runnable ones pushed to the policy again with
+their new estimate (``push_many``): the policy ranks them, as live it re-ranks
+them. The entry a task had before is left where it is, and the driver skips it
+when the policy pops it (the rule of :meth:`Policy.discard
+<daskjobs.policies.Policy.discard>`: a driver skips a popped task it no longer
+holds), so a policy needs nothing new to be re-ranked; a policy that ranks by
+what it computed at ``add_graph`` (critical path's b-levels) keeps that rank. A
+task without a ``stage`` neither learns nor is learned. Learning off (the
+default) runs exactly the loop below without it.
+
 Everything random (failures) comes from ``numpy.random.default_rng(seed)``;
 the event order is total (time, kind,
 sequence number), so a run is reproducible bit for bit.
@@ -51,7 +74,10 @@ heap of their times. The width changes no schedule
 (tests/test_sim_properties.py runs the same workloads at four widths). Nothing
 scans all tasks or all running attempts per decision. The loop below is long on
 purpose: hot names are bound to locals and the per-attempt bookkeeping
-is inlined, which roughly doubles its speed on CPython.
+is inlined, which roughly doubles its speed on CPython. Learning costs an O(1)
+observation per finished task and, at the cadence above, a prediction and a push
+per waiting task of the stage that became due (per-stage waiting sets; nothing
+else is scanned).
 """
 
 from __future__ import annotations
@@ -61,13 +87,15 @@ import heapq
 import itertools
 import math
 from array import array
-from collections.abc import Collection, Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from daskjobs.policies.base import Policy
+from daskjobs.policies.durations import Estimator
 from daskjobs.policies.speculation import Copy, Speculation, SpeculationDecision
 from daskjobs.sim.fates import FATES, check_seed, draw_fates
 from daskjobs.sim.model import Attempt, Cluster, Task, topological_order
@@ -214,6 +242,33 @@ def _prune(order: Sequence[Task], cached: set[Hashable]) -> set[Hashable]:
     return pruned
 
 
+def _learner(learn: bool | Estimator) -> Estimator | None:
+    """The estimator ``simulate(..., learn=...)`` learns into (None: learning off)."""
+    if isinstance(learn, Estimator):
+        return learn
+    if learn is True:
+        return Estimator(default=1.0)  # a task with nothing learned keeps its own default
+    if learn is False or learn is None:
+        return None
+    raise TypeError(
+        f"learn must be True, False or a daskjobs.policies.durations.Estimator, "
+        f"got {type(learn).__name__} {learn!r}"
+    )
+
+
+def _predict(
+    learner: Estimator, stage: str, params: Sequence[Mapping[str, Any] | None]
+) -> list[float] | None:
+    """The estimated seconds of each task of ``stage`` with these ``params``, as
+    :meth:`Estimator.predict <daskjobs.policies.durations.Estimator.predict>` answers
+    without an annotation (a model, else the stage's median), with one matrix product for
+    the batch; None: nothing measured of the stage yet (each task keeps its default)."""
+    preds = learner.models.predict_many(stage, params if learner.learn else [None] * len(params))
+    if preds is None:
+        return None
+    return [p.seconds for p in preds]
+
+
 def simulate(
     tasks: Iterable[Task],
     cluster: Cluster,
@@ -223,6 +278,7 @@ def simulate(
     seed: int = 0,
     check_phase: float = 0.0,
     reference: bool = False,
+    learn: bool | Estimator = False,
 ) -> Schedule:
     """Simulate ``tasks`` on ``cluster`` under ``policy``; see the module docs.
 
@@ -237,11 +293,20 @@ def simulate(
     policy's method for speed (the plain ``Speculation.deadline``) or skips a hook
     the policy leaves as the base class has it (``speed``, ``urgent``), it calls the
     method instead. Same schedule, event for event (tests/test_sim_reference.py).
+
+    ``learn=True`` estimates the tasks without an estimate (``estimated=False``) from the
+    durations the run measures, and re-ranks them as it learns (module docs, "Learning
+    estimates"); pass an :class:`~daskjobs.policies.durations.Estimator` instead to start
+    from its history (a later sweep), to keep stage medians only (``learn=False`` on
+    it), or to read its models after the run (``schedule.estimator`` is it).
     """
+    learner = _learner(learn)
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small acyclic records: the cyclic GC only costs time here
     try:
-        return _simulate(list(tasks), cluster, policy, spec, cache, seed, check_phase, reference)
+        return _simulate(
+            list(tasks), cluster, policy, spec, cache, seed, check_phase, reference, learner
+        )
     finally:
         if gc_was_on:
             gc.enable()
@@ -256,6 +321,7 @@ def _simulate(
     seed: int,
     check_phase: float = 0.0,
     reference: bool = False,
+    learner: Estimator | None = None,
 ) -> Schedule:
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a daskjobs.sim.Cluster, got {type(cluster).__name__}")
@@ -340,6 +406,73 @@ def _simulate(
     # attempts started so far, of the tasks that may start again (a failure, or a
     # copy past the first): a task absent has started none (or one, if a backup starts)
     again: dict[int, int] = {}
+
+    # Learning estimates (module docs): the tasks the learner estimates (no estimate of
+    # their own, a stage, not cached), each one's stage, and per stage the learned tasks
+    # submitted and not started yet (insertion-ordered: submission order)
+    learned = bytearray(n)
+    stage_at: list[str | None] = []
+    waiting_of: dict[str, dict[int, None]] = {}
+    if learner is not None:
+        stage_at = [t.stage for t in tasks]
+        learned = bytearray(
+            not t.estimated and t.stage is not None and not is_cached[i]
+            for i, t in enumerate(tasks)
+        )
+
+    def estimate(stage: str, idx: Sequence[int]) -> list[int]:
+        """Estimate the learned tasks ``idx`` of ``stage`` afresh: their views in ``tasks``
+        (a new frozen Task each, carrying this run's stamp) and ``est`` are replaced;
+        returns those whose estimate changed."""
+        assert learner is not None
+        preds = _predict(learner, stage, [tasks[i].params for i in idx])
+        if preds is None:
+            return []
+        changed = []
+        for i, sec in zip(idx, preds, strict=True):
+            t = tasks[i]
+            if t.estimated and sec == t.estimate:
+                continue
+            v = replace(t, estimate=sec, estimated=True)
+            setattr_(v, "_ti", stamp + i)
+            tasks[i] = v
+            est[i] = sec
+            changed.append(i)
+        return changed
+
+    def submit_learned(batch: Sequence[int]) -> None:
+        """A submitted batch: its learned tasks get the estimates known now."""
+        by_stage: dict[str, list[int]] = {}
+        for i in batch:
+            if learned[i]:
+                st = stage_at[i]
+                assert st is not None
+                by_stage.setdefault(st, []).append(i)
+        for st, idx in by_stage.items():
+            estimate(st, idx)
+            waiting_of.setdefault(st, {}).update(dict.fromkeys(idx))
+
+    def learn_from(i: int) -> None:
+        """Task ``i`` finished: its stage learns its true (nominal) duration; when the
+        stage is due, its waiting learned tasks are estimated afresh and the runnable
+        ones among them pushed again (their old entries are skipped when popped)."""
+        assert learner is not None
+        st = stage_at[i]
+        if st is None:
+            return
+        # not scored here (a refit per observation): Schedule.within scores the estimates
+        # the tasks started with
+        learner.observe(st, tasks[i].params, dur[i], score=False)
+        if not learner.due(st):
+            return
+        learner.mark(st)
+        w = waiting_of.get(st)
+        if not w:
+            return
+        changed = estimate(st, list(w))
+        runnable = [tasks[j] for j in changed if submitted[j] and not waiting[j]]
+        if runnable:
+            policy.push_many(runnable)
 
     # submissions, in topological order within each submit time
     first_submit = tasks[0].submit if n else 0.0
@@ -641,6 +774,10 @@ def _simulate(
         nd.core = base + stack[-1] if stack else -1
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
+        if learner is not None and learned[i]:  # no longer waiting: never re-estimated
+            w = waiting_of.get(stage_at[i])  # type: ignore[arg-type]
+            if w:
+                w.pop(i, None)
         if track:
             if c == 1:
                 on_core[cores[0]] = a
@@ -739,6 +876,8 @@ def _simulate(
             while sub_ptr < n and tasks[subs[sub_ptr]].submit == now:
                 batch.append(subs[sub_ptr])
                 sub_ptr += 1
+            if learner is not None:
+                submit_learned(batch)
             policy.add_graph([tasks[i] for i in batch if not is_cached[i]])
             runnable: list[Task] = []
             for i in batch:
@@ -833,6 +972,8 @@ def _simulate(
                         backups_running -= 1
                     if ended is not None and ended(a, now):
                         rejudge(a.node, now)
+                if learner is not None:
+                    learn_from(i)
                 if spec is not None:
                     done[i] = 1
                     if a.backup:
@@ -908,6 +1049,8 @@ def _simulate(
                 except AttributeError:
                     ti = -1
                 if 0 <= ti < n:
+                    if learner is not None and tasks[ti] is not tv:
+                        continue  # an entry re-ranking left behind: skipped
                     start(ti, tv, nd, now, None)  # type: ignore[arg-type]
                 else:
                     if index is None:
@@ -957,4 +1100,8 @@ def _simulate(
         backups_won=backups_won,
         events=n_events,
         seed=seed,
+        estimator=learner,
+        learned=np.frombuffer(learned, dtype=np.uint8).astype(bool)
+        if learner is not None
+        else None,
     )

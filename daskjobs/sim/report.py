@@ -31,6 +31,7 @@ from daskjobs.sim.schedule import Schedule, failure_bound, lower_bound, speed_bo
 
 __all__ = [
     "CHAPTER_RUNS",
+    "ESTIMATE_WORKLOADS",
     "FAIRSHARE_RUNS",
     "GRAPH_RUNS",
     "PUBLISHED_CHAPTER",
@@ -43,6 +44,7 @@ __all__ = [
     "graph_report",
     "graph_runs",
     "run_chapter",
+    "run_estimates",
     "run_fairshare",
     "run_graph",
 ]
@@ -450,3 +452,90 @@ def graph_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
     :func:`daskjobs.sim.workloads.feature_graph`.
     """
     return run_graph(seed, **workload_kwargs)[0]
+
+
+# -- estimates nobody writes: learning them within a sweep (docs/simulator.md) ---------------
+
+#: The sweeps whose durations follow their parameters, by the name the CLI takes.
+ESTIMATE_WORKLOADS: dict[str, Callable[..., workloads.Workload]] = {
+    "lookback-grid": workloads.lookback_grid,
+    "chapter-params": workloads.chapter_params,
+    "two-stage": workloads.two_stage,
+}
+
+
+def run_estimates(
+    seeds: Sequence[int],
+    *,
+    names: Sequence[str] | None = None,
+    policy: str = "lpt",
+    progress: Progress | None = None,
+    learn: bool = True,
+) -> dict[str, Any]:
+    """Each sweep of :data:`ESTIMATE_WORKLOADS` (or ``names``) submitted without estimates,
+    under ``policy`` with stage medians (the estimator with ``learn=False``: one
+    submission ranks every task alike), learning online (``simulate(..., learn=True)``),
+    and with the true durations as estimates; per workload, the median over ``seeds`` of
+    each makespan (hours), of the share of the gain true estimates give over stage medians
+    that learning gets, and of the share of the learner's predictions within 2x.
+    ``learn=False`` runs the two baselines only (the learned figures are None)."""
+    from daskjobs.policies.durations import Estimator
+
+    chosen = list(names) if names else list(ESTIMATE_WORKLOADS)
+    for name in chosen:
+        if name not in ESTIMATE_WORKLOADS:
+            raise ValueError(
+                f"unknown workload {name!r}; choose one of: {', '.join(ESTIMATE_WORKLOADS)}"
+            )
+    if not seeds:
+        raise ValueError("no seeds to run")
+    make_policy(policy)  # a policy that cannot be made fails before any run
+    out: dict[str, Any] = {"policy": policy, "seeds": list(seeds), "workloads": []}
+    for name in chosen:
+        per_seed = []
+        for seed in seeds:
+            w = ESTIMATE_WORKLOADS[name](seed)
+            bare = workloads.without_estimates(w)
+            medians = simulate(
+                bare.tasks, w.cluster, make_policy(policy), learn=Estimator(1.0, learn=False)
+            )
+            true = simulate(w.tasks, w.cluster, make_policy(policy))
+            gain = medians.makespan - true.makespan
+            row: dict[str, Any] = {
+                "seed": seed,
+                "medians_h": medians.makespan_h,
+                "learned_h": None,
+                "true_h": true.makespan_h,
+                "gain_share": None,
+                "within_2x": None,
+            }
+            if learn:
+                learned = simulate(bare.tasks, w.cluster, make_policy(policy), learn=True)
+                row["learned_h"] = learned.makespan_h
+                if gain:
+                    row["gain_share"] = (medians.makespan - learned.makespan) / gain
+                within = learned.within()
+                row["within_2x"] = None if within != within else within
+            per_seed.append(row)
+            if progress is not None:
+                progress(f"{name} seed {seed}")
+
+        def median(field: str, rows: list[dict[str, Any]] = per_seed) -> float | None:
+            xs = [r[field] for r in rows if r[field] is not None and r[field] == r[field]]
+            return float(np.median(xs)) if xs else None
+
+        w0 = ESTIMATE_WORKLOADS[name](seeds[0])
+        out["workloads"].append(
+            {
+                "workload": name,
+                "tasks": len(w0.tasks),
+                "cores": w0.cluster.total_cores,
+                "medians_h": median("medians_h"),
+                "learned_h": median("learned_h"),
+                "true_h": median("true_h"),
+                "gain_share": median("gain_share"),
+                "within_2x": median("within_2x"),
+                "seeds": per_seed,
+            }
+        )
+    return out

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from daskjobs.policies.durations import Estimator, within_factor
 from daskjobs.sim.fates import check_seed, draw_fates
 from daskjobs.sim.model import Attempt, Cluster, Task, topological_order
 
@@ -63,6 +64,8 @@ class Schedule:
         backups_won: int,
         events: int,
         seed: int,
+        estimator: Estimator | None = None,
+        learned: np.ndarray | None = None,
     ) -> None:
         self.task_list = list(tasks)
         self.cluster = cluster
@@ -78,6 +81,9 @@ class Schedule:
         self.backups_won = backups_won
         self.events = events
         self.seed = seed
+        #: the estimator the run learned into (``simulate(..., learn=...)``), else None
+        self.estimator = estimator
+        self._learned = learned
 
     # -- headline numbers --------------------------------------------------------
     @cached_property
@@ -144,6 +150,22 @@ class Schedule:
     @cached_property
     def failures(self) -> int:
         return sum(1 for a in self.attempts if a.outcome == "failed")
+
+    # -- learned estimates ---------------------------------------------------------
+    @property
+    def learned(self) -> list[Task]:
+        """The tasks the learner estimated (``simulate(..., learn=...)``), each with the
+        estimate it last had: the one it started with. Empty without learning."""
+        if self._learned is None:
+            return []
+        return [t for t, k in zip(self.task_list, self._learned.tolist(), strict=True) if k]
+
+    def within(self, factor: float = 2.0) -> float:
+        """Share of the learner's predictions within ``factor`` of the truth (3Sigma's
+        measure): the estimates the learned tasks started with, those that started on
+        their default (nothing measured of their stage yet) left out. NaN without any."""
+        tasks = [t for t in self.learned if t.estimated]
+        return within_factor([t.estimate for t in tasks], [t.duration for t in tasks], factor)
 
     # -- records -----------------------------------------------------------------
     @cached_property
