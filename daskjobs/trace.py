@@ -157,6 +157,14 @@ class TraceTask:
     attempts: list[TraceAttempt] = field(default_factory=list)
     line: int | None = None  # line of the (last) graph record, for messages
 
+    @property
+    def params(self) -> dict[str, Any] | None:
+        """The task's parameters (its ``params`` annotation, which a sweep gives each
+        task: its labels and parameters), what a duration model learns from; None
+        without (or when it is not an object)."""
+        p = self.annotations.get("params")
+        return dict(p) if isinstance(p, Mapping) else None
+
 
 @dataclass(slots=True)
 class TraceWorker:

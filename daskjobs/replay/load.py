@@ -15,12 +15,15 @@ What comes from where
   estimated at the time (``null`` estimates fall back to the plugin's
   ``default_estimate``); ``team``, ``deps`` and ``submit`` (seconds after the
   first submission, plus the fitted ``startup`` latency) come from the graph
-  records. ``cores`` is the task's ``cores``/``CPU``/``threads`` resource if it
-  has one, else 1. ``speculate`` follows the ``speculate`` annotation. Tasks
-  are listed by submission time, then by dask's own order (the recorded
-  priority tuple without the plugin policy's key), so the simulator's ties
-  (FIFO within a submission, equal estimates) break the way dask breaks them,
-  and a what-if policy does not inherit the recorded policy's order.
+  records, and so do ``stage`` (the recorded stage, else dask's key prefix) and
+  ``params`` (the ``params`` annotation: what a replay that learns estimates,
+  ``replay(..., learn=True)``, learns from). ``cores`` is the task's
+  ``cores``/``CPU``/``threads`` resource if it has one, else 1. ``speculate``
+  follows the ``speculate`` annotation. Tasks are listed by submission time,
+  then by dask's own order (the recorded priority tuple without the plugin
+  policy's key), so the simulator's ties (FIFO within a submission, equal
+  estimates) break the way dask breaks them, and a what-if policy does not
+  inherit the recorded policy's order.
 * **Cluster** (:class:`daskjobs.sim.Cluster`): one node per worker that ran an
   attempt, with ``nthreads`` slots (the most common value if workers differ;
   the simulator's nodes are all alike). Nodes are ordered fastest first, so
@@ -192,6 +195,9 @@ class Loaded:
     # the recorded backup copies: task id -> how its last race ended ("won": the copy
     # won, "lost", "failed", "unsettled": still running when recording stopped)
     copies: dict[Hashable, str] = field(default_factory=dict, repr=False)
+    # the tasks whose estimate was the user's annotation (the others' a replay that
+    # learns estimates afresh: ``replay(..., learn=True)``)
+    annotated: frozenset[Hashable] = field(default_factory=frozenset, repr=False)
 
     @property
     def nodes(self) -> int:
@@ -527,6 +533,7 @@ def load(
     ended.sort(key=_order_key)
     sim_tasks: list[Task] = []
     compute: dict[Hashable, float] = {}
+    annotated: set[Hashable] = set()
     for t, a, d in ended:
         sp = speed_of.get(a.worker or "", 1.0)
         compute[t.key] = d / sp
@@ -546,8 +553,12 @@ def load(
                 speculate=spec if isinstance(spec, bool) else True,
                 # a default estimate teaches no speed and gets no copy, as live
                 estimated=t.estimate is not None and t.estimate_source != "default",
+                stage=stage_of[t.key],
+                params=t.params,
             )
         )
+        if t.estimate_source == "annotation":
+            annotated.add(t.key)
     missing_graph = sum(1 for t, _, _ in ended if not t.in_graph)
     if missing_graph:
         notes.append(
@@ -577,6 +588,7 @@ def load(
         notes=notes,
         stages=stage_of,
         compute=compute,
+        annotated=frozenset(annotated),
         speculation=recorded_spec,
         placement=placement,
         check_phase=_check_phase(trace, recorded_spec, recorded.t0),

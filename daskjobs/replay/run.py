@@ -15,6 +15,7 @@ This module does not import ``distributed``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections import deque
@@ -26,10 +27,11 @@ import numpy as np
 
 from daskjobs.policies import NodeAware, Policy, Speculation, registry
 from daskjobs.policies.base import AttemptView, NodeView, TaskView
+from daskjobs.policies.durations import Estimator
 from daskjobs.policies.speculation import Horizon
 from daskjobs.replay.load import Loaded, load
 from daskjobs.sim.engine import simulate
-from daskjobs.sim.model import Cluster
+from daskjobs.sim.model import Cluster, Task
 from daskjobs.sim.schedule import Schedule, speed_bound
 from daskjobs.trace import Trace
 
@@ -400,6 +402,7 @@ def replay(
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     placement: Literal["simulated", "recorded"] = "simulated",
+    learn: bool | Estimator = False,
 ) -> ReplayResult:
     """Replay ``trace`` under ``policy`` (default: the one recorded, else ``fifo``).
 
@@ -417,6 +420,14 @@ def replay(
     registered name (:mod:`daskjobs.policies.registry`); ``options`` its own settings
     (default: the recorded ones when it is the policy that ran, see
     :func:`make_replay_policy`).
+
+    ``learn=True`` replays with learned estimates: every task whose recorded estimate
+    was not its ``estimate`` annotation starts from the recorded run's default estimate,
+    and the simulator's learner (``simulate(..., learn=True)``, the duration models of
+    :mod:`daskjobs.policies.durations`) estimates it from the durations the replay
+    measures, by its recorded stage and ``params`` annotation, re-ranking as it learns;
+    pass an :class:`~daskjobs.policies.durations.Estimator` to start from a history.
+    ``result.schedule.estimator`` holds what it learned.
     """
     loaded = trace if isinstance(trace, Loaded) else load(trace)
     name = policy or _recorded_policy(loaded)
@@ -444,9 +455,38 @@ def replay(
     if spec is not None and not learns:
         pol = PluginSpeeds(pol, loaded.fit.overhead)
     phase = loaded.check_phase if spec is not None and spec == loaded.speculation else 0.0
-    schedule = simulate(loaded.tasks, cluster, pol, spec=spec, seed=seed, check_phase=phase)
+    tasks = loaded.tasks
+    learner = None
+    if learn is not False:
+        if not (learn is True or isinstance(learn, Estimator)):
+            raise TypeError(
+                f"learn must be True, False or a daskjobs.policies.durations.Estimator, "
+                f"got {type(learn).__name__} {learn!r}"
+            )
+        learner = learn if isinstance(learn, Estimator) else Estimator(default_estimate(loaded))
+        tasks = unannotated(loaded)
+    schedule = simulate(
+        tasks, cluster, pol, spec=spec, seed=seed, check_phase=phase, learn=learner or False
+    )
     factor = spec.late_factor if spec is not None else None
     return ReplayResult(loaded, schedule, name, factor, cluster)
+
+
+def default_estimate(loaded: Loaded) -> float:
+    """The recorded run's default estimate (seconds): what a task without one had."""
+    return float(loaded.settings.get("default_estimate") or 1.0)
+
+
+def unannotated(loaded: Loaded) -> list[Task]:
+    """The replayed tasks as a learner starts from them: a task whose recorded estimate
+    was not its annotation has the default estimate, marked as such (``estimated``
+    false), as :func:`daskjobs.sim.workloads.without_estimates` makes them."""
+    d = default_estimate(loaded)
+    keep = loaded.annotated
+    return [
+        t if t.tid in keep else dataclasses.replace(t, estimate=d, estimated=False)
+        for t in loaded.tasks
+    ]
 
 
 def _recorded_policy(loaded: Loaded) -> str:
