@@ -184,3 +184,29 @@ def test_the_cli_compares_medians_learned_and_true(tmp_path):
     assert "lookback-grid" in text and "—" in text  # no learned figures
     bad = CliRunner().invoke(main, ["simulate", "estimates", "--policy", "nope"])
     assert bad.exit_code == 2 and "unknown policy 'nope'" in bad.output
+
+
+def test_critical_path_ranks_a_fresh_estimate_with_the_tail_it_had():
+    cp = CriticalPath()
+    feat = Task("f", 1.0, 1.0)
+    bt = Task("b", 5.0, 5.0, deps=("f",))
+    flat = Task("x", 2.0, 2.0)
+    cp.add_graph([feat, bt])
+    cp.add_graph([flat])
+    assert cp.key(feat) == -6.0 and cp.key(bt) == -5.0 and cp.key(flat) == -2.0
+    # the same tasks estimated afresh: their own estimate changes, the tail stays
+    assert cp.key(Task("f", 1.0, 3.0)) == -8.0
+    assert cp.key(Task("x", 2.0, 7.0)) == -7.0
+    assert cp.keys([Task("f", 1.0, 3.0), Task("x", 2.0, 7.0)]) == [-8.0, -7.0]
+    cp.forget("f")
+    assert cp.key(feat) == -1.0
+
+
+def test_critical_path_learns_on_a_sweep():
+    w = lookback_grid(0)
+    bare = without_estimates(w)
+    medians = simulate(bare.tasks, w.cluster, CriticalPath(), learn=Estimator(1.0, learn=False))
+    learned = simulate(bare.tasks, w.cluster, CriticalPath(), learn=True)
+    learned_lpt = simulate(bare.tasks, w.cluster, LPT(), learn=True)
+    assert learned.makespan < medians.makespan
+    assert starts(learned) == starts(learned_lpt)  # on a graph without edges, exactly LPT

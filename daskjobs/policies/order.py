@@ -23,7 +23,10 @@ schedule lands.
   (its own estimate plus the largest b-level among its dependents; HLFET / the
   upward rank of HEFT without communication costs). A 20-minute feature stage
   that feeds 7-hour backtests ranks above any independent 1-hour task, so it is
-  not left for last. On a graph without edges it is exactly LPT.
+  not left for last. On a graph without edges it is exactly LPT. The tail a task's
+  dependents give it is fixed when its batch is ranked; its own estimate is read from
+  its view at each key, so a task estimated afresh (an estimate learned while the sweep
+  runs: :mod:`daskjobs.policies.durations`) ranks by its new estimate plus that tail.
 
 Costs: ``push`` and ``pop`` are O(log n). ``CriticalPath.add_graph`` is
 O(V + E) per submitted batch.
@@ -92,6 +95,11 @@ class CriticalPath(HeapPolicy):
     def __init__(self) -> None:
         super().__init__()
         self.blevel: dict[Hashable, float] = {}
+        # the tail of each task with dependents in its batch: the largest b-level among
+        # them when the batch was ranked (a task absent has none: its b-level is its own
+        # estimate); the key adds it to the task's estimate as the view has it now, so a
+        # task estimated afresh (a learned estimate) ranks by its new estimate plus its tail
+        self._tail: dict[Hashable, float] = {}
 
     def add_graph(self, tasks: Sequence[TaskView]) -> None:
         """Rank a batch. ``tasks`` must be topologically ordered (deps first);
@@ -100,25 +108,34 @@ class CriticalPath(HeapPolicy):
         if not any(t.deps for t in tasks):  # a flat batch (a sweep): its own estimates
             rev = list(reversed(tasks))  # the loop's order below: a repeated id ends the same
             blevel.update(zip([t.tid for t in rev], [t.estimate + 0.0 for t in rev], strict=True))
+            if self._tail:
+                for t in tasks:
+                    self._tail.pop(t.tid, None)
             return
         dependents: dict[Hashable, list[Hashable]] = {}
         for t in tasks:
             for d in t.deps:
                 dependents.setdefault(d, []).append(t.tid)
+        tails = self._tail
         for t in reversed(tasks):
             below = dependents.get(t.tid)
-            tail = max(blevel[k] for k in below) if below else 0.0
+            if below:
+                tail = tails[t.tid] = max(blevel[k] for k in below)
+            else:
+                tail = 0.0
+                tails.pop(t.tid, None)
             blevel[t.tid] = t.estimate + tail
 
     def forget(self, tid: Hashable) -> None:
         self.blevel.pop(tid, None)
+        self._tail.pop(tid, None)
 
     def key(self, task: TaskView) -> Any:
-        b = self.blevel.get(task.tid)
-        if b is None:  # pushed without add_graph: rank by its own estimate
-            b = task.estimate
-        return -b
+        """Minus the b-level: the task's estimate (as its view has it now) plus the tail
+        its dependents gave it when its batch was ranked (``blevel`` holds the b-level of
+        that time); a task pushed without ``add_graph`` ranks by its own estimate."""
+        return -(task.estimate + self._tail.get(task.tid, 0.0))
 
     def keys(self, tasks: Sequence[TaskView]) -> list[Any]:
-        get = self.blevel.get
-        return [-(t.estimate if (b := get(t.tid)) is None else b) for t in tasks]
+        get = self._tail.get
+        return [-(t.estimate + get(t.tid, 0.0)) for t in tasks]
