@@ -50,7 +50,7 @@ def test_the_learner_ranks_by_what_it_learned_exact():
 def test_one_core_order_follows_the_model_after_two_observations():
     s = simulate(unannotated(list(range(1, 9))), Cluster(1, 1), LPT(), learn=True)
     assert [a.task.tid for a in s.attempts] == ["t0", "t1", "t7", "t6", "t5", "t4", "t3", "t2"]
-    assert all(n == 1 for n in s._n_attempts)  # re-ranked entries left behind never ran
+    assert all(r.attempts == 1 for r in s.tasks)  # re-ranked entries left behind never ran
     # the tasks carry the estimates they started with; the learner kept every duration
     assert [t.estimate for t in s.task_list[:2]] == [1.0, 1.0]
     assert s.estimator is not None and len(s.estimator.models.model("s")) == 8
@@ -109,7 +109,7 @@ def test_every_task_runs_once_under_every_policy(make):
     w = without_estimates(two_stage(0, slices=4, repeats=2))
     s = simulate(w.tasks, w.cluster, make(), learn=True)
     assert sorted(t.tid for t in s.task_list) == sorted(t.tid for t in w.tasks)
-    assert all(n == 1 for n in s._n_attempts)
+    assert all(r.attempts == 1 for r in s.tasks)
     assert {t.tid for t in s.learned} == {t.tid for t in w.tasks}
 
 

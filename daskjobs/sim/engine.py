@@ -52,8 +52,8 @@ their new estimate (``push_many``): the policy ranks them, as live it re-ranks
 them. The entry a task had before is left where it is, and the driver skips it
 when the policy pops it (the rule of :meth:`Policy.discard
 <daskjobs.policies.Policy.discard>`: a driver skips a popped task it no longer
-holds), so a policy needs nothing new to be re-ranked; a policy that ranks by
-what it computed at ``add_graph`` (critical path's b-levels) keeps that rank. A
+holds), so a policy needs nothing new to be re-ranked (critical path adds the
+tail a task's dependents gave it at ``add_graph`` to its new estimate). A
 task without a ``stage`` neither learns nor is learned. Learning off (the
 default) runs exactly the loop below without it.
 
