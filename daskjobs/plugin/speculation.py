@@ -302,6 +302,15 @@ class Speculator:
                 self.starts[key] = (worker, began, int(run_id))
         return key
 
+    def reestimated(self, changed: list[tuple[Any, Any, str]]) -> None:
+        """Waiting tasks got new estimates (``(old view, new view, dask state)`` each): the
+        horizon's sums of queued work follow (O(changed))."""
+        sums = self.sums
+        for old, new, state in changed:
+            if state == "queued":
+                sums.pop(old.estimate, old.cores)
+                sums.push(new.estimate, new.cores)
+
     def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
         """Every scheduler transition (O(1)): keep the horizon's sums, and settle races
         as tasks and copies move."""

@@ -299,6 +299,12 @@ class Policy:
     def forget(self, tid: Hashable) -> None:
         """``tid`` is gone for good (the live scheduler forgot it): drop its state."""
 
+    def reestimate(self, old: TaskView, new: TaskView) -> None:
+        """A waiting task's estimate changed (``old`` and ``new`` are its views: the
+        driver learned a better one, docs/estimates.md); before the driver asks ``key``
+        of ``new``. A policy whose key reads more than the task (critical path's
+        remaining path) updates what it keeps; the default keeps nothing to update."""
+
     def speed(self, node: int) -> float:
         """Believed slow-down factor of ``node`` (1.0 = nominal)."""
         return 1.0

@@ -113,6 +113,14 @@ class CriticalPath(HeapPolicy):
     def forget(self, tid: Hashable) -> None:
         self.blevel.pop(tid, None)
 
+    def reestimate(self, old: TaskView, new: TaskView) -> None:
+        """The task's own part of its remaining path changes; the path below it is
+        kept (its dependents' estimates did not change through it), and the tasks above
+        it keep theirs until they are re-estimated in turn (O(1))."""
+        b = self.blevel.get(new.tid)
+        if b is not None:
+            self.blevel[new.tid] = b - old.estimate + new.estimate
+
     def key(self, task: TaskView) -> Any:
         b = self.blevel.get(task.tid)
         if b is None:  # pushed without add_graph: rank by its own estimate
