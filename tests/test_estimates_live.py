@@ -23,7 +23,7 @@ def nap(i, seconds):
     return (t, i)
 
 
-def sweep(ns, name="job", unit=0.02, annotate_estimate=False, first=0):
+def sweep(ns, name="job", unit=0.02, annotate_estimate=False, first=0, start=0):
     """One task per parameter value ``n`` (duration ``unit * n``), keys ``name-i``, with
     ``params={"n": n}`` as a sweep passes them (no ``estimate`` annotation); the ``first``
     tasks with a user priority of 1 (they run first, whatever the estimates)."""
@@ -35,7 +35,7 @@ def sweep(ns, name="job", unit=0.02, annotate_estimate=False, first=0):
         if i < first:
             ann["priority"] = 1
         with dask.annotate(**ann):
-            parts.append(dask.delayed(nap)(i, unit * n, dask_key_name=f"{name}-{i}"))
+            parts.append(dask.delayed(nap)(i, unit * n, dask_key_name=f"{name}-{start + i}"))
     return parts
 
 
@@ -153,3 +153,35 @@ def test_a_failing_reestimate_is_logged_not_fatal(monkeypatch):
         res = c.compute(sweep([1, 2, 3, 4], unit=0.0), sync=True)
         assert len(res) == 4
         assert p.errors.get("speeds", 0) >= 1  # counted under the learning part
+
+
+def test_explain_says_where_each_estimate_came_from():
+    with dask.config.set(VALIDATE), plugin_cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+        # nothing known: the default
+        first = c.compute(sweep([1], name="fresh", unit=0.0))
+        first[0].result()
+        info = explain(c, "fresh-0")
+        assert info["estimate_source"] == "default"
+        assert info["estimate_band"] is None and "configured default" in info["estimate_from"]
+        c.compute(sweep([1, 2, 4, 8, 16], unit=0.005), sync=True)
+        held = c.compute(
+            sweep([3, 5], unit=0.0, start=10) + sweep([2], name="ann", annotate_estimate=True)
+        )
+        c.gather(held)
+        model = explain(c, "job-11")
+        assert model["estimate_source"] == "model"
+        low, high = model["estimate_band"]
+        assert low <= model["estimate"] <= high
+        assert model["estimate_samples"] in (5, 6, 7)  # at ranking, or re-ranked
+        assert "duration model" in model["estimate_from"]
+        assert f"{model['estimate_samples']} observation" in model["estimate_from"]
+        ann = explain(c, "ann-0")
+        assert ann["estimate_source"] == "annotation" and ann["estimate"] == pytest.approx(0.04)
+        assert "annotation" in ann["estimate_from"]
+        # a stage whose tasks carry no parameters: the median of what was measured
+        c.compute([dask.delayed(nap)(i, 0.0, dask_key_name=f"plain-{i}") for i in range(3)])
+        c.compute(dask.delayed(nap)(9, 0.0, dask_key_name="plain-9")).result()
+        plain = explain(c, "plain-9")
+        assert plain["estimate_source"] in ("history", "default")
+        if plain["estimate_source"] == "history":
+            assert "median" in plain["estimate_from"]
