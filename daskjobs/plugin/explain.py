@@ -62,12 +62,12 @@ def estimate_from(v: LiveTask, default: float) -> str:
     band = f"10-90% band {v.band[0]:.3g}-{v.band[1]:.3g} s" if v.band is not None else "no band"
     if src == "model":
         return (
-            f"stage {v.stage!r}'s duration model over its parameters: {v.estimate:.3g} s, "
+            f"the duration model of stage {v.stage!r} over its parameters: {v.estimate:.3g} s, "
             f"{band}, from {v.samples} observation(s)"
         )
     if src == "history":
         return (
-            f"the median of stage {v.stage!r}'s measured durations: {v.estimate:.3g} s, "
+            f"the median of the measured durations of stage {v.stage!r}: {v.estimate:.3g} s, "
             f"{band}, from {v.samples} observation(s)"
         )
     return (
