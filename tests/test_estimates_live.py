@@ -185,3 +185,31 @@ def test_explain_says_where_each_estimate_came_from():
         assert plain["estimate_source"] in ("history", "default")
         if plain["estimate_source"] == "history":
             assert "median" in plain["estimate_from"]
+
+
+def test_the_live_estimator_never_fits_in_the_hook_and_scores_what_it_acted_on():
+    from daskjobs.plugin.estimates import LiveEstimator
+
+    est = LiveEstimator(1.0, 512)
+    for n in (1, 2, 4, 8):
+        est.observe("job", {"n": n}, 0.1 * n)
+    assert est.stages()["job"]["scored"] == 0  # nothing was predicted yet: nothing acted on
+    fitted = est.predict("job", {"n": 16})  # a graph ranked: the model is fitted
+    assert fitted.source == "model"
+    fit = est.models.model("job")._fit
+    for n in (16, 32, 1, 2):
+        est.observe("job", {"n": n}, 0.1 * n)
+    assert est.models.model("job")._fit is fit  # observing never fitted again
+    st = est.stages()["job"]
+    assert st["scored"] == 4 and st["samples"] == 8
+    assert st["within_2x"] >= 0.5
+    est.predict("job", {"n": 3})
+    assert est.models.model("job")._fit is not fit  # the next prediction fits
+
+
+def test_status_reports_the_share_within_2x_so_far():
+    with dask.config.set(VALIDATE), plugin_cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+        c.compute(sweep([1, 2, 4, 8, 16] * 3, unit=0.01), sync=True)
+        st = status(c)["stages"]["job"]
+        assert st["samples"] == 15
+        assert st["scored"] >= 1 and st["within_2x"] is not None

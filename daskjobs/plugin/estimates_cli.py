@@ -26,7 +26,7 @@ from daskjobs._text import table
 __all__ = ["estimates_command", "stage_report"]
 
 #: Most observations per stage replayed to score the model (the most recent ones).
-SCORED = 1024
+SCORED = 256
 
 
 def _s(x: float | None) -> str:

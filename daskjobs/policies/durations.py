@@ -191,6 +191,12 @@ class StageModel:
             return None
         return fit.predict([params or {}])[0]
 
+    def latest(self, params: Mapping[str, Any] | None) -> Prediction | None:
+        """What the latest fit predicts for ``params``, without fitting the observations
+        made since (O(parameters)); None before any fit."""
+        fit = self._fit
+        return None if fit is None else fit.predict([params or {}])[0]
+
     def predict_many(self, params: Sequence[Mapping[str, Any] | None]) -> list[Prediction] | None:
         """:meth:`predict` for a batch, with one matrix product."""
         fit = self._current()
