@@ -109,12 +109,17 @@ def test_a_bad_estimate_annotation_is_still_refused():
             c.compute(bad, sync=True)
 
 
-def test_after_the_first_completions_long_parameter_tasks_run_before_short_ones():
+@pytest.mark.parametrize("policy", ["lpt", "critical-path"])
+def test_after_the_first_completions_long_parameter_tasks_run_before_short_ones(policy):
     """One thread; nothing known of the stage: dask's order first. After the stage's
     first two tasks finish (n=1, then n=2: the model's cadence re-ranks at 1 and 2
     observations), the waiting n=8 tasks run before the waiting n=1 ones."""
     ns = [1, 2] + [1, 8] * 6
-    with dask.config.set(VALIDATE), plugin_cluster(JobsPlugin(policy="lpt")) as cl, Client(cl) as c:
+    with (
+        dask.config.set(VALIDATE),
+        plugin_cluster(JobsPlugin(policy=policy)) as cl,
+        Client(cl) as c,
+    ):
         res = c.compute(sweep(ns, unit=0.03, first=2), sync=True)
         order = [i for _, i in sorted(res)]
         assert sorted(order[:2]) == [0, 1]
@@ -213,3 +218,18 @@ def test_status_reports_the_share_within_2x_so_far():
         st = status(c)["stages"]["job"]
         assert st["samples"] == 15
         assert st["scored"] >= 1 and st["within_2x"] is not None
+
+
+def test_critical_path_reestimate_moves_the_tasks_own_part_of_its_path():
+    from daskjobs.plugin.views import LiveTask
+    from daskjobs.policies.order import CriticalPath
+
+    cp = CriticalPath()
+    a = LiveTask("a", 2.0, 1, "t", 0.0, (), "history", "s")
+    b = LiveTask("b", 3.0, 1, "t", 0.0, ("a",), "history", "s")
+    cp.add_graph([a, b])
+    assert cp.key(a) == -5.0 and cp.key(b) == -3.0
+    longer = LiveTask("a", 7.0, 1, "t", 0.0, (), "model", "s")
+    cp.reestimate(a, longer)
+    assert cp.key(longer) == -10.0  # its own 7 s and the 3 s below it
+    assert cp.key(b) == -3.0
