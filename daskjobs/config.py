@@ -192,7 +192,7 @@ def __getattr__(name: str) -> Any:
 MIN_INTERVAL = 0.01
 #: Most policy decisions kept for ``explain`` (``audit-events``); each is a few hundred bytes.
 MAX_AUDIT_EVENTS = 10_000_000
-#: Most measured durations kept per stage (``history.samples``); the estimate is their median.
+#: Most measured durations kept per stage (``history.samples``), the duration model's window.
 MAX_HISTORY_SAMPLES = 100_000
 
 #: Keys whose values are mappings keyed by team name: their keys are data, kept as given.
@@ -300,6 +300,8 @@ class Settings:
     default_estimate: float = _default_seconds("default-estimate") or 0.0
     history_path: str | None = _default("history.path")
     history_samples: int = _default("history.samples")
+    #: learn a duration model per stage over the tasks' parameters, and re-rank (estimates.learn)
+    learn_estimates: bool = _default("estimates.learn")
     teams: TeamSettings = field(default_factory=TeamSettings)
     audit_events: int = _default("audit-events")
     record: str | None = _default("record")
@@ -750,6 +752,7 @@ def settings(**overrides: Any) -> Settings:
         history_samples=_integer(
             "daskjobs.history.samples", history["samples"], 1, MAX_HISTORY_SAMPLES
         ),
+        learn_estimates=_boolean("daskjobs.estimates.learn", raw["estimates"]["learn"]),
         teams=teams,
         audit_events=_integer("daskjobs.audit-events", raw["audit-events"], 0, MAX_AUDIT_EVENTS),
         record=_path("daskjobs.record", raw["record"], "the path of a trace file"),

@@ -24,7 +24,7 @@ import daskjobs
 from daskjobs.cli import COMMANDS, jobs, main
 
 BIN = Path(sys.executable).parent
-SUBCOMMANDS = ["cache", "ledger", "replay", "simulate", "start-rate", "status"]
+SUBCOMMANDS = ["cache", "estimates", "ledger", "replay", "simulate", "start-rate", "status"]
 
 
 def dask(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

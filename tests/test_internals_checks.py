@@ -78,7 +78,7 @@ def test_a_queue_that_does_not_reorder_on_promotion_is_named(scheduler: Schedule
 
     queued = FifoSet(key=scheduler.queued.key)
     found = problems(Changed(scheduler, queued=queued))
-    assert [p.split(" (")[0] for p in found] == ["promote", "queued_tasks"]
+    assert [p.split(" (")[0] for p in found] == ["promote", "queued_tasks", "reprioritize"]
     assert "is not first" in found[0]
 
 

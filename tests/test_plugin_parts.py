@@ -89,7 +89,7 @@ def test_a_failing_part_is_counted_under_its_name_and_the_others_still_run() -> 
     startstops = [{"action": "compute", "start": 1.0, "stop": 4.0}]
     plugin.transition("k", "processing", "memory", startstops=startstops, worker="tcp://w:1")
     assert plugin.errors["record"] == 1
-    assert plugin.ranker.estimator.median("stage-x") == 3.0  # the learner ran after it
+    assert plugin.ranker.estimator.stages()["stage-x"]["median"] == 3.0  # the learner ran
     plugin.transition("k", "memory", "forgotten")
     assert "k" not in plugin.tasks  # and ranking forgot it
 

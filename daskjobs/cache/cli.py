@@ -1,6 +1,7 @@
 """``daskjobs cache``: look into a result store and keep it tidy.
 
-``ls`` lists entries, ``info KEY`` prints one manifest, ``gc`` removes entries by age and by
+``ls`` lists entries (and the claims of keys a cluster computes now, with owner and
+expiry: docs/cache.md), ``info KEY`` prints one manifest, ``gc`` removes entries by age and by
 total size (and abandoned uncommitted payloads), ``verify`` re-reads every payload and checks
 its checksum, removing the corrupt ones. Every subcommand takes ``--store URL`` (default:
 ``$DASKJOBS_STORE``, the dask config key ``daskjobs.store``, then ``./.daskjobs-cache``) and
@@ -95,16 +96,18 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
         found, corrupt = store.scan()
     entries = [e for e in found if stage is None or e.stage == stage]
     total = sum(e.nbytes for e in entries)
+    now = time.time()
+    claims = _claims(store, now)
     if as_json:
         out = {
             "store": store.url,
             "entries": [asdict(e) for e in entries],
             "bytes": total,
             "corrupt": corrupt,
+            "claims": claims,
         }
         click.echo(json.dumps(out, default=str))
         return
-    now = time.time()
     rows = [
         [
             e.key,
@@ -119,6 +122,22 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
     # columns as wide as their widest cell: a long key or stage never shifts the others
     click.echo(table(["key", "stage", "size", "age", "compute", "writer"], rows, "llrrrl"))
     click.echo(f"{len(entries)} entries, {_size(total)} in {store.url}")
+    if claims:
+        live = sum(1 for c in claims if c["state"] == "live")
+        click.echo(f"claims ({live} live: a cluster computes that key now; others wait for it):")
+        crows = [
+            [
+                c["key"],
+                str(c["token"]),
+                c["state"],
+                c["owner"],
+                (f"in {_age(c['expires'] - now)}" if c["expires"] >= now else "")
+                or f"{_age(now - c['expires'])} ago",
+                c["cluster"] or "-",
+            ]
+            for c in claims
+        ]
+        click.echo(table(["key", "token", "state", "owner", "expires", "cluster"], crows, "lrllrl"))
     if corrupt:
         n = len(corrupt)
         click.echo(
@@ -126,6 +145,21 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
             f"or a payload missing or not of the size recorded), not listed: {', '.join(corrupt)}"
             " (`daskjobs cache verify` checks and removes them)"
         )
+
+
+def _claims(store: Any, now: float) -> list[dict[str, Any]]:
+    """The latest claim of every key that has one, with its state: ``live`` (its owner
+    computes the key now), ``expired`` (its owner died or stopped renewing: the next task
+    takes over) or ``released`` (its owner gave it up without an entry). Read only."""
+    from daskjobs.cache.claims import Claims
+
+    with _errors():
+        found = Claims(store).ls()
+    out = []
+    for c in found:
+        state = "released" if c.released else ("live" if c.live(now) else "expired")
+        out.append({**c.to_json(), "state": state})
+    return out
 
 
 @cache.command("info")

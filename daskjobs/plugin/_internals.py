@@ -23,6 +23,7 @@ release that changes what a verb relies on is named at start, with the verb:
 
 * :func:`wrap_priorities` / :func:`unwrap_priorities` / :func:`set_priority` - ranking;
 * :func:`wrap_stream_handler` / :func:`unwrap_stream_handler` - the start reports;
+* :func:`reprioritize` - re-ranking a stage's waiting tasks as its estimates improve;
 * :func:`queued_tasks`, :func:`promote`, :func:`idle_workers`, :func:`free_slots`,
   :func:`withhold_slots`, :func:`restore_slots` - the release gate;
 * :func:`fail_tasks` - a refused submission's tasks err with the refusal;
@@ -134,6 +135,7 @@ __all__ = [
     "redirect",
     "release",
     "remove_worker_plugin",
+    "reprioritize",
     "restore_slots",
     "set_priority",
     "steal_in_order",
@@ -551,6 +553,76 @@ def _check_queue(sched: Any) -> None:
     _expect(
         order == [b, b, a] and not heap,
         "a task promoted in Scheduler.queued (discard, smaller priority, add) is not first",
+    )
+
+
+def reprioritize(sched: Scheduler, changes: Iterable[tuple[TaskState, tuple[Any, ...]]]) -> int:
+    """Give each waiting task of ``changes`` its new priority (lower runs first), up or
+    down: a task in dask's queue is taken out and put back under its new priority; a
+    task not yet runnable (``released``, ``waiting``, ``no-worker``) just gets it (dask
+    reads it when the task becomes runnable). Never a task a worker holds
+    (``processing``): the caller leaves those alone. dask's queue is a heap with lazy
+    deletion, where an entry left behind by a demoted task would still pop it at its old
+    place: after any demotion the queue's stale entries are dropped in one pass (a list
+    filter and ``heapify``, O(queued), at C speed). Returns the number of tasks whose
+    priority changed. O(changes log queued), plus that pass when something moved back."""
+    queued = sched.queued
+    demoted = False
+    n = 0
+    for ts, priority in changes:
+        old = ts.priority
+        if old == priority:
+            continue
+        n += 1
+        if ts in queued:
+            queued.discard(ts)
+            ts.priority = priority
+            queued.add(ts)
+            demoted = demoted or (old is not None and priority > old)
+        else:
+            ts.priority = priority
+    if demoted:
+        _drop_stale_entries(queued)
+    return n
+
+
+def _drop_stale_entries(heap: Any) -> None:
+    """Drop the entries of a ``HeapSet`` whose item is gone or was re-added under another
+    key: what remains pops in the order of the items' current keys."""
+    key = heap.key
+    data = heap._data
+    kept = []
+    for entry in heap._heap:
+        item = entry[2]()
+        if item is not None and item in data and entry[0] == key(item):
+            kept.append(entry)
+    heapq.heapify(kept)
+    heap._heap = kept
+    heap._sorted = False
+
+
+@_checks("reprioritize")
+def _check_reprioritize(sched: Any) -> None:
+    queued = sched.queued
+    for name in ("_heap", "_data", "_sorted", "key"):
+        _expect(hasattr(queued, name), f"Scheduler.queued has no {name}")
+    heap = type(queued)(key=queued.key)
+    a, b, c = _Probe("a", (0, 1.0)), _Probe("b", (0, 2.0)), _Probe("c", (0, 3.0))
+    for p in (a, b, c):
+        heap.add(p)
+    # a moves back behind c, c ahead of b: the order is the new priorities'
+    heap.discard(a)
+    a.priority = (0, 4.0)
+    heap.add(a)
+    heap.discard(c)
+    c.priority = (0, 0.5)
+    heap.add(c)
+    _drop_stale_entries(heap)
+    order = [heap.pop(), heap.pop(), heap.pop()]
+    _expect(
+        order == [c, b, a] and not heap,
+        "a task moved back in Scheduler.queued (discard, larger priority, add, stale "
+        "entries dropped) does not pop at its new place",
     )
 
 

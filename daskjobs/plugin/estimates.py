@@ -1,12 +1,25 @@
-"""Where a task's estimated duration comes from.
+"""Where a live task's estimated duration comes from.
 
-In order: the task's ``estimate`` annotation (seconds); else the median of the
-measured durations of recent tasks of the same *stage* (the ``stage``
-annotation, or dask's key prefix: ``"backtest-<hash>"`` is stage
-``"backtest"``); else the configured default. Measured durations are the
-compute time the worker reports for each finished task (``startstops``),
-kept per stage in a bounded window, and saved as JSON where a history path is
-configured so that a restarted scheduler starts with them.
+In order (:class:`daskjobs.policies.durations.Estimator`, the object the simulator and
+replay use too):
+
+1. the task's ``estimate`` annotation (seconds, or ``"10s"``); a bad one refuses the
+   submission (:class:`BadEstimate`);
+2. the *duration model* of the task's stage over its ``params`` annotation (a sweep
+   passes each task's labels and parameters there): log-duration regressed on the
+   parameters, with a 10-90% band (:mod:`daskjobs.policies.durations`);
+3. the median of the stage's measured durations (``history``: the stage's tasks carry
+   no parameters, or learning is off);
+4. the configured ``default-estimate``.
+
+A task's *stage* is its ``stage`` annotation, else dask's key prefix
+(``"backtest-<hash>"`` is stage ``"backtest"``). What is learned is the compute time the
+worker reports for each finished task (``startstops``), taken as measured: a worker's
+speed figure (:mod:`daskjobs.plugin.speeds`) measures the worker and the estimates
+together, so dividing by it would feed the estimates back into themselves. The
+observations are saved as JSON where ``history.path`` is configured (version 2;
+version-1 files of durations per stage are read as parameter-less observations), so a
+restarted scheduler or the next sweep starts with them.
 
 Pure Python: nothing here imports ``distributed``.
 """
@@ -14,22 +27,27 @@ Pure Python: nothing here imports ``distributed``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
-import tempfile
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from daskjobs.errors import SubmissionRefused
+from daskjobs.policies.durations import Estimate, Estimator
 
-__all__ = ["BadEstimate", "Estimator"]
+__all__ = [
+    "BadEstimate",
+    "Estimate",
+    "Estimator",
+    "LiveEstimator",
+    "check_estimate",
+    "make_estimator",
+    "params_of",
+    "predict_stage",
+]
 
 logger = logging.getLogger("daskjobs.plugin")
-
-HISTORY_VERSION = 1
 
 
 class BadEstimate(SubmissionRefused):
@@ -51,102 +69,65 @@ def check_estimate(key: object, value: Any) -> float:
         ) from None
 
 
-class Estimator:
-    """Estimates from annotations, measured history, or a default."""
+def params_of(annotations: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A task's ``params`` annotation when it is a mapping (what the model reads), else None."""
+    if not annotations:
+        return None
+    p = annotations.get("params")
+    return p if isinstance(p, Mapping) and p else None
 
-    def __init__(self, default: float, samples: int = 64, path: str | None = None) -> None:
-        self.default = float(default)
-        self.samples = samples
-        self.path = path
-        self._history: dict[str, deque[float]] = {}
-        self._median: dict[str, float] = {}
-        self.dirty = False
-        if path:
-            self.load()
 
-    def estimate(
-        self, key: object, annotations: Mapping[str, Any] | None, stage: str
-    ) -> tuple[float, str]:
-        """``(seconds, source)`` with source ``annotation``, ``history`` or ``default``."""
-        if annotations and "estimate" in annotations:
-            return check_estimate(key, annotations["estimate"]), "annotation"
-        m = self.median(stage)
-        if m is not None:
-            return m, "history"
-        return self.default, "default"
+class LiveEstimator(Estimator):
+    """The plugin's :class:`Estimator`: its ``observe`` runs in the scheduler's transition
+    hook, so it never fits. A finished task is scored against what the stage's latest fit
+    predicts for it (the fit the scheduler last ranked or re-ranked with: the prediction it
+    acted on), then appended; the model is fitted again at the next prediction (a new
+    graph, or the stage's re-estimation at the model's cadence). O(parameters) a task,
+    where the base class fits once per observation (milliseconds for 512 of them)."""
 
-    def median(self, stage: str) -> float | None:
-        m = self._median.get(stage)
-        if m is None:
-            h = self._history.get(stage)
-            if not h:
-                return None
-            s = sorted(h)
-            n = len(s)
-            m = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-            self._median[stage] = m
-        return m
-
-    def observe(self, stage: str, seconds: float) -> None:
-        """A task of ``stage`` computed for ``seconds``."""
-        if not (seconds >= 0 and math.isfinite(seconds)):
+    def observe(self, stage: str, params: Mapping[str, Any] | None, seconds: float) -> None:
+        if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
             return
-        h = self._history.get(stage)
-        if h is None:
-            h = self._history[stage] = deque(maxlen=self.samples)
-        h.append(float(seconds))
-        self._median.pop(stage, None)
+        if self.learn:
+            m = self.models.model(stage)
+            before = m.latest(params) if m is not None else None
+            if before is not None:
+                score = self._scored.setdefault(stage, [0, 0])
+                score[0] += 0.5 <= before.seconds / seconds <= 2.0
+                score[1] += 1
+        self.models.observe(stage, params if self.learn else None, seconds)
         self.dirty = True
 
-    def stages(self) -> dict[str, dict[str, float]]:
-        """Per stage: samples kept and their median."""
-        return {
-            s: {"samples": len(h), "median": self.median(s) or 0.0}
-            for s, h in sorted(self._history.items())
-        }
 
-    # -- persistence ----------------------------------------------------------------
-    def load(self) -> None:
-        """Read the history file; a missing file is an empty history, a broken
-        one is reported and set aside (renamed ``*.corrupt``), never fatal."""
-        assert self.path
-        try:
-            with open(self.path) as f:
-                data = json.load(f)
-            if data.get("version") != HISTORY_VERSION:
-                raise ValueError(f"unknown history version {data.get('version')!r}")
-            for stage, values in data["stages"].items():
-                h = deque((float(v) for v in values), maxlen=self.samples)
-                self._history[str(stage)] = h
-        except FileNotFoundError:
-            return
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            bad = self.path + ".corrupt"
-            logger.warning(
-                "daskjobs: history file %s is unreadable (%s); moved to %s", self.path, e, bad
-            )
-            with contextlib.suppress(OSError):
-                os.replace(self.path, bad)
-            self._history.clear()
-        self._median.clear()
+def make_estimator(default: float, samples: int, path: str | None, learn: bool) -> Estimator:
+    """The plugin's estimator. A history file that cannot be read does not stop the
+    scheduler: it is moved aside (``*.corrupt``) with a warning, and the plugin starts
+    with an empty history."""
+    try:
+        return LiveEstimator(default, samples, path, learn=learn)
+    except ValueError as e:
+        assert path is not None
+        bad = path + ".corrupt"
+        logger.warning("daskjobs: %s; moved to %s, starting with no history", e, bad)
+        with contextlib.suppress(OSError):
+            os.replace(path, bad)
+        keep = path if not os.path.exists(path) else None
+        return LiveEstimator(default, samples, keep, learn=learn)
 
-    def save(self) -> None:
-        """Write the history atomically (temporary file, then rename)."""
-        if not self.path:
-            return
-        data = {
-            "version": HISTORY_VERSION,
-            "stages": {s: list(h) for s, h in self._history.items()},
-        }
-        folder = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".daskjobs-history-", dir=folder)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        self.dirty = False
+
+def predict_stage(
+    estimator: Estimator, stage: str, params: list[Mapping[str, Any] | None]
+) -> list[Estimate]:
+    """:meth:`Estimator.predict` for many unannotated tasks of ``stage`` at once (one
+    matrix product of the stage's model)."""
+    if not params:
+        return []
+    asked = params if estimator.learn else [None] * len(params)
+    preds = estimator.models.predict_many(stage, asked)
+    if preds is None:
+        d = estimator.default
+        return [Estimate(d, d, d, "default")] * len(params)
+    return [
+        Estimate(p.seconds, p.low, p.high, "model" if p.source == "model" else "history", p.samples)
+        for p in preds
+    ]

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from daskjobs.policies import Policy
     from daskjobs.policies.base import TeamBooks
 
-__all__ = ["PluginView", "Source"]
+__all__ = ["PluginView", "Source", "estimate_from"]
 
 
 class Source(Protocol):
@@ -50,6 +50,30 @@ class Source(Protocol):
     recording: Recording
     speculator: Speculator | None
     parts: list[Part]
+
+
+def estimate_from(v: LiveTask, default: float) -> str:
+    """Where ``v``'s estimate came from, in a sentence: its annotation, its stage's duration
+    model (with its 10-90% band and the observations behind it), the stage's median, or
+    the configured default."""
+    src = v.source
+    if src == "annotation":
+        return f"its estimate annotation: {v.estimate:.3g} s"
+    band = f"10-90% band {v.band[0]:.3g}-{v.band[1]:.3g} s" if v.band is not None else "no band"
+    if src == "model":
+        return (
+            f"the duration model of stage {v.stage!r} over its parameters: {v.estimate:.3g} s, "
+            f"{band}, from {v.samples} observation(s)"
+        )
+    if src == "history":
+        return (
+            f"the median of the measured durations of stage {v.stage!r}: {v.estimate:.3g} s, "
+            f"{band}, from {v.samples} observation(s)"
+        )
+    return (
+        f"the configured default ({default:.3g} s): nothing measured of stage {v.stage!r} yet; "
+        "annotate estimate= to give one"
+    )
 
 
 class PluginView:
@@ -122,6 +146,9 @@ class PluginView:
             "user_priority": -ts.priority[0] if ts.priority else None,
         }
         if v is not None:
+            out["estimate_band"] = list(v.band) if v.band is not None else None
+            out["estimate_samples"] = v.samples
+            out["estimate_from"] = estimate_from(v, p.settings.default_estimate)
             # who pays for it: a task several teams' graphs want is split equally among them
             payers = v.teams or (v.team,)
             out["paid_by"] = {t: 1 / len(payers) for t in payers}

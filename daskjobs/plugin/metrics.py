@@ -74,7 +74,7 @@ __all__ = ["JobsCollector", "install_metrics", "installed", "uninstall_metrics"]
 
 logger = logging.getLogger("daskjobs.plugin")
 
-_SOURCES = ("annotation", "history", "default")
+_SOURCES = ("annotation", "model", "history", "default")
 _GONE = ("closing", "closed", "failed")
 
 

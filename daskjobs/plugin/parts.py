@@ -440,6 +440,9 @@ class LearningPart(Part):
         self.speeds = speeds
         self.audit = audit
         self._pc: Any = None
+        # who else keeps sums of estimates: told of each re-estimated batch
+        # ((old view, new view, dask state) each)
+        self.reestimated: list[Callable[[list[tuple[Any, Any, str]]], None]] = []
 
     async def start(self, scheduler: Any) -> None:
         if self.ranker.estimator.path:
@@ -454,8 +457,12 @@ class LearningPart(Part):
             v = self.ranker.tasks.get(step.key)
             seconds = dask_internals.compute_seconds(step.kwargs.get("startstops", ()))
             if v is not None and seconds is not None:
-                self.ranker.estimator.observe(v.stage, seconds)
+                self.ranker.estimator.observe(v.stage, v.params, seconds)
                 self.speeds.learn(v, step.kwargs.get("worker"), seconds)
+                changed = self.ranker.reestimate(v.stage)  # at the model's cadence
+                if changed:
+                    for tell in self.reestimated:
+                        tell(changed)
 
     def worker_removed(self, worker: str, stimulus_id: str) -> None:
         self.speeds.forget(worker)
@@ -499,6 +506,7 @@ class RankingPart(Part):
         self.ranker = ranker
 
     def transition(self, step: Step) -> None:
+        self.ranker.track(step.key, step.finish)
         if step.finish == "forgotten":
             self.ranker.forget(step.key)
 
@@ -588,7 +596,10 @@ def compose(
             grace=pr.grace,
         )
         parts.append(ResourcesPart(placer, ranker, audit, described))
-    parts.append(LearningPart(ranker, speeds, audit))
+    learning = LearningPart(ranker, speeds, audit)
+    if speculator is not None:  # its horizon sums count the queued tasks' estimates
+        learning.reestimated.append(speculator.reestimated)
+    parts.append(learning)
     if gate is not None:
         parts.append(GatePart(gate))
     parts.append(RankingPart(ranker))

@@ -12,7 +12,8 @@ created in the scheduler's state so that everything dask does keeps working:
    a task is late once it has run ``late_factor x estimate x believed slow-down
    of its worker`` (:class:`~daskjobs.policies.Speculation`, the object the
    simulator uses; speeds from the plugin's :class:`~daskjobs.policies.NodeAware`
-   learner), and at least ``min_runtime``. It is copied at once, deadline or
+   learner), and at least ``min_runtime``; a learned estimate's band moves that out
+   when it is wide (the view's ``band``: the policy's rule). It is copied at once, deadline or
    not, when :meth:`NodeAware.urgent <daskjobs.policies.NodeAware.urgent>` says
    so: its worker is measured slow and a fresh copy on a nominal worker would
    finish well before it. Tasks annotated ``speculate=False``, actors, tasks
@@ -301,6 +302,15 @@ class Speculator:
             if key not in self.starts and key not in self.races:
                 self.starts[key] = (worker, began, int(run_id))
         return key
+
+    def reestimated(self, changed: list[tuple[Any, Any, str]]) -> None:
+        """Waiting tasks got new estimates (``(old view, new view, dask state)`` each): the
+        horizon's sums of queued work follow (O(changed))."""
+        sums = self.sums
+        for old, new, state in changed:
+            if state == "queued":
+                sums.pop(old.estimate, old.cores)
+                sums.push(new.estimate, new.cores)
 
     def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
         """Every scheduler transition (O(1)): keep the horizon's sums, and settle races

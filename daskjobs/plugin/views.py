@@ -9,7 +9,7 @@ to a node view; the policies never see dask's objects.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,6 +35,13 @@ class LiveTask:
     # every team whose graphs want the task, when several do (its own team first); empty:
     # its own team alone. Fair share splits its cores among them (Ranker.share)
     teams: tuple[str, ...] = ()
+    # the estimate's 10-90% band (seconds), when a duration model or history gave it
+    # (TaskView's optional field ``band``: speculation judges lateness against its top)
+    band: tuple[float, float] | None = None
+    # the observations behind a model's or history's estimate
+    samples: int = 0
+    # the task's ``params`` annotation (what its stage's duration model reads)
+    params: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def estimated(self) -> bool:

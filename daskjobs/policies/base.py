@@ -13,7 +13,7 @@ Views (structural protocols, so any object with these attributes will do):
   ``end`` and ``outcome`` once ended, ``backup`` (is it a speculative copy).
 
 Beyond those, a driver may give a view the *optional fields* of :data:`OPTIONAL_FIELDS`
-(``task.estimated``, ``task.speculate``, ``task.job_class``, ``task.teams``,
+(``task.estimated``, ``task.speculate``, ``task.job_class``, ``task.teams``, ``task.band``,
 ``node.waiting``, ``node.core``, ``attempt.books``); a policy reads one with its default there
 (:func:`field`) and names those it reads in its capabilities.
 
@@ -146,7 +146,9 @@ class AttemptView(Protocol):
 #: takes when a view lacks one. ``task.estimated``: the estimate is a real one (an
 #: annotation or measured history), not a configured default; ``task.speculate``: the
 #: task may get a backup copy; ``task.job_class``: "te" (interactive) or "be"
-#: (best-effort); ``node.waiting``: nominal seconds queued on the node ahead of the
+#: (best-effort); ``task.band``: ``(low, high)``, the estimate's 10-90% band (a duration
+#: model's; speculation judges lateness against its top), or None; ``node.waiting``:
+#: nominal seconds queued on the node ahead of the
 #: offered slot; ``node.core``: the core of a one-core slot; ``attempt.books``: the
 #: policy's own slot on an attempt.
 OPTIONAL_FIELDS: dict[str, Any] = {
@@ -154,6 +156,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "task.speculate": True,
     "task.job_class": "be",
     "task.teams": (),
+    "task.band": None,
     "node.waiting": 0.0,
     "node.core": None,
     "attempt.books": None,
@@ -298,6 +301,12 @@ class Policy:
 
     def forget(self, tid: Hashable) -> None:
         """``tid`` is gone for good (the live scheduler forgot it): drop its state."""
+
+    def reestimate(self, old: TaskView, new: TaskView) -> None:
+        """A waiting task's estimate changed (``old`` and ``new`` are its views: the
+        driver learned a better one, docs/estimates.md); before the driver asks ``key``
+        of ``new``. A policy whose key reads more than the task (critical path's
+        remaining path) updates what it keeps; the default keeps nothing to update."""
 
     def speed(self, node: int) -> float:
         """Believed slow-down factor of ``node`` (1.0 = nominal)."""

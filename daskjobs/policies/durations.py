@@ -191,6 +191,12 @@ class StageModel:
             return None
         return fit.predict([params or {}])[0]
 
+    def latest(self, params: Mapping[str, Any] | None) -> Prediction | None:
+        """What the latest fit predicts for ``params``, without fitting the observations
+        made since (O(parameters)); None before any fit."""
+        fit = self._fit
+        return None if fit is None else fit.predict([params or {}])[0]
+
     def predict_many(self, params: Sequence[Mapping[str, Any] | None]) -> list[Prediction] | None:
         """:meth:`predict` for a batch, with one matrix product."""
         fit = self._current()
@@ -555,9 +561,18 @@ class Estimator:
         elif version != HISTORY_VERSION:
             raise ValueError(f"history file {self.path}: unknown version {version!r}")
         try:
-            self.models = DurationModels.from_dict(stages, self.samples)
+            models = DurationModels.from_dict(stages, self.samples)
         except ValueError as e:
             raise ValueError(f"history file {self.path}: {e}") from None
+        if not self.learn:  # stage medians only: the parameters are not read
+            plain = DurationModels(self.samples)
+            for stage in models.stages():
+                m = models.model(stage)
+                assert m is not None
+                for _, seconds in m.observations():
+                    plain.observe(stage, None, seconds)
+            models = plain
+        self.models = models
 
     def save(self) -> None:
         """Write the history atomically (a temporary file, then a rename)."""

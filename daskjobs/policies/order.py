@@ -130,6 +130,14 @@ class CriticalPath(HeapPolicy):
         self.blevel.pop(tid, None)
         self._tail.pop(tid, None)
 
+    def reestimate(self, old: TaskView, new: TaskView) -> None:
+        """The task's own part of its remaining path changes; the path below it is
+        kept (its dependents' estimates did not change through it), and the tasks above
+        it keep theirs until they are re-estimated in turn (O(1))."""
+        b = self.blevel.get(new.tid)
+        if b is not None:
+            self.blevel[new.tid] = b - old.estimate + new.estimate
+
     def key(self, task: TaskView) -> Any:
         """Minus the b-level: the task's estimate (as its view has it now) plus the tail
         its dependents gave it when its batch was ranked (``blevel`` holds the b-level of

@@ -12,6 +12,17 @@ standard normal, a healthy attempt passes ``2.5 x`` its estimate only when
 0.11%. Ten thousand healthy tasks then launch about eleven needless backups,
 while any attempt slowed 2.5x or more (a slow node, a sick disk) is caught.
 
+A task whose estimate comes with a band (a duration model's 10-90% band over the
+task's parameters: the optional view field ``band`` of
+:data:`~daskjobs.policies.base.OPTIONAL_FIELDS`) is judged against its own band:
+``late_factor`` is calibrated for estimates within
+``exp(0.3 z)`` of the truth, whose band tops out at :data:`BAND_TOP` (1.47) times the
+estimate, so the deadline is ``late_factor x max(estimate, top of the band / BAND_TOP)``:
+a band as narrow as that noise changes nothing; a wider one (a model unsure of this
+task, few observations) moves the deadline out in proportion. A task predicted long is
+not late for being long: its estimate is long. Without a band (an annotation, the
+simulator's views) the rule is the one above.
+
 At most ``max_fraction`` of all slots (at least one) run backups at once, as
 Hadoop caps speculative tasks at 10% of running ones.
 
@@ -66,6 +77,7 @@ from daskjobs import _defaults
 
 __all__ = [
     "AHEAD",
+    "BAND_TOP",
     "SIMILAR",
     "Candidate",
     "Copy",
@@ -90,6 +102,10 @@ _MAX_FRACTION = float(_defaults.default("speculation.max-fraction"))
 _AHEAD = str(_defaults.default("speculation.ahead"))
 #: The values of ``Speculation.ahead``.
 AHEAD = ("past-horizon", "always")
+
+#: The top (90% quantile) of the band of an estimate within ``exp(0.3 z)`` of the truth, as a
+#: multiple of the estimate: the noise ``late_factor`` is calibrated for (module docstring).
+BAND_TOP = math.exp(0.3 * 1.2815515655446004)
 
 #: Believed speeds within this factor of each other count as the same speed: the
 #: learner's own noise (a node believed 1.02 is not slower than one believed 1.0).
@@ -384,8 +400,14 @@ class Speculation:
         if not (math.isfinite(self.reclaim_factor) and self.reclaim_factor >= 0):
             raise ValueError(f"reclaim_factor must be >= 0, got {self.reclaim_factor!r}")
 
-    def deadline(self, start: float, estimate: float, speed: float = 1.0) -> float:
-        """Time at which an attempt started at ``start`` counts as late."""
+    def deadline(
+        self, start: float, estimate: float, speed: float = 1.0, high: float | None = None
+    ) -> float:
+        """Time at which an attempt started at ``start`` counts as late; ``high``, the top
+        of the estimate's band if it has one, moves it out when the band is wider than
+        the noise ``late_factor`` is calibrated for (:data:`BAND_TOP`)."""
+        if high is not None and high > estimate * BAND_TOP:
+            estimate = high / BAND_TOP
         return start + max(self.min_runtime, self.late_factor * estimate * speed)
 
     def cap(self, total_slots: int) -> int:
@@ -408,7 +430,9 @@ class Speculation:
         self, attempt: Any, now: float, policy: Any, speed: float
     ) -> tuple[float, str | None]:
         """``(deadline, verdict)`` of ``attempt`` on a node believed ``speed``."""
-        d = self.deadline(attempt.start, attempt.task.estimate, speed)
+        task = attempt.task
+        band = getattr(task, "band", None)
+        d = self.deadline(attempt.start, task.estimate, speed, band[1] if band else None)
         if now >= d:
             return d, "late"
         if policy.urgent(attempt, now):
