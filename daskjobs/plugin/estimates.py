@@ -85,16 +85,23 @@ class LiveEstimator(Estimator):
     graph, or the stage's re-estimation at the model's cadence). O(parameters) a task,
     where the base class fits once per observation (milliseconds for 512 of them)."""
 
-    def observe(self, stage: str, params: Mapping[str, Any] | None, seconds: float) -> None:
+    def observe(
+        self,
+        stage: str,
+        params: Mapping[str, Any] | None,
+        seconds: float,
+        *,
+        score: bool = True,
+    ) -> None:
         if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
             return
-        if self.learn:
+        if self.learn and score:
             m = self.models.model(stage)
             before = m.latest(params) if m is not None else None
             if before is not None:
-                score = self._scored.setdefault(stage, [0, 0])
-                score[0] += 0.5 <= before.seconds / seconds <= 2.0
-                score[1] += 1
+                tally = self._scored.setdefault(stage, [0, 0])
+                tally[0] += 0.5 <= before.seconds / seconds <= 2.0
+                tally[1] += 1
         self.models.observe(stage, params if self.learn else None, seconds)
         self.dirty = True
 
