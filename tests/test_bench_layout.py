@@ -27,16 +27,8 @@ BENCHMARKS = ROOT / "benchmarks"
 DOOR = "harness/processes.py"
 #: Benchmark files owned by other work today, each with what it still does; the test
 #: below fails once one no longer does it, so the list only shrinks.
-PENDING_IMPORTS = {
-    "bench_replay.py": "imports tests/realcluster.py itself (harness.processes is its door)",
-}
-PENDING_CLI = {
-    "bench_gangs.py": "its own argparse: no --quick/--markdown/--plot yet",
-    "bench_preemption.py": "its own argparse: no --quick/--markdown/--plot yet",
-    "bench_replay.py": "its own argparse: no --quick/--markdown/--plot yet",
-    "bench_sim.py": "its own argparse: --quick, no --markdown/--plot yet",
-    "bench_steal_order.py": "its own argparse: no --quick/--markdown/--plot yet",
-}
+PENDING_IMPORTS: dict[str, str] = {}
+PENDING_CLI: dict[str, str] = {}
 #: Calls that put a directory on the path or load a module from a file.
 PATH_CALLS = (
     "path.insert",
