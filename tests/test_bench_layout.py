@@ -89,6 +89,7 @@ def test_the_scan_finds_both_kinds_of_offence(tmp_path: Path) -> None:
     assert offences(good, {"bench_speculation", "harness"}, "benchmarks") == []
 
 
+@pytest.mark.slow
 def test_tests_import_nothing_from_benchmarks() -> None:
     names = modules_in(BENCHMARKS)
     assert {"bench_speculation", "harness", "speculation"} <= names

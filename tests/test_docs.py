@@ -59,6 +59,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -427,6 +428,18 @@ def _page_id(p: Path) -> str:
     return str(p.relative_to(ROOT))
 
 
+class _OnDemand(dict):  # type: ignore[type-arg]
+    """Pages started when first asked for."""
+
+    def __init__(self, start: Callable[[Path], Future[PageRun]]) -> None:
+        super().__init__()
+        self.start = start
+
+    def __missing__(self, page: Path) -> Future[PageRun]:
+        self[page] = fut = self.start(page)
+        return fut
+
+
 @pytest.fixture(scope="module")
 def page_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -442,6 +455,10 @@ def page_runs(
     }
     pool = ThreadPoolExecutor(3)
     request.addfinalizer(pool.shutdown)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # under pytest-xdist every worker collects every page, but runs only its share:
+        # each page starts when its test asks for it, on the worker that runs the test
+        return _OnDemand(lambda p: pool.submit(_start, p, tmp_path_factory.mktemp(p.stem.lower())))
     # the longest first: a bash block is a script of several commands (README.md, chapter.md)
     ordered = sorted(
         selected, key=lambda p: -sum(10 if b.lang == "bash" else 1 for b in _runnable(_pages[p]))
@@ -449,6 +466,7 @@ def page_runs(
     return {p: pool.submit(_start, p, tmp_path_factory.mktemp(p.stem.lower())) for p in ordered}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if _runnable(_pages[p])], ids=_page_id)
 def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRun]]) -> None:
     run = page_runs[page].result()
@@ -507,6 +525,7 @@ def test_every_block_is_run_or_says_why() -> None:
     assert len(skips) <= MAX_SKIPS, "too many skipped blocks:\n" + "\n".join(skips)
 
 
+@pytest.mark.slow
 def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
     """mkdocs.yml's site, warnings as errors: broken links and anchors, pages left out of the
     nav, API entries naming nothing (``.ci/run`` builds it too); the generated reference is in
