@@ -59,7 +59,6 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -428,18 +427,6 @@ def _page_id(p: Path) -> str:
     return str(p.relative_to(ROOT))
 
 
-class _OnDemand(dict):  # type: ignore[type-arg]
-    """Pages started when first asked for."""
-
-    def __init__(self, start: Callable[[Path], Future[PageRun]]) -> None:
-        super().__init__()
-        self.start = start
-
-    def __missing__(self, page: Path) -> Future[PageRun]:
-        self[page] = fut = self.start(page)
-        return fut
-
-
 @pytest.fixture(scope="module")
 def page_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -455,10 +442,6 @@ def page_runs(
     }
     pool = ThreadPoolExecutor(3)
     request.addfinalizer(pool.shutdown)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # under pytest-xdist every worker collects every page, but runs only its share:
-        # each page starts when its test asks for it, on the worker that runs the test
-        return _OnDemand(lambda p: pool.submit(_start, p, tmp_path_factory.mktemp(p.stem.lower())))
     # the longest first: a bash block is a script of several commands (README.md, chapter.md)
     ordered = sorted(
         selected, key=lambda p: -sum(10 if b.lang == "bash" else 1 for b in _runnable(_pages[p]))
