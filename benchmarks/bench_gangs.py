@@ -7,6 +7,7 @@ Usage::
     python benchmarks/bench_gangs.py --json              # one JSON object instead
     python benchmarks/bench_gangs.py --live              # live on a LocalCluster (~5 min)
     python benchmarks/bench_gangs.py --sim --live        # both
+    python benchmarks/bench_gangs.py --quick             # the simulator, 1 seed x 24 h
 
 ``--sim``: the documented mixed workload of docs/resources.md
 (:func:`daskjobs.sim.gangs.synthetic_gangs`: 16 nodes x 8 GPUs, half A100 80 GB, half V100
@@ -38,8 +39,10 @@ GPU-seconds free that no waiting request fitted, as an average in GPUs), the mem
 and tasks that ran on a GPU type they did not ask for; and what the simulator predicts
 for the same demands (scaled times). Waits in seconds of the live run.
 
-Prints markdown with the command, date and machine. This is a script, not a test:
-nothing here asserts.
+Prints markdown with the command and the machine (``--markdown``/``--plot`` write it and
+a PNG: gang wait p95 by load, reservation off and on). With ``--quick``, the defaults
+shrink (``--seeds 1 --hours 24``; live ``--live-seeds 1 --live-hours 4``). This is a
+script, not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-from harness import machine
 
 from daskjobs.policies.resources import GangPolicy
 from daskjobs.sim.gangs import gang_metrics, simulate_gangs, synthetic_gangs
@@ -370,35 +373,68 @@ def _loads(text: str) -> list[float]:
     return loads
 
 
+def chart(sim: dict[str, Any]) -> harness.Chart:
+    """Gang wait p95 (hours, median over the seeds) per load, reservation off and on."""
+    loads = sim["loads"]
+    return harness.Chart(
+        "Gang wait p95, simulator",
+        "hours (median over seeds)",
+        [f"load {x:g}" for x in loads],
+        {
+            f"reservation {'on' if res else 'off'}": [
+                float(
+                    np.median(
+                        [
+                            r["gang_wait_p95_s"] / 3600
+                            for r in sim["runs"]
+                            if r["load"] == x and r["reservation"] is res
+                        ]
+                    )
+                )
+                for x in loads
+            ]
+            for res in (False, True)
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--sim", action="store_true", help="the simulator part (the default)")
-    ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5)")
-    ap.add_argument("--hours", type=float, default=72.0, help="hours of arrivals (default 72)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; quick 1)")
+    ap.add_argument("--hours", type=float, default=None, help="hours of arrivals (72; quick 24)")
     ap.add_argument(
         "--loads", type=_loads, default=[0.7, 0.9], help="offered GPU loads (default 0.7,0.9)"
     )
     ap.add_argument("--live", action="store_true", help="live on a LocalCluster")
-    ap.add_argument("--live-seeds", type=int, default=2, help="live seeds 0..N-1 (default 2)")
+    ap.add_argument("--live-seeds", type=int, default=None, help="live seeds 0..N-1 (2; quick 1)")
     ap.add_argument(
-        "--live-hours", type=float, default=12.0, help="simulated hours of arrivals, live"
+        "--live-hours", type=float, default=None, help="simulated hours of arrivals, live (12; 4)"
     )
     ap.add_argument(
         "--scale", type=float, default=1 / 1200, help="live seconds per simulated second"
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = ap.parse_args(argv)
+    for name, full, quick in (
+        ("seeds", 5, 1),
+        ("hours", 72.0, 24.0),
+        ("live_seeds", 2, 1),
+        ("live_hours", 12.0, 4.0),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     chosen = [name for name in PARTS if getattr(args, name)] or ["sim"]
     reports = {name: PARTS[name][0](args) for name in chosen}
     if args.json:
         print(json.dumps(reports, indent=2))
         return 0
-    print("## Gangs: reservation and backfill off and on\n")
-    print(f"- command: python benchmarks/bench_gangs.py {' '.join(argv or sys.argv[1:])}".rstrip())
-    print(machine())
-    print()
+    report = harness.Report("Gangs: reservation and backfill off and on", __file__, argv)
     for name in chosen:
-        print(PARTS[name][1](reports[name]))
+        report.section(None, PARTS[name][1](reports[name]))
+    if "sim" in reports:
+        report.chart(chart(reports["sim"]))
+    report.emit(args)
     return 0
 
 

@@ -32,18 +32,23 @@ replay_preemption`: the jobs, checkpoint interval and grace estimated from the t
 Usage::
 
     python benchmarks/bench_preemption.py [--seeds 3] [--json]
+    python benchmarks/bench_preemption.py --quick      # one seed
+
+Prints markdown with the command and the machine (``--markdown``/``--plot`` write it and
+a PNG: TE and BE slowdown p95 per configuration). A script, not a test.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from typing import Any
 
 import dask
+import harness
 import numpy as np
 
 import daskjobs
@@ -187,17 +192,18 @@ def _opt(x: float | None) -> str:
 CONFIGS = ("plain dask", "plugin, no preemption", "fit-resume, no reservation", "fit-resume")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3; quick 1)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead")
+    args = ap.parse_args(argv)
+    seeds = args.seeds or (1 if args.quick else 3)
     rows = []
     from daskjobs.replay.preemption import replay_preemption
     from daskjobs.trace import TraceError
 
     out = tempfile.mkdtemp(prefix="daskjobs-preemption-")
-    for seed in range(args.seeds):
+    for seed in range(seeds):
         w = workload(seed)
         for n, config in enumerate(CONFIGS):
             trace = None if config == "plain dask" else f"{out}/{seed}-{n}.jsonl"
@@ -217,45 +223,81 @@ def main() -> None:
                 else:
                     row["replayed_te_slowdown_p95"] = replayed["te_slowdown_p95"]
             rows.append(row)
+            print(f"seed {seed}, {config}: done", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
-        return
-    print(
-        "| seed | configuration | TE wait p50 / p95 (s) | TE slowdown p50 / p95 | "
-        "predicted TE p95 | replayed TE p95 | BE slowdown p50 / p95 | predicted BE p95 | "
-        "makespan (s) | preempted / ignored | holds | work lost (GPU-s) |"
-    )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['seed']} | {r['config']} | {r['te_wait_p50']:.2f} / {r['te_wait_p95']:.2f} "
-            f"| {r['te_slowdown_p50']:.2f} / {r['te_slowdown_p95']:.2f} "
-            f"| {r['predicted_te_slowdown_p95']:.2f} | {_opt(r['replayed_te_slowdown_p95'])} "
-            f"| {r['be_slowdown_p50']:.2f} / {r['be_slowdown_p95']:.2f} "
-            f"| {r['predicted_be_slowdown_p95']:.2f} | {r['makespan']:.2f} "
-            f"| {r['preempted']} / {r['ignored']} | {r['holds']} | {r['lost_s']:.2f} |"
-        )
-    print()
-    print("| configuration | TE slowdown p95, median over seeds | BE slowdown p95, median |")
-    print("|---|---:|---:|")
-    for config in CONFIGS:
-        mine = [r for r in rows if r["config"] == config]
-        te95 = float(np.median([r["te_slowdown_p95"] for r in mine]))
-        be95 = float(np.median([r["be_slowdown_p95"] for r in mine]))
-        print(f"| {config} | {te95:.2f} | {be95:.2f} |")
+        return 0
+    report = harness.Report("Preemption live", __file__, argv)
+    header = [
+        "seed",
+        "configuration",
+        "TE wait p50 / p95 (s)",
+        "TE slowdown p50 / p95",
+        "predicted TE p95",
+        "replayed TE p95",
+        "BE slowdown p50 / p95",
+        "predicted BE p95",
+        "makespan (s)",
+        "preempted / ignored",
+        "holds",
+        "work lost (GPU-s)",
+    ]
+    cells = [
+        [
+            r["seed"],
+            r["config"],
+            f"{r['te_wait_p50']:.2f} / {r['te_wait_p95']:.2f}",
+            f"{r['te_slowdown_p50']:.2f} / {r['te_slowdown_p95']:.2f}",
+            f"{r['predicted_te_slowdown_p95']:.2f}",
+            _opt(r["replayed_te_slowdown_p95"]),
+            f"{r['be_slowdown_p50']:.2f} / {r['be_slowdown_p95']:.2f}",
+            f"{r['predicted_be_slowdown_p95']:.2f}",
+            f"{r['makespan']:.2f}",
+            f"{r['preempted']} / {r['ignored']}",
+            r["holds"],
+            f"{r['lost_s']:.2f}",
+        ]
+        for r in rows
+    ]
+    report.section(None, harness.table(header, cells, "rl" + "r" * 10))
+    medians = {
+        config: [
+            float(np.median([r[k] for r in rows if r["config"] == config]))
+            for k in ("te_slowdown_p95", "be_slowdown_p95")
+        ]
+        for config in CONFIGS
+    }
     by = {(r["seed"], r["config"]): r for r in rows}
     ratios = [
         by[s, "fit-resume"]["be_slowdown_p95"]
         / by[s, "fit-resume, no reservation"]["be_slowdown_p95"]
-        for s in range(args.seeds)
+        for s in range(seeds)
     ]
-    print()
-    print(
-        "BE p95 with the reservation / without, per seed: "
+    report.section(
+        None,
+        harness.table(
+            ["configuration", "TE slowdown p95, median over seeds", "BE slowdown p95, median"],
+            [[c, f"{te:.2f}", f"{be:.2f}"] for c, (te, be) in medians.items()],
+        )
+        + "\n\nBE p95 with the reservation / without, per seed: "
         + ", ".join(f"{x:.2f}" for x in ratios)
-        + f" (median {float(np.median(ratios)):.2f})"
+        + f" (median {float(np.median(ratios)):.2f})",
     )
+    report.chart(
+        harness.Chart(
+            "Slowdown p95 (median over seeds)",
+            "(end - arrival) / run time alone",
+            list(CONFIGS),
+            {
+                "interactive (TE)": [medians[c][0] for c in CONFIGS],
+                "best-effort (BE)": [medians[c][1] for c in CONFIGS],
+            },
+            reference=1.0,
+        )
+    )
+    report.emit(args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

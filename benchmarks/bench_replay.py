@@ -25,11 +25,11 @@ that ran them; the table gives recorded vs replayed makespan and the error.
 Copies, race by race (``--copies N``): the ``lpt-spec`` run recorded N times on a
 LocalCluster in one process and N times on real processes (``dask scheduler`` and
 three ``dask worker`` processes, the plugin preloaded, w0 4x slow; the harness of
-tests/realcluster.py), each replayed with ``placement="recorded"`` (the replay asks
-the same ``Speculation.decide`` the plugin asked): the copies launched and won,
-recorded vs replayed, whether both are within one, the tasks copied by one and not
-the other, and the races both ran with the same winner (with the closest race's
-margin).
+tests/realcluster.py, through ``harness.processes``), each replayed with
+``placement="recorded"`` (the replay asks the same ``Speculation.decide`` the plugin
+asked): the copies launched and won, recorded vs replayed, whether both are within
+one, the tasks copied by one and not the other, and the races both ran with the same
+winner (with the closest race's margin).
 
 Speed: a synthetic trace of 100,000 finished tasks on 64 workers x 8 threads is
 written, then loaded and replayed (``lpt``); the times of each step are printed.
@@ -38,19 +38,25 @@ Usage::
 
     python benchmarks/bench_replay.py [--out DIR] [--tasks 100000] [--dag-runs 5] [--json]
     python benchmarks/bench_replay.py --copies 8 --skip-calibration --skip-speed
+    python benchmarks/bench_replay.py --quick     # one DAG recording, 10,000 tasks for speed
+
+Prints markdown with the command and the machine (``--markdown``/``--plot`` write it and
+a PNG: recorded against replayed makespan per calibration run).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import dask
+import harness
+from harness.processes import realcluster, realtasks
 
 from daskjobs.replay import load, replay
 
@@ -193,25 +199,13 @@ def calibration(out: Path, dag_runs: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
-def _tests_on_path() -> None:
-    """The real-process harness and its task module live in tests/."""
-    import sys
-
-    tests = str(Path(__file__).resolve().parent.parent / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-
-
 def record_real(path: Path, graph: Any, speculation: dict[str, Any]) -> float:
     """Run ``graph`` on real processes (a ``dask scheduler`` with the plugin preloaded,
     3 ``dask worker`` processes of 2 threads, w0 4x slow), recording to ``path``."""
-    _tests_on_path()
-    from realcluster import RealCluster
-
     settings = {k.replace("_", "-"): v for k, v in speculation.items()}
     config = {"daskjobs": {"policy": "lpt", "speculation": settings, "record": str(path)}}
     with (
-        RealCluster(
+        realcluster().RealCluster(
             path.parent / f"{path.stem}-cluster", config=config, env={"DASKJOBS_TEST_SLOW": "w0=4"}
         ) as rc,
         rc.client() as c,
@@ -224,15 +218,13 @@ def record_real(path: Path, graph: Any, speculation: dict[str, Any]) -> float:
 def real_spec_sweep(n: int = 80, seed: int = 7) -> list[Any]:
     """:func:`spec_sweep` with tasks that import on worker processes (tests/realtasks.py,
     which slows down the workers named in ``DASKJOBS_TEST_SLOW``)."""
-    _tests_on_path()
-    import realtasks
-
+    nap = realtasks().nap
     rng = random.Random(seed)
     out = []
     for i in range(n):
         d = min(0.25, rng.lognormvariate(-2.5, 0.5))
         with dask.annotate(estimate=d):
-            out.append(dask.delayed(realtasks.nap)(i, d, dask_key_name=f"bt-{i}"))
+            out.append(dask.delayed(nap)(i, d, dask_key_name=f"bt-{i}"))
     return out
 
 
@@ -350,11 +342,13 @@ def speed(out: Path, n: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__doc__)
     ap.add_argument("--out", type=Path, default=None, help="keep the traces in this directory")
-    ap.add_argument("--tasks", type=int, default=100_000)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--tasks", type=int, default=None, help="tasks of the speed trace (100,000; quick 10,000)"
+    )
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     ap.add_argument("--skip-calibration", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument(
@@ -364,63 +358,130 @@ def main() -> None:
         help="record lpt-spec this many times per cluster kind and compare copies race by race",
     )
     ap.add_argument(
-        "--dag-runs", type=int, default=5, help="recordings of the DAG run (each replayed)"
+        "--dag-runs", type=int, default=None, help="recordings of the DAG run (5; quick 1)"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    tasks = args.tasks or (10_000 if args.quick else 100_000)
+    dag_runs = args.dag_runs or (1 if args.quick else 5)
     out = args.out or Path(tempfile.mkdtemp(prefix="daskjobs-replay-"))
     out.mkdir(parents=True, exist_ok=True)
-    rows = [] if args.skip_calibration else calibration(out, args.dag_runs)
+    rows = [] if args.skip_calibration else calibration(out, dag_runs)
     races = copies(out, args.copies) if args.copies else []
-    sp = None if args.skip_speed else speed(out, args.tasks)
+    sp = None if args.skip_speed else speed(out, tasks)
     if args.json:
         print(json.dumps({"calibration": rows, "copies": races, "speed": sp}, indent=2))
-        return
+        return 0
+    report = harness.Report("Replay", __file__, argv)
     if races:
-        print(
-            "| cluster | run | copies launched / won: recorded | replayed | within one "
-            "| only recorded | only replayed | races both ran: same winner | closest (ms) |"
-        )
-        print("|---|---:|---:|---:|---|---|---|---:|---:|")
-        for c in races:
-            closest = "-" if c["closest_ms"] is None else f"{c['closest_ms']:.1f}"
-            only_rec = ", ".join(c["only_recorded"]) or "-"
-            only_rep = ", ".join(c["only_replayed"]) or "-"
-            print(
-                f"| {c['cluster']} | {c['run']} | {c['recorded']} | {c['replayed']} "
-                f"| {'yes' if c['within_one'] else 'NO'} | {only_rec} | {only_rep} "
-                f"| {c['same_winner']} of {c['races']} | {closest} |"
-            )
         ok = sum(c["within_one"] for c in races)
-        print(f"\nlaunched and won within one: {ok} of {len(races)} recordings\n")
-    if rows:
-        _calibration_table(rows)
-    if sp is None:
-        return
-    print(
-        f"\nreplay speed: {sp['tasks']:,} tasks ({sp['trace_mb']:.0f} MB trace): "
-        f"load {sp['load_s']:.2f} s + replay {sp['replay_s']:.2f} s = {sp['total_s']:.2f} s"
-    )
-
-
-def _calibration_table(rows: list[dict[str, Any]]) -> None:
-    print(
-        "| run | policy | tasks | workers | slow worker | overhead (ms/task) "
-        "| computing | input -> start (ms) | recorded (s) | replayed (s) | error "
-        "| backups launched / won: recorded | replayed |"
-    )
-    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        slow = ", ".join(f"{k}: {v}x" for k, v in r["slow"].items()) or "-"
-        lat = "-" if r["dep_latency_ms"] is None else f"{r['dep_latency_ms']:.1f}"
-        print(
-            f"| {r['run']} | {r['policy']} | {r['tasks']} | {r['workers']} | {slow} "
-            f"| {r['overhead_ms']:.2f} | {r['compute_share']:.0%} | {lat} "
-            f"| {r['recorded_s']:.3f} | {r['replayed_s']:.3f} "
-            f"| {r['error_pct']:+.1f}% | {r['backups_recorded']} | {r['backups_replayed']} |"
+        report.section(
+            "Copies, race by race",
+            _copies_table(races) + f"\n\nlaunched and won within one: {ok} of {len(races)} "
+            "recordings",
         )
-    worst = max(rows, key=lambda r: abs(r["error_pct"]))
-    print(f"\nlargest error: {worst['run']} {worst['error_pct']:+.1f}%")
+    if rows:
+        worst = max(rows, key=lambda r: abs(r["error_pct"]))
+        report.section(
+            "Calibration: recorded against replayed",
+            _calibration_table(rows)
+            + f"\n\nlargest error: {worst['run']} {worst['error_pct']:+.1f}%",
+        )
+        report.chart(
+            harness.Chart(
+                "Makespan, recorded and replayed",
+                "seconds",
+                [r["run"] for r in rows],
+                {
+                    "recorded": [r["recorded_s"] for r in rows],
+                    "replayed": [r["replayed_s"] for r in rows],
+                },
+            )
+        )
+    if sp is not None:
+        report.section(
+            None,
+            f"Replay speed: {sp['tasks']:,} tasks ({sp['trace_mb']:.0f} MB trace): "
+            f"load {sp['load_s']:.2f} s + replay {sp['replay_s']:.2f} s = {sp['total_s']:.2f} s",
+        )
+        report.chart(
+            harness.Chart(
+                f"Replay speed, {sp['tasks']:,} tasks",
+                "seconds",
+                ["load", "replay", "total"],
+                {"time": [sp["load_s"], sp["replay_s"], sp["total_s"]]},
+            )
+        )
+    report.emit(args)
+    return 0
+
+
+def _copies_table(races: list[dict[str, Any]]) -> str:
+    header = [
+        "cluster",
+        "run",
+        "copies launched / won: recorded",
+        "replayed",
+        "within one",
+        "only recorded",
+        "only replayed",
+        "races both ran: same winner",
+        "closest (ms)",
+    ]
+    cells = [
+        [
+            c["cluster"],
+            c["run"],
+            c["recorded"],
+            c["replayed"],
+            "yes" if c["within_one"] else "NO",
+            ", ".join(c["only_recorded"]) or "-",
+            ", ".join(c["only_replayed"]) or "-",
+            f"{c['same_winner']} of {c['races']}",
+            "-" if c["closest_ms"] is None else f"{c['closest_ms']:.1f}",
+        ]
+        for c in races
+    ]
+    return harness.table(header, cells, "lrrrlllrr")
+
+
+def _calibration_table(rows: list[dict[str, Any]]) -> str:
+    header = [
+        "run",
+        "policy",
+        "tasks",
+        "workers",
+        "slow worker",
+        "overhead (ms/task)",
+        "computing",
+        "input -> start (ms)",
+        "recorded (s)",
+        "replayed (s)",
+        "error",
+        "backups launched / won: recorded",
+        "replayed",
+    ]
+    cells = []
+    for r in rows:
+        lat = "-" if r["dep_latency_ms"] is None else f"{r['dep_latency_ms']:.1f}"
+        cells.append(
+            [
+                r["run"],
+                r["policy"],
+                r["tasks"],
+                r["workers"],
+                ", ".join(f"{k}: {v}x" for k, v in r["slow"].items()) or "-",
+                f"{r['overhead_ms']:.2f}",
+                f"{r['compute_share']:.0%}",
+                lat,
+                f"{r['recorded_s']:.3f}",
+                f"{r['replayed_s']:.3f}",
+                f"{r['error_pct']:+.1f}%",
+                r["backups_recorded"],
+                r["backups_replayed"],
+            ]
+        )
+    return harness.table(header, cells, "lllll" + "r" * 8)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

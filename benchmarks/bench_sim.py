@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import machine
+import harness
 
 POLICIES = ("fifo", "lpt", "critical-path", "work-stealing", "fair-share", "node-aware")
 BIG_TARGET = 100_000.0  # tasks/s, every policy, with and without backups
@@ -321,6 +321,16 @@ def table(rows: list[Row], against: bool) -> str:
     return "\n".join(lines)
 
 
+def chart(rows: list[Row]) -> harness.Chart:
+    """Tasks a second per policy, one bar per workload and backups setting."""
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    series: dict[str, list[float]] = {}
+    for r in rows:
+        label = f"{r.workload}{', backups' if r.backups else ''}"
+        series.setdefault(label, [0.0] * len(policies))[policies.index(r.policy)] = r.rate / 1e3
+    return harness.Chart("simulate() throughput", "thousand tasks/s", policies, series)
+
+
 def _paired_text(ratios: list[float]) -> str:
     """Median of the paired rounds' speed-ups, and their range."""
     if not ratios:
@@ -339,8 +349,7 @@ def _parse_profile(spec: str) -> tuple[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="big sweep of 100,000 tasks, not 1M")
+    ap = harness.parser(__doc__)  # --quick: the big sweep of 100,000 tasks, not 1M
     ap.add_argument("--repeat", type=int, default=3, help="chapter runs per interpreter (best of)")
     ap.add_argument(
         "--runs", type=int, default=1, help="fresh interpreters per case (best of; default 1)"
@@ -448,35 +457,33 @@ def main(argv: list[str] | None = None) -> int:
             r.paired = pairs.get(case, [])
         rows.append(r)
 
-    print("## Simulator throughput\n")
-    print(machine())
-    print(f"- command: python benchmarks/bench_sim.py {' '.join(argv or sys.argv[1:])}".rstrip())
-    print(
-        f"- every case in a fresh interpreter, best of {args.runs} "
+    report = harness.Report("Simulator throughput", __file__, argv)
+    report.note(
+        f"every case in a fresh interpreter, best of {args.runs} "
         f"({'interleaved with the old code, ' if args.against else ''}"
         f"chapter runs best of {args.repeat} within it)"
     )
     if args.paired:
-        print(
-            "- paired: each run, the new and the old code at the same time, one per CPU "
+        report.note(
+            "paired: each run, the new and the old code at the same time, one per CPU "
             "(swapped each run); the two share the memory bus and the caches, so their "
             "times are not a lone run's: read the paired ratio (median of the runs, range), "
             "not the rates, against the other code"
         )
     if gen:
-        print(f"- big sweep generation (not timed): {gen:.1f} s")
-    print()
-    print(table(rows, bool(args.against)))
-
+        report.note(f"big sweep generation (not timed): {gen:.1f} s")
+    report.section(None, table(rows, bool(args.against)))
+    report.chart(chart(rows))
     to_profile = list(args.profile)
     if args.profile_misses:
         to_profile += [(r.policy, r.backups) for r in rows if r.target is not None and not r.ok]
     for name, backups in to_profile:
         got = child(big, name, backups, args.seed, 1, prof=True)
-        print(f"\n### cProfile: {name}, backups={backups}, {got['tasks']:,} tasks\n")
-        print("```")
-        print(got["profile"].rstrip())
-        print("```")
+        report.section(
+            f"cProfile: {name}, backups={backups}, {got['tasks']:,} tasks",
+            "```\n" + got["profile"].rstrip() + "\n```",
+        )
+    report.emit(args)
     return 0
 
 

@@ -21,13 +21,14 @@ queue) and with queuing off (``inf``: every task is sent to a worker at once, wh
 stealing has the most to move).
 
     python benchmarks/bench_steal_order.py [--tasks 400] [--reps 3]
+    python benchmarks/bench_steal_order.py --quick     # 200 tasks, one run each
 
-Prints markdown with the command, date and machine. A script, not a test.
+Prints markdown with the command and the machine (``--markdown``/``--plot`` write it and
+a PNG). A script, not a test.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -35,8 +36,8 @@ import time
 from typing import Any
 
 import dask
+import harness
 from distributed import Client, LocalCluster, get_worker
-from harness import machine
 
 from daskjobs import JobsPlugin
 from daskjobs.plugin import _internals
@@ -102,16 +103,18 @@ def run(n: int, seed: int, saturation: float, in_order: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=400)
-    ap.add_argument("--reps", type=int, default=3)
+    ap = harness.parser(__doc__)
+    ap.add_argument("--tasks", type=int, default=None, help="tasks per sweep (400; quick 200)")
+    ap.add_argument("--reps", type=int, default=None, help="runs per configuration (3; quick 1)")
     args = ap.parse_args(argv)
+    n = args.tasks or (200 if args.quick else 400)
+    reps = args.reps or (1 if args.quick else 3)
     rows = []
     for saturation in (1.1, float("inf")):
         for in_order in (False, True):
             runs = []
-            for seed in range(args.reps):
-                r = run(args.tasks, seed, saturation, in_order)
+            for seed in range(reps):
+                r = run(n, seed, saturation, in_order)
                 runs.append(r)
                 print(
                     f"  saturation {saturation} {'plugin order' if in_order else 'dask order'} "
@@ -119,23 +122,50 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
             rows.append((saturation, in_order, runs))
-    print(f"`python benchmarks/bench_steal_order.py --tasks {args.tasks} --reps {args.reps}`\n")
-    print(machine() + "\n")
-    print(
-        "| worker-saturation | stealing picks | steals (per run) | against the plugin's order "
-        "(per run) | share | makespan median (s) |"
-    )
-    print("|---|---|---|---|---:|---:|")
+    report = harness.Report("Work stealing and the plugin's order", __file__, argv)
+    report.note(f"{n} tasks, {reps} run(s) per configuration")
+    lines = []
     for saturation, in_order, runs in rows:
         steals = [r["steals"] for r in runs]
         against = [r["against"] for r in runs]
         share = sum(against) / max(sum(steals), 1)
         picks = "the plugin (best-ranked waiting task)" if in_order else "dask (any)"
-        print(
-            f"| {saturation:g} | {picks} "
-            f"| {', '.join(map(str, steals))} | {', '.join(map(str, against))} | {share:.0%} "
-            f"| {statistics.median(r['makespan'] for r in runs):.2f} |"
+        lines.append(
+            [
+                f"{saturation:g}",
+                picks,
+                ", ".join(map(str, steals)),
+                ", ".join(map(str, against)),
+                f"{share:.0%}",
+                f"{statistics.median(r['makespan'] for r in runs):.2f}",
+            ]
         )
+    header = [
+        "worker-saturation",
+        "stealing picks",
+        "steals (per run)",
+        "against the plugin's order (per run)",
+        "share",
+        "makespan median (s)",
+    ]
+    report.section(None, harness.table(header, lines, "llllrr"))
+    groups = [f"saturation {s:g}" for s in (1.1, float("inf"))]
+    report.chart(
+        harness.Chart(
+            "Steals against the plugin's order",
+            "steals per run (median)",
+            groups,
+            {
+                label: [
+                    statistics.median(r["against"] for r in runs)
+                    for _s, o, runs in rows
+                    if o == in_order
+                ]
+                for in_order, label in ((False, "dask picks"), (True, "the plugin picks"))
+            },
+        )
+    )
+    report.emit(args)
     return 0
 
 

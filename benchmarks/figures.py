@@ -24,18 +24,21 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: name -> (script, its options for the page's figures, whether it draws a plot). The
-#: scripts with their own command line (bench_sim, bench_gangs, bench_preemption,
-#: bench_replay) join once they take ``--markdown`` and ``--plot``.
+#: name -> (script, its options for the page's figures, whether it draws a plot).
 FIGURES: dict[str, tuple[str, tuple[str, ...], bool]] = {
+    "sim": ("bench_sim.py", (), True),
     "plugin": ("bench_plugin.py", (), True),
     "speculation-grid": ("bench_speculation.py", (), True),
     "speculation-chapter": ("bench_speculation.py", ("--chapter",), True),
     "speculation-model": ("bench_speculation.py", ("--model", "0,600,800,1200"), True),
     "fairshare": ("bench_fairshare.py", (), True),
+    "steal-order": ("bench_steal_order.py", (), True),
+    "replay": ("bench_replay.py", (), True),
     "zombie": ("bench_zombie.py", (), True),
     "jobs": ("bench_jobs.py", (), True),
     "cache": ("bench_cache.py", (), True),
+    "preemption": ("bench_preemption.py", (), True),
+    "gangs": ("bench_gangs.py", (), True),
     "chaos": ("bench_chaos.py", (), False),
 }
 

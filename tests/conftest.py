@@ -14,6 +14,10 @@
   server ``postgresql+psycopg://postgres@127.0.0.1:5432``): the same tests run on both
   backends. Without a server the PostgreSQL half is skipped, unless
   ``DASKJOBS_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that a failure.
+
+Tests marked ``realcluster`` or ``netns`` are marked ``slow`` too: the fast tier a developer
+runs after each edit, ``python -m pytest -m "not slow"``, leaves them out (the README's
+command runs everything; docs/how-to/develop.md).
 """
 
 from __future__ import annotations
@@ -122,6 +126,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.realcluster)
         if "net_hosts" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.netns)
+        # real processes take seconds to start and stop: never in the fast tier
+        # (`python -m pytest -m "not slow"`, docs/how-to/develop.md)
+        if item.get_closest_marker("realcluster") or item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.slow)
 
 
 POSTGRES = os.environ.get("DASKJOBS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")

@@ -27,16 +27,8 @@ BENCHMARKS = ROOT / "benchmarks"
 DOOR = "harness/processes.py"
 #: Benchmark files owned by other work today, each with what it still does; the test
 #: below fails once one no longer does it, so the list only shrinks.
-PENDING_IMPORTS = {
-    "bench_replay.py": "imports tests/realcluster.py itself (harness.processes is its door)",
-}
-PENDING_CLI = {
-    "bench_gangs.py": "its own argparse: no --quick/--markdown/--plot yet",
-    "bench_preemption.py": "its own argparse: no --quick/--markdown/--plot yet",
-    "bench_replay.py": "its own argparse: no --quick/--markdown/--plot yet",
-    "bench_sim.py": "its own argparse: --quick, no --markdown/--plot yet",
-    "bench_steal_order.py": "its own argparse: no --quick/--markdown/--plot yet",
-}
+PENDING_IMPORTS: dict[str, str] = {}
+PENDING_CLI: dict[str, str] = {}
 #: Calls that put a directory on the path or load a module from a file.
 PATH_CALLS = (
     "path.insert",
@@ -97,6 +89,7 @@ def test_the_scan_finds_both_kinds_of_offence(tmp_path: Path) -> None:
     assert offences(good, {"bench_speculation", "harness"}, "benchmarks") == []
 
 
+@pytest.mark.slow
 def test_tests_import_nothing_from_benchmarks() -> None:
     names = modules_in(BENCHMARKS)
     assert {"bench_speculation", "harness", "speculation"} <= names
@@ -206,3 +199,37 @@ def test_a_quick_run_prints_and_writes_its_figures(tmp_path: Path) -> None:
     assert rows[0].startswith("| dispatch capacity") and len(rows) == 3  # header + 2 rates
     assert rows[1].startswith("| unlimited |") and rows[2].startswith("| 800 |")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: The benchmarks page: each plot with the command that drew it, right under it.
+PAGE = ROOT / "docs" / "benchmarks.md"
+#: Sections of the page without a plot, and why.
+NO_PLOT = {"Faults": "its figures are what happened and what the user saw: words, on reliability"}
+
+
+def test_every_plot_on_the_benchmarks_page_comes_with_its_command() -> None:
+    import re
+
+    text = PAGE.read_text(encoding="utf-8")
+    assert len(text.encode()) < 30_000, f"docs/benchmarks.md is {len(text.encode()):,} bytes"
+    lines = text.splitlines()
+    plots = [(n, m) for n, line in enumerate(lines) if (m := re.match(r"!\[.+\]\((.+)\)$", line))]
+    drawn = set()
+    for n, m in plots:
+        image = PAGE.parent / m.group(1)
+        assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{m.group(1)} is not a PNG"
+        after = " ".join(lines[n + 1 : n + 4])
+        cmd = re.search(r"`(python benchmarks/(bench_\w+\.py)[^`]*)`", after)
+        assert cmd, f"line {n + 1}: the plot {m.group(1)} has no command under it"
+        assert f"--plot docs/{m.group(1)}" in cmd.group(1), (
+            f"line {n + 1}: the command under {m.group(1)} does not write it: {cmd.group(1)}"
+        )
+        assert (BENCHMARKS / cmd.group(2)).exists(), cmd.group(2)
+        drawn.add(n)
+    sections = [n for n, line in enumerate(lines) if line.startswith("## ")]
+    for k, start in enumerate(sections):
+        end = sections[k + 1] if k + 1 < len(sections) else len(lines)
+        title = lines[start][3:].strip()
+        if title not in NO_PLOT:
+            assert any(start < n < end for n in drawn), f"section {title!r} has no plot"
+    assert "<!-- plot:" not in text, "a plot is still a placeholder"

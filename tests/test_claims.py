@@ -166,6 +166,7 @@ def _race(url: str, key: str, counter: str, start: float) -> str:
     return "computed"
 
 
+@pytest.mark.slow
 def test_processes_racing_for_a_key_compute_it_once(tmp_path):
     url = str(tmp_path / "store")
     counter = str(tmp_path / "computed.txt")
@@ -192,6 +193,7 @@ time.sleep(3600)
 """
 
 
+@pytest.mark.slow
 def test_a_killed_owner_is_taken_over_after_its_lease(tmp_path):
     url = str(tmp_path / "store")
     proc = subprocess.Popen(

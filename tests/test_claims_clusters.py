@@ -44,6 +44,7 @@ def feature_processing(client: Client) -> bool:
     return any("features" in str(key) for keys in client.processing().values() for key in keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["local", "memory"])
 def test_two_clusters_sharing_a_store_compute_a_shared_stage_once(tmp_path, kind):
     folder = tmp_path / "marks"

@@ -40,6 +40,7 @@ def chapter_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any
     return json.loads(result.stdout), out
 
 
+@pytest.mark.slow
 def test_chapter_json_shape(chapter_run: tuple[dict[str, Any], Path]) -> None:
     report, _ = chapter_run
     for key in ("seed", "tasks", "work_core_h", "lower_bound_h", "speed_bound_h", "rows"):
@@ -291,6 +292,7 @@ def test_replay_busy_never_exceeds_the_slots_and_the_legend_stays_off_the_curves
     assert "6 slots (3 workers)" in _legend_labels(ax)
 
 
+@pytest.mark.slow
 def test_gangs_json_rows_are_the_seeds_spread() -> None:
     result = invoke("gangs", "--seeds", "0,1,2", "--hours", "4", "--json")
     assert result.exit_code == 0, result.output

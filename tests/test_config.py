@@ -555,6 +555,7 @@ def startable(s: daskjobs.config.Settings) -> None:
     assert isinstance(s.audit_events, int) and isinstance(s.history_samples, int)
 
 
+@pytest.mark.slow
 @hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(PATHS), JUNK, st.booleans())
 def test_random_junk_in_any_key_is_a_value_error_naming_it(

@@ -115,6 +115,7 @@ def ran() -> Any:
         dashboard_module.INTERVAL_MS = every
 
 
+@pytest.mark.slow
 def test_the_page_is_served_and_in_the_navigation_and_sitemap(ran):
     base = base_url(ran)
     status, html = get(base + "/daskjobs")
@@ -157,6 +158,7 @@ def test_the_json_holds_teams_backups_speeds_and_events(ran):
     assert h["launched"][-1] == b["launched"]
 
 
+@pytest.mark.slow
 def test_the_bokeh_document_carries_the_sections_and_data(ran):
     from bokeh.client import pull_session
     from bokeh.models import Div, Plot
@@ -191,6 +193,7 @@ def test_a_url_prefix_is_followed():
         assert get(base_url(cl) + "/daskjobs")[0] == 404
 
 
+@pytest.mark.slow
 def test_the_page_goes_with_the_plugin():
     with plugin_cluster(jobs_plugin()) as cl, Client(cl) as c:
         sched = cl.scheduler

@@ -411,6 +411,7 @@ def test_checker_names_the_line_and_the_access() -> None:
 # -- the real modules -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_only_the_internals_module_touches_dask_privately() -> None:
     mods = modules()
     assert SURGERY in mods and "plugin/plugin.py" in mods

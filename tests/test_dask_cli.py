@@ -40,6 +40,7 @@ def test_the_entry_point_is_declared_and_loads_the_jobs_group() -> None:
     assert group is jobs and isinstance(group, click.Group) and group.name == "jobs"
 
 
+@pytest.mark.slow
 def test_dask_jobs_help_lists_the_subcommands() -> None:
     top = dask("--help")
     assert top.returncode == 0, top.stderr
@@ -52,6 +53,7 @@ def test_dask_jobs_help_lists_the_subcommands() -> None:
     assert "Usage: dask jobs" in run.stdout
 
 
+@pytest.mark.slow
 def test_dask_jobs_version_is_daskjobs_version() -> None:
     run = dask("jobs", "--version")
     assert run.returncode == 0, run.stderr
@@ -96,6 +98,7 @@ def test_loading_the_entry_point_imports_no_subcommand() -> None:
     assert run.stdout.strip() == "", f"imported by daskjobs.cli: {run.stdout.strip()}"
 
 
+@pytest.mark.slow
 def test_an_unknown_subcommand_is_a_usage_error() -> None:
     run = dask("jobs", "nope")
     assert run.returncode == 2

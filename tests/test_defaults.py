@@ -118,6 +118,7 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_an_edited_yaml_changes_every_default(tmp_path: Path) -> None:
     """A copy of the package with other values in its YAML: every layer takes them."""
     shutil.copytree(PACKAGE, tmp_path / "daskjobs", ignore=shutil.ignore_patterns("__pycache__"))

@@ -449,6 +449,7 @@ def page_runs(
     return {p: pool.submit(_start, p, tmp_path_factory.mktemp(p.stem.lower())) for p in ordered}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if _runnable(_pages[p])], ids=_page_id)
 def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRun]]) -> None:
     run = page_runs[page].result()
@@ -507,6 +508,7 @@ def test_every_block_is_run_or_says_why() -> None:
     assert len(skips) <= MAX_SKIPS, "too many skipped blocks:\n" + "\n".join(skips)
 
 
+@pytest.mark.slow
 def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
     """mkdocs.yml's site, warnings as errors: broken links and anchors, pages left out of the
     nav, API entries naming nothing (``.ci/run`` builds it too); the generated reference is in

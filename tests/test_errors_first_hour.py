@@ -85,6 +85,7 @@ def dashboard_cluster() -> Any:
         yield cluster
 
 
+@pytest.mark.slow
 def test_status_of_the_dashboard_names_the_scheduler_behind_it(dashboard_cluster: Any) -> None:
     scheduler = dashboard_cluster.scheduler.address
     port = dashboard_cluster.scheduler.http_server.port
@@ -108,6 +109,7 @@ def test_status_of_the_scheduler_written_as_a_url_reaches_it(dashboard_cluster: 
         assert code == 1 and f"scheduler tcp://{host_port}: " in line and "not loaded" in line
 
 
+@pytest.mark.slow
 def test_a_silent_server_is_not_waited_for_beyond_the_timeout() -> None:
     """A TCP server that accepts and never speaks (neither dask nor HTTP)."""
     with socket.socket() as server:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -31,6 +33,7 @@ def test_simulate_policies_example_as_a_script() -> None:
     assert "node-aware" in out.stdout and "speed-weighted bound" in out.stdout
 
 
+@pytest.mark.slow
 def test_job_examples_run(tmp_path: Path) -> None:
     """The three job shapes of docs/jobs.md, each as its example runs them."""
     store = str(tmp_path / "store")

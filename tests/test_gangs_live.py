@@ -226,6 +226,7 @@ def _gang_behind_occupiers(c: Client, stream: int = 0) -> tuple[list[Any], list[
     return occupiers, gang, tail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placer", [True, False], ids=["placer", "plain-dask"])
 def test_a_gang_never_starts_partially(placer: bool) -> None:
     """Checked on every member's true start: with the placer every member can run at
@@ -265,6 +266,7 @@ def _start_order(c: Client) -> list[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reservation", [True, False])
 def test_a_gang_behind_a_stream_of_small_tasks_starts_with_a_reservation(
     reservation: bool,
@@ -306,6 +308,7 @@ def member(i: int, steps: int = 30, step_s: float = 0.05) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.slow
 def test_a_member_whose_worker_dies_restarts_the_whole_gang(store: Path) -> None:
     """4 members on 3 workers of 2 GPUs; the worker of one member closes mid-run: the
     others are asked to yield, and the gang starts again, whole, on the two workers left,
@@ -342,6 +345,7 @@ def test_a_member_whose_worker_dies_restarts_the_whole_gang(store: Path) -> None
     assert all(r["resumed_at"][-1] > 0 for r in results), results
 
 
+@pytest.mark.slow
 def test_the_simulator_and_the_plugin_start_demands_in_the_same_order() -> None:
     """One deterministic scenario, live and in :mod:`daskjobs.sim.gangs`, the same
     GangPolicy object deciding: 4 one-GPU tasks with staggered ends fill 2 workers of 2
@@ -644,6 +648,7 @@ def test_a_malformed_inventory_is_named_and_counts_as_no_accelerator(
         assert _errors(c) == {}
 
 
+@pytest.mark.slow
 def test_an_interactive_task_preempts_a_best_effort_gang_whole(store: Path) -> None:
     """Preemption and gangs together: a best-effort gang of 4 holds every GPU; an
     interactive one-GPU task arrives. The preemption policy picks a victim; its whole gang

@@ -82,6 +82,7 @@ def test_exact_small_scenario() -> None:
         assert run.makespan == 10
 
 
+@pytest.mark.slow
 def test_starts_follow_the_decisions_in_order() -> None:
     """Every start is the policy's, in the order of Decision.starts (ties at one instant
     included), and the policy sees estimates, never true durations."""
@@ -137,6 +138,7 @@ def _usage_never_exceeds(run: GangRun, demands: list[Demand], nodes: list[Node])
             assert used[idx] <= inv.resources["GPU"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reservation", [False, True])
 def test_gangs_start_whole_and_never_overfill_a_node(reservation: bool) -> None:
     w = synthetic_gangs(1, hours=3)
@@ -251,6 +253,7 @@ def test_overdue_running_task_reserves_from_now() -> None:
     assert r is not None and r.at == 7.0 and r.nodes == (0,)
 
 
+@pytest.mark.slow
 def test_synthetic_reservation_bounds_gang_waits() -> None:
     """On the documented workload (shorter), the reservation cuts the gangs' worst wait."""
     w = synthetic_gangs(0, hours=8)
@@ -303,6 +306,7 @@ def test_metrics_of_a_hand_computed_run() -> None:
     assert m["fragmentation_share"] == pytest.approx(4 / 12)
 
 
+@pytest.mark.slow
 def test_synthetic_is_deterministic_and_as_documented() -> None:
     a, b = synthetic_gangs(5, hours=4), synthetic_gangs(5, hours=4)
     assert a.demands == b.demands

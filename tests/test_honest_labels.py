@@ -35,6 +35,7 @@ def work(i, seconds):
     return i
 
 
+@pytest.mark.slow
 def test_running_figures_never_exceed_the_threads_with_copies_running():
     # four one-thread workers: dask's default worker-saturation (1.1) hands each two tasks,
     # so eight are "processing"; worker 0 is ten times slower, so copies run as well

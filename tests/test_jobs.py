@@ -41,6 +41,7 @@ def cluster(ledger_url: str, tmp_path: Path) -> Iterator[tuple[Client, JobsServi
         yield client, service
 
 
+@pytest.mark.slow
 def test_inference_job_runs_every_part_once(cluster: Any, tmp_path: Path) -> None:
     client, service = cluster
     m = tmp_path / "marks"
@@ -73,6 +74,7 @@ def test_inference_job_runs_every_part_once(cluster: Any, tmp_path: Path) -> Non
     assert service.status()["reachable"] is True
 
 
+@pytest.mark.slow
 def test_a_function_and_its_failures(cluster: Any) -> None:
     client, _ = cluster
 
@@ -111,6 +113,7 @@ def test_bad_submissions_are_named(cluster: Any) -> None:
     assert "No module named 'nosuchmodule'" in bad.attempts()[0]["reason"]
 
 
+@pytest.mark.slow
 def test_cancel_stops_and_fences(cluster: Any, tmp_path: Path) -> None:
     client, _ = cluster
     gate = tmp_path / "gate"
@@ -142,6 +145,7 @@ def test_cancel_stops_and_fences(cluster: Any, tmp_path: Path) -> None:
     assert job.status()["outputs"] == {}
 
 
+@pytest.mark.slow
 def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -> None:
     """An attempt that lost its part stops at its next step (its heartbeat is refused);
     the next attempt resumes from the last committed checkpoint."""
@@ -198,6 +202,7 @@ def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -
     assert led.outputs(job) == {0: resumed["location"]}
 
 
+@pytest.mark.slow
 def test_a_new_scheduler_on_the_same_ledger_finishes_every_job(
     ledger_url: str, tmp_path: Path
 ) -> None:
@@ -330,6 +335,7 @@ def _outage(ledger_url: str) -> Any:
     return pg() if ledger_url.startswith("postgresql") else sqlite()
 
 
+@pytest.mark.slow
 def test_scheduling_goes_on_while_the_ledger_is_unreachable(
     ledger_url: str, tmp_path: Path
 ) -> None:
@@ -372,6 +378,7 @@ def test_scheduling_goes_on_while_the_ledger_is_unreachable(
         led.close()
 
 
+@pytest.mark.slow
 def test_a_sweep_as_a_job(cluster: Any, tmp_path: Path) -> None:
     """A sweep submitted as one job: the same table as running it directly, the same job
     for the same sweep, and a grown sweep (one more cost level) loads what is stored."""
@@ -436,6 +443,7 @@ def _attempts_annotated(client: Any, name: str, n: int) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.slow
 def test_a_jobs_attempts_carry_its_team(cluster: Any) -> None:
     """The attempts of a job are tasks annotated with the job's team, so the scheduler
     plugin's fair share and quotas count them for that team."""
@@ -514,6 +522,7 @@ def test_workers_are_prepared_for_attempts(cluster: Any, ledger_url: str) -> Non
     assert job.result(timeout=60) == [0, 10, 20]
 
 
+@pytest.mark.slow
 def test_a_big_job_starts_its_parts_as_dask_drains_them(
     cluster: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -549,6 +558,7 @@ def test_a_big_job_starts_its_parts_as_dask_drains_them(
     assert len(marks(m)) == 80
 
 
+@pytest.mark.slow
 def test_an_interactive_jobs_attempts_carry_its_class(cluster: Any) -> None:
     """``job_class="te"``: the attempts are annotated for the plugin's preemption; a
     best-effort job (the default) keeps the identity it had before the field existed."""

@@ -36,6 +36,7 @@ def daskjobs(*args: str, cwd: Path) -> tuple[int, list[str]]:
     return proc.returncode, (proc.stdout + proc.stderr).splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
 def test_a_missing_sqlite_ledger_is_named_and_not_made(command: list[str], tmp_path: Path) -> None:
     code, lines = daskjobs(*command, "--ledger", "sqlite:///typo.sqlite", cwd=tmp_path)
@@ -47,6 +48,7 @@ def test_a_missing_sqlite_ledger_is_named_and_not_made(command: list[str], tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
 def test_a_directory_that_cannot_hold_a_ledger_is_named(command: list[str], tmp_path: Path) -> None:
     """A directory no ledger can be in (/proc: nothing can be created there)."""
@@ -57,6 +59,7 @@ def test_a_directory_that_cannot_hold_a_ledger_is_named(command: list[str], tmp_
     assert not os.path.exists("/proc/daskjobs-nowhere")
 
 
+@pytest.mark.slow
 def test_migrate_where_no_ledger_can_be_made_is_one_line(tmp_path: Path) -> None:
     url = "sqlite:////proc/daskjobs-nowhere/ledger.sqlite"
     code, lines = daskjobs("migrate", "--ledger", url, cwd=tmp_path)
@@ -67,6 +70,7 @@ def test_migrate_where_no_ledger_can_be_made_is_one_line(tmp_path: Path) -> None
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [*COMMANDS, ["migrate"]], ids=lambda c: c[0])
 def test_a_postgresql_database_that_does_not_exist_is_one_line(
     command: list[str], tmp_path: Path
@@ -79,6 +83,7 @@ def test_a_postgresql_database_that_does_not_exist_is_one_line(
     assert 'database "daskjobs_no_such_database" does not exist' in lines[0]
 
 
+@pytest.mark.slow
 def test_a_database_without_the_schema_is_named_and_left_alone(tmp_path: Path) -> None:
     empty = tmp_path / "empty.sqlite"
     empty.write_bytes(b"")
@@ -93,6 +98,7 @@ def test_a_database_without_the_schema_is_named_and_left_alone(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.sqlite"]
 
 
+@pytest.mark.slow
 def test_ls_and_show_read_a_ledger_without_writing_it(tmp_path: Path) -> None:
     """A reader opens the ledger read-only: the file is the same bytes after it (SQLite
     may make the write-ahead log's side files beside it, as any reader of it does)."""

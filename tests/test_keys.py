@@ -198,6 +198,7 @@ print(json.dumps(sorted(sweep.nodes)))
 """
 
 
+@pytest.mark.slow
 def test_keys_are_deterministic_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "stagemod.py"
     path.write_text(BASE)

@@ -550,6 +550,7 @@ def test_takeover_during_writes(ledger: Ledger, clock: Clock) -> None:
     assert {j.job_id for j in ledger.jobs()} == submitted
 
 
+@pytest.mark.slow
 def test_random_operations_keep_the_invariants(ledger: Ledger, clock: Clock) -> None:
     """Random starts, moves, renewals, expiries and commits (stale ones included) on a
     few parts: at most one live attempt and at most one output per part, the output's

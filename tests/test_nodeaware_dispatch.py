@@ -184,6 +184,7 @@ def test_start_rate_names_a_bad_argument(kwargs: dict[str, Any], match: str) -> 
         daskjobs.start_rate(object(), **kwargs)
 
 
+@pytest.mark.slow
 def test_start_rate_runs_its_tasks_on_a_cluster_with_the_plugin() -> None:
     from distributed import Client
 

@@ -17,6 +17,7 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "sweep.ipynb"
 
 
+@pytest.mark.slow
 def test_the_example_notebook_runs(tmp_path: Path) -> None:
     nbformat = pytest.importorskip("nbformat", reason="the test extra: pip install -e '.[test]'")
     nbclient = pytest.importorskip("nbclient", reason="the test extra: pip install -e '.[test]'")

@@ -151,6 +151,7 @@ def test_entry_points_declare_the_command_and_dask_jobs() -> None:
     assert eps[("dask_cli", "jobs")] == "daskjobs.cli:jobs"
 
 
+@pytest.mark.slow
 def test_every_third_party_import_is_a_declared_dependency() -> None:
     declared = requirements()
     base = declared[None]
@@ -169,6 +170,7 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
     assert not problems, "undeclared dependencies:\n" + "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_the_scan_finds_what_the_issue_found() -> None:
     # PyYAML was imported (daskjobs/_defaults.py) and not declared: the scan sees it
     found = third_party_imports()

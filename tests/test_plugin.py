@@ -90,6 +90,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
     port = _free_port()
     # the scheduler and worker import this test module to unpickle its functions

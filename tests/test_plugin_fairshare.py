@@ -37,6 +37,7 @@ def running_at(records, team, t):
     return sum(1 for tm, _, s, e in records if tm == team and s <= t < e)
 
 
+@pytest.mark.slow
 def test_running_slots_split_in_proportion_to_targets():
     plugin = JobsPlugin(policy="fair-share", teams={"targets": {"a": 3, "b": 1}, "half-life": None})
     # saturation 1.0: dask assigns exactly one task per thread, so the slots the
@@ -55,6 +56,7 @@ def test_running_slots_split_in_proportion_to_targets():
     assert window.count("a") / len(window) == pytest.approx(0.75, abs=0.1)
 
 
+@pytest.mark.slow
 def test_a_late_small_team_gets_its_median_task_done_far_sooner_than_under_fifo():
     def run(plugin):
         """How many of a's tasks started after b arrived and before b's median task."""

@@ -172,6 +172,7 @@ def test_a_bad_job_class_is_refused_at_submission() -> None:
             fut.result(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_victims_worker_dying_mid_preemption_loses_nothing(store: Path) -> None:
     """The worker of a victim that was asked to yield dies before it does: its tasks run
     again elsewhere (from their checkpoints), the interactive task runs, every result is

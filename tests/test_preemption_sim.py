@@ -180,6 +180,7 @@ def test_a_reservation_keeps_smaller_later_jobs_off_a_waiting_jobs_node() -> Non
     assert (free[2], free[1]) == (2.0, 1002.0)
 
 
+@pytest.mark.slow
 def test_the_fit_resume_policy_loses_less_than_naive_at_equal_te_benefit() -> None:
     """The issue's comparison on two seeds of the documented workload (the figures over
     five seeds are in docs/preemption.md)."""

@@ -256,6 +256,7 @@ def test_the_recorder_never_blocks_and_counts_what_it_drops(tmp_path, caplog):
     assert warning.levelname == "WARNING" and "49990 record(s) dropped" in warning.getMessage()
 
 
+@pytest.mark.slow
 def test_a_graph_of_100001_tasks_is_never_dropped(tmp_path, caplog):
     """The plugin emits a graph's records inside one update_graph call, before the
     writer can drain any: more than the queue's bound. All of them are written;
@@ -288,6 +289,7 @@ def _inc(x):
     return x + 1
 
 
+@pytest.mark.slow
 def test_graph_records_through_the_plugin_survive_a_stalled_writer(tmp_path, monkeypatch, caplog):
     """The same through a LocalCluster: the queue bound lowered to 1,000 and the writer
     stalled until recording stops, a graph of 3,000 tasks that cannot run (no worker

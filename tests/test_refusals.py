@@ -171,6 +171,7 @@ ENTRY_POINTS: dict[str, Callable[[Client, dict[str, Any], Path], Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_refused_submission_raises_its_refusal(kind: str, entry: str, tmp_path: Path) -> None:

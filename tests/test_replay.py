@@ -542,6 +542,7 @@ def spec_trace(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_speculation_run_replays_with_its_backups(spec_trace):
     loaded = load(spec_trace)
     assert loaded.speculation is not None and loaded.speculation.late_factor == 2.0

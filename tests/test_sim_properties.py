@@ -188,6 +188,7 @@ def attempts_by_task(s: Schedule) -> dict:
 # -- bounds --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_last_end_is_at_least_the_speed_weighted_bound(sc: Scenario):
@@ -207,6 +208,7 @@ def test_makespan_is_at_least_the_bound_when_all_submitted_at_zero(sc: Scenario)
     assert s.makespan >= speed_bound(sc.tasks, sc.cluster) - EPS
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_each_task_ends_after_its_inputs_plus_its_own_run_time(sc: Scenario):
@@ -223,6 +225,7 @@ def test_each_task_ends_after_its_inputs_plus_its_own_run_time(sc: Scenario):
 # -- every task once, no double booking -----------------------------------------------------
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_every_task_done_exactly_once(sc: Scenario):
@@ -251,6 +254,7 @@ def test_every_task_done_exactly_once(sc: Scenario):
         assert p not in by
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_no_core_runs_two_attempts_at_once(sc: Scenario):
@@ -269,6 +273,7 @@ def test_no_core_runs_two_attempts_at_once(sc: Scenario):
             assert prev.end <= nxt.start, (prev, nxt)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_dependencies_and_submission_times_respected(sc: Scenario):
@@ -280,6 +285,7 @@ def test_dependencies_and_submission_times_respected(sc: Scenario):
             assert a.start >= end[d], (a, d, end[d])
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_attempt_run_times_follow_node_speed(sc: Scenario):
@@ -292,6 +298,7 @@ def test_attempt_run_times_follow_node_speed(sc: Scenario):
             assert a.end - a.start <= full + EPS
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_backups_and_failures_only_when_enabled(sc: Scenario):
@@ -327,6 +334,7 @@ def fingerprint(s: Schedule) -> list[tuple]:
     ]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_same_seed_gives_identical_schedule(sc: Scenario):
@@ -336,6 +344,7 @@ def test_same_seed_gives_identical_schedule(sc: Scenario):
     assert a.pruned == b.pruned
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios(policies=POLICIES_ALL))
 def test_every_policy_finishes_the_run(sc: Scenario):
@@ -362,6 +371,7 @@ def test_tiny_estimates_are_accepted_by_node_aware():
     assert s.makespan == 1.0
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_retry_bound_is_a_bound(sc: Scenario):
@@ -386,6 +396,7 @@ def slow_cluster_scenarios(draw: st.DrawFn) -> Scenario:
     )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(slow_cluster_scenarios())
 def test_bigger_graphs_on_slow_clusters_finish_within_bounds(sc: Scenario):
@@ -396,6 +407,7 @@ def test_bigger_graphs_on_slow_clusters_finish_within_bounds(sc: Scenario):
     assert all([a.outcome for a in by[t.tid]].count("done") == 1 for t in sc.tasks)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_utilisation_never_exceeds_the_cluster(sc: Scenario):
@@ -448,6 +460,7 @@ class _Free:
     index: int = 0
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(batch_ops(), st.sampled_from(sorted(HEAP_POLICIES)))
 def test_push_many_pops_in_the_same_order_as_single_pushes(case, name: str):
@@ -505,6 +518,7 @@ def test_batch_fast_path_gives_identical_simulation():
 # -- speculation rules ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios(policies=POLICIES_ALL))
 def test_concurrent_backups_stay_within_the_cap(sc: Scenario):
@@ -518,6 +532,7 @@ def test_concurrent_backups_stay_within_the_cap(sc: Scenario):
         assert sum(1 for x in backups if x.start <= b.start < x.end or x is b) <= cap
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios(policies=POLICIES))
 def test_backup_starts_no_earlier_than_the_lateness_deadline(sc: Scenario):
@@ -557,6 +572,7 @@ def run_with_width(per_bucket: float, *args, **kwargs) -> tuple:
     return fingerprint(s), s.events, s.backups_launched, s.backups_won
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios(policies=POLICIES_ALL), st.sampled_from(CALENDAR_WIDTHS))
 def test_the_event_calendars_width_never_changes_a_run(sc: Scenario, per_bucket: float):

@@ -53,6 +53,7 @@ def healthy(client, n_workers=2):
     return st["speculation"]
 
 
+@pytest.mark.slow
 def test_a_task_on_a_slow_worker_finishes_from_its_backup():
     with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
         # 2 s on the slow worker 0: the result comes from the copy on worker 1
@@ -64,6 +65,7 @@ def test_a_task_on_a_slow_worker_finishes_from_its_backup():
         assert "backup-launched" in actions and "backup-won" in actions
 
 
+@pytest.mark.slow
 def test_the_primary_can_win_and_the_copy_is_released():
     with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
         # 0.5 s on the fast worker, estimated at 0.05 s: late at 0.1 s, copied to the slow one
@@ -86,6 +88,7 @@ def test_speculate_false_is_respected():
         assert healthy(c)["launched"] == 0
 
 
+@pytest.mark.slow
 def test_dependents_receive_the_winners_data():
     with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
         slow = pinned(c, 0, 5, 0.2, 0.2)
@@ -94,6 +97,7 @@ def test_dependents_receive_the_winners_data():
         assert healthy(c)["won"] == 1
 
 
+@pytest.mark.slow
 def test_the_cap_on_concurrent_backups_holds():
     with (
         dask.config.set(VALIDATE),
@@ -113,6 +117,7 @@ def test_speculation_settings_are_checked():
         JobsPlugin(speculation={"late": 2})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["backup", "primary"])
 def test_a_worker_dying_mid_race_leaves_the_task_completing(victim):
     with dask.config.set(VALIDATE), cluster(n_workers=3) as cl, Client(cl) as c:
@@ -143,6 +148,7 @@ def test_a_worker_dying_mid_race_leaves_the_task_completing(victim):
         assert status(c)["errors"] == {}
 
 
+@pytest.mark.slow
 def test_a_task_on_a_worker_measured_slow_is_copied_before_its_deadline():
     with dask.config.set(VALIDATE), cluster(n_workers=2, threads=2) as cl, Client(cl) as c:
         # teach the plugin that worker 0 is slow: short tasks there take 10x their estimate
@@ -195,6 +201,7 @@ def test_a_losing_copy_can_stop_early_with_cancelled():
         assert healthy(c)["won"] == 1
 
 
+@pytest.mark.slow
 def test_backups_and_waste_are_exported_as_metrics():
     import urllib.request
 
@@ -226,6 +233,7 @@ def doubled(x):
     return 2 * x
 
 
+@pytest.mark.slow
 def test_two_copies_of_a_cached_stage_leave_exactly_one_store_entry(tmp_path):
     from daskjobs import ResultStore, Sweep, grid
 
@@ -244,6 +252,7 @@ def test_two_copies_of_a_cached_stage_leave_exactly_one_store_entry(tmp_path):
     assert sorted(store.get(k) for k in keys) == [2, 4]
 
 
+@pytest.mark.slow
 def test_node_aware_keeps_long_tasks_off_a_worker_measured_slow():
     """The simulator's NodeAware.pop(worker) picks what each freed slot runs: short work
     until a worker is measured, the longest on fast workers, short work on slow ones."""
@@ -298,6 +307,7 @@ def napper(i):
     return (i, t0, time.time(), get_worker().name)
 
 
+@pytest.mark.slow
 def test_tasks_waiting_behind_a_zombie_loser_move_to_idle_workers():
     spec = {"late_factor": 1.5}
     RACER_RETURNED.clear()
@@ -380,6 +390,7 @@ def _race_state(dask_scheduler):
     return out
 
 
+@pytest.mark.slow
 def test_a_copy_is_a_task_the_scheduler_knows_and_leaves_no_trace():
     with dask.config.set(VALIDATE), cluster(n_workers=3) as cl, Client(cl) as c:
         with dask.annotate(workers=[address_of(c, 1)], allow_other_workers=True):

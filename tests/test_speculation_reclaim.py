@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 import dask
+import pytest
 from conftest import VALIDATE, plugin_cluster
 from distributed import Client
 
@@ -28,6 +29,7 @@ def racer(steps):
     return "done"
 
 
+@pytest.mark.slow
 def test_a_loser_s_thread_is_reclaimed_after_the_policy_s_timeout():
     RETURNED.clear()
     plugin = JobsPlugin(policy="lpt", speculation=FAST)

@@ -158,6 +158,7 @@ def _put_in_process(url: str, i: int) -> bool:
     return ResultStore(url).put("proc-1", f"writer {i}")
 
 
+@pytest.mark.slow
 def test_two_processes_write_one_key(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     # spawn: forking a test process that may hold threads (dask, hypothesis) can deadlock.

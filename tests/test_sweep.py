@@ -560,6 +560,7 @@ def test_run_without_client_starts_and_closes_a_cluster(
 # -- the example ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_example_second_run_loads_every_feature(tmp_path: Path) -> None:
     store = tmp_path / "store"
     cmd = [sys.executable, str(ROOT / "examples" / "backtest_sweep.py"), "--store", str(store)]
@@ -586,6 +587,7 @@ def test_example_second_run_loads_every_feature(tmp_path: Path) -> None:
     assert {"computed", "hits", "seconds"} <= set(first)
 
 
+@pytest.mark.slow
 def test_example_table_is_aligned_and_best_is_the_best_mean_it_shows(tmp_path: Path) -> None:
     """The text output: each column's header sits over its values (they were about four
     columns off), and "best" is the highest mean of the table (it was one slice's Sharpe

@@ -166,6 +166,7 @@ def test_the_shipped_trace_is_clean(shipped):
     assert not load(SHIPPED).notes
 
 
+@pytest.mark.slow
 def test_three_hundred_mutations_are_refused_by_name_or_replayed_within_the_run(shipped, tmp_path):
     rng = random.Random(SEED)
     path = tmp_path / "m.jsonl"
@@ -200,6 +201,7 @@ def test_three_hundred_mutations_are_refused_by_name_or_replayed_within_the_run(
     assert outcomes["refused"] > MUTATIONS // 3, outcomes
 
 
+@pytest.mark.slow
 def test_the_reader_alone_raises_only_trace_errors(shipped, tmp_path):
     """``read_trace`` and ``load`` (the Python API) refuse with TraceError naming the line."""
     rng = random.Random(SEED + 1)

@@ -27,6 +27,15 @@ def realcluster() -> Any:
     return realcluster
 
 
+def realtasks() -> Any:
+    """The task module of the real-process tests (``tests/realtasks.py``: tasks that
+    import on worker processes and slow down the workers named in ``DASKJOBS_TEST_SLOW``)."""
+    realcluster()  # puts tests/ on the path
+    import realtasks
+
+    return realtasks
+
+
 def worker_path() -> dict[str, str]:
     """The environment that lets worker processes import the benchmarks' task modules,
     the harness's own (tests/) and this checkout's daskjobs."""
