@@ -95,7 +95,14 @@ from daskjobs.replay.attempts import (
 )
 from daskjobs.replay.checks import _checked_settings, _refuse_cycles
 from daskjobs.replay.fitting import _dep_latency, _lost_capacity, _speeds
-from daskjobs.replay.races import _backup_counts, _check_phase, _races, _speculation, _split_races
+from daskjobs.replay.races import (
+    _backup_counts,
+    _check_phase,
+    _Race,
+    _races,
+    _speculation,
+    _split_races,
+)
 from daskjobs.sim.model import Cluster, Task
 from daskjobs.trace import (
     CLOCK_TOLERANCE,
@@ -309,48 +316,7 @@ def load(
         stage_of[t.key] = t.stage or _prefix(t.key)
 
     # -- workers ---------------------------------------------------------------------------
-    threads: dict[str, int] = {}
-    for w in trace.workers:
-        threads[w.address] = max(threads.get(w.address, 0), w.nthreads)
-    used: Counter[str] = Counter()
-    for t in trace.tasks.values():
-        for a in t.attempts:
-            if _done(a) and a.worker is not None:
-                used[a.worker] += 1
-    for a, _end in losers:  # a worker whose every task lost its race still ran them
-        if a.worker is not None and a.key in keep:
-            used.setdefault(a.worker, 0)
-    unannounced = sorted(a for a in used if a not in threads)
-    for addr in unannounced:
-        threads[addr] = 0
-    if unannounced and threads.keys() - set(unannounced):
-        notes.append(
-            f"{len(unannounced)} worker(s) ran tasks without a worker-added record "
-            f"(e.g. {unannounced[0]!r}): taken as nodes like the others"
-        )
-    known_threads = [n for a, n in threads.items() if a in used and n > 0]
-    if not known_threads:
-        known_threads = [n for n in threads.values() if n > 0] or [1]
-        notes.append("no worker-added record for the workers that ran tasks: 1 slot each assumed")
-    cpn = Counter(known_threads).most_common(1)[0][0]
-    if len(set(known_threads)) > 1:
-        notes.append(
-            f"workers have different thread counts {sorted(set(known_threads))}: "
-            f"replayed with {cpn} slots each"
-        )
-    for addr in threads:
-        if threads[addr] <= 0:
-            threads[addr] = cpn
-    raw = _speeds(ended, stage_of, losers) if speeds else {}
-    addrs = sorted(used, key=lambda w: (raw.get(w, 1.0), w)) or ["(unknown)"]
-    workers: list[WorkerInfo] = []
-    slow: dict[int, float] = {}
-    for i, addr in enumerate(addrs):
-        r = raw.get(addr, 1.0)
-        s = r if (r > SPEED_NOISE or r < 1 / SPEED_NOISE) else 1.0
-        workers.append(WorkerInfo(addr, i, threads.get(addr, cpn), s, r, used.get(addr, 0)))
-        if s != 1.0:
-            slow[i] = s
+    workers, threads, cpn, slow = _workers(trace, ended, losers, keep, stage_of, speeds, notes)
     speed_of = {w.address: w.speed for w in workers}
 
     # -- the fit ---------------------------------------------------------------------------
@@ -390,56 +356,8 @@ def load(
     )
 
     # -- the recorded run ------------------------------------------------------------------
-    submit_times = [t.submit for t, _, _ in ended if t.submit is not None and not t.existing]
-    first_start = min((a.started or a.assigned or a.finished or math.inf) for t, a, _ in ended)
-    t0 = min(submit_times) if submit_times else first_start
-    t_end = max(a.finished for _, a, _ in ended if a.finished is not None)
-    intervals: list[tuple[float, float]] = []
-    n_att = n_fail = 0
-    waste = busy = 0.0
-    for t in trace.tasks.values():
-        if t.key not in keep:
-            continue
-        final = _final(t)
-        for a in t.attempts:
-            if not _done(a):
-                continue
-            n_att += 1
-            assert a.finished is not None
-            begin = a.started if a.started is not None else a.assigned
-            if begin is None:
-                begin = a.finished - (_duration(a) or 0.0)
-            intervals.append((begin - t0, a.finished - t0))
-            busy += a.finished - begin
-            if a is not final:
-                n_fail += 1
-                waste += a.finished - begin
-    for a, end in losers:  # a copy that lost its race: waste, not a failure
-        begin = _begin(a)
-        if begin is not None and end > begin:
-            intervals.append((begin - t0, end - t0))
-            busy += end - begin
-            waste += end - begin
-    team_ends: dict[str, list[float]] = {}
-    team_last: dict[str, float] = {}
-    for t, a, _ in ended:
-        team = t.team or "default"
-        sub = t.submit if t.submit is not None else t0
-        assert a.finished is not None
-        team_ends.setdefault(team, []).append(a.finished - sub)
-        team_last[team] = max(team_last.get(team, 0.0), a.finished - t0)
-    recorded = Recorded(
-        makespan=t_end - t0,
-        t0=t0,
-        attempts=n_att,
-        failed_attempts=n_fail,
-        waste=waste,
-        busy=busy,
-        intervals=intervals,
-        team_wait={k: _median(v) for k, v in team_ends.items()},
-        team_last=team_last,
-        backups=_backup_counts(races, copies_started),
-    )
+    recorded = _recorded(trace, ended, keep, losers, races, copies_started)
+    t0, n_att, n_fail = recorded.t0, recorded.attempts, recorded.failed_attempts
 
     # -- where dask put each task: its first attempt's worker, and when it started there ---
     node_of = {w.address: w.node for w in workers}
@@ -509,4 +427,123 @@ def load(
         placement=placement,
         check_phase=_check_phase(trace, recorded_spec, recorded.t0),
         copies={k: rs[-1].outcome or "unsettled" for k, rs in races.items()},
+    )
+
+
+def _workers(
+    trace: Trace,
+    ended: list[tuple[TraceTask, TraceAttempt, float]],
+    losers: list[tuple[TraceAttempt, float]],
+    keep: set[Hashable],
+    stage_of: dict[Hashable, str],
+    speeds: bool,
+    notes: list[str],
+) -> tuple[list[WorkerInfo], dict[str, int], int, dict[int, float]]:
+    """The workers that ran attempts, as replayed nodes (fastest first): their
+    :class:`WorkerInfo`, threads by address, the slots per node and the slow-down of each
+    slowed node; what had to be assumed goes to ``notes``."""
+    threads: dict[str, int] = {}
+    for w in trace.workers:
+        threads[w.address] = max(threads.get(w.address, 0), w.nthreads)
+    used: Counter[str] = Counter()
+    for t in trace.tasks.values():
+        for a in t.attempts:
+            if _done(a) and a.worker is not None:
+                used[a.worker] += 1
+    for a, _end in losers:  # a worker whose every task lost its race still ran them
+        if a.worker is not None and a.key in keep:
+            used.setdefault(a.worker, 0)
+    unannounced = sorted(a for a in used if a not in threads)
+    for addr in unannounced:
+        threads[addr] = 0
+    if unannounced and threads.keys() - set(unannounced):
+        notes.append(
+            f"{len(unannounced)} worker(s) ran tasks without a worker-added record "
+            f"(e.g. {unannounced[0]!r}): taken as nodes like the others"
+        )
+    known_threads = [n for a, n in threads.items() if a in used and n > 0]
+    if not known_threads:
+        known_threads = [n for n in threads.values() if n > 0] or [1]
+        notes.append("no worker-added record for the workers that ran tasks: 1 slot each assumed")
+    cpn = Counter(known_threads).most_common(1)[0][0]
+    if len(set(known_threads)) > 1:
+        notes.append(
+            f"workers have different thread counts {sorted(set(known_threads))}: "
+            f"replayed with {cpn} slots each"
+        )
+    for addr in threads:
+        if threads[addr] <= 0:
+            threads[addr] = cpn
+    raw = _speeds(ended, stage_of, losers) if speeds else {}
+    addrs = sorted(used, key=lambda w: (raw.get(w, 1.0), w)) or ["(unknown)"]
+    workers: list[WorkerInfo] = []
+    slow: dict[int, float] = {}
+    for i, addr in enumerate(addrs):
+        r = raw.get(addr, 1.0)
+        s = r if (r > SPEED_NOISE or r < 1 / SPEED_NOISE) else 1.0
+        workers.append(WorkerInfo(addr, i, threads.get(addr, cpn), s, r, used.get(addr, 0)))
+        if s != 1.0:
+            slow[i] = s
+    return workers, threads, cpn, slow
+
+
+def _recorded(
+    trace: Trace,
+    ended: list[tuple[TraceTask, TraceAttempt, float]],
+    keep: set[Hashable],
+    losers: list[tuple[TraceAttempt, float]],
+    races: dict[Hashable, list[_Race]],
+    copies_started: int,
+) -> Recorded:
+    """How the recorded run went: its makespan, attempts, failures and waste, and each
+    team's waits, on the scheduler's clock from the first submission."""
+    submit_times = [t.submit for t, _, _ in ended if t.submit is not None and not t.existing]
+    first_start = min((a.started or a.assigned or a.finished or math.inf) for t, a, _ in ended)
+    t0 = min(submit_times) if submit_times else first_start
+    t_end = max(a.finished for _, a, _ in ended if a.finished is not None)
+    intervals: list[tuple[float, float]] = []
+    n_att = n_fail = 0
+    waste = busy = 0.0
+    for t in trace.tasks.values():
+        if t.key not in keep:
+            continue
+        final = _final(t)
+        for a in t.attempts:
+            if not _done(a):
+                continue
+            n_att += 1
+            assert a.finished is not None
+            begin = a.started if a.started is not None else a.assigned
+            if begin is None:
+                begin = a.finished - (_duration(a) or 0.0)
+            intervals.append((begin - t0, a.finished - t0))
+            busy += a.finished - begin
+            if a is not final:
+                n_fail += 1
+                waste += a.finished - begin
+    for a, end in losers:  # a copy that lost its race: waste, not a failure
+        begin = _begin(a)
+        if begin is not None and end > begin:
+            intervals.append((begin - t0, end - t0))
+            busy += end - begin
+            waste += end - begin
+    team_ends: dict[str, list[float]] = {}
+    team_last: dict[str, float] = {}
+    for t, a, _ in ended:
+        team = t.team or "default"
+        sub = t.submit if t.submit is not None else t0
+        assert a.finished is not None
+        team_ends.setdefault(team, []).append(a.finished - sub)
+        team_last[team] = max(team_last.get(team, 0.0), a.finished - t0)
+    return Recorded(
+        makespan=t_end - t0,
+        t0=t0,
+        attempts=n_att,
+        failed_attempts=n_fail,
+        waste=waste,
+        busy=busy,
+        intervals=intervals,
+        team_wait={k: _median(v) for k, v in team_ends.items()},
+        team_last=team_last,
+        backups=_backup_counts(races, copies_started),
     )
