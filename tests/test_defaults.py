@@ -30,7 +30,7 @@ from dask.utils import parse_timedelta
 import daskjobs
 from daskjobs.config import Settings, SpeculationSettings, settings
 from daskjobs.policies import Speculation
-from daskjobs.replay.load import _speculation
+from daskjobs.replay.races import _speculation
 
 PACKAGE = Path(daskjobs.__file__).resolve().parent
 YAML = yaml.safe_load((PACKAGE / "daskjobs.yaml").read_text(encoding="utf-8"))
@@ -93,7 +93,7 @@ import dask.config
 from daskjobs import _defaults
 from daskjobs.config import Settings, settings
 from daskjobs.policies import Speculation
-from daskjobs.replay.load import _speculation
+from daskjobs.replay.races import _speculation
 
 s = Settings()
 assert s.policy == "lpt" and s.default_estimate == 5.0 and s.audit_events == 123, s

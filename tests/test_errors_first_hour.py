@@ -347,10 +347,10 @@ def test_quiet_workers_closes_a_cluster_without_the_heartbeat_traceback(
 
 
 def test_run_quiets_the_workers_of_the_cluster_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    import daskjobs.sweep
+    import daskjobs.sweep.running
 
     quieted: list[Any] = []
-    monkeypatch.setattr(daskjobs.sweep, "quiet_workers", quieted.append)
+    monkeypatch.setattr(daskjobs.sweep.running, "quiet_workers", quieted.append)
     sweep = Sweep("s")
     sweep.stage(_ident, over=grid(x=[1]))
     result = run(sweep, store=False, progress=False, cluster_kwargs={"processes": False})

@@ -291,7 +291,7 @@ def run_mypy(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> s
 
 
 def check_mypy_output(out: str) -> None:
-    sweep = "def (name: str =, *, team: str | None =) -> daskjobs.sweep.Sweep"
+    sweep = "def (name: str =, *, team: str | None =) -> daskjobs.sweep.stages.Sweep"
     assert f'snippet.py:3: note: Revealed type is "{sweep}"' in out, out
     assert 'snippet.py:4: note: Revealed type is "str"' in out, out
     assert "daskjobs.cache.store.ResultStore" in out, out

@@ -639,7 +639,7 @@ def test_race_goes_to_the_winning_worker(tmp_path, winner):
 
 
 def test_a_task_without_a_stage_is_grouped_by_dasks_own_key_prefix():
-    from daskjobs.replay.load import _prefix
+    from daskjobs.replay.attempts import _prefix
 
     # a dask.delayed key carries a uuid with hyphens: it is one stage, "work"
     assert _prefix("work-fcfcf0ab-ddfb-4b1f-9c3a-1234567890ab") == "work"

@@ -252,7 +252,7 @@ def test_annotations_reach_the_scheduler(client: Client, tmp_path: Path) -> None
 
 
 def test_parameters_for_the_duration_model_are_small_and_plain() -> None:
-    from daskjobs.sweep import _MODEL_PARAMS, _model_params
+    from daskjobs.sweep.graph import _MODEL_PARAMS, _model_params
 
     sweep = Sweep("p")
     stage = sweep.stage(
@@ -466,7 +466,7 @@ def test_retries_annotation_is_honoured(client: Client, tmp_path: Path) -> None:
 
 
 def test_missing_resources_are_warned_about(client: Client) -> None:
-    from daskjobs.sweep import _warn_missing_resources
+    from daskjobs.sweep.diagnosis import _warn_missing_resources
 
     sweep = Sweep()
     sweep.stage(_ident, resources={"TPU": 1}, name="needs_tpu")
