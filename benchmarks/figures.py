@@ -31,6 +31,7 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "speculation-grid": ("bench_speculation.py", (), True),
     "speculation-chapter": ("bench_speculation.py", ("--chapter",), True),
     "speculation-model": ("bench_speculation.py", ("--model", "0,600,800,1200"), True),
+    "estimates": ("bench_estimates.py", (), True),
     "fairshare": ("bench_fairshare.py", (), True),
     "steal-order": ("bench_steal_order.py", (), True),
     "replay": ("bench_replay.py", (), True),
