@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from daskjobs.errors import SubmissionRefused
-from daskjobs.policies.durations import Estimate, Estimator
+from daskjobs.policies.durations import Estimate, Estimator, Prediction
 
 __all__ = [
     "BadEstimate",
@@ -85,25 +84,9 @@ class LiveEstimator(Estimator):
     graph, or the stage's re-estimation at the model's cadence). O(parameters) a task,
     where the base class fits once per observation (milliseconds for 512 of them)."""
 
-    def observe(
-        self,
-        stage: str,
-        params: Mapping[str, Any] | None,
-        seconds: float,
-        *,
-        score: bool = True,
-    ) -> None:
-        if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
-            return
-        if self.learn and score:
-            m = self.models.model(stage)
-            before = m.latest(params) if m is not None else None
-            if before is not None:
-                tally = self._scored.setdefault(stage, [0, 0])
-                tally[0] += 0.5 <= before.seconds / seconds <= 2.0
-                tally[1] += 1
-        self.models.observe(stage, params if self.learn else None, seconds)
-        self.dirty = True
+    def _before(self, stage: str, params: Mapping[str, Any] | None) -> Prediction | None:
+        m = self.models.model(stage)
+        return m.latest(params) if m is not None else None
 
 
 def make_estimator(default: float, samples: int, path: str | None, learn: bool) -> Estimator:

@@ -497,13 +497,18 @@ class Estimator:
         if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
             return
         if self.learn and score:
-            before = self.models.predict(stage, params)
+            before = self._before(stage, params)
             if before is not None:
                 tally = self._scored.setdefault(stage, [0, 0])
                 tally[0] += 0.5 <= before.seconds / seconds <= 2.0
                 tally[1] += 1
         self.models.observe(stage, params if self.learn else None, seconds)
         self.dirty = True
+
+    def _before(self, stage: str, params: Mapping[str, Any] | None) -> Prediction | None:
+        """The prediction a finished task is scored against: here the stage's model as it
+        is now (fitted again if it learned since its last fit)."""
+        return self.models.predict(stage, params)
 
     def due(self, stage: str) -> bool:
         """Whether the waiting tasks of ``stage`` deserve new estimates now
