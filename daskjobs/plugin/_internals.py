@@ -355,20 +355,28 @@ def redirect(sched: Scheduler, ts: TaskState, cts: TaskState, stimulus_id: str) 
 SELF_CHECKS: dict[str, Callable[[Any], None]] = {}
 
 
-def _checks(*verbs: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+def _registrar(
+    table: dict[str, Callable[[Any], None]], *verbs: str
+) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    """A decorator that files a self-check in ``table`` under each of ``verbs``."""
+
     def register(check: Callable[[Any], None]) -> Callable[[Any], None]:
         for verb in verbs:
-            SELF_CHECKS[verb] = check
+            table[verb] = check
         return check
 
     return register
 
 
-def _self_check(scheduler: Any) -> list[str]:
-    """Run each verb's self-check once; a phrase per verb that failed."""
+def _checks(*verbs: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    return _registrar(SELF_CHECKS, *verbs)
+
+
+def _run_checks(table: dict[str, Callable[[Any], None]], scheduler: Any) -> list[str]:
+    """Run each self-check of ``table`` once; a phrase per verb that failed."""
     out: list[str] = []
     done: dict[Callable[[Any], None], str | None] = {}
-    for verb, check in SELF_CHECKS.items():
+    for verb, check in table.items():
         if check not in done:
             try:
                 check(scheduler)
@@ -379,6 +387,11 @@ def _self_check(scheduler: Any) -> list[str]:
         if problem is not None:
             out.append(f"{verb} ({problem})")
     return out
+
+
+def _self_check(scheduler: Any) -> list[str]:
+    """Run each verb's self-check once; a phrase per verb that failed."""
+    return _run_checks(SELF_CHECKS, scheduler)
 
 
 def _expect(ok: bool, what: str) -> None:
@@ -828,29 +841,12 @@ PREEMPTION_CHECKS: dict[str, Callable[[Any], None]] = {}
 
 
 def _preemption_check(*verbs: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
-    def register(check: Callable[[Any], None]) -> Callable[[Any], None]:
-        for verb in verbs:
-            PREEMPTION_CHECKS[verb] = check
-        return check
-
-    return register
+    return _registrar(PREEMPTION_CHECKS, *verbs)
 
 
 def check_preemption_verbs(scheduler: Any) -> list[str]:
     """Run each preemption and gang verb's self-check once; a phrase per failing verb."""
-    out: list[str] = []
-    done: dict[Callable[[Any], None], str | None] = {}
-    for verb, check in PREEMPTION_CHECKS.items():
-        if check not in done:
-            try:
-                check(scheduler)
-                done[check] = None
-            except Exception as e:
-                done[check] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        problem = done[check]
-        if problem is not None:
-            out.append(f"{verb} ({problem})")
-    return out
+    return _run_checks(PREEMPTION_CHECKS, scheduler)
 
 
 def ask_to_yield(sched: Scheduler, address: str, keys: list[Key], op: str) -> bool:
