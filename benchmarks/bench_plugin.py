@@ -112,11 +112,14 @@ _PROFILE: list[cProfile.Profile] = []
 
 
 def _profile(dask_scheduler: Any, on: bool) -> None:
+    # run on the scheduler through cloudpickle, which copies this script's globals by
+    # value: reach the script's own list through its module (in-process, the same one)
+    store = sys.modules[__name__]._PROFILE
     if on:
-        _PROFILE[:] = [cProfile.Profile()]
-        _PROFILE[0].enable()
-    elif _PROFILE:
-        _PROFILE[0].disable()
+        store[:] = [cProfile.Profile()]
+        store[0].enable()
+    elif store:
+        store[0].disable()
 
 
 def one_rep(
