@@ -56,6 +56,7 @@ scheduler's state, O(processing + queued log queued), only after a failure.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -389,18 +390,31 @@ class ReleaseGate:
                 self._reoffered = now
                 self._readmit()
         idle = dask_internals.idle_workers(sched)
-        free = {ws: dask_internals.free_slots(sched, ws) for ws in idle}  # dask's order of the set
+        # dask's walk: each slot to the least busy worker, (processing + taken) / threads,
+        # the first in the set's order on ties. A heap of (load, place in the set's order)
+        # gives the same worker as a `min` over the set for each slot, in O(log k) a slot
+        # instead of O(k) (the walk of k free workers was O(k^2) a task end). A worker's
+        # load changes here only by the tasks taken for it in this walk.
+        heap = [(len(ws.processing) / ws.nthreads, j, ws) for j, ws in enumerate(idle)]
+        heapq.heapify(heap)
+        free: dict[Any, int] = {}  # free slots left, counted when a worker is first reached
         taken: dict[Any, int] = {}
-        while self.held and free:
-            ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
-            slot = Slot(self.speeds.node(ws.address), ws, self.tasks, taken.get(ws, 0))
+        while self.held and heap:
+            _, j, ws = heap[0]
+            left = free.get(ws)
+            if left is None:
+                left = dask_internals.free_slots(sched, ws)
+            n = taken.get(ws, 0)
+            slot = Slot(self.speeds.node(ws.address), ws, self.tasks, n)
             if self._release(slot):
-                taken[ws] = taken.get(ws, 0) + 1
-                free[ws] -= 1
-                if free[ws] <= 0:
-                    del free[ws]
+                taken[ws] = n + 1
+                free[ws] = left - 1
+                if left - 1 <= 0:
+                    heapq.heappop(heap)
+                else:
+                    heapq.heapreplace(heap, ((len(ws.processing) + n + 1) / ws.nthreads, j, ws))
                 continue
-            del free[ws]
+            heapq.heappop(heap)
             # left idle: out of dask's free slots, unless the policy chose a task for one
             # of its slots in this walk (dask will hand that task out to it)
             if self.held and ws not in taken:
