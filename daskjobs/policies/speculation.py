@@ -406,9 +406,16 @@ class Speculation:
         """Time at which an attempt started at ``start`` counts as late; ``high``, the top
         of the estimate's band if it has one, moves it out when the band is wider than
         the noise ``late_factor`` is calibrated for (:data:`BAND_TOP`)."""
-        if high is not None and high > estimate * BAND_TOP:
-            estimate = high / BAND_TOP
+        estimate = self.banded(estimate, high)
         return start + max(self.min_runtime, self.late_factor * estimate * speed)
+
+    @staticmethod
+    def banded(estimate: float, high: float | None) -> float:
+        """The estimate lateness is judged by: ``estimate``, or ``high / BAND_TOP`` when
+        the band's top ``high`` is wider than the noise ``late_factor`` is calibrated for."""
+        if high is not None and high > estimate * BAND_TOP:
+            return high / BAND_TOP
+        return estimate
 
     def cap(self, total_slots: int) -> int:
         """Most backups running at once on a cluster of ``total_slots``."""
@@ -432,7 +439,10 @@ class Speculation:
         """``(deadline, verdict)`` of ``attempt`` on a node believed ``speed``."""
         task = attempt.task
         band = getattr(task, "band", None)
-        d = self.deadline(attempt.start, task.estimate, speed, band[1] if band else None)
+        # the band widens the estimate here, so that a subclass's deadline(start, estimate,
+        # speed) (the extension point before bands) judges banded tasks too
+        estimate = self.banded(task.estimate, band[1]) if band else task.estimate
+        d = self.deadline(attempt.start, estimate, speed)
         if now >= d:
             return d, "late"
         if policy.urgent(attempt, now):
