@@ -41,12 +41,15 @@ import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.config
 from dask.utils import parse_timedelta
 
 from daskjobs import _defaults as _yaml
+
+if TYPE_CHECKING:
+    from daskjobs.policies.speculation import Speculation
 
 __all__ = [
     "MAX_AUDIT_EVENTS",
@@ -239,6 +242,27 @@ class SpeculationSettings:
     max_fraction: float = float(_default("speculation.max-fraction"))
     interval: float = _default_seconds("speculation.interval") or MIN_INTERVAL
     ahead: str = _default("speculation.ahead")
+
+    def policy(self) -> Speculation:
+        """The speculation policy these settings describe: the one object the plugin
+        runs live and replay runs on a recorded run's settings."""
+        from daskjobs.policies.speculation import Speculation
+
+        return Speculation(
+            self.late_factor, self.min_runtime, self.max_fraction, self.ahead, self.interval
+        )
+
+    @classmethod
+    def recorded(cls, given: Mapping[str, Any]) -> SpeculationSettings:
+        """The settings a trace recorded (``late_factor``, ..., as the plugin writes them
+        in its header), checked as the operator's config is; a setting left out (or
+        null) is the default. Raises ValueError naming a bad one."""
+        raw = {
+            name.replace("_", "-"): given[name]
+            for name in ("late_factor", "min_runtime", "max_fraction", "interval", "ahead")
+            if given.get(name) not in (None, "")
+        }
+        return _speculation({**_defaults["daskjobs"]["speculation"], "enabled": True, **raw})
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,12 @@ def test_the_speculation_defaults_agree_everywhere(yaml_only: None) -> None:
     every = _seconds(SPEC["interval"])
     assert replayed == Speculation(late, floor, fraction, interval=every)
     assert notes == []
+    # one constructor: the object the plugin runs live is the one replay builds
+    assert live.policy() == replayed
+    # a recorded setting the config refuses is noted and replayed without speculation
+    assert _speculation({"speculation": {"enabled": True, "late_factor": 0.5}}, notes) is None
+    assert len(notes) == 1 and "late-factor" in notes[0], notes
+    notes.clear()
     # what the header says wins, a recorded 0 floor included
     given = {"enabled": True, "late_factor": 2.0, "min_runtime": 0.0, "max_fraction": 0.5}
     given["interval"] = 0.05

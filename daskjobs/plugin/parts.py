@@ -559,11 +559,8 @@ def compose(
     speculator = preemptor = placer = None
     if settings.speculation.enabled:
         from daskjobs.plugin.speculation import Speculator
-        from daskjobs.policies import Speculation
 
-        sp = settings.speculation
-        spec = Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction, sp.ahead, sp.interval)
-        speculator = Speculator(spec, audit, ranker.tasks, speeds)
+        speculator = Speculator(settings.speculation.policy(), audit, ranker.tasks, speeds)
         parts.append(SpeculationPart(speculator, audit, recorder))
     pr, rs = settings.preemption, settings.resources
     described = None

@@ -12,11 +12,11 @@ periodic check ran.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from daskjobs import _defaults
+from daskjobs.config import SpeculationSettings
 from daskjobs.policies.speculation import Speculation
 from daskjobs.replay.attempts import _done
 from daskjobs.trace import (
@@ -163,26 +163,14 @@ def _check_phase(trace: Trace, spec: Speculation | None, t0: float) -> float:
 
 
 def _speculation(settings: dict[str, Any], notes: list[str]) -> Speculation | None:
-    """The recorded run's speculation settings as a simulator spec (None: off)."""
+    """The recorded run's speculation settings as a simulator spec (None: off): the
+    object the plugin built from them (:meth:`SpeculationSettings.policy`); a setting
+    the header leaves out (or null) is the plugin's default."""
     spec = settings.get("speculation")
     if not isinstance(spec, dict) or not spec.get("enabled"):
         return None
-
-    def recorded(name: str, key: str, read: Callable[[str], Any] = _defaults.default) -> float:
-        # a setting the header leaves out (or null) is the plugin's default, read from the
-        # one place defaults are written (daskjobs.yaml)
-        value = spec.get(name)
-        return float(read(key) if value is None else value)
-
     try:
-        return Speculation(
-            late_factor=recorded("late_factor", "speculation.late-factor"),
-            min_runtime=recorded("min_runtime", "speculation.min-runtime", _defaults.seconds),
-            max_fraction=recorded("max_fraction", "speculation.max-fraction"),
-            # a trace from before the setting existed ran the live rule, past-horizon
-            ahead=str(spec.get("ahead") or _defaults.default("speculation.ahead")),
-            interval=recorded("interval", "speculation.interval", _defaults.seconds),
-        )
+        return SpeculationSettings.recorded(spec).policy()
     except (TypeError, ValueError, OverflowError) as exc:
         notes.append(f"the recorded speculation settings cannot be replayed ({exc}): off")
         return None
