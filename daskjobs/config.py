@@ -239,6 +239,7 @@ class SpeculationSettings:
     max_fraction: float = float(_default("speculation.max-fraction"))
     interval: float = _default_seconds("speculation.interval") or MIN_INTERVAL
     ahead: str = _default("speculation.ahead")
+    endgame: bool = _default("speculation.endgame")
 
 
 @dataclass(frozen=True)
@@ -616,6 +617,7 @@ def _speculation(sp: Mapping[str, Any]) -> SpeculationSettings:
         ),
         interval=_seconds(f"{key}.interval", sp["interval"], floor=MIN_INTERVAL) or MIN_INTERVAL,
         ahead=_choice(f"{key}.ahead", sp["ahead"], AHEAD),
+        endgame=_boolean(f"{key}.endgame", sp["endgame"]),
     )
 
 

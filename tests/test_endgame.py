@@ -37,3 +37,12 @@ def test_the_end_game_copies_at_most_once_per_task_and_loses_to_a_healthy_primar
     s = simulate(tasks, Cluster(4, 1), FIFO(), spec=Speculation(endgame=True))
     assert _copies(s) == [("long", 1, 5.0, 100.0, "killed")]
     assert s.makespan == 100.0 and s.backups_won == 0
+
+
+def test_a_replay_runs_the_end_game_as_the_recorded_run_had_it() -> None:
+    from daskjobs.replay.races import _speculation
+
+    on = _speculation({"speculation": {"enabled": True, "endgame": True}}, [])
+    before = _speculation({"speculation": {"enabled": True}}, [])  # a trace from before
+    assert on is not None and on.endgame
+    assert before is not None and not before.endgame

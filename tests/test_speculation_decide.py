@@ -230,6 +230,9 @@ def test_the_end_game_waits_for_nothing_waiting_and_keeps_to_its_bounds() -> Non
     # only idle slots: a busy node takes no end-game copy, not even one believed faster
     busy = [_Node(2, free=0)]
     assert on.decide(1.0, _Speeds({0: 4.0}), judge=[a], candidates=busy, waiting=0).copies == ()
+    # an attempt that has not run min_runtime yet is not copied
+    young = Speculation(late_factor=10.0, endgame=True, min_runtime=5.0)
+    assert young.decide(1.0, _Speeds(), judge=[a], candidates=idle, waiting=0).copies == ()
     # never on a node believed slower than the primary's
     assert on.decide(1.0, _Speeds({2: 3.0}), judge=[a], candidates=idle, waiting=0).copies == ()
     # within the cap: one copy runs of the cap's one (10% of 10 slots)

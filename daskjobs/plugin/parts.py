@@ -562,7 +562,14 @@ def compose(
         from daskjobs.policies import Speculation
 
         sp = settings.speculation
-        spec = Speculation(sp.late_factor, sp.min_runtime, sp.max_fraction, sp.ahead, sp.interval)
+        spec = Speculation(
+            sp.late_factor,
+            sp.min_runtime,
+            sp.max_fraction,
+            sp.ahead,
+            sp.interval,
+            endgame=sp.endgame,
+        )
         speculator = Speculator(spec, audit, ranker.tasks, speeds)
         parts.append(SpeculationPart(speculator, audit, recorder))
     pr, rs = settings.preemption, settings.resources

@@ -648,10 +648,11 @@ class Speculation:
 
         ``waiting``: the tasks that wait to start (queued, or waiting for their inputs;
         None: not known). With :attr:`endgame` on and ``waiting`` 0, the judged attempts
-        that want no copy are ranked by expected end, latest first, and each takes a
-        free slot on a candidate as :meth:`choose` places a copy (never a busy node),
-        within the cap: the end game (module docstring). Only placed end-game copies
-        are in the answer (``why`` ``"endgame"``); where no slot is free, none is wanted.
+        that want no copy and have run ``min_runtime`` are ranked by expected end, latest
+        first, and each takes a free slot on a candidate as :meth:`choose` places a copy
+        (never a busy node), within the cap: the end game (module docstring). Only placed
+        end-game copies are in the answer (``why`` ``"endgame"``); where no slot is free,
+        none is wanted.
         """
         # Written for the simulator's sake: it asks at every deadline and every slot a
         # waiting copy is offered, so the common call (one attempt, no losers) builds
@@ -682,7 +683,7 @@ class Speculation:
                 d, why = self._judge(a, now, policy, speed)
                 verdicts.append(Verdict(a, d, why, now))
                 if why is None:
-                    if endgame:
+                    if endgame and now - a.start >= self.min_runtime:
                         left = expected_left(a.start, a.task.estimate, speed, now)
                         spare.append((-(now + left), len(spare), a))
                     continue

@@ -182,6 +182,8 @@ def _speculation(settings: dict[str, Any], notes: list[str]) -> Speculation | No
             # a trace from before the setting existed ran the live rule, past-horizon
             ahead=str(spec.get("ahead") or _defaults.default("speculation.ahead")),
             interval=recorded("interval", "speculation.interval", _defaults.seconds),
+            # the end game, as the run had it (a trace from before the setting: off)
+            endgame=spec.get("endgame") is True,
         )
     except (TypeError, ValueError, OverflowError) as exc:
         notes.append(f"the recorded speculation settings cannot be replayed ({exc}): off")
