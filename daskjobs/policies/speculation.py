@@ -725,9 +725,21 @@ class Speculation:
             copies.append(Copy(a, why, target, ahead, "", queued))
         if spare:
             spare.sort()  # latest expected end first; the order given breaks ties
+            # the free slots left on shared candidates (a callable's differ per attempt)
+            room = None
+            if not callable(candidates):
+                room = 0
+                for c in candidates:
+                    t = taken.get(c.index)
+                    left = c.free - (t[0] if t is not None else 0)
+                    room += left if left > 0 else 0
             for _, _, a in spare:
                 if cap is not None and running + placed >= cap:
                     break
+                if room is not None and room < a.task.cores:
+                    if room <= 0:
+                        break  # no idle slot left anywhere
+                    continue
                 cands = candidates(a) if callable(candidates) else candidates
                 target, _ = self._choose(a, cands, policy, False, taken)
                 if target is None:
@@ -739,6 +751,8 @@ class Speculation:
                 else:
                     t[0] += a.task.cores
                     t[1] += 1
+                if room is not None:
+                    room -= a.task.cores
                 copies.append(Copy(a, "endgame", target, False))
         return SpeculationDecision(
             tuple(verdicts),

@@ -1140,6 +1140,7 @@ def _simulate(
             if (
                 (ticked or not interval)
                 and free_heap
+                and backups_running < cap
                 and sub_ptr >= n
                 and n_ever == n_live
                 and not len(policy)
