@@ -247,3 +247,15 @@ def test_the_end_game_waits_for_nothing_waiting_and_keeps_to_its_bounds() -> Non
     ]
     with pytest.raises(TypeError, match="endgame"):
         Speculation(endgame=1)  # type: ignore[arg-type]
+
+
+def test_the_end_game_fills_each_idle_slot_once_whatever_the_candidates_are() -> None:
+    spec = Speculation(late_factor=10.0, endgame=True)
+    running = [_Attempt(Task(f"t{i}", 10.0 + i, 10.0 + i), i % 2) for i in range(40)]
+    shared = [_Node(5, free=2), _Node(6, free=0)]
+    want = [("t39", 5), ("t38", 5)]  # node 5's two slots: the two latest expected ends
+    # one list shared by tasks alike (as the plugin's check gives them), a fresh list per
+    # attempt, and a plain sequence: the same answer
+    for cands in (lambda a: shared, lambda a: list(shared), shared):
+        d = spec.decide(1.0, _Speeds(), judge=running, candidates=cands, waiting=0)
+        assert [(c.attempt.task.tid, c.target.index) for c in d.copies] == want

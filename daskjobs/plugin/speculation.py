@@ -554,11 +554,24 @@ class Speculator:
             judge.append(attempt)
             of[id(attempt)] = (ts, worker)
         movable = bool(self.zombies) and _internals.can_move(sched)
+        # one candidate list per primary worker and placement in a check: the end game may
+        # ask for every running task, and tasks alike share their answer (and decide
+        # does not ask again about a list it has refused until a copy is placed)
+        lists: dict[tuple[str, Any], list[_Worker]] = {}
+
+        def candidates(a: LiveAttempt) -> list[_Worker]:
+            ts, worker = of[id(a)]
+            k = (worker, _internals.placement(ts))
+            got = lists.get(k)
+            if got is None:
+                got = lists[k] = self._candidates(ts, worker)
+            return got
+
         decision = self.spec.decide(
             now,
             self.speeds.learner,  # the beliefs the policy's decisions read
             judge=judge,
-            candidates=lambda a: self._candidates(*of[id(a)]),
+            candidates=candidates,
             horizon=lambda: self._horizon(now),
             running=self._running(),
             slots=self._slots(),

@@ -733,6 +733,7 @@ class Speculation:
                     t = taken.get(c.index)
                     left = c.free - (t[0] if t is not None else 0)
                     room += left if left > 0 else 0
+            refused: dict[tuple[int, int, int], Any] = {}
             for _, _, a in spare:
                 if cap is not None and running + placed >= cap:
                     break
@@ -741,9 +742,17 @@ class Speculation:
                         break  # no idle slot left anywhere
                     continue
                 cands = candidates(a) if callable(candidates) else candidates
+                # where a copy may go depends on the candidates, the primary's node and
+                # the cores: once refused, the same question is not asked again until a
+                # copy takes a slot (O(judged) a call, not O(judged x candidates))
+                same = (id(cands), a.node, a.task.cores)
+                if same in refused:
+                    continue
                 target, _ = self._choose(a, cands, policy, False, taken)
                 if target is None:
+                    refused[same] = cands  # kept alive: its id is not reused meanwhile
                     continue
+                refused.clear()
                 placed += 1
                 t = taken.get(target.index)
                 if t is None:
