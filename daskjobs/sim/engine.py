@@ -28,7 +28,8 @@ counted as waste (with ``Cluster(stops_losers=False)``, as dask, it holds its co
 until it would have ended or the policy reclaims its thread). If one copy fails
 while the other runs, the other carries on. With ``Speculation(endgame=True)``, once
 every task is submitted and has started and the policy's queue is empty, the idle
-nodes are offered for copies of the running primaries after each event (at each
+nodes are offered for copies of the running primaries after an event, again once
+``1 + running / 64`` events have passed (an ask judges every running primary; at each
 periodic check with ``interval``), and the copies placed start at once. Every one
 of these answers is the policy's one call, ``Speculation.decide``: the loop only
 notices when to ask it and enacts the answer.
@@ -573,6 +574,11 @@ def _simulate(
     n_ever = 0
     n_live = n - is_cached.count(1)
     ticked = False  # a periodic check ran at this time
+    # Each ask judges every running primary (O(running)), and in the end game nearly every
+    # event frees a core: asked after every event, a tail of R attempts would cost O(R^2)
+    # (38,400 cores: 10^9). So without a periodic check the end game is asked again only
+    # 1 + running / 64 events after the last ask: about 64 asks per halving of the running.
+    spared = -(1 << 62)  # n_events at the last ask
 
     def on_check(t: float) -> float:
         """The time the driver sees ``t``: ``t`` itself, or the first periodic check at or
@@ -775,7 +781,7 @@ def _simulate(
             k += 1
         return None
 
-    def spare(now: float) -> None:
+    def spare(now: float) -> bool:
         """The end game: nothing waits to start, and nodes are idle. Ask the policy
         (``Speculation.decide`` with ``waiting=0``) about the running primaries without a
         copy, with the idle nodes as candidates, and enact: each copy placed on an idle
@@ -788,10 +794,10 @@ def _simulate(
             if nodes[k].free
         ]
         if not offers:
-            return
+            return False
         judged = [b for b in watch if not done[b.ti] and not backup_asked[b.ti]]
         if not judged:
-            return
+            return False
         d = decide(
             now,
             policy,
@@ -808,6 +814,7 @@ def _simulate(
             else:
                 backup_asked[b.ti] = 1
                 start(b.ti, b.task, nodes[c.target.index], now, b)
+        return True
 
     def start(i: int, task: Task, nd: _Node, now: float, primary: Attempt | None) -> None:
         """Start an attempt of task ``i`` on ``nd``: a backup of ``primary``, or (None)
@@ -1144,8 +1151,10 @@ def _simulate(
                 and sub_ptr >= n
                 and n_ever == n_live
                 and not len(policy)
+                and (interval or n_events - spared >= 1 + (len(watch) >> 6))
+                and spare(now)
             ):
-                spare(now)
+                spared = n_events
             ticked = False
 
     start_, end_, node_, n_attempts, finished = _records(attempts, n, t_start, t_end)
