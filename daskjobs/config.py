@@ -155,7 +155,8 @@ def summary(s: Settings, ledger: str | None = None) -> str:
     sp = s.speculation
     spec = (
         f"speculation on (late-factor {sp.late_factor:g}, min-runtime "
-        f"{_duration_text(sp.min_runtime)}, max-fraction {sp.max_fraction:g})"
+        f"{_duration_text(sp.min_runtime)}, max-fraction {sp.max_fraction:g}"
+        f"{', end game' if sp.endgame else ''})"
         if sp.enabled
         else "speculation off"
     )

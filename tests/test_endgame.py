@@ -4,6 +4,8 @@ decides them (``Speculation.decide(..., waiting=0)``)."""
 
 from __future__ import annotations
 
+import pytest
+
 from daskjobs.policies import FIFO, Speculation
 from daskjobs.sim import Cluster, Task, simulate
 
@@ -46,3 +48,15 @@ def test_a_replay_runs_the_end_game_as_the_recorded_run_had_it() -> None:
     before = _speculation({"speculation": {"enabled": True}}, [])  # a trace from before
     assert on is not None and on.endgame
     assert before is not None and not before.endgame
+
+
+def test_the_plugin_setting_is_checked_and_said_at_start() -> None:
+    from daskjobs.config import settings, summary
+
+    on = settings(speculation={"enabled": True, "endgame": "yes"})
+    assert on.speculation.endgame is True
+    assert "max-fraction 0.1, end game)" in summary(on)
+    off = settings(speculation={"enabled": True})
+    assert off.speculation.endgame is False and "end game" not in summary(off)
+    with pytest.raises(ValueError, match=r"daskjobs\.speculation\.endgame"):
+        settings(speculation={"endgame": "maybe"})
