@@ -158,7 +158,8 @@ def summary(s: Settings, ledger: str | None = None) -> str:
     sp = s.speculation
     spec = (
         f"speculation on (late-factor {sp.late_factor:g}, min-runtime "
-        f"{_duration_text(sp.min_runtime)}, max-fraction {sp.max_fraction:g})"
+        f"{_duration_text(sp.min_runtime)}, max-fraction {sp.max_fraction:g}"
+        f"{', end game' if sp.endgame else ''})"
         if sp.enabled
         else "speculation off"
     )
@@ -242,6 +243,7 @@ class SpeculationSettings:
     max_fraction: float = float(_default("speculation.max-fraction"))
     interval: float = _default_seconds("speculation.interval") or MIN_INTERVAL
     ahead: str = _default("speculation.ahead")
+    endgame: bool = _default("speculation.endgame")
 
     def policy(self) -> Speculation:
         """The speculation policy these settings describe: the one object the plugin
@@ -249,7 +251,12 @@ class SpeculationSettings:
         from daskjobs.policies.speculation import Speculation
 
         return Speculation(
-            self.late_factor, self.min_runtime, self.max_fraction, self.ahead, self.interval
+            self.late_factor,
+            self.min_runtime,
+            self.max_fraction,
+            self.ahead,
+            self.interval,
+            endgame=self.endgame,
         )
 
     @classmethod
@@ -262,6 +269,8 @@ class SpeculationSettings:
             for name in ("late_factor", "min_runtime", "max_fraction", "interval", "ahead")
             if given.get(name) not in (None, "")
         }
+        # the end game as the run had it (a trace from before the setting: off)
+        raw["endgame"] = given.get("endgame") is True
         return _speculation({**_defaults["daskjobs"]["speculation"], "enabled": True, **raw})
 
 
@@ -640,6 +649,7 @@ def _speculation(sp: Mapping[str, Any]) -> SpeculationSettings:
         ),
         interval=_seconds(f"{key}.interval", sp["interval"], floor=MIN_INTERVAL) or MIN_INTERVAL,
         ahead=_choice(f"{key}.ahead", sp["ahead"], AHEAD),
+        endgame=_boolean(f"{key}.endgame", sp["endgame"]),
     )
 
 

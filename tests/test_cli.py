@@ -124,6 +124,18 @@ def test_chapter_seeds_table() -> None:
     assert "node-aware" in result.stdout
 
 
+def test_chapter_endgame_runs_the_backups_with_the_end_game() -> None:
+    args = ("chapter", "--seed", "2", "--tasks", "1000", "--policy", "fifo", "--json")
+    plain = json.loads(invoke(*args).stdout)
+    end = json.loads(invoke(*args, "--endgame").stdout)
+    assert plain["endgame"] is False and end["endgame"] is True
+    # the same rows; only the runs with backups may differ, and there the end game copies
+    no, yes = plain["rows"], end["rows"]
+    assert no[0] == yes[0]  # without backups: the same run
+    assert yes[1]["backups_launched"] > no[1]["backups_launched"]
+    assert "backups with the end game" in invoke(*args[:-1], "--endgame").stdout
+
+
 def test_fairshare_json(tmp_path: Path) -> None:
     result = invoke("fairshare", "--json", "--plot", str(tmp_path))
     assert result.exit_code == 0, result.output

@@ -125,6 +125,8 @@ SPECS = {
     "horizon": Speculation(ahead="past-horizon"),
     "periodic": Speculation(late_factor=2.0, interval=300.0),
     "subclass": _LateAtHalf(late_factor=3.0, min_runtime=120.0),
+    "endgame": Speculation(endgame=True),
+    "endgame-periodic": Speculation(late_factor=2.0, interval=300.0, endgame=True),
 }
 
 
@@ -135,14 +137,15 @@ def test_the_golden_sweep_is_the_same_on_both_paths(policy: str, spec: str) -> N
     assert _same(_golden_tasks(), cluster, policy, SPECS[spec], seed=5) >= 400
 
 
+@pytest.mark.parametrize("endgame", [False, True])
 @pytest.mark.parametrize("stops_losers", [True, False])
 @pytest.mark.parametrize("policy", ["lpt", "node-aware", "work-stealing"])
 def test_a_small_chapter_sweep_with_copies_is_the_same_on_both_paths(
-    policy: str, stops_losers: bool
+    policy: str, stops_losers: bool, endgame: bool
 ) -> None:
     wl = chapter(3, n=1500, n_long=8, nodes=6, cores_per_node=8, slow_node=0)
     cluster = dataclasses.replace(wl.cluster, stops_losers=stops_losers)
-    spec = dataclasses.replace(wl.spec, reclaim_after=600.0, reclaim_factor=1.0)
+    spec = dataclasses.replace(wl.spec, reclaim_after=600.0, reclaim_factor=1.0, endgame=endgame)
     n = _same(wl.tasks, cluster, policy, spec, seed=wl.seed)
     assert n > 1500  # copies and retries ran
 

@@ -466,3 +466,17 @@ def test_a_task_waiting_on_its_worker_counts_as_work_to_start_in_the_horizon():
         wait(futs)
         assert sp.unstarted == set() and sp.sums.run_cores == 0
         assert sp.sums.queued == pytest.approx(0.0)
+
+
+@pytest.mark.slow
+def test_the_end_game_gives_an_idle_worker_a_copy_once_nothing_waits():
+    # worker 0 is 10x slow and nobody knows it yet; the deadline is far (late-factor 50):
+    # only the end game copies the task, to idle worker 1, where the copy wins
+    spec = {"late_factor": 50.0, "endgame": True}
+    with dask.config.set(VALIDATE), cluster(spec) as cl, Client(cl) as c:
+        assert c.compute(pinned(c, 0, 1, 0.3, 0.3), sync=True) == (1, 1)
+        sp = healthy(c)
+        assert sp["launched"] == 1 and sp["won"] == 1
+        launched = [e for _, e in c.get_events("daskjobs") if e["action"] == "backup-launched"]
+        assert [e["why"] for e in launched] == ["endgame"]
+        assert "nothing waits" in launched[0]["reason"]

@@ -192,3 +192,70 @@ def test_a_decision_is_checked() -> None:
     with pytest.raises(AttributeError):
         d.copies = ()  # type: ignore[misc]
     assert d == SpeculationDecision((), (), (), ())
+
+
+def test_the_end_game_copies_the_attempts_expected_to_end_last_onto_idle_nodes() -> None:
+    spec = Speculation(late_factor=10.0, endgame=True)
+    # expected ends at t=10: a on node 0 (believed 2x slow) 30 x 2 = 60; b 5 + 40 = 45;
+    # c 10 + 6 = 16 (past half its estimate: half is left); d may never be copied
+    a = _Attempt(Task("a", 30.0, 30.0), 0)
+    b = _Attempt(Task("b", 40.0, 40.0), 1, start=5.0)
+    c = _Attempt(Task("c", 12.0, 12.0), 2)
+    d_ = _Attempt(Task("d", 99.0, 99.0, speculate=False), 2)
+    speeds = _Speeds({0: 2.0})
+    idle = [_Node(3), _Node(4)]
+    d = spec.decide(10.0, speeds, judge=[c, b, a, d_], candidates=idle, waiting=0, slots=100)
+    # no verdict changes: nobody is late, the copies are the end game's
+    assert [v.why for v in d.verdicts] == [None, None, None, None]
+    assert [(x.attempt.task.tid, x.why, x.target.index) for x in d.copies] == [
+        ("a", "endgame", 3),
+        ("b", "endgame", 4),
+    ]
+    assert d.copies[0].reason == "endgame: nothing waits; a spare copy on idle w3"
+    assert d.placed == d.copies  # only copies placed on idle slots are in the answer
+
+
+def test_the_end_game_waits_for_nothing_waiting_and_keeps_to_its_bounds() -> None:
+    a = _Attempt(Task("a", 30.0, 30.0), 0)
+    b = _Attempt(Task("b", 20.0, 20.0), 1)
+    idle = [_Node(2)]
+    on = Speculation(late_factor=10.0, endgame=True)
+    # something waits, or nobody says: no end game
+    for waiting in (1, None):
+        d = on.decide(1.0, _Speeds(), judge=[a, b], candidates=idle, waiting=waiting)
+        assert d.copies == ()
+    # off by default
+    off = Speculation(late_factor=10.0)
+    assert off.decide(1.0, _Speeds(), judge=[a, b], candidates=idle, waiting=0).copies == ()
+    # only idle slots: a busy node takes no end-game copy, not even one believed faster
+    busy = [_Node(2, free=0)]
+    assert on.decide(1.0, _Speeds({0: 4.0}), judge=[a], candidates=busy, waiting=0).copies == ()
+    # an attempt that has not run min_runtime yet is not copied
+    young = Speculation(late_factor=10.0, endgame=True, min_runtime=5.0)
+    assert young.decide(1.0, _Speeds(), judge=[a], candidates=idle, waiting=0).copies == ()
+    # never on a node believed slower than the primary's
+    assert on.decide(1.0, _Speeds({2: 3.0}), judge=[a], candidates=idle, waiting=0).copies == ()
+    # within the cap: one copy runs of the cap's one (10% of 10 slots)
+    d = on.decide(1.0, _Speeds(), judge=[a, b], candidates=idle, waiting=0, slots=10, running=1)
+    assert d.copies == ()
+    # a late attempt keeps its own copy first; the end game takes what is left
+    late = _Attempt(Task("late", 5.0, 1.0), 0)
+    d = on.decide(20.0, _Speeds(), judge=[a, late], candidates=[_Node(2), _Node(3)], waiting=0)
+    assert [(x.attempt.task.tid, x.why, x.target.index) for x in d.copies] == [
+        ("late", "late", 2),
+        ("a", "endgame", 3),
+    ]
+    with pytest.raises(TypeError, match="endgame"):
+        Speculation(endgame=1)  # type: ignore[arg-type]
+
+
+def test_the_end_game_fills_each_idle_slot_once_whatever_the_candidates_are() -> None:
+    spec = Speculation(late_factor=10.0, endgame=True)
+    running = [_Attempt(Task(f"t{i}", 10.0 + i, 10.0 + i), i % 2) for i in range(40)]
+    shared = [_Node(5, free=2), _Node(6, free=0)]
+    want = [("t39", 5), ("t38", 5)]  # node 5's two slots: the two latest expected ends
+    # one list shared by tasks alike (as the plugin's check gives them), a fresh list per
+    # attempt, and a plain sequence: the same answer
+    for cands in (lambda a: shared, lambda a: list(shared), shared):
+        d = spec.decide(1.0, _Speeds(), judge=running, candidates=cands, waiting=0)
+        assert [(c.attempt.task.tid, c.target.index) for c in d.copies] == want

@@ -97,7 +97,7 @@ import heapq
 import inspect
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -1061,6 +1061,19 @@ def may_run_on(ts: TaskState, ws: Any) -> bool:
     return not (ts.host_restrictions and ws.host not in ts.host_restrictions)
 
 
+def placement(ts: TaskState) -> Hashable:
+    """What decides where ``ts`` may run, as a hashable: its worker, host and resource
+    restrictions and whether they are loose. Tasks with equal answers may run on the same
+    workers (:func:`may_run_on` answers alike for them)."""
+    wr, hr, rr = ts.worker_restrictions, ts.host_restrictions, ts.resource_restrictions
+    return (
+        frozenset(wr) if wr else None,
+        frozenset(hr) if hr else None,
+        tuple(sorted(rr.items())) if rr else None,
+        bool(ts.loose_restrictions),
+    )
+
+
 def waiting_on(ws: Any, started: Any, skip: Any) -> list[TaskState]:
     """The tasks the scheduler sent to ``ws`` that have not started there (keys not in
     ``started``), not in ``skip``, not restricted to a worker (they could not move), in
@@ -1163,6 +1176,7 @@ def check_speculation_verbs(scheduler: Any) -> list[str]:
         _check_verb("wanted", not wanted(ts), problems)
         ts.waiters = {other}
         _check_verb("wanted", wanted(ts), problems)
+        _check_verb("placement", placement(ts) == (None, None, None, False), problems)
         ts.resource_restrictions = {"GPU": 1}
         ok = not may_run_on(ts, ws)
         ws.resources = {"GPU": 1.0}
@@ -1172,6 +1186,9 @@ def check_speculation_verbs(scheduler: Any) -> list[str]:
         ok = ok and not may_run_on(ts, ws) and may_run_on(other, ws)
         ts.loose_restrictions = True
         _check_verb("may_run_on", ok and may_run_on(ts, ws), problems)
+        got = placement(ts)
+        ok = got == (frozenset({ws2.address}), None, (("GPU", 1),), True)
+        _check_verb("placement", ok and hash(got) == hash(placement(ts)), problems)
         saved = restrictions(ts)
         restore_restrictions(ts, (None, False))
         ok = restrictions(ts) == (None, False)

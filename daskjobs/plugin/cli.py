@@ -278,6 +278,7 @@ def _settings_lines(settings: dict[str, Any]) -> list[str]:
             ("speculation.max-fraction", _num(sp.get("max_fraction"))),
             ("speculation.interval", _seconds_text(sp.get("interval"))),
             ("speculation.ahead", _num(sp.get("ahead"))),
+            ("speculation.endgame", _num(sp.get("endgame"))),
         ]
     rows += [
         ("record", _num(settings.get("record"))),

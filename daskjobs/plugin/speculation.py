@@ -18,6 +18,11 @@ created in the scheduler's state so that everything dask does keeps working:
    so: its worker is measured slow and a fresh copy on a nominal worker would
    finish well before it. Tasks annotated ``speculate=False``, actors, tasks
    whose estimate is only the configured default and copies are never copied.
+   With ``speculation.endgame`` on, a task is also copied when nothing waits to
+   start (no task in dask's ``waiting``, ``queued`` or ``no-worker`` states, kept
+   as a count by the transition hook in O(1), and none sent to a worker without
+   its start reported) and a worker has an idle thread: the end game of
+   :class:`~daskjobs.policies.Speculation`, the tasks expected to end last first.
 3. **Backup.** A late task gets one copy on another worker with an idle thread
    (another host where there is one; the fastest believed first), within a cap
    of ``max_fraction`` of all threads. The copy is the task ``("daskjobs-copy",
@@ -80,6 +85,9 @@ if TYPE_CHECKING:
     from distributed.scheduler import Scheduler
 
 logger = logging.getLogger("daskjobs.plugin")
+#: dask's states of a task that waits to start: for its inputs, in the scheduler's queue,
+#: for a worker that can run it (a task sent to a worker waits until its start is reported)
+_WAITS = frozenset({"waiting", "queued", "no-worker"})
 #: Each copy decision and its reason, at DEBUG (as distributed's memory manager logs).
 decisions = logging.getLogger("daskjobs.decisions")
 
@@ -179,6 +187,7 @@ class Speculator:
         self.sums = Horizon()  # the projected end's sums, fed by every transition
         self.starts: dict[Key, tuple[str, float, int]] = {}
         self.unstarted: set[Key] = set()  # assigned to a worker, its start not reported
+        self.waits = 0  # tasks (not copies) in a state of _WAITS, kept by every transition
         self.races: dict[Key, Race] = {}
         self.copies: dict[Key, Key] = {}
         self.copied: set[Key] = set()  # one copy per attempt, whatever became of it
@@ -315,6 +324,8 @@ class Speculator:
     def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
         """Every scheduler transition (O(1)): keep the horizon's sums, and settle races
         as tasks and copies move."""
+        if (start in _WAITS or finish in _WAITS) and key not in self.copies:
+            self.waits += (finish in _WAITS) - (start in _WAITS)
         v = self.tasks.get(key)
         if v is not None:
             sums = self.sums
@@ -543,17 +554,31 @@ class Speculator:
             judge.append(attempt)
             of[id(attempt)] = (ts, worker)
         movable = bool(self.zombies) and _internals.can_move(sched)
+        # one candidate list per primary worker and placement in a check: the end game may
+        # ask for every running task, and tasks alike share their answer (and decide
+        # does not ask again about a list it has refused until a copy is placed)
+        lists: dict[tuple[str, Any], list[_Worker]] = {}
+
+        def candidates(a: LiveAttempt) -> list[_Worker]:
+            ts, worker = of[id(a)]
+            k = (worker, _internals.placement(ts))
+            got = lists.get(k)
+            if got is None:
+                got = lists[k] = self._candidates(ts, worker)
+            return got
+
         decision = self.spec.decide(
             now,
             self.speeds.learner,  # the beliefs the policy's decisions read
             judge=judge,
-            candidates=lambda a: self._candidates(*of[id(a)]),
+            candidates=candidates,
             horizon=lambda: self._horizon(now),
             running=self._running(),
             slots=self._slots(),
             losers=self._losers(),
             held=self._held(sched) if movable else (),
             idle=self._idle(sched) if movable else (),
+            waiting=self._waiting(),
         )
         for r in decision.reclaimed:
             self.returned(r.loser.key, r.loser.worker)
@@ -578,6 +603,13 @@ class Speculator:
                     thief=m.target.ws.address,
                     reason=m.reason,
                 )
+
+    def _waiting(self) -> int | None:
+        """The tasks that wait to start (the policy's end game asks for none): those in a
+        waiting state, and those sent to a worker whose start is not reported yet. None if
+        the count went below zero (the plugin joined with tasks already waiting)."""
+        n = self.waits + len(self.unstarted)
+        return n if self.waits >= 0 else None
 
     def _decided(self, key: Key, reason: str) -> None:
         """Keep the latest decision about ``key`` for explain, and log it at DEBUG."""

@@ -26,6 +26,19 @@ simulator's views) the rule is the one above.
 At most ``max_fraction`` of all slots (at least one) run backups at once, as
 Hadoop caps speculative tasks at 10% of running ones.
 
+The end game (``endgame=True``, off by default). Once no task waits to start (the
+driver says ``waiting=0``: nothing queued, nothing waiting for inputs), idle capacity
+has nothing else to do: the running attempts that want no copy are ranked by expected
+end (start + estimate x believed slow-down, never less than half of it still to come:
+:func:`expected_left`), latest first, and each takes a free slot of a node that
+:meth:`choose` accepts (not believed slower than its own, never a busy one), one copy
+per attempt, within the cap. The first copy to finish wins. A copy runs the task's own
+work, so it ends first only where the primary's node is slower than believed or the
+primary fails after the copy started (a restart would begin later): it is insurance
+bought with capacity nothing else wanted. An attempt that merely runs over its
+estimate runs as long on the copy, so the end game cannot shorten that tail (on the
+chapter sweep it moves no makespan: benchmarks/NOTES.md).
+
 A policy may also ask for a backup before the deadline, through
 :meth:`~daskjobs.policies.base.Policy.urgent` (for instance when it has learned
 that the attempt's node is slow and a copy elsewhere would finish first).
@@ -63,7 +76,8 @@ The simulator, the live plugin and replay call it and only enact the answer; the
 reasons are what ``explain()`` and the audit trail report.
 
 Cost: ``verdict`` and ``may_queue`` O(1); ``choose`` O(candidates); ``decide``
-O(judged x candidates + losers + moved tasks x idle nodes).
+O(judged x candidates + losers + moved tasks x idle nodes), and in the end game
+O(judged log judged) more for the ranking.
 """
 
 from __future__ import annotations
@@ -242,8 +256,9 @@ class Verdict(NamedTuple):
 
 
 class Copy(NamedTuple):
-    """A copy wanted for ``attempt`` (``why``: "late", "urgent", or "asked" for a copy
-    asked earlier that waits for a place): on ``target`` (a candidate; ``queued``: it
+    """A copy wanted for ``attempt`` (``why``: "late", "urgent", "endgame" for a spare
+    copy on an idle node once nothing waits, or "asked" for a copy asked earlier that
+    waits for a place): on ``target`` (a candidate; ``queued``: it
     waits there for a slot, ahead of the work queued there), or nowhere yet (None;
     ``refusal`` says why). ``ahead``: it may go ahead of queued work
     (:meth:`Speculation.may_queue`)."""
@@ -257,6 +272,8 @@ class Copy(NamedTuple):
 
     @property
     def reason(self) -> str:
+        if self.why == "endgame" and self.target is not None:
+            return f"endgame: nothing waits; a spare copy on idle {self.target.name}"
         if self.target is None:
             return f"{self.why}, not copied: {self.refusal}"
         ahead = ", ahead of its queued work" if self.queued else ""
@@ -372,8 +389,14 @@ class Speculation:
     #: ``reclaim_factor`` x its estimate after its release is taken for returned.
     reclaim_after: float = 60.0
     reclaim_factor: float = 3.0
+    #: The end game (module docstring): when no task waits to start (``decide(...,
+    #: waiting=0)``), idle nodes take copies of the running attempts expected to end
+    #: last. Off by default.
+    endgame: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.endgame, bool):
+            raise TypeError(f"endgame must be True or False, got {self.endgame!r}")
         if self.ahead not in AHEAD:
             raise ValueError(f"ahead must be one of {', '.join(AHEAD)}, got {self.ahead!r}")
         for name in (
@@ -603,6 +626,7 @@ class Speculation:
         losers: Iterable[Loser] = (),
         held: Iterable[Held] = (),
         idle: Sequence[C] = (),
+        waiting: int | None = None,
     ) -> SpeculationDecision:
         """Every speculation decision a driver needs at ``now``, in one call.
 
@@ -621,6 +645,14 @@ class Speculation:
         ``losers``: losing attempts whose threads still run; those past
         :meth:`reclaim_at` are reclaimed (:meth:`reclaimed`), and tasks waiting behind
         the others on the ``held`` nodes move to ``idle`` nodes (:meth:`moves`).
+
+        ``waiting``: the tasks that wait to start (queued, or waiting for their inputs;
+        None: not known). With :attr:`endgame` on and ``waiting`` 0, the judged attempts
+        that want no copy and have run ``min_runtime`` are ranked by expected end, latest
+        first, and each takes a free slot on a candidate as :meth:`choose` places a copy
+        (never a busy node), within the cap: the end game (module docstring). Only placed
+        end-game copies are in the answer (``why`` ``"endgame"``); where no slot is free,
+        none is wanted.
         """
         # Written for the simulator's sake: it asks at every deadline and every slot a
         # waiting copy is offered, so the common call (one attempt, no losers) builds
@@ -639,6 +671,8 @@ class Speculation:
                 taken[node] = [n, 0]  # a loser's thread is not free, whatever dask says
         verdicts: list[Verdict] = []
         wants: list[tuple[Any, str, bool]] = []  # (attempt, why, ahead), in order
+        endgame = self.endgame and waiting == 0
+        spare: list[tuple[float, int, Any]] = []  # end game: (-expected end, order, attempt)
         if judge:
             h: float | None = None
             for a in judge:
@@ -649,6 +683,9 @@ class Speculation:
                 d, why = self._judge(a, now, policy, speed)
                 verdicts.append(Verdict(a, d, why, now))
                 if why is None:
+                    if endgame and now - a.start >= self.min_runtime:
+                        left = expected_left(a.start, a.task.estimate, speed, now)
+                        spare.append((-(now + left), len(spare), a))
                     continue
                 if h is None and self.ahead != "always":
                     if horizon is None:
@@ -659,7 +696,7 @@ class Speculation:
                 wants.append((a, why, ahead))
         if asked:
             wants.extend([(a, "asked", False) for a in asked])
-        if not wants:
+        if not wants and not spare:
             return SpeculationDecision(
                 tuple(verdicts), (), reclaims, self._moves(holding, held, idle, policy, taken)
             )
@@ -686,6 +723,46 @@ class Speculation:
                 t[0] += cores
                 t[1] += 1
             copies.append(Copy(a, why, target, ahead, "", queued))
+        if spare:
+            spare.sort()  # latest expected end first; the order given breaks ties
+            # the free slots left on shared candidates (a callable's differ per attempt)
+            room = None
+            if not callable(candidates):
+                room = 0
+                for c in candidates:
+                    t = taken.get(c.index)
+                    left = c.free - (t[0] if t is not None else 0)
+                    room += left if left > 0 else 0
+            refused: dict[tuple[int, int, int], Any] = {}
+            for _, _, a in spare:
+                if cap is not None and running + placed >= cap:
+                    break
+                if room is not None and room < a.task.cores:
+                    if room <= 0:
+                        break  # no idle slot left anywhere
+                    continue
+                cands = candidates(a) if callable(candidates) else candidates
+                # where a copy may go depends on the candidates, the primary's node and
+                # the cores: once refused, the same question is not asked again until a
+                # copy takes a slot (O(judged) a call, not O(judged x candidates))
+                same = (id(cands), a.node, a.task.cores)
+                if same in refused:
+                    continue
+                target, _ = self._choose(a, cands, policy, False, taken)
+                if target is None:
+                    refused[same] = cands  # kept alive: its id is not reused meanwhile
+                    continue
+                refused.clear()
+                placed += 1
+                t = taken.get(target.index)
+                if t is None:
+                    taken[target.index] = [a.task.cores, 1]
+                else:
+                    t[0] += a.task.cores
+                    t[1] += 1
+                if room is not None:
+                    room -= a.task.cores
+                copies.append(Copy(a, "endgame", target, False))
         return SpeculationDecision(
             tuple(verdicts),
             tuple(copies),

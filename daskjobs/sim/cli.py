@@ -259,6 +259,7 @@ def _workload_line(report: dict[str, Any]) -> str:
     return (
         f"{report['tasks']:,} tasks on {report['nodes']} nodes / {report['cores']} cores; "
         f"slow: {slow}; failure rate {report['failure_rate']:g}; seed {report['seed']}"
+        + ("; backups with the end game" if report.get("endgame") else "")
     )
 
 
@@ -305,6 +306,12 @@ def _parse_seeds(text: str) -> list[int]:
     help="Run every seed of RANGE (e.g. 0-19 or 0,3,5) and print each row's spread "
     "(median, min, max) instead of one seed's table.",
 )
+@click.option(
+    "--endgame",
+    is_flag=True,
+    help="Backups with the end game: once nothing waits to start, idle nodes take "
+    "copies of the running attempts expected to end last (Speculation(endgame=True)).",
+)
 def chapter(
     seed: int,
     as_json: bool,
@@ -314,6 +321,7 @@ def chapter(
     n_tasks: int | None,
     policies: tuple[str, ...],
     seed_list: str | None,
+    endgame: bool,
 ) -> None:
     """The chapter sweep: 10,000 backtests on 384 cores, one node 4x slow.
 
@@ -328,6 +336,8 @@ def chapter(
     from daskjobs.sim.report import chapter_runs, run_chapter
 
     kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    if endgame:
+        kwargs["endgame"] = True
     kwargs["policies"] = _check_policies(policies, make_policy)
     runs = len(chapter_runs(kwargs["policies"]))
     if seed_list is not None:

@@ -26,9 +26,13 @@ primary's that the policy does not believe slower, within a cap on concurrent
 backups. The first copy to finish wins; the other is killed and its core-time
 counted as waste (with ``Cluster(stops_losers=False)``, as dask, it holds its cores
 until it would have ended or the policy reclaims its thread). If one copy fails
-while the other runs, the other carries on. Every one of these answers is the
-policy's one call, ``Speculation.decide``: the loop only notices when to ask it
-and enacts the answer.
+while the other runs, the other carries on. With ``Speculation(endgame=True)``, once
+every task is submitted and has started and the policy's queue is empty, the idle
+nodes are offered for copies of the running primaries after an event, again once
+``1 + running / 64`` events have passed (an ask judges every running primary; at each
+periodic check with ``interval``), and the copies placed start at once. Every one
+of these answers is the policy's one call, ``Speculation.decide``: the loop only
+notices when to ask it and enacts the answer.
 
 Tasks in ``cache`` are hits: they finish at their submission, take no time and
 no core, and do not wait for their inputs. A task that is not cached and that
@@ -561,6 +565,20 @@ def _simulate(
         raise ValueError(f"check_phase must be a finite number of seconds, got {check_phase!r}")
     tick_at = math.inf  # the next periodic check queued
     watch: dict[Attempt, None] = {}
+    # The end game (Speculation.endgame): once no task waits to start (every task
+    # submitted and started once, the policy's queue empty), the idle nodes are offered to
+    # the policy for copies of the running primaries (``watch`` holds them, as it does
+    # for a periodic check): after every event, or with a periodic check at each check.
+    endgame = spec is not None and spec.endgame
+    ever = bytearray(n) if endgame else bytearray()  # the tasks started at least once
+    n_ever = 0
+    n_live = n - is_cached.count(1)
+    ticked = False  # a periodic check ran at this time
+    # Each ask judges every running primary (O(running)), and in the end game nearly every
+    # event frees a core: asked after every event, a tail of R attempts would cost O(R^2)
+    # (38,400 cores: 10^9). So without a periodic check the end game is asked again only
+    # 1 + running / 64 events after the last ask: about 64 asks per halving of the running.
+    spared = -(1 << 62)  # n_events at the last ask
 
     def on_check(t: float) -> float:
         """The time the driver sees ``t``: ``t`` itself, or the first periodic check at or
@@ -763,12 +781,50 @@ def _simulate(
             k += 1
         return None
 
+    def spare(now: float) -> bool:
+        """The end game: nothing waits to start, and nodes are idle. Ask the policy
+        (``Speculation.decide`` with ``waiting=0``) about the running primaries without a
+        copy, with the idle nodes as candidates, and enact: each copy placed on an idle
+        node starts there now; one wanted elsewhere (an urgent or late attempt) is asked
+        for as any copy is."""
+        assert decide is not None
+        offers = [
+            _Offer(k, nodes[k].free, nodes[k].cores)
+            for k in sorted(set(free_heap))
+            if nodes[k].free
+        ]
+        if not offers:
+            return False
+        judged = [b for b in watch if not done[b.ti] and not backup_asked[b.ti]]
+        if not judged:
+            return False
+        d = decide(
+            now,
+            policy,
+            judge=judged,
+            candidates=offers,
+            running=backups_running,
+            slots=slots,
+            waiting=0,
+        )
+        for c in d.copies:
+            b = c.attempt
+            if c.target is None or c.queued:
+                ask(c)
+            else:
+                backup_asked[b.ti] = 1
+                start(b.ti, b.task, nodes[c.target.index], now, b)
+        return True
+
     def start(i: int, task: Task, nd: _Node, now: float, primary: Attempt | None) -> None:
         """Start an attempt of task ``i`` on ``nd``: a backup of ``primary``, or (None)
         a first run or a retry."""
         nonlocal seq, draw_ptr, draws, backups_running, backups_launched, tick_at
-        nonlocal dispatcher_free
+        nonlocal dispatcher_free, n_ever
         backup = primary is not None
+        if endgame and not ever[i]:
+            ever[i] = 1
+            n_ever += 1
         if gap:  # the attempt starts once the dispatcher has served it; its slot is held
             now = (now if now > dispatcher_free else dispatcher_free) + gap
             dispatcher_free = now
@@ -848,6 +904,8 @@ def _simulate(
                 a.check_at = now + (late if late > min_runtime else min_runtime)
             else:
                 a.check_at = spec.deadline(now, est[i], speed)
+            if endgame and not interval:  # a candidate for the end game's copies
+                watch[a] = None
             if interval:  # judged at every periodic check, as live (no deadline event)
                 watch[a] = None
                 if tick_at == inf:
@@ -924,6 +982,7 @@ def _simulate(
                 # asked for again or withdrawn, and may go ahead of queued work only if
                 # the policy says so now (the horizon has moved since it was asked).
                 tick_at = inf
+                ticked = True
                 assert decide is not None
                 judged = [
                     b for b in watch if not done[b.ti] and (not backup_asked[b.ti] or b in pending)
@@ -1084,6 +1143,19 @@ def _simulate(
             if not pending:
                 break
             rescued = True
+        if endgame:
+            if (
+                (ticked or not interval)
+                and free_heap
+                and backups_running < cap
+                and sub_ptr >= n
+                and n_ever == n_live
+                and not len(policy)
+                and (interval or n_events - spared >= 1 + (len(watch) >> 6))
+                and spare(now)
+            ):
+                spared = n_events
+            ticked = False
 
     start_, end_, node_, n_attempts, finished = _records(attempts, n, t_start, t_end)
     finished |= np.frombuffer(is_cached, dtype=np.uint8).astype(bool)

@@ -100,8 +100,10 @@ def chapter(
     late_factor: float = 2.5,
     team: str = "default",
     prefix: str = "bt",
+    endgame: bool = False,
 ) -> Workload:
-    """The book chapter's sweep (all sizes adjustable, e.g. for a million tasks)."""
+    """The book chapter's sweep (all sizes adjustable, e.g. for a million tasks).
+    ``endgame``: its backups run with the end game (``Speculation(endgame=True)``)."""
     if not 0 <= n_long <= n:
         raise ValueError(f"n_long must be in [0, n], got {n_long}")
     rng = np.random.default_rng(seed)
@@ -114,7 +116,7 @@ def chapter(
     cluster = _cluster(nodes, cores_per_node, slow_node, slow_factor, failure_rate)
     # the published model starts a backup as soon as an attempt is late, ahead of queued
     # work, and kills the loser at once (the simulator can; dask cannot stop a thread)
-    spec = Speculation(late_factor=late_factor, ahead="always")
+    spec = Speculation(late_factor=late_factor, ahead="always", endgame=endgame)
     return Workload("chapter", tasks, cluster, spec, seed=seed)
 
 
