@@ -184,12 +184,17 @@ def test_explain_says_where_each_estimate_came_from():
         assert ann["estimate_source"] == "annotation" and ann["estimate"] == pytest.approx(0.04)
         assert "annotation" in ann["estimate_from"]
         # a stage whose tasks carry no parameters: the median of what was measured
-        c.compute([dask.delayed(nap)(i, 0.0, dask_key_name=f"plain-{i}") for i in range(3)])
-        c.compute(dask.delayed(nap)(9, 0.0, dask_key_name="plain-9")).result()
+        # (the futures are held: a released key has nothing to explain)
+        plains = c.compute(
+            [dask.delayed(nap)(i, 0.0, dask_key_name=f"plain-{i}") for i in range(3)]
+        )
+        last = c.compute(dask.delayed(nap)(9, 0.0, dask_key_name="plain-9"))
+        last.result()
         plain = explain(c, "plain-9")
         assert plain["estimate_source"] in ("history", "default")
         if plain["estimate_source"] == "history":
             assert "median" in plain["estimate_from"]
+        del plains, last
 
 
 def test_the_live_estimator_never_fits_in_the_hook_and_scores_what_it_acted_on():
