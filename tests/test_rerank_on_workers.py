@@ -34,13 +34,14 @@ def gate(i, seconds, *deps):
     return (t, i)
 
 
-def two_stage(ns, unit, fn_nap=nap, fn_gate=gate):
+def two_stage(ns, unit, fn_nap=nap, fn_gate=gate, feature_workers=None):
     """Five feature tasks read by every task of a stage, one per ``n`` (duration ``unit *
     n``, ``params={"n": n}``, no estimate). Five inputs: dask does not take the stage for
     root tasks (those wait in its queue), so it sends the whole stage to the worker once
     the features are done. The first two run first (user priorities 3 and 2) and teach
     the model; the third (priority 1) holds the only thread until the test lets it go."""
-    feat = [dask.delayed(fn_nap)(-1 - k, 0.0, dask_key_name=f"feat-{k}") for k in range(5)]
+    with dask.annotate(**({"workers": feature_workers} if feature_workers else {})):
+        feat = [dask.delayed(fn_nap)(-1 - k, 0.0, dask_key_name=f"feat-{k}") for k in range(5)]
     parts = []
     for i, n in enumerate(ns):
         ann = {"params": {"n": n}}
@@ -160,3 +161,47 @@ def _on_workers(dask_scheduler):
 
 def _reordered(dask_worker):
     return dask_worker.plugins[REORDERER_NAME].reordered
+
+
+def where(i, seconds, *deps):
+    from distributed import get_worker
+
+    t = time.time()
+    time.sleep(seconds)
+    return (t, i, get_worker().name)
+
+
+def gate_where(i, seconds, *deps):
+    from distributed import get_worker
+
+    t = time.time()
+    assert Event(GATE).wait(timeout=60)
+    return (t, i, get_worker().name)
+
+
+def test_a_reranked_stage_held_by_one_worker_is_spread_by_its_estimates():
+    """All of the stage waits on worker 0 (its inputs are there, and dask places a task
+    with inputs only where they are; dask's own balancing is off: a stealing interval of
+    an hour); worker 1 is idle. When the stage is re-ranked, the plugin moves waiting
+    tasks to worker 1 by their estimates (daskjobs.policies.balance), which runs them:
+    nothing else could have put a task of the stage there."""
+    cfg = {**VALIDATE, "distributed.scheduler.work-stealing-interval": "1h"}
+    with (
+        dask.config.set(cfg),
+        plugin_cluster(JobsPlugin(policy="critical-path"), n_workers=2) as cl,
+        Client(cl) as c,
+    ):
+        p = cl.scheduler.plugins["daskjobs"]
+        until(lambda: len(p.ranker.reorders) == 2)
+        first = sorted(cl.scheduler.workers)[0]
+        name = {a: ws.name for a, ws in cl.scheduler.workers.items()}
+        parts = two_stage(NS, 0.01, where, gate_where, feature_workers=[first])
+        futs = c.compute(parts)
+        until(lambda: p.ranker.moved > 0)
+        Event(GATE, client=c).set()
+        ran = {i: w for _, i, w in c.gather(futs)}
+        elsewhere = sorted(i for i, w in ran.items() if w != name[first])
+        assert 0 < len(elsewhere) <= p.ranker.moved, (ran, p.ranker.moved)
+        assert p.errors == {}
+        events = [e for _, e in c.get_events("daskjobs") if e.get("action") == "reestimated"]
+        assert sum(e["moved"] for e in events) == p.ranker.moved

@@ -39,7 +39,12 @@ two-stage sweep of benchmarks/bench_estimates.py, most of the backtest stage at 
 re-rank and all of it from its third: benchmarks/NOTES.md). Each worker that runs the
 plugin's :class:`~daskjobs.plugin.worker.Reorderer` (installed while re-ranking is on; it says
 so once its self-check passed) gets one message with its tasks' new priorities and re-orders its
-heaps; a task that started there is skipped. Which tasks wait is kept per stage as tasks move
+heaps; a task that started there is skipped. Then the work waiting on those workers is evened
+out by its estimates (:func:`~daskjobs.policies.balance.rebalance` decides which waiting tasks
+move where; work stealing's request moves them): dask placed the stage next to its inputs
+before anything was known of it, and its own stealing sees every task of a stage alike, so
+one worker can hold most of the long work while another runs short tasks and idles. Which
+tasks wait is kept per stage as tasks move
 (O(1) per transition), so a re-rank costs O(tasks of the stage not done), never a scan of all
 tasks. Under a policy that pops slot by slot (fair share, node-aware) the policy's own queue
 holds the views it was given: new graphs get the learned estimates, waiting tasks are not
@@ -81,6 +86,7 @@ from daskjobs.plugin.estimates import (
 )
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, Policy, TaskView, registry
+from daskjobs.policies.balance import Backlog, rebalance
 from daskjobs.policies.base import SpeedLearner, TeamBooks
 from daskjobs.policies.durations import SOURCES
 from daskjobs.policies.order import user_order
@@ -112,6 +118,10 @@ _PENDING = _WAITING | {"processing"}
 
 #: The job classes of docs/preemption.md: trial-and-error (interactive) and best-effort.
 JOB_CLASSES = ("te", "be")
+
+
+def _rank_of(ts: Any) -> Any:
+    return ts.priority or ()
 
 
 class _RankFailed(Exception):
@@ -202,6 +212,7 @@ class Ranker:
         self.reorders: set[str] = set()
         self.reorder_op = ""
         self.reranked_on_workers = 0  # re-ranked tasks that waited on a worker
+        self.moved = 0  # waiting tasks moved between workers to even out the work
 
     def view(self, ts: Any, now: float, e: Estimate | None = None) -> LiveTask:
         """The task view of ``ts``; ``e``: its estimate, if the caller predicted it already
@@ -501,6 +512,7 @@ class Ranker:
         on_workers = sum(1 for _, _, state in changed if state == "processing")
         self.reestimated += len(changed)
         self.reranked_on_workers += on_workers
+        spread = self._rebalance(sched) if on_workers else 0
         if changed:
             self.audit.event(
                 "reestimated",
@@ -508,6 +520,55 @@ class Ranker:
                 tasks=len(changed),
                 reranked=moved,
                 on_workers=on_workers,
+                moved=spread,
                 samples=changed[0][1].samples,
             )
         return changed
+
+    def _rebalance(self, sched: Any) -> int:
+        """Ask :func:`~daskjobs.policies.balance.rebalance` how to even out the estimated
+        work waiting on the workers that take new priorities, and enact its moves through
+        dask's work stealing (:func:`~daskjobs.plugin._internals.move_waiting`: a task
+        that started meanwhile is not moved). Each worker's backlog is the tasks dask sent
+        it, in priority order, with their estimates (the default for a task not ranked);
+        a task with restrictions counts but does not move. O(tasks on those workers x
+        log), at the re-ranking cadence."""
+        reorders = self.reorders
+        if len(reorders) < 2 or not dask_internals.can_move(sched):
+            return 0
+        tasks = self.tasks
+        default = self.settings.default_estimate
+        backlogs = []
+        workers = {}
+        for ws in sched.workers.values():
+            if ws.address not in reorders:
+                continue
+            workers[ws.address] = ws
+            held = sorted(ws.processing, key=_rank_of)
+            backlogs.append(
+                Backlog(
+                    ws.address,
+                    ws.nthreads,
+                    [
+                        (
+                            ts.key,
+                            v.estimate if (v := tasks.get(ts.key)) is not None else default,
+                            not (
+                                ts.worker_restrictions
+                                or ts.host_restrictions
+                                or ts.resource_restrictions
+                            ),
+                        )
+                        for ts in held
+                    ],
+                )
+            )
+        n = 0
+        for m in rebalance(backlogs):
+            ts = sched.tasks.get(m.task)
+            if ts is None or dask_internals.processing_worker(ts) != m.source:
+                continue
+            if dask_internals.move_waiting(sched, ts, workers[m.source], workers[m.target]):
+                n += 1
+        self.moved += n
+        return n
