@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/bench_estimates.py            # full sizes (several minutes)
     python benchmarks/bench_estimates.py --quick    # small sizes, one seed
+    python benchmarks/bench_estimates.py --quick --seeds 3 --workload two-stage
 
 Three workloads whose durations follow their parameters (:mod:`daskjobs.sim.workloads`):
 ``lookback_grid`` (duration proportional to the lookback, growing with the universe: a
@@ -53,6 +54,7 @@ from daskjobs.sim import workloads
 WORKERS, THREADS = 2, 4
 CONFIGS = ("plain dask", "medians", "online", "history", "true estimates")
 POLICY = "critical-path"
+WORKLOADS = ("lookback-grid", "chapter-params", "two-stage")
 
 
 def nap(seconds: float, *deps: Any) -> tuple[float, float]:
@@ -164,6 +166,18 @@ def gain_share(plain: float, x: float, true: float) -> float:
     return (plain - x) / gain if gain > 0 else float("nan")
 
 
+def _spread(values: list[float], fmt: str) -> str:
+    """The median, and the least and greatest value when there are several."""
+    ok = [v for v in values if v == v]  # (nan: no gain to share)
+    if not ok:
+        return "nan"
+    med = fmt.format(statistics.median(ok))
+    if len(values) == 1:
+        return med
+    lost = f", {len(values) - len(ok)} nan" if len(ok) < len(values) else ""
+    return f"{med} ({fmt.format(min(ok))} to {fmt.format(max(ok))}{lost})"
+
+
 def tables(results: dict[str, list[dict[str, dict[str, Any]]]], slots: int) -> str:
     header = ["workload", "configuration", "makespan (s)", "share of the gain", "within 2x"]
     rows = []
@@ -184,31 +198,61 @@ def tables(results: dict[str, list[dict[str, dict[str, Any]]]], slots: int) -> s
                     name,
                     config,
                     f"{statistics.median(ms):.2f}",
-                    "-" if config == "plain dask" else f"{statistics.median(shares):.2f}",
-                    "-" if config == "plain dask" else f"{statistics.median(within):.0%}",
+                    "-" if config == "plain dask" else _spread(shares, "{:.2f}"),
+                    "-" if config == "plain dask" else _spread(within, "{:.0%}"),
                 ]
             )
     n = len(next(iter(results.values())))
     return harness.table(header, rows) + (
         f"\n\n{slots} slots ({WORKERS} worker processes x {THREADS} threads), policy {POLICY}; "
-        f"median over {n} seed(s). Share of the gain: (plain - x) / (plain - true estimates). "
+        f"median over {n} seed(s) (least to greatest). "
+        "Share of the gain: (plain - x) / (plain - true estimates). "
         "Within 2x: the share of tasks whose estimate at dispatch was within 2x of its "
         "duration."
     )
 
 
+def _median_share(runs: list[dict[str, dict[str, Any]]], config: str) -> float:
+    shares = [
+        gain_share(
+            r["plain dask"]["makespan"], r[config]["makespan"], r["true estimates"]["makespan"]
+        )
+        for r in runs
+    ]
+    ok = [v for v in shares if v == v]
+    return statistics.median(ok) if ok else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__, seeds=3)
+    ap.add_argument(
+        "--workload",
+        action="append",
+        choices=WORKLOADS,
+        help="only this workload (repeatable; default: all three)",
+    )
     args = ap.parse_args(argv)
     seeds = harness.seeds(args, 3)
+    only = set(args.workload or WORKLOADS)
     results: dict[str, list[dict[str, dict[str, Any]]]] = {}
     for seed in seeds:
         for w in build(args.quick, seed):
+            if w.name not in only:
+                continue
             print(
                 f"{w.name}, seed {seed}: {len(w.tasks)} tasks, {w.work:.1f} s of work",
                 file=sys.stderr,
             )
-            results.setdefault(w.name, []).append(one_workload(w))
+            r = one_workload(w)
+            results.setdefault(w.name, []).append(r)
+            plain, true = r["plain dask"]["makespan"], r["true estimates"]["makespan"]
+            print(
+                f"  {w.name}, seed {seed}: share of the gain "
+                + ", ".join(
+                    f"{c} {gain_share(plain, r[c]['makespan'], true):.2f}" for c in CONFIGS[1:4]
+                ),
+                file=sys.stderr,
+            )
     report = harness.Report("Estimates nobody writes", __file__, argv)
     report.section(
         "Sweeps without estimate annotations: makespan and the share of the gain",
@@ -220,17 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             "share of the gain",
             list(results),
             {
-                config: [
-                    statistics.median(
-                        gain_share(
-                            r["plain dask"]["makespan"],
-                            r[config]["makespan"],
-                            r["true estimates"]["makespan"],
-                        )
-                        for r in runs
-                    )
-                    for runs in results.values()
-                ]
+                config: [_median_share(runs, config) for runs in results.values()]
                 for config in CONFIGS[1:4]
             },
             reference=1.0,

@@ -116,3 +116,24 @@ def backup_events(dask_scheduler):
     if plugin is None:
         return []
     return [dict(e) for e in plugin.events if str(e.get("action", "")).startswith("backup-")]
+
+
+# -- a re-ranked stage on a worker (tests/test_rerank_on_workers.py) -----------------------
+
+GATE = "daskjobs-test-reranked"
+
+
+def started_nap(i, seconds, *deps):
+    """Sleep ``seconds``; return (start time, ``i``)."""
+    t = time.time()
+    time.sleep(seconds)
+    return (t, i)
+
+
+def gated_nap(i, seconds, *deps):
+    """Start, then hold the thread until the test sets the event :data:`GATE`."""
+    from distributed import Event
+
+    t = time.time()
+    assert Event(GATE).wait(timeout=60)
+    return (t, i)

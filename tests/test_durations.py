@@ -10,6 +10,7 @@ import pytest
 
 from daskjobs.policies.durations import (
     REFIT_EVERY,
+    WINDOW,
     DurationModels,
     StageModel,
     within_factor,
@@ -126,14 +127,44 @@ def test_nothing_observed_predicts_nothing():
 def test_due_doubles_then_steps():
     models = DurationModels()
     fired = []
-    for i in range(1, 300):
+    for i in range(1, 3000):
         models.observe("s", {"i": i}, 1.0)
         if models.due("s"):
             fired.append(i)
             models.mark("s")
-    doublings = [1, 2, 4, 8, 16, 32, 64]
+    doublings = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     assert fired[: len(doublings)] == doublings
-    assert fired[len(doublings) :] == list(range(64 + REFIT_EVERY, 300, REFIT_EVERY))
+    assert REFIT_EVERY == WINDOW == 512
+    assert fired[len(doublings) :] == list(range(512 + REFIT_EVERY, 3000, REFIT_EVERY))
+
+
+def test_due_keeps_firing_after_the_window_is_full():
+    """The cadence counts the observations ever made, not the window's (which stops at
+    its size): a stage keeps being re-estimated, a window's worth apart."""
+    models = DurationModels(window=8)
+    fired = []
+    for i in range(1, 60):
+        models.observe("s", {"i": i}, 1.0)
+        if models.due("s"):
+            fired.append(i)
+            models.mark("s")
+    assert len(models.model("s")) == 8
+    assert fired == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56]
+
+
+def test_due_after_history_is_loaded_fires_once_then_a_window_later():
+    history = DurationModels(window=8)
+    for i in range(20):
+        history.observe("s", {"i": i}, 1.0)
+    models = DurationModels.from_dict(history.to_dict(), window=8)  # the window's 8 kept
+    assert models.model("s").seen == 8
+    fired = []
+    for i in range(1, 30):
+        models.observe("s", {"i": i}, 1.0)
+        if models.due("s"):
+            fired.append(i)
+            models.mark("s")
+    assert fired == [1, 9, 17, 25]  # the first new one, then every window
 
 
 def test_round_trip_through_json_keeps_predictions():

@@ -23,7 +23,10 @@ release that changes what a verb relies on is named at start, with the verb:
 
 * :func:`wrap_priorities` / :func:`unwrap_priorities` / :func:`set_priority` - ranking;
 * :func:`wrap_stream_handler` / :func:`unwrap_stream_handler` - the start reports;
-* :func:`reprioritize` - re-ranking a stage's waiting tasks as its estimates improve;
+* :func:`reprioritize` - re-ranking a stage's waiting tasks as its estimates improve, in
+  dask's queue and (through the worker plugin and its sibling module
+  :mod:`daskjobs.plugin._worker_internals`, whose verbs a worker checks at setup) in the
+  workers' ready heaps;
 * :func:`queued_tasks`, :func:`promote`, :func:`idle_workers`, :func:`free_slots`,
   :func:`withhold_slots`, :func:`restore_slots` - the release gate;
 * :func:`fail_tasks` - a refused submission's tasks err with the refusal;
@@ -97,7 +100,7 @@ import heapq
 import inspect
 import math
 import re
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Container, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -171,7 +174,7 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "client_releases_keys": "speculation: a settled copy is no longer wanted",
     "transitions": "speculation: run a copy; redirect a task to its winning copy",
     "extensions": "speculation: move tasks off a worker whose thread a zombie holds",
-    "stream_comms": "preemption and gangs: ask running tasks to yield (daskjobs-preempt)",
+    "stream_comms": "preemption and gangs: ask running tasks to yield; re-ranking on workers",
     "register_worker_plugin": "the start and inventory reporters on every worker",
 }
 
@@ -569,33 +572,58 @@ def _check_queue(sched: Any) -> None:
     )
 
 
-def reprioritize(sched: Scheduler, changes: Iterable[tuple[TaskState, tuple[Any, ...]]]) -> int:
-    """Give each waiting task of ``changes`` its new priority (lower runs first), up or
-    down: a task in dask's queue is taken out and put back under its new priority; a
-    task not yet runnable (``released``, ``waiting``, ``no-worker``) just gets it (dask
-    reads it when the task becomes runnable). Never a task a worker holds
-    (``processing``): the caller leaves those alone. dask's queue is a heap with lazy
-    deletion, where an entry left behind by a demoted task would still pop it at its old
-    place: after any demotion the queue's stale entries are dropped in one pass (a list
-    filter and ``heapify``, O(queued), at C speed). Returns the number of tasks whose
-    priority changed. O(changes log queued), plus that pass when something moved back."""
+def reprioritize(
+    sched: Scheduler,
+    changes: Iterable[tuple[TaskState, tuple[Any, ...]]],
+    on_workers: Container[str] = (),
+    op: str = "",
+) -> int:
+    """Give each task of ``changes`` that has not started its new priority (lower runs
+    first), up or down, where it waits:
+
+    * in dask's queue: taken out and put back under its new priority;
+    * not yet runnable (``released``, ``waiting``, ``no-worker``): it just gets it (dask
+      reads it when the task becomes runnable);
+    * assigned to a worker (``processing``) whose address is in ``on_workers`` (its
+      worker plugin takes the message ``op``): the scheduler's copy changes (work
+      stealing and a retry send that one) and the worker gets the new priorities of its
+      tasks in one ``op`` message on its stream, which the worker plugin enacts in its
+      ready heaps (:func:`daskjobs.plugin._worker_internals.reorder`; a task that
+      started there is skipped). A task on any other worker keeps its place.
+
+    dask's queue is a heap with lazy deletion, where an entry left behind by a demoted
+    task would still pop it at its old place: after any demotion the queue's stale
+    entries are dropped in one pass (a list filter and ``heapify``, O(queued), at C
+    speed). Returns the number of tasks whose priority changed. O(changes log queued),
+    plus that pass when something moved back, plus one message per worker."""
     queued = sched.queued
     demoted = False
     n = 0
+    sends: dict[str, list[Any]] = {}
     for ts, priority in changes:
         old = ts.priority
         if old == priority:
             continue
-        n += 1
-        if ts in queued:
+        if ts.state == "processing":
+            ws = ts.processing_on
+            if ws is None or ws.address not in on_workers:
+                continue
+            ts.priority = priority
+            sends.setdefault(ws.address, []).append([ts.key, list(priority)])
+        elif ts in queued:
             queued.discard(ts)
             ts.priority = priority
             queued.add(ts)
             demoted = demoted or (old is not None and priority > old)
         else:
             ts.priority = priority
+        n += 1
     if demoted:
         _drop_stale_entries(queued)
+    for address, rows in sends.items():
+        comm = sched.stream_comms.get(address)
+        if comm is not None:
+            comm.send({"op": op, "priorities": rows})
     return n
 
 
@@ -637,6 +665,15 @@ def _check_reprioritize(sched: Any) -> None:
         "a task moved back in Scheduler.queued (discard, larger priority, add, stale "
         "entries dropped) does not pop at its new place",
     )
+
+
+@_checks("reprioritize (on workers)")
+def _check_reprioritize_on_workers(sched: Any) -> None:
+    from daskjobs.plugin._worker_internals import check_worker_verbs
+
+    _expect(isinstance(sched.stream_comms, dict), "Scheduler.stream_comms is not a dict")
+    problems = check_worker_verbs()
+    _expect(not problems, "; ".join(problems))
 
 
 def idle_workers(sched: Scheduler) -> set[WorkerState]:

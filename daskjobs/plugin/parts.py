@@ -41,7 +41,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.inventory import INVENTORY_NAME, INVENTORY_TOPIC, inventory_bytes
-from daskjobs.plugin.worker import REPORTER_NAME, RETURNED_TOPIC, STARTED_TOPIC, reporter_bytes
+from daskjobs.plugin.worker import (
+    REORDER_OP,
+    REORDER_TOPIC,
+    REORDERER_NAME,
+    REPORTER_NAME,
+    RETURNED_TOPIC,
+    STARTED_TOPIC,
+    reorderer_bytes,
+    reporter_bytes,
+)
 from daskjobs.tasks import CHECKPOINT_TOPIC
 
 if TYPE_CHECKING:
@@ -70,7 +79,7 @@ __all__ = [
 logger = logging.getLogger("daskjobs.plugin")
 
 #: The topics of the plugin's worker plugins, read from the workers' own streams.
-WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC, CHECKPOINT_TOPIC, INVENTORY_TOPIC)
+WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC, CHECKPOINT_TOPIC, INVENTORY_TOPIC, REORDER_TOPIC)
 
 
 @dataclass(slots=True)
@@ -104,7 +113,7 @@ class Report:
 
 
 def _reports(worker: str, topic: str, msg: dict[str, Any], audit: Audit) -> Iterator[Report]:
-    if topic == INVENTORY_TOPIC:
+    if topic in (INVENTORY_TOPIC, REORDER_TOPIC):
         yield Report(worker, topic, None, msg)
         return
     starts = msg.get("starts") if topic == STARTED_TOPIC else None
@@ -431,7 +440,9 @@ class ResourcesPart(Part):
 
 
 class LearningPart(Part):
-    """Estimates and worker speeds learnt from finished attempts; the history file."""
+    """Estimates and worker speeds learnt from finished attempts; the history file; the
+    worker plugin that takes a re-ranked stage's new priorities on the workers
+    (:class:`~daskjobs.plugin.worker.Reorderer`, installed while the ranker re-ranks)."""
 
     name = "speeds"
 
@@ -445,7 +456,16 @@ class LearningPart(Part):
         self.reestimated: list[Callable[[list[tuple[Any, Any, str]]], None]] = []
 
     async def start(self, scheduler: Any) -> None:
-        if self.ranker.estimator.path:
+        ranker = self.ranker
+        if ranker.reranks:
+            ranker.reorder_op = REORDER_OP
+            try:  # installed anew: each worker tells this plugin it takes the message
+                await dask_internals.install_worker_plugin(
+                    scheduler, REORDERER_NAME, reorderer_bytes()
+                )
+            except Exception:
+                self.audit.failed("reorderer-install")
+        if ranker.estimator.path:
             from tornado.ioloop import PeriodicCallback
 
             self._pc = PeriodicCallback(self.audit.guard("save-history", self.save), 30_000)
@@ -464,8 +484,16 @@ class LearningPart(Part):
                     for tell in self.reestimated:
                         tell(changed)
 
+    def report(self, r: Report) -> None:
+        if r.topic == REORDER_TOPIC:
+            if r.msg.get("ready") is True:
+                self.ranker.reorders.add(r.worker)
+            else:
+                self.ranker.reorders.discard(r.worker)
+
     def worker_removed(self, worker: str, stimulus_id: str) -> None:
         self.speeds.forget(worker)
+        self.ranker.reorders.discard(worker)
 
     def save(self) -> None:
         est = self.ranker.estimator
@@ -474,6 +502,16 @@ class LearningPart(Part):
 
     async def close(self) -> None:
         self.audit.guard("save-history", self.save)()
+        ranker = self.ranker
+        sched = self.speeds.scheduler
+        if ranker.reorder_op and sched is not None:
+            ranker.reorders.clear()  # no message from here on, before the handlers go
+            ranker.reorder_op = ""
+            try:
+                if dask_internals.has_worker_plugin(sched, REORDERER_NAME):
+                    await dask_internals.remove_worker_plugin(sched, REORDERER_NAME)
+            except Exception:
+                logger.debug("daskjobs: removing the reorderer failed", exc_info=True)
         pc, self._pc = self._pc, None
         if pc is not None:
             pc.stop()

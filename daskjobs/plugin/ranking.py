@@ -27,16 +27,35 @@ the same priority only by as much as the policy's key gains over the seconds bet
 them: it can never starve it.
 
 Estimates improve as a stage's tasks finish (:mod:`daskjobs.plugin.estimates`: a duration
-model per stage over each task's ``params``). At the model's cadence (after a stage's 1st,
-2nd, 4th, ... 64th observation, then every 64th: ``Estimator.due``) the ranker gives the
-stage's *waiting* tasks without an ``estimate`` annotation their new estimates and asks the
-policy for their keys again (``policy.reestimate`` first, for a key that reads more than the
-task), each aged as before; :func:`~daskjobs.plugin._internals.reprioritize` enacts the
-ranks. Which tasks wait is kept per stage as tasks move (O(1) per transition), so a re-rank
-costs O(waiting tasks of the stage), never a scan of all tasks. Tasks dask has assigned to a
-worker keep their place (the worker's own heap holds them). Under a policy that pops slot
-by slot (fair share, node-aware) the policy's own queue holds the views it was given: new
-graphs get the learned estimates, waiting tasks are not re-estimated.
+model per stage over each task's ``params``). At the model's cadence (``Estimator.due``: when
+the stage's observations ever made reach 1, 2, 4, ... 512, then every 512) the ranker gives the
+stage's tasks without an ``estimate`` annotation that have not started their new estimates and
+asks the policy for their keys again (``policy.reestimate`` first, for a key that reads more than
+the task), each aged as before; :func:`~daskjobs.plugin._internals.reprioritize` enacts the ranks
+wherever the tasks wait: in dask's queue, not yet runnable, or on a worker. dask sends a task
+with inputs to a worker as soon as it is runnable (only root tasks wait in its queue), so a stage
+read from a feature stage sits in the workers' ready heaps before any of it finishes (on the
+two-stage sweep of benchmarks/bench_estimates.py, most of the backtest stage at its first
+re-rank and all of it from its third: benchmarks/NOTES.md). Each worker that runs the
+plugin's :class:`~daskjobs.plugin.worker.Reorderer` (installed while re-ranking is on; it says
+so once its self-check passed) gets one message with its tasks' new priorities and re-orders its
+heaps; a task that started there is skipped. Then the work waiting on those workers is evened
+out by its estimates (:func:`~daskjobs.policies.balance.rebalance` decides which waiting tasks
+move where; work stealing's request moves them): dask placed the stage next to its inputs
+before anything was known of it, and its own stealing sees every task of a stage alike, so
+one worker can hold most of the long work while another runs short tasks and idles. Which
+tasks wait is kept per stage as tasks move
+(O(1) per transition), so a re-rank costs O(tasks of the stage not done), never a scan of all
+tasks. Under a policy that pops slot by slot (fair share, node-aware) the policy's own queue
+holds the views it was given: new graphs get the learned estimates, waiting tasks are not
+re-estimated.
+
+Why on the workers and not by holding the stage on the scheduler until slots free: holding
+costs two more transitions per task of every graph with a stage that has no model yet (the
+release gate's hold and place), takes dask's placement next to a task's inputs away for those
+tasks, and changes what dask does for graphs whose users did not ask for anything; re-ordering a
+worker's heap changes only the order of tasks the plugin ranked, costs nothing until a stage
+learns, and is what dask's worker already does with a priority: run the lowest first.
 
 A graph is ranked entirely or not at all, right after dask prioritised it and
 before anything is dispatched (the plugin wraps ``Scheduler._set_priorities``,
@@ -67,6 +86,7 @@ from daskjobs.plugin.estimates import (
 )
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, Policy, TaskView, registry
+from daskjobs.policies.balance import Backlog, rebalance
 from daskjobs.policies.base import SpeedLearner, TeamBooks
 from daskjobs.policies.durations import SOURCES
 from daskjobs.policies.order import user_order
@@ -92,9 +112,16 @@ class BadJobClass(SubmissionRefused):
 
 #: The states of a task that waits for a worker (its rank still decides when it runs).
 _WAITING = frozenset({"released", "waiting", "queued", "no-worker"})
+#: ... or for a thread of the worker dask sent it to (it may have started there: the
+#: worker skips a re-ranked task that did).
+_PENDING = _WAITING | {"processing"}
 
 #: The job classes of docs/preemption.md: trial-and-error (interactive) and best-effort.
 JOB_CLASSES = ("te", "be")
+
+
+def _rank_of(ts: Any) -> Any:
+    return ts.priority or ()
 
 
 class _RankFailed(Exception):
@@ -180,6 +207,12 @@ class Ranker:
         self.reranks = s.learn_estimates and self.popper is None
         self.waiting: dict[str, dict[Key, None]] = {}
         self.reestimated = 0  # tasks given a new estimate and rank so far
+        # the workers whose worker plugin takes new priorities of tasks waiting there
+        # (they said so: daskjobs.plugin.worker.Reorderer), and the message's name
+        self.reorders: set[str] = set()
+        self.reorder_op = ""
+        self.reranked_on_workers = 0  # re-ranked tasks that waited on a worker
+        self.moved = 0  # waiting tasks moved between workers to even out the work
 
     def view(self, ts: Any, now: float, e: Estimate | None = None) -> LiveTask:
         """The task view of ``ts``; ``e``: its estimate, if the caller predicted it already
@@ -404,13 +437,14 @@ class Ranker:
 
     # -- re-ranking as a stage's estimates improve ------------------------------------------
     def track(self, key: Key, finish: str) -> None:
-        """Keep the set of each stage's waiting unannotated tasks (O(1))."""
+        """Keep the set of each stage's unannotated tasks that wait, on the scheduler or
+        on a worker (O(1))."""
         if not self.reranks:
             return
         v = self.tasks.get(key)
         if v is None or v.source == "annotation":
             return
-        if finish in _WAITING:
+        if finish in _PENDING:
             w = self.waiting.get(v.stage)
             if w is None:
                 w = self.waiting[v.stage] = {}
@@ -421,10 +455,10 @@ class Ranker:
                 w.pop(key, None)
 
     def reestimate(self, stage: str) -> list[tuple[LiveTask, LiveTask, str]]:
-        """If the stage's model is due (:meth:`Estimator.due`: after its 1st, 2nd, 4th,
-        ... 64th observation, then every 64th), give each waiting task of ``stage`` its new
-        estimate, and the rank the policy's ``key`` gives it with it (after
-        ``policy.reestimate``), aged as it was; the verb
+        """If the stage's model is due (:meth:`Estimator.due`: module docstring), give
+        each task of ``stage`` that waits (on the scheduler, or on a worker that takes new
+        priorities: :attr:`reorders`) its new estimate, and the rank the policy's ``key``
+        gives it with it (after ``policy.reestimate``), aged as it was; the verb
         :func:`~daskjobs.plugin._internals.reprioritize` enacts the ranks. Returns
         ``(old view, new view, dask state)`` of each task whose estimate changed.
         O(waiting tasks of the stage x log queued), at the model's cadence."""
@@ -437,12 +471,15 @@ class Ranker:
         if not keys or sched is None:
             return []
         todo = []
+        reorders = self.reorders
         for key in list(keys):
             ts = sched.tasks.get(key)
             v = self.tasks.get(key)
-            if ts is None or v is None or ts.state not in _WAITING:
+            if ts is None or v is None or ts.state not in _PENDING:
                 keys.pop(key, None)
                 continue
+            if ts.state == "processing" and dask_internals.processing_worker(ts) not in reorders:
+                continue  # its worker cannot take a new priority: it keeps its place
             if ts.priority is not None and len(ts.priority) == 4:  # ranked by us
                 todo.append((ts, v))
         if not todo:
@@ -471,14 +508,67 @@ class Ranker:
             changes.append((ts, (p[0], rank + age, p[2], p[3])))
             self.tasks[ts.key] = new
             changed.append((v, new, ts.state))
-        moved = dask_internals.reprioritize(sched, changes)
+        moved = dask_internals.reprioritize(sched, changes, reorders, self.reorder_op)
+        on_workers = sum(1 for _, _, state in changed if state == "processing")
         self.reestimated += len(changed)
+        self.reranked_on_workers += on_workers
+        spread = self._rebalance(sched) if on_workers else 0
         if changed:
             self.audit.event(
                 "reestimated",
                 stage=stage,
                 tasks=len(changed),
                 reranked=moved,
+                on_workers=on_workers,
+                moved=spread,
                 samples=changed[0][1].samples,
             )
         return changed
+
+    def _rebalance(self, sched: Any) -> int:
+        """Ask :func:`~daskjobs.policies.balance.rebalance` how to even out the estimated
+        work waiting on the workers that take new priorities, and enact its moves through
+        dask's work stealing (:func:`~daskjobs.plugin._internals.move_waiting`: a task
+        that started meanwhile is not moved). Each worker's backlog is the tasks dask sent
+        it, in priority order, with their estimates (the default for a task not ranked);
+        a task with restrictions counts but does not move. O(tasks on those workers x
+        log), at the re-ranking cadence."""
+        reorders = self.reorders
+        if len(reorders) < 2 or not dask_internals.can_move(sched):
+            return 0
+        tasks = self.tasks
+        default = self.settings.default_estimate
+        backlogs = []
+        workers = {}
+        for ws in sched.workers.values():
+            if ws.address not in reorders:
+                continue
+            workers[ws.address] = ws
+            held = sorted(ws.processing, key=_rank_of)
+            backlogs.append(
+                Backlog(
+                    ws.address,
+                    ws.nthreads,
+                    [
+                        (
+                            ts.key,
+                            v.estimate if (v := tasks.get(ts.key)) is not None else default,
+                            not (
+                                ts.worker_restrictions
+                                or ts.host_restrictions
+                                or ts.resource_restrictions
+                            ),
+                        )
+                        for ts in held
+                    ],
+                )
+            )
+        n = 0
+        for m in rebalance(backlogs):
+            ts = sched.tasks.get(m.task)
+            if ts is None or dask_internals.processing_worker(ts) != m.source:
+                continue
+            if dask_internals.move_waiting(sched, ts, workers[m.source], workers[m.target]):
+                n += 1
+        self.moved += n
+        return n

@@ -316,8 +316,10 @@ class Speculator:
         """Waiting tasks got new estimates (``(old view, new view, dask state)`` each): the
         horizon's sums of queued work follow (O(changed))."""
         sums = self.sums
+        unstarted = self.unstarted
         for old, new, state in changed:
-            if state == "queued":
+            # a queued task, or one dask sent to a worker that has not reported its start
+            if state == "queued" or (state == "processing" and new.tid in unstarted):
                 sums.pop(old.estimate, old.cores)
                 sums.push(new.estimate, new.cores)
 

@@ -1,4 +1,5 @@
-"""The worker half of recording: tell the scheduler when a task really starts.
+"""The plugin's worker half: tell the scheduler when a task really starts; re-order the
+tasks waiting on a worker when the scheduler re-ranks them.
 
 The scheduler only knows when it *assigned* a task to a worker; the task may then
 wait in the worker's ready heap for a long time. :class:`StartReporter` is a
@@ -22,17 +23,41 @@ scheduler's (docs/plugin.md: about a tenth of the scheduler's rate of starts).
 Users never register it: :class:`~daskjobs.plugin.JobsPlugin` installs it on
 every current and future worker while recording is on (:func:`reporter_bytes`
 pickles it *by value*, so workers need ``distributed`` but not ``daskjobs``).
+
+:class:`Reorderer` is the other half of re-ranking a stage as its estimates improve
+(:mod:`daskjobs.plugin.ranking`): dask sends a task with inputs to a worker as soon as it
+is runnable, where it waits in the worker's ready heap; the scheduler plugin sends the new
+priorities of a worker's waiting tasks in one :data:`REORDER_OP` message, and the reorderer
+re-orders the heap through the worker-side verbs of
+:mod:`daskjobs.plugin._worker_internals`. Installed (by value, with that module) while the
+plugin re-ranks.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["REPORTER_NAME", "RETURNED_TOPIC", "STARTED_TOPIC", "StartReporter", "reporter_bytes"]
+from daskjobs.plugin import _worker_internals as worker_internals
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+__all__ = [
+    "REORDERER_NAME",
+    "REORDER_OP",
+    "REORDER_TOPIC",
+    "REPORTER_NAME",
+    "RETURNED_TOPIC",
+    "STARTED_TOPIC",
+    "Reorderer",
+    "StartReporter",
+    "reorderer_bytes",
+    "reporter_bytes",
+]
 
 #: Event topic of the start reports.
 STARTED_TOPIC = "daskjobs-started"
@@ -49,6 +74,12 @@ PREEMPT_OP = "daskjobs-preempt"
 # worker attributes shared with daskjobs.tasks (which the reporter does not import)
 _PREEMPT_ATTR = "_daskjobs_preempt"  # keys whose slot the scheduler asked back
 _CHECKPOINTED_ATTR = "_daskjobs_checkpointed"  # key -> store of its checkpoint
+#: The scheduler's message giving tasks waiting on a worker new priorities (re-ranking).
+REORDER_OP = "daskjobs-reprioritize"
+#: The reorderer's event: this worker takes :data:`REORDER_OP` (``{"ready": bool}``).
+REORDER_TOPIC = "daskjobs-reorders"
+#: Name the reorderer is installed under on the workers.
+REORDERER_NAME = "daskjobs-reorderer"
 
 
 class StartReporter(WorkerPlugin):
@@ -70,7 +101,7 @@ class StartReporter(WorkerPlugin):
         self._armed = False  # a report of the unsent starts is due
         self.reports = 0  # events sent with delayed starts (for tests and debugging)
 
-    def setup(self, worker: Any) -> None:
+    def setup(self, worker: Worker) -> None:
         self.worker = worker
         asked: set[Any] = getattr(worker, _PREEMPT_ATTR, None) or set()
         setattr(worker, _PREEMPT_ATTR, asked)
@@ -81,7 +112,7 @@ class StartReporter(WorkerPlugin):
 
         worker.stream_handlers[PREEMPT_OP] = preempt
 
-    def teardown(self, worker: Any) -> None:
+    def teardown(self, worker: Worker) -> None:
         worker.stream_handlers.pop(PREEMPT_OP, None)
         self.worker = None
         self._unsent.clear()
@@ -169,16 +200,75 @@ class StartReporter(WorkerPlugin):
             self.failures += 1
 
 
-def reporter_bytes(delay: float = 0.0) -> bytes:
-    """A pickled :class:`StartReporter` (reporting with ``delay``), by value, for
-    ``register_worker_plugin``."""
+class Reorderer(WorkerPlugin):
+    """Take the scheduler's new priorities for tasks waiting on this worker (a re-ranked
+    stage, docs/estimates.md): the :data:`REORDER_OP` message, enacted by the verb
+    :func:`~daskjobs.plugin._worker_internals.reorder` (O(r log r) a message for the
+    ``r`` tasks waiting here). At setup it runs the verb's self-check on this worker's
+    dask; only if it passes does it take the message and tell the scheduler so
+    (a :data:`REORDER_TOPIC` event): the scheduler sends the message to no other worker
+    (a worker's stream closes on a message it has no handler for)."""
+
+    idempotent = False
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.reordered = 0  # tasks given a new priority here (for tests and debugging)
+        self.failures = 0
+        self.problems: list[str] = []
+
+    def setup(self, worker: Worker) -> None:
+        self.problems = worker_internals.check_worker_verbs()
+        if self.problems:
+            logging.getLogger("daskjobs.plugin.worker").warning(
+                "daskjobs: this worker's dask changed what re-ranking relies on (%s): "
+                "tasks waiting here keep the priority they came with",
+                "; ".join(self.problems),
+            )
+            return
+        self.worker = worker
+
+        def reprioritize(priorities: Any = (), **kwargs: Any) -> None:
+            try:
+                self.reordered += worker_internals.reorder(worker.state, priorities)
+            except Exception:
+                self.failures += 1
+                logging.getLogger("daskjobs.plugin.worker").warning(
+                    "daskjobs: re-ranking %d tasks failed", len(priorities), exc_info=True
+                )
+
+        worker.stream_handlers[REORDER_OP] = reprioritize
+        worker.log_event(REORDER_TOPIC, {"ready": True})
+
+    def teardown(self, worker: Worker) -> None:
+        if self.worker is not None:
+            worker.stream_handlers.pop(REORDER_OP, None)
+            self.worker = None
+
+
+def _by_value(plugin: WorkerPlugin) -> bytes:
+    """``plugin`` pickled with this module and the worker verbs by value (workers need
+    ``distributed``, not ``daskjobs``)."""
     import sys
 
     import cloudpickle
 
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
+    modules = [sys.modules[__name__], worker_internals]
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(StartReporter(delay))
+        return cloudpickle.dumps(plugin)
     finally:
-        cloudpickle.unregister_pickle_by_value(module)
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def reporter_bytes(delay: float = 0.0) -> bytes:
+    """A pickled :class:`StartReporter` (reporting with ``delay``), by value, for
+    ``register_worker_plugin``."""
+    return _by_value(StartReporter(delay))
+
+
+def reorderer_bytes() -> bytes:
+    """A pickled :class:`Reorderer`, by value, for ``register_worker_plugin``."""
+    return _by_value(Reorderer())

@@ -48,9 +48,13 @@ Cost
 ``observe`` is O(1) (an append to a bounded window of :data:`WINDOW` samples).
 A fit costs O(n p^2 + p^3) for ``n <= WINDOW`` observations and ``p`` columns
 (tens), done lazily at the next prediction after new observations, and never
-more often than :meth:`DurationModels.due` allows a driver to re-rank: after the
-1st, 2nd, 4th, 8th, ... observation of a stage (then every :data:`REFIT_EVERY`),
-so re-estimating a stage's waiting tasks costs O(waiting log n) over a sweep.
+more often than :meth:`DurationModels.due` allows a driver to re-rank: when the
+stage's observations *ever made* (not only those its window keeps) reach 1, 2, 4,
+8, ... and, once they pass the window, every window's worth (the window is then
+a fit of wholly new observations). So a stage of ``n`` observations is re-ranked
+at most ``log2(WINDOW) + 1 + n / WINDOW`` times: its fits cost O(p^2) amortised
+per observation, and a re-estimate of its ``w`` waiting tasks O(w / min(n, WINDOW))
+per observation (a long sweep's stage: about ``w / 512``).
 ``predict_many`` predicts a batch with one matrix product.
 
 Pure Python and numpy: nothing here imports ``distributed``. The simulator, the
@@ -90,8 +94,9 @@ PRIOR_SIGMA = 0.8
 SHRINK = 2.0
 #: How far beyond the observed range (in observed spans) a numeric parameter extrapolates.
 EXTRAPOLATE = 2.0
-#: After the first doublings, a driver re-ranks a stage every this many observations.
-REFIT_EVERY = 64
+#: After the first doublings, a driver re-ranks a stage every this many observations
+#: (the window: the model is then a fit of observations it had not seen at the last).
+REFIT_EVERY = WINDOW
 #: The band's quantiles of the residuals.
 BAND = (0.1, 0.9)
 _Z90 = 1.2815515655446004  # the standard normal's 90% quantile
@@ -152,7 +157,7 @@ def _category(v: Any) -> Hashable:
 class StageModel:
     """The duration model of one stage (see the module docstring)."""
 
-    __slots__ = ("_fit", "_obs", "_since_fit", "window")
+    __slots__ = ("_fit", "_obs", "_since_fit", "seen", "window")
 
     def __init__(self, window: int = WINDOW) -> None:
         if window < 1:
@@ -161,6 +166,8 @@ class StageModel:
         self._obs: deque[tuple[Mapping[str, Any], float]] = deque(maxlen=window)
         self._fit: _Fit | None = None
         self._since_fit = 0
+        #: observations ever made (the window keeps the latest ``window`` of them)
+        self.seen = 0
 
     def __len__(self) -> int:
         return len(self._obs)
@@ -172,6 +179,7 @@ class StageModel:
             return
         self._obs.append((dict(params or {}), float(seconds)))
         self._since_fit += 1
+        self.seen += 1
 
     def observations(self) -> list[tuple[dict[str, Any], float]]:
         return [(dict(p), s) for p, s in self._obs]
@@ -362,23 +370,21 @@ class DurationModels:
 
     def due(self, stage: str) -> bool:
         """Whether ``stage`` has gained enough observations since it was last
-        :meth:`mark`-ed to re-estimate its waiting tasks: at 1, 2, 4, 8, ...
-        observations, then every :data:`REFIT_EVERY`."""
+        :meth:`mark`-ed to re-estimate its waiting tasks: when the observations ever
+        made of it (:attr:`StageModel.seen`, the window's and those it dropped) have
+        doubled since the mark (1, 2, 4, 8, ...), or grown by a window
+        (:data:`REFIT_EVERY`, the model's window) if that comes first. O(1)."""
         m = self._stages.get(stage)
         if m is None:
             return False
-        n = len(m)
+        n = m.seen
         last = self._marked.get(stage, 0)
-        if n <= last:
-            return False
-        if last < REFIT_EVERY:
-            return n >= max(1, 2 * last)
-        return n >= last + REFIT_EVERY
+        return n > last and n - last >= max(1, min(last, m.window))
 
     def mark(self, stage: str) -> None:
         m = self._stages.get(stage)
         if m is not None:
-            self._marked[stage] = len(m)
+            self._marked[stage] = m.seen
 
     # -- (de)serialisation: JSON-able, parameters that JSON cannot hold kept as text ----------
     def to_dict(self) -> dict[str, list[list[Any]]]:

@@ -50,7 +50,7 @@ Every finished task with a ``stage`` teaches its stage its *true* duration (the
 nominal one: what a worker's speed-normalised measurement gives live); policies
 still only see estimates. When the estimator says a stage is
 :meth:`~daskjobs.policies.durations.Estimator.due` (after its 1st, 2nd, 4th, ...
-completion, then every 64th), the stage's learned tasks that have not started
+512th completion, then every 512th), the stage's learned tasks that have not started
 yet are estimated afresh and the runnable ones pushed to the policy again with
 their new estimate (``push_many``): the policy ranks them, as live it re-ranks
 them. The entry a task had before is left where it is, and the driver skips it
