@@ -71,7 +71,7 @@ SURGERY_MODULES = frozenset({SURGERY, WORKER_SURGERY})
 #: The worker-side fence (Worker, its state machine) found ``sweep/running.py``'s quiet
 #: shutdown reading a worker's heartbeat callback and its connection pool: to move into
 #: verbs of ``_worker_internals.py``.
-TO_MOVE: frozenset[str] = frozenset({"sweep/running.py"})
+TO_MOVE: frozenset[str] = frozenset()
 
 #: Read-only attributes distributed documents for plugins, per class.
 PUBLIC: dict[str, frozenset[str]] = {

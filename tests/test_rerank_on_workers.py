@@ -77,6 +77,15 @@ def test_a_reranked_task_waiting_on_a_worker_runs_in_the_new_order():
         worker = next(iter(cl.workers.values()))
         reorderer = worker.plugins[REORDERER_NAME]
         until(lambda: reorderer.reordered > 0)
+
+        def on_worker() -> list[int]:  # the waiting tasks' sizes in the worker's order
+            tasks = worker.state.tasks
+            waiting = [i for i in range(3, len(NS)) if f"job-{i}" in tasks]
+            return [NS[i] for i in sorted(waiting, key=lambda i: tasks[f"job-{i}"].priority)]
+
+        # a re-rank after the first observation alone has no slope to rank by: wait for
+        # the one that has (it reaches the worker a message later, under load a while later)
+        until(lambda: on_worker() == [8, 8, 8, 8, 1, 1, 1, 1])
         Event(GATE, client=c).set()
         order = [i for _, i in sorted(c.gather(futs))]
         assert order[:3] == [0, 1, 2]
@@ -142,6 +151,8 @@ def test_a_reranked_stage_on_real_worker_processes(real_cluster):
         futs = c.compute(two_stage(NS, 0.01, realtasks.started_nap, realtasks.gated_nap))
         until(lambda: c.run_on_scheduler(_on_workers) > 0)
         until(lambda: sum(c.run(_reordered).values()) > 0)
+        # the re-rank with a slope (after the second observation) has reached the worker
+        until(lambda: list(c.run(_sizes_on_worker).values()) == [[8, 8, 8, 8, 1, 1, 1, 1]])
         Event(realtasks.GATE, client=c).set()
         order = [i for _, i in sorted(c.gather(futs))]
         assert order[:3] == [0, 1, 2]
@@ -161,6 +172,13 @@ def _on_workers(dask_scheduler):
 
 def _reordered(dask_worker):
     return dask_worker.plugins[REORDERER_NAME].reordered
+
+
+def _sizes_on_worker(dask_worker):
+    """The sizes (``NS``) of the stage's tasks waiting on this worker, in its order."""
+    tasks = dask_worker.state.tasks
+    waiting = [i for i in range(3, len(NS)) if f"job-{i}" in tasks]
+    return [NS[i] for i in sorted(waiting, key=lambda i: tasks[f"job-{i}"].priority)]
 
 
 def where(i, seconds, *deps):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from distributed.worker_state_machine import WorkerState as WorkerMachine
 
-__all__ = ["REORDERABLE", "check_worker_verbs", "reorder", "waiting_here"]
+__all__ = ["REORDERABLE", "check_worker_verbs", "reorder", "stop_heartbeats", "waiting_here"]
 
 #: States of a task on a worker that has not started there: its priority still decides.
 REORDERABLE = frozenset({"waiting", "ready", "constrained"})
@@ -85,6 +85,52 @@ def waiting_here(state: WorkerMachine) -> int:
     return len(state.ready) + len(state.constrained)
 
 
+async def stop_heartbeats(dask_worker: Any, timeout: float = 5.0) -> int:
+    """Stop this worker's heartbeats and wait (at most ``timeout`` s) until the one in
+    flight, if any, has its answer; returns how many 10 ms waits that took. A worker
+    without the ``heartbeat`` callback or the pool's ``occupied`` map waits for nothing.
+
+    (:func:`daskjobs.sweep.running.quiet_workers` runs it on every worker before closing
+    a cluster it started: dask/distributed#6543.)"""
+    import asyncio
+
+    pc = getattr(dask_worker, "periodic_callbacks", {}).get("heartbeat")
+    if pc is not None:
+        pc.stop()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    occupied = getattr(getattr(dask_worker, "rpc", None), "occupied", {})
+
+    def in_flight() -> bool:  # the heartbeat's pooled connection to the scheduler is in use
+        return any(
+            getattr(comm, "name", "") == "ConnectionPool.heartbeat_worker"
+            for comms in occupied.values()
+            for comm in comms
+        )
+
+    waits = 0
+    while in_flight() and loop.time() < deadline:
+        waits += 1
+        await asyncio.sleep(0.01)
+    return waits
+
+
+def _check_heartbeats() -> list[str]:
+    """:func:`stop_heartbeats` reads a worker's ``periodic_callbacks`` and its connection
+    pool's ``occupied`` map (address -> comms in use): both must be what it expects."""
+    from collections.abc import Mapping
+
+    from distributed.core import ConnectionPool, Server
+
+    pool = ConnectionPool()
+    if not isinstance(getattr(pool, "occupied", None), Mapping):
+        return ["stop_heartbeats (a ConnectionPool has no 'occupied' map of comms in use)"]
+    server = Server({})
+    if not isinstance(getattr(server, "periodic_callbacks", None), Mapping):
+        return ["stop_heartbeats (a dask Server has no 'periodic_callbacks' map)"]
+    return []
+
+
 def check_worker_verbs() -> list[str]:
     """Run :func:`reorder` on a throwaway worker state machine of the installed dask: a
     one-thread worker with a running task and three waiting ones, two of which move (one
@@ -125,4 +171,7 @@ def check_worker_verbs() -> list[str]:
             return [f"reorder (the worker ran {order}, not the new order ['c', 'b', 'a'])"]
     except Exception as e:
         return [f"reorder (self-check raised {type(e).__name__}: {e})"]
-    return []
+    try:
+        return _check_heartbeats()
+    except Exception as e:
+        return [f"stop_heartbeats (self-check raised {type(e).__name__}: {e})"]

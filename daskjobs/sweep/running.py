@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.cache.store import ResultStore
+from daskjobs.plugin._worker_internals import stop_heartbeats
 from daskjobs.sweep.diagnosis import (
     StageFailure,
     SweepInterrupted,
@@ -180,31 +181,6 @@ def run(
 # -- closing a cluster quietly ------------------------------------------------------------------
 
 
-async def _stop_heartbeats(dask_worker: Any, timeout: float = 5.0) -> int:
-    """Stop this worker's heartbeats and wait (at most ``timeout`` s) until the one in flight,
-    if any, has its answer; returns how many 10 ms waits that took."""
-    import asyncio
-
-    pc = dask_worker.periodic_callbacks.get("heartbeat")
-    if pc is not None:
-        pc.stop()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-
-    def in_flight() -> bool:  # the heartbeat's pooled connection to the scheduler is in use
-        return any(
-            getattr(comm, "name", "") == "ConnectionPool.heartbeat_worker"
-            for comms in dask_worker.rpc.occupied.values()
-            for comm in comms
-        )
-
-    waits = 0
-    while in_flight() and loop.time() < deadline:
-        waits += 1
-        await asyncio.sleep(0.01)
-    return waits
-
-
 def quiet_workers(client: Client) -> None:
     """Prepare a cluster you are about to close so that its workers close quietly.
 
@@ -217,7 +193,7 @@ def quiet_workers(client: Client) -> None:
     closing a cluster you started (:func:`run` does, for the cluster it starts). Never raises.
     """
     with contextlib.suppress(Exception):  # a cluster already closing: nothing to quiet
-        client.run(_stop_heartbeats)
+        client.run(stop_heartbeats)
 
 
 def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -> SweepResult:
