@@ -223,3 +223,35 @@ def test_a_reranked_stage_held_by_one_worker_is_spread_by_its_estimates():
         assert p.errors == {}
         events = [e for _, e in c.get_events("daskjobs") if e.get("action") == "reestimated"]
         assert sum(e["moved"] for e in events) == p.ranker.moved
+
+
+def test_a_stage_without_parameters_is_reranked_but_not_moved():
+    """The same graph without ``params``: its stage's estimates move (the default, then
+    the median measured), and the re-rank reaches the worker, but no parameter model ranks
+    it, so nothing moves: a graph of a user who asked for nothing keeps dask's placement
+    (worker 1 stays idle with dask's balancing off)."""
+    cfg = {**VALIDATE, "distributed.scheduler.work-stealing-interval": "1h"}
+    with (
+        dask.config.set(cfg),
+        plugin_cluster(JobsPlugin(policy="critical-path"), n_workers=2) as cl,
+        Client(cl) as c,
+    ):
+        p = cl.scheduler.plugins["daskjobs"]
+        until(lambda: len(p.ranker.reorders) == 2)
+        first = sorted(cl.scheduler.workers)[0]
+        name = {a: ws.name for a, ws in cl.scheduler.workers.items()}
+        with dask.annotate(workers=[first]):
+            feat = [dask.delayed(where)(-1 - k, 0.0, dask_key_name=f"feat-{k}") for k in range(5)]
+        parts = []
+        for i, n in enumerate(NS):
+            fn = gate_where if i == 2 else where
+            with dask.annotate(**({"priority": 3 - i} if i < 3 else {})):
+                parts.append(dask.delayed(fn)(i, 0.01 * n, *feat, dask_key_name=f"job-{i}"))
+        futs = c.compute(parts)
+        until(lambda: p.ranker.reranked_on_workers > 0)
+        Event(GATE, client=c).set()
+        ran = {i: w for _, i, w in c.gather(futs)}
+        assert set(ran.values()) == {name[first]}, ran
+        assert p.ranker.moved == 0 and p.errors == {}
+        events = [e for _, e in c.get_events("daskjobs") if e.get("action") == "reestimated"]
+        assert events and all(e["moved"] == 0 for e in events)

@@ -512,7 +512,10 @@ class Ranker:
         on_workers = sum(1 for _, _, state in changed if state == "processing")
         self.reestimated += len(changed)
         self.reranked_on_workers += on_workers
-        spread = self._rebalance(sched) if on_workers else 0
+        # spread only a stage its parameters' model ranks (a sweep's): a graph whose
+        # tasks all predict the same (a stage median) keeps dask's placement
+        modelled = any(new.source == "model" for _, new, _ in changed)
+        spread = self._rebalance(sched) if on_workers and modelled else 0
         if changed:
             self.audit.event(
                 "reestimated",
@@ -553,7 +556,11 @@ class Ranker:
                         (
                             ts.key,
                             v.estimate if (v := tasks.get(ts.key)) is not None else default,
-                            not (
+                            # only a task its stage's model ranked moves: another
+                            # graph's (a user who asked for nothing) keeps its place
+                            v is not None
+                            and v.source == "model"
+                            and not (
                                 ts.worker_restrictions
                                 or ts.host_restrictions
                                 or ts.resource_restrictions
