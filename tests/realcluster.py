@@ -189,6 +189,10 @@ class RealCluster:
         return self.hosts.address(name) if self.hosts is not None else "127.0.0.1"
 
     def start_scheduler(self, timeout: float = 60.0) -> str:
+        self._spawn_scheduler()
+        return self._await_scheduler(timeout)
+
+    def _spawn_scheduler(self) -> None:
         if self.scheduler_file.exists():
             self.scheduler_file.unlink()
         port = self._port or 0
@@ -206,7 +210,11 @@ class RealCluster:
         ]
         if self.preload:
             args += ["--preload", self.preload, *self.preload_args]
-        proc = self._spawn("scheduler", args)
+        self._spawn("scheduler", args)
+
+    def _await_scheduler(self, timeout: float) -> str:
+        """The address from the scheduler file, once the scheduler has written it."""
+        proc = self.procs["scheduler"]
         deadline = time.time() + timeout
         while time.time() < deadline:
             if proc.poll() is not None:
@@ -247,9 +255,13 @@ class RealCluster:
         self._spawn(name, args)
 
     def start(self, timeout: float = 90.0) -> RealCluster:
-        self.start_scheduler()
+        # the workers start with the scheduler, not after it: a worker waits for the
+        # scheduler file (``dask worker --scheduler-file``), so the processes' imports
+        # and start-up overlap (half a second of a 3-worker start on the quiet machine)
+        self._spawn_scheduler()
         for i in range(self.n_workers):
             self.start_worker(f"w{i}")
+        self._await_scheduler(60.0)
         self.wait_for_workers(self.n_workers, timeout)
         return self
 
@@ -337,16 +349,25 @@ class RealCluster:
         return out
 
     def close(self) -> None:
-        """Stop workers, then the scheduler (SIGTERM, as a batch system would); a process
-        that has not exited within 5 s (a worker waits for its running threads) is killed."""
-        order = [n for n in self.procs if n != "scheduler"] + ["scheduler"]
+        """Stop the workers, then the scheduler (SIGTERM, as a batch system would); a process
+        that has not exited within 5 s (a worker waits for its running threads) is killed.
+
+        The scheduler gets its signal once the workers are gone: signalled together, a
+        worker whose goodbye found the scheduler closing waited out the 5 s and was killed
+        (3 closes in 10 of a 2-worker cluster, against none in 24 in this order)."""
+        workers = [n for n in self.procs if n != "scheduler"]
         self._closed_at = {name: len(self.log(name)) for name in self.logfiles}
-        for name in order:
+        self._terminate(workers)
+        self._terminate(["scheduler"])
+
+    def _terminate(self, names: list[str]) -> None:
+        """SIGTERM ``names`` at once, then wait up to 5 s for them all; kill the rest."""
+        for name in names:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.time() + 5
-        for name in order:
+        for name in names:
             proc = self.procs.get(name)
             if proc is None:
                 continue

@@ -225,11 +225,17 @@ def test_backups_and_waste_are_exported_as_metrics():
     assert 'dask_daskjobs_waste_seconds_total{team="default"}' in text
 
 
+#: (x, worker name) of each call of :func:`doubled` that has slept its time
+DOUBLED: list[tuple[int, object]] = []
+
+
 def doubled(x):
     """A sweep stage that takes ten times longer on the worker named 0."""
     from distributed import get_worker
 
-    time.sleep(0.3 * (10 if get_worker().name == 0 else 1))
+    name = get_worker().name
+    time.sleep(0.3 * (10 if name == 0 else 1))
+    DOUBLED.append((x, name))
     return 2 * x
 
 
@@ -240,11 +246,19 @@ def test_two_copies_of_a_cached_stage_leave_exactly_one_store_entry(tmp_path):
     store = ResultStore(str(tmp_path / "store"))
     sweep = Sweep("copies")
     stage = sweep.stage(doubled, over=grid(x=[1, 2]), estimate=0.3)
+    DOUBLED.clear()
     with dask.config.set(VALIDATE), cluster() as cl, Client(cl) as c:
         result = sweep.run(c, store=store, progress=False)
         assert sorted(r["value"] for r in result.records) == [2, 4]
         assert healthy(c)["won"] == 1  # the task on the slow worker was won by its copy
-        time.sleep(3.2)  # the losing copy finishes its 3 s and tries to commit too
+        # the losing copy finishes its 3 s and tries to commit too: wait until it has slept,
+        # then until its worker reports its thread returned (the commit is in that thread)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+            any(name == 0 for _, name in DOUBLED) and healthy(c)["zombies"] == 0
+        ):
+            time.sleep(0.05)
+        assert any(name == 0 for _, name in DOUBLED) and healthy(c)["zombies"] == 0
     keys = sorted(store.keys())
     assert keys == sorted(stage.keys)  # one entry per key, however many copies committed
     report = store.verify()

@@ -564,7 +564,9 @@ def test_run_without_client_starts_and_closes_a_cluster(
 def test_example_second_run_loads_every_feature(tmp_path: Path) -> None:
     store = tmp_path / "store"
     cmd = [sys.executable, str(ROOT / "examples" / "backtest_sweep.py"), "--store", str(store)]
-    small = ["--slices", "4", "--bars", "20000", "--workers", "2", "--json"]
+    # small (the counts are the point, not the sizes): one worker process starts faster
+    small = ["--slices", "4", "--bars", "5000", "--fast", "5,10", "--slow", "50,100"]
+    small += ["--workers", "1", "--json"]
     outs = []
     for costs in ("0,5", "0,5,10", "0,5,10"):
         proc = subprocess.run(
@@ -577,7 +579,7 @@ def test_example_second_run_loads_every_feature(tmp_path: Path) -> None:
         )
         outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     first, second, third = outs
-    per_cost = 4 * 4 * 4  # slices x fast x slow
+    per_cost = 4 * 2 * 2  # slices x fast x slow
     assert first["computed"] == 4 + 4 + 2 * per_cost and first["hits"] == 0
     assert second["feature_hits"] == second["features"] == 4  # every feature loaded
     assert second["feature_computed"] == 0
@@ -598,7 +600,7 @@ def test_example_table_is_aligned_and_best_is_the_best_mean_it_shows(tmp_path: P
         sys.executable,
         str(ROOT / "examples" / "backtest_sweep.py"),
         *("--store", str(tmp_path / "store"), "--slices", "3", "--bars", "5000"),
-        *("--fast", "5,10", "--slow", "50,100,150", "--cost-bps", "0,5", "--workers", "2"),
+        *("--fast", "5,10", "--slow", "50,100,150", "--cost-bps", "0,5", "--workers", "1"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
