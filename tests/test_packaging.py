@@ -255,6 +255,43 @@ def test_the_stub_and_the_lazy_table_agree() -> None:
         assert getattr(daskjobs, name) is not None
 
 
+def test_the_jobs_stub_and_its_lazy_table_agree() -> None:
+    """daskjobs.jobs imports what needs distributed on first use: its stub names every
+    public name, from the module its table (or its eager imports) takes it from."""
+    import subprocess
+    import sys
+
+    import daskjobs.jobs as jobs
+
+    stub = ast.parse((PACKAGE / "jobs" / "__init__.pyi").read_text(encoding="utf-8"))
+    typed = {
+        alias.asname: (node.module, alias.name)
+        for node in stub.body
+        if isinstance(node, ast.ImportFrom) and node.module != "builtins"
+        for alias in node.names
+    }
+    aliases = {
+        t.id: v.id
+        for n in stub.body
+        if isinstance(n, ast.Assign) and isinstance(v := n.value, ast.Name)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    for name, original in aliases.items():  # ``list = list_jobs``
+        typed[name] = typed[original]
+    assert sorted(typed) == sorted(jobs.__all__)
+    for name, where in jobs._LAZY.items():
+        assert typed[name] == where, name
+    for name in jobs.__all__:
+        got = getattr(jobs, name)
+        module, original = typed[name]
+        assert got is getattr(__import__(module, fromlist=[original]), original), name
+    # reading a ledger loads neither dask nor distributed
+    code = "import sys, daskjobs.jobs; print('distributed' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 MYPY_SNIPPET = """\
 import daskjobs
 

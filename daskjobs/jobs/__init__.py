@@ -4,9 +4,18 @@
 machines; :mod:`daskjobs.jobs.ledger` keeps jobs, attempts, committed outputs and
 every transition in a database (SQLite by default, PostgreSQL for shared clusters).
 See docs/jobs.md.
+
+The ledger and the model are imported here; the names that need ``distributed`` (the
+client API, the runner, the service, sweeps as jobs) are imported on first use (module
+``__getattr__``, PEP 562), so ``daskjobs ledger ...`` and a script that only reads a
+ledger do not load ``distributed`` (about a second). Type checkers read
+``__init__.pyi`` beside this file (tests/test_packaging.py checks that the two agree).
 """
 
-from daskjobs.jobs.api import Job, JobFailed, list_jobs, submit
+from __future__ import annotations
+
+from typing import Any
+
 from daskjobs.jobs.ledger import SCHEMA_VERSION, Fenced, Ledger, LedgerError, default_url
 from daskjobs.jobs.model import (
     ATTEMPT_MOVES,
@@ -23,12 +32,35 @@ from daskjobs.jobs.model import (
     StaleTransition,
     next_step,
 )
-from daskjobs.jobs.runner import Attempt
-from daskjobs.jobs.service import JobsService
-from daskjobs.jobs.sweeps import submit_sweep
 
-#: ``daskjobs.jobs.list(client)``: the ledger's jobs (:func:`list_jobs`).
-list = list_jobs
+# Public names imported lazily on first attribute access: name -> (module, its name there).
+_LAZY: dict[str, tuple[str, str]] = {
+    "Job": ("daskjobs.jobs.api", "Job"),
+    "JobFailed": ("daskjobs.jobs.api", "JobFailed"),
+    "list_jobs": ("daskjobs.jobs.api", "list_jobs"),
+    #: ``daskjobs.jobs.list(client)``: the ledger's jobs (:func:`list_jobs`).
+    "list": ("daskjobs.jobs.api", "list_jobs"),
+    "submit": ("daskjobs.jobs.api", "submit"),
+    "Attempt": ("daskjobs.jobs.runner", "Attempt"),
+    "JobsService": ("daskjobs.jobs.service", "JobsService"),
+    "submit_sweep": ("daskjobs.jobs.sweeps", "submit_sweep"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'daskjobs.jobs' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(where[0]), where[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "ATTEMPT_MOVES",
