@@ -354,8 +354,12 @@ class FairShare(Policy):
             return
         if self.half_life is not None:
             self._advance(team, now)
-        self._book(team, now)
-        self._running[team] += task.cores
+        running = self._running
+        dt = now - self._booked_at[team]  # _book, inlined: once a task start and end
+        if dt > 0:
+            self._booked[team] += running[team] * dt
+            self._booked_at[team] = now
+        running[team] += task.cores
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         task = attempt.task
@@ -368,7 +372,16 @@ class FairShare(Policy):
         team = task.team
         if team not in self._queues:
             team = self._team_of(task)
-        self._hold(team, -task.cores, now)
+        # _hold(team, -task.cores, now), inlined: once a task end
+        if self.half_life is not None:
+            self._advance(team, now)
+        running = self._running
+        dt = now - self._booked_at[team]
+        if dt > 0:
+            self._booked[team] += running[team] * dt
+            self._booked_at[team] = now
+        held = running[team] - task.cores
+        running[team] = held if held > 1e-9 else 0.0
         return False
 
     def reshare(self, attempt: AttemptView, teams: Sequence[str], now: float) -> None:
