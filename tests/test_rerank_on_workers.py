@@ -6,6 +6,7 @@ tasks' new priorities to their worker, whose worker plugin re-orders its heaps
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import dask
@@ -197,12 +198,11 @@ def gate_where(i, seconds, *deps):
     return (t, i, get_worker().name)
 
 
-def test_a_reranked_stage_held_by_one_worker_is_spread_by_its_estimates():
-    """All of the stage waits on worker 0 (its inputs are there, and dask places a task
-    with inputs only where they are; dask's own balancing is off: a stealing interval of
-    an hour); worker 1 is idle. When the stage is re-ranked, the plugin moves waiting
-    tasks to worker 1 by their estimates (daskjobs.policies.balance), which runs them:
-    nothing else could have put a task of the stage there."""
+@contextlib.contextmanager
+def two_workers():
+    """Two in-process workers taking new priorities, dask's own balancing off (a stealing
+    interval of an hour): the client, the plugin, the first worker's address, and each
+    worker's name by address."""
     cfg = {**VALIDATE, "distributed.scheduler.work-stealing-interval": "1h"}
     with (
         dask.config.set(cfg),
@@ -212,7 +212,16 @@ def test_a_reranked_stage_held_by_one_worker_is_spread_by_its_estimates():
         p = cl.scheduler.plugins["daskjobs"]
         until(lambda: len(p.ranker.reorders) == 2)
         first = sorted(cl.scheduler.workers)[0]
-        name = {a: ws.name for a, ws in cl.scheduler.workers.items()}
+        yield c, p, first, {a: ws.name for a, ws in cl.scheduler.workers.items()}
+
+
+def test_a_reranked_stage_held_by_one_worker_is_spread_by_its_estimates():
+    """All of the stage waits on worker 0 (its inputs are there, and dask places a task
+    with inputs only where they are; dask's own balancing is off: a stealing interval of
+    an hour); worker 1 is idle. When the stage is re-ranked, the plugin moves waiting
+    tasks to worker 1 by their estimates (daskjobs.policies.balance), which runs them:
+    nothing else could have put a task of the stage there."""
+    with two_workers() as (c, p, first, name):
         parts = two_stage(NS, 0.01, where, gate_where, feature_workers=[first])
         futs = c.compute(parts)
         until(lambda: p.ranker.moved > 0)
@@ -230,16 +239,7 @@ def test_a_stage_without_parameters_is_reranked_but_not_moved():
     the median measured), and the re-rank reaches the worker, but no parameter model ranks
     it, so nothing moves: a graph of a user who asked for nothing keeps dask's placement
     (worker 1 stays idle with dask's balancing off)."""
-    cfg = {**VALIDATE, "distributed.scheduler.work-stealing-interval": "1h"}
-    with (
-        dask.config.set(cfg),
-        plugin_cluster(JobsPlugin(policy="critical-path"), n_workers=2) as cl,
-        Client(cl) as c,
-    ):
-        p = cl.scheduler.plugins["daskjobs"]
-        until(lambda: len(p.ranker.reorders) == 2)
-        first = sorted(cl.scheduler.workers)[0]
-        name = {a: ws.name for a, ws in cl.scheduler.workers.items()}
+    with two_workers() as (c, p, first, name):
         with dask.annotate(workers=[first]):
             feat = [dask.delayed(where)(-1 - k, 0.0, dask_key_name=f"feat-{k}") for k in range(5)]
         parts = []
