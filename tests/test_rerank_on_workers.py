@@ -19,23 +19,14 @@ from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin import _worker_internals as wi
 from daskjobs.plugin.worker import REORDERER_NAME
 
-GATE = "daskjobs-test-reranked"
+#: The event that holds the stage's third task (tests/realtasks.py: its tasks run on real
+#: worker processes too, which import them by name).
+GATE = realtasks.GATE
 
 
-def nap(i, seconds, *deps):
-    t = time.time()
-    time.sleep(seconds)
-    return (t, i)
-
-
-def gate(i, seconds, *deps):
-    """Start, then wait until the test saw the re-rank reach the worker."""
-    t = time.time()
-    assert Event(GATE).wait(timeout=60)
-    return (t, i)
-
-
-def two_stage(ns, unit, fn_nap=nap, fn_gate=gate, feature_workers=None):
+def two_stage(
+    ns, unit, fn_nap=realtasks.started_nap, fn_gate=realtasks.gated_nap, feature_workers=None
+):
     """Five feature tasks read by every task of a stage, one per ``n`` (duration ``unit *
     n``, ``params={"n": n}``, no estimate). Five inputs: dask does not take the stage for
     root tasks (those wait in its queue), so it sends the whole stage to the worker once
@@ -149,7 +140,7 @@ def test_a_reranked_stage_on_real_worker_processes(real_cluster):
         from daskjobs.plugin.client import status
 
         until(lambda: c.run_on_scheduler(_reorders) == 1)
-        futs = c.compute(two_stage(NS, 0.01, realtasks.started_nap, realtasks.gated_nap))
+        futs = c.compute(two_stage(NS, 0.01))
         until(lambda: c.run_on_scheduler(_on_workers) > 0)
         until(lambda: sum(c.run(_reordered).values()) > 0)
         # the re-rank with a slope (after the second observation) has reached the worker
