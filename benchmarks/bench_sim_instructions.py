@@ -15,10 +15,10 @@ in two fresh interpreters, one that builds the workload and simulates it once an
 simulates it twice; the difference is the instructions of one ``simulate`` in the steady
 state (callgrind's ``Ir``; the first run also pays for lazy imports, whose cost moves with
 ``sys.path``). With the same seed and ``PYTHONHASHSEED=0`` the count moves much less than
-wall time, but it is not fixed: the same case in two interpreters started together differed
-by 0.3%, and the old code's counts in two invocations an hour apart by up to 7% (measured
-2026-12-03; the cause is not known: something in the heap's layout or the garbage
-collector's timing that the seed does not fix). ``--check`` counts the first case twice:
+wall time, but it is not fixed: the same case in two interpreters started together has
+differed by a few tenths of a percent, and the same code's counts in invocations an hour apart
+by several percent (figures in benchmarks/NOTES.md; the cause is not known: something the
+seed does not fix, such as the heap's layout). ``--check`` counts the first case twice:
 read a ratio as a difference only beyond that spread. An instruction count does not see
 cache misses or memory stalls: read it beside ``bench_sim.py``'s times, not instead of them.
 
