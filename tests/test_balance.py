@@ -45,3 +45,12 @@ def test_several_workers_and_the_limit():
 def test_one_worker_or_none_moves_nothing():
     assert rebalance([]) == []
     assert rebalance([backlog("a", 2, 5, 5, 5)]) == []
+
+
+def test_only_a_task_its_parameter_model_ranked_and_unrestricted_moves():
+    from daskjobs.policies.balance import movable
+
+    assert movable("model", False)
+    assert not movable("model", True)  # restrictions: dask's placement is the user's
+    for source in ("history", "default", "annotation", None):  # a median, or not ranked
+        assert not movable(source, False), source

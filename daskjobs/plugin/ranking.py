@@ -86,7 +86,7 @@ from daskjobs.plugin.estimates import (
 )
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, Policy, TaskView, registry
-from daskjobs.policies.balance import Backlog, rebalance
+from daskjobs.policies.balance import Backlog, movable, rebalance
 from daskjobs.policies.base import SpeedLearner, TeamBooks
 from daskjobs.policies.durations import SOURCES
 from daskjobs.policies.order import user_order
@@ -512,9 +512,8 @@ class Ranker:
         on_workers = sum(1 for _, _, state in changed if state == "processing")
         self.reestimated += len(changed)
         self.reranked_on_workers += on_workers
-        # spread only a stage its parameters' model ranks (a sweep's): a graph whose
-        # tasks all predict the same (a stage median) keeps dask's placement
-        modelled = any(new.source == "model" for _, new, _ in changed)
+        # spread only after a re-rank by a parameter model (balance.movable)
+        modelled = any(movable(new.source, False) for _, new, _ in changed)
         spread = self._rebalance(sched) if on_workers and modelled else 0
         if changed:
             self.audit.event(
@@ -556,14 +555,13 @@ class Ranker:
                         (
                             ts.key,
                             v.estimate if (v := tasks.get(ts.key)) is not None else default,
-                            # only a task its stage's model ranked moves: another
-                            # graph's (a user who asked for nothing) keeps its place
-                            v is not None
-                            and v.source == "model"
-                            and not (
-                                ts.worker_restrictions
-                                or ts.host_restrictions
-                                or ts.resource_restrictions
+                            movable(
+                                None if v is None else v.source,
+                                bool(
+                                    ts.worker_restrictions
+                                    or ts.host_restrictions
+                                    or ts.resource_restrictions
+                                ),
                             ),
                         )
                         for ts in held

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Backlog", "Move", "rebalance"]
+__all__ = ["Backlog", "Move", "movable", "rebalance"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,15 @@ class Move:
     source: Hashable
     target: Hashable
     estimate: float
+
+
+def movable(source: str | None, restricted: bool) -> bool:
+    """Whether a task may move: one its stage's parameter model ranked (``source ==
+    "model"``: a sweep's, whose tasks carry ``params``) and that has no restrictions. A
+    task that every other of its stage predicts alike (a stage median, the default), or
+    that the driver did not rank (another user's graph), keeps the place dask gave it; a
+    driver spreads a stage only after a re-rank that model made."""
+    return source == "model" and not restricted
 
 
 def rebalance(backlogs: Sequence[Backlog], limit: int = 64) -> list[Move]:
