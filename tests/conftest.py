@@ -120,6 +120,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
+# tryfirst: before pytest-xdist's own hook reads the xdist_group marks added here
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "real_cluster" in getattr(item, "fixturenames", ()):
@@ -130,6 +132,54 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # (`python -m pytest -m "not slow"`, docs/how-to/develop.md)
         if item.get_closest_marker("realcluster") or item.get_closest_marker("netns"):
             item.add_marker(pytest.mark.slow)
+        # a module-scoped fixture (a recorded trace, a cluster) is made once per worker
+        # that runs a test using it: its tests go to one worker (`--dist loadgroup`)
+        if _module_fixtures(item) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(f"module-{item.module.__name__}"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _longest_first(items)
+
+
+def _module_fixtures(item: pytest.Item) -> list[str]:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if defs and defs[-1].scope in ("module", "package", "class")
+    ]
+
+
+#: Under pytest-xdist, the order the workers are sent the tests in (lower first): the
+#: longest kinds first, so that none of them starts last and leaves the other workers idle.
+_RANKS = (("docs-pages", 0), ("netns", 1), ("realcluster", 2), ("slow", 3))
+
+
+def _rank(item: pytest.Item) -> int:
+    for name, rank in _RANKS:
+        group = item.get_closest_marker("xdist_group")
+        if item.get_closest_marker(name) or (group is not None and name in group.args):
+            return rank
+    return len(_RANKS)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Sort the tests longest kind first (a stable sort: in file order within a kind); a
+    group's tests keep together at the rank of its longest. Every worker sorts the same
+    collection the same way (pytest-xdist checks that the workers' orders agree)."""
+    group_rank: dict[str, int] = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None:
+            name = str(group.args[0])
+            group_rank[name] = min(group_rank.get(name, len(_RANKS)), _rank(item))
+
+    def key(item: pytest.Item) -> int:
+        group = item.get_closest_marker("xdist_group")
+        return _rank(item) if group is None else group_rank[str(group.args[0])]
+
+    items.sort(key=key)
 
 
 POSTGRES = os.environ.get("DASKJOBS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")

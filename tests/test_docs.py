@@ -427,12 +427,34 @@ def _page_id(p: Path) -> str:
     return str(p.relative_to(ROOT))
 
 
+class _LazyRuns(dict[Path, "Future[PageRun]"]):
+    """A page's run, started when its test asks for it (one page at a time)."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, page: Path) -> Future[PageRun]:
+        future: Future[PageRun] = Future()
+        future.set_result(_start(page, self.tmp_path_factory.mktemp(page.stem.lower())))
+        self[page] = future
+        return future
+
+
 @pytest.fixture(scope="module")
 def page_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[Path, Future[subprocess.CompletedProcess[str]]]:
+) -> dict[Path, Future[PageRun]]:
     """Every selected page starts at once (three at a time): most of a page's time is
-    waiting for clusters to start and stop, and the suite's wall time is what counts."""
+    waiting for clusters to start and stop, and the suite's wall time is what counts.
+
+    Under pytest-xdist each worker collects every test but runs only those it is sent:
+    with ``--dist loadgroup`` (the README's command) the pages' tests are one group, sent
+    to one worker, which starts them all as above; with another ``--dist`` a worker starts
+    a page when its test runs (it cannot know which pages it will be sent)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None and request.config.getoption("dist", "no") != "loadgroup":
+        return _LazyRuns(tmp_path_factory)
     selected = {
         item.callspec.params["page"]
         for item in request.session.items
@@ -450,6 +472,7 @@ def page_runs(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("docs-pages")  # one worker runs them all, three at a time (page_runs)
 @pytest.mark.parametrize("page", [p for p in PAGES if _runnable(_pages[p])], ids=_page_id)
 def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRun]]) -> None:
     run = page_runs[page].result()
