@@ -22,6 +22,8 @@ command runs everything; docs/how-to/develop.md).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
 import uuid
@@ -120,6 +122,45 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Under pytest-xdist, a test marked ``alone`` runs with no other test beside it (its
+    setup and teardown too, so a module-scoped recording it makes as well); see
+    :func:`_turn`. Without xdist every test runs alone anyway."""
+    with _turn(item):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _turn(item: pytest.Item) -> Iterator[None]:
+    """A readers-writer lock over the xdist workers of one run: every test holds the
+    shared lock, one marked ``alone`` the exclusive one. The turnstile keeps it fair: a
+    waiting ``alone`` test holds it, so no new test starts until the running ones end
+    (flock alone would let shared holders starve it). The lock files are in the run's
+    temporary directory, which the workers share; the kernel drops a dead worker's locks."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    basetemp = item.config.option.basetemp
+    if worker is None or not basetemp:
+        yield
+        return
+    run_dir = Path(basetemp).parent
+    alone = item.get_closest_marker("alone") is not None
+    with (
+        open(run_dir / "daskjobs-turnstile.lock", "a") as turnstile,
+        open(run_dir / "daskjobs-alone.lock", "a") as rw,
+    ):
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(rw, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(rw, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
 # tryfirst: before pytest-xdist's own hook reads the xdist_group marks added here
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -152,11 +193,15 @@ def _module_fixtures(item: pytest.Item) -> list[str]:
 
 
 #: Under pytest-xdist, the order the workers are sent the tests in (lower first): the
-#: longest kinds first, so that none of them starts last and leaves the other workers idle.
+#: longest kinds first, so that none of them starts last and leaves the other workers idle;
+#: the ``alone`` tests last, when the other workers have little left to wait for.
 _RANKS = (("docs-pages", 0), ("netns", 1), ("realcluster", 2), ("slow", 3))
+_LAST = len(_RANKS) + 1
 
 
 def _rank(item: pytest.Item) -> int:
+    if item.get_closest_marker("alone"):
+        return _LAST
     for name, rank in _RANKS:
         group = item.get_closest_marker("xdist_group")
         if item.get_closest_marker(name) or (group is not None and name in group.args):
@@ -173,7 +218,7 @@ def _longest_first(items: list[pytest.Item]) -> None:
         group = item.get_closest_marker("xdist_group")
         if group is not None:
             name = str(group.args[0])
-            group_rank[name] = min(group_rank.get(name, len(_RANKS)), _rank(item))
+            group_rank[name] = min(group_rank.get(name, _LAST), _rank(item))
 
     def key(item: pytest.Item) -> int:
         group = item.get_closest_marker("xdist_group")

@@ -55,6 +55,7 @@ def test_copies_on_real_workers_keep_every_worker_and_every_result(real_cluster,
     assert expected[(3, 7)] == {"sharpe": (200_000 % 997) / 1000 + 7, "first": 3}
 
 
+@pytest.mark.alone  # the copies launched live depend on timing: no other test beside it
 def test_a_recorded_real_run_replays_with_the_same_copies(real_cluster, tmp_path):
     """The run of benchmarks/bench_replay.py's ``lpt-spec`` on real processes: 80
     independent tasks on 3 workers x 2 threads, w0 4x slow, recorded by the plugin;

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.release import ReleaseGate
 from daskjobs.plugin.speeds import WorkerSpeeds
@@ -263,6 +265,8 @@ def _nap(i: int) -> str:
     return str(get_worker().name)
 
 
+# the bound holds while "fast" always runs something: under -n, no other test beside it
+@pytest.mark.alone
 def test_live_a_refused_worker_gets_no_queued_task_while_others_run() -> None:
     """dask's validation on; 2 workers x 2 threads, 40 queued tasks. The policy refuses
     worker "slow" whenever a task runs elsewhere: it runs only what dask sent it

@@ -20,6 +20,10 @@ from daskjobs.replay import SPEED_NOISE, ReplayError, from_task_stream, load, re
 from daskjobs.sim.schedule import lower_bound
 from daskjobs.trace import TraceError, read_trace
 
+# live recordings (their makespans, a worker measured slow, backup copies) compared with
+# their replays: under -n, with no other test beside them (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 TOLERANCE = 0.10
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "data" / "replay_small.jsonl"
 

@@ -18,6 +18,9 @@ from daskjobs.replay import load, replay
 from daskjobs.replay.run import unannotated
 from daskjobs.trace import read_trace
 
+# live recordings compared with their replays: under -n, with no other test beside them
+pytestmark = pytest.mark.alone
+
 TOLERANCE = 0.10  # the calibration of tests/test_replay.py
 
 
