@@ -1155,9 +1155,7 @@ def _simulate(
             if declined is not None:
                 for k in declined:
                     heappush(free_heap, k)  # still free: offer again after the next event
-            if rescued or not (
-                rescues and suspects and free_heap and not len(policy)
-            ):
+            if rescued or not (rescues and suspects and free_heap and not len(policy)):
                 break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 judged = [
