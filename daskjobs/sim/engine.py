@@ -914,7 +914,7 @@ def _simulate(
                 late = late_factor * est[i] * speed
                 a.check_at = now + (late if late > min_runtime else min_runtime)
             else:
-                a.check_at = spec.deadline(now, est[i], speed)
+                a.check_at = spec.deadline(now, est[i], speed)  # type: ignore[union-attr]
             if endgame and not interval:  # a candidate for the end game's copies
                 watch[a] = None
             if interval:  # judged at every periodic check, as live (no deadline event)
