@@ -10,17 +10,19 @@ Usage::
 On a shared 2-CPU machine the wall time of a run moves by 10-40% between
 interpreters (benchmarks/NOTES.md), so ``bench_sim.py --against`` cannot tell a change
 of a few percent. This script counts what the code does instead: each case of
-``bench_sim.py`` (a policy, with or without backups) runs under valgrind's callgrind
-in two fresh interpreters, one that builds the workload and simulates it once and one that
-simulates it twice; the difference is the instructions of one ``simulate`` in the steady
-state (callgrind's ``Ir``; the first run also pays for lazy imports, whose cost moves with
-``sys.path``). With the same seed and ``PYTHONHASHSEED=0`` the count moves much less than
-wall time, but it is not fixed: the same case in two interpreters started together has
-differed by a few tenths of a percent, and the same code's counts in invocations an hour apart
-by several percent (figures in benchmarks/NOTES.md; the cause is not known: something the
-seed does not fix, such as the heap's layout). ``--check`` counts the first case twice:
-read a ratio as a difference only beyond that spread. An instruction count does not see
-cache misses or memory stalls: read it beside ``bench_sim.py``'s times, not instead of them.
+``bench_sim.py`` (a policy, with or without backups) runs under valgrind's callgrind in
+a fresh interpreter that builds the workload and simulates it ``--runs`` times, each
+``simulate`` call between two calls of ``time.perf_counter_ns``, which nothing else
+calls: callgrind dumps its counters at each (``--dump-before``), so a dump holds the
+instructions of one ``simulate`` alone (callgrind's ``Ir``), without the interpreter's
+start, the imports or the workload. The first run also pays for what the code imports
+lazily; the figure is the median of the others (the steady state both codes are compared
+in). With ``PYTHONHASHSEED=0`` the counts are the same in every interpreter, to the
+instruction; from one run to the next within an interpreter they move by 0.1-0.3% (the
+state of the heap the previous run left), which ``--check`` prints (the first case's
+runs). A change in the code moves the heap's layout by as much, so read a ratio as a
+difference only beyond that. An instruction count does not see cache misses or memory
+stalls: read it beside ``bench_sim.py``'s times, not instead of them.
 
 Each column: instructions a task (``Ir`` / tasks), for the new code and for the code in
 ``--against``, their ratio (below 1: the new code does less), and whether the two
@@ -47,12 +49,34 @@ import harness
 
 POLICIES = ("fifo", "lpt", "critical-path", "work-stealing", "fair-share", "node-aware")
 BENCH_SIM = Path(__file__).resolve().parent / "bench_sim.py"
-_COLLECTED = re.compile(r"Collected : (\d+)")
+_SUMMARY = re.compile(r"^summary: (\d+)", re.M)
+
+# The child: bench_sim's workload and policy for the case, each simulate() between two
+# perf_counter_ns() calls (the markers callgrind dumps at), then the schedule's figures.
+_CHILD = """
+import gc, json, sys, time
+sys.path.insert(0, sys.argv[1])
+import bench_sim
+import daskjobs
+from daskjobs.sim import simulate
+kind, name, backups, seed, runs = sys.argv[2:7]
+w = bench_sim._workload(kind, int(seed))
+spec = w.spec if backups == "1" else None
+team = w.tasks[0].team
+for _ in range(int(runs)):
+    policy = bench_sim._policy(name, team)
+    gc.collect()
+    time.perf_counter_ns()
+    s = simulate(w.tasks, w.cluster, policy, spec=spec, seed=w.seed)
+    time.perf_counter_ns()
+print(json.dumps({"tasks": len(w.tasks), "makespan_h": s.makespan / 3600,
+                  "events": s.events, "package": daskjobs.__file__}))
+"""
 
 
-def count(size: str, policy: str, backups: bool, seed: int, repeat: int, pkg: str | None) -> dict:
-    """One interpreter under callgrind: ``bench_sim.py``'s child for the case, with
-    ``repeat`` simulations (0: only the workload); its JSON line and its ``Ir``."""
+def count(size: str, policy: str, backups: bool, seed: int, runs: int, pkg: str | None) -> dict:
+    """One interpreter under callgrind: the case simulated ``runs`` times; its JSON line,
+    and ``irs``, the instructions of each ``simulate``."""
     env = dict(os.environ, PYTHONHASHSEED="0")
     if pkg is not None:
         env["PYTHONPATH"] = os.pathsep.join([pkg, *filter(None, [env.get("PYTHONPATH", "")])])
@@ -60,39 +84,49 @@ def count(size: str, policy: str, backups: bool, seed: int, repeat: int, pkg: st
         cmd = [
             "valgrind",
             "--tool=callgrind",
+            "--dump-before=time_perf_counter_ns",
             f"--callgrind-out-file={tmp}/cg.out",
             sys.executable,  # the interpreter itself, not a shim valgrind would not follow
-            str(BENCH_SIM),
-            "--case",
-            f"{size}:{policy}:{int(backups)}",
-            "--seed",
+            "-c",
+            _CHILD,
+            str(BENCH_SIM.parent),
+            size,
+            policy,
+            str(int(backups)),
             str(seed),
-            "--repeat",
-            str(repeat),
+            str(runs),
         ]
         # from outside the repository, so that PYTHONPATH (not the script's tree) provides
         # daskjobs, as bench_sim's own children do
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd="/")
-    if run.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-3000:]}")
+        if run.returncode:
+            raise RuntimeError(f"{' '.join(cmd[:5])} ... failed:\n{run.stderr[-3000:]}")
+        # dump k holds what ran since dump k - 1: the even ones are the simulate() calls
+        dumps = sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.suffix[1:]))
+        irs = []
+        for d in dumps:
+            if int(d.suffix[1:]) % 2 == 0:
+                m = _SUMMARY.search(d.read_text(errors="replace"))
+                if m is None:
+                    raise RuntimeError(f"no instruction count in {d.name}")
+                irs.append(int(m.group(1)))
     got: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    if len(irs) != runs:
+        raise RuntimeError(f"{runs} simulate() runs, {len(irs)} counted: is the marker called?")
     if pkg is not None and not got["package"].startswith(str(Path(pkg).resolve())):
         raise RuntimeError(f"--against {pkg}: the child imported {got['package']}")
-    m = _COLLECTED.findall(run.stderr)
-    if not m:
-        raise RuntimeError(f"no instruction count in callgrind's output:\n{run.stderr[-2000:]}")
-    got["ir"] = int(m[-1])
+    got["irs"] = irs
     return got
 
 
-def case(size: str, policy: str, backups: bool, seed: int, pkg: str | None) -> dict:
-    """The instructions of one ``simulate`` of the case: an interpreter that simulates
-    twice minus one that simulates once. The first run pays for what the code imports
-    lazily (a policy's modules), whose cost moves with ``sys.path``; the second is the
-    steady state both codes are compared in."""
-    once = count(size, policy, backups, seed, 1, pkg)
-    twice = count(size, policy, backups, seed, 2, pkg)
-    return {**twice, "sim_ir": twice["ir"] - once["ir"], "base_ir": once["ir"]}
+def case(size: str, policy: str, backups: bool, seed: int, runs: int, pkg: str | None) -> dict:
+    """The instructions of one ``simulate`` of the case: the median of the runs after the
+    first (which pays for lazy imports)."""
+    got = count(size, policy, backups, seed, runs, pkg)
+    steady = sorted(got["irs"][1:])
+    k = len(steady)
+    median = steady[k // 2] if k % 2 else (steady[k // 2 - 1] + steady[k // 2]) // 2
+    return {**got, "sim_ir": median}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cases at a time")
-    ap.add_argument("--check", action="store_true", help="also count the first case twice")
+    ap.add_argument(
+        "--runs", type=int, default=3, help="simulate() runs a case (>= 2: the first is left out)"
+    )
+    ap.add_argument("--check", action="store_true", help="print the first case's counts run by run")
     args = ap.parse_args(argv)
+    if args.runs < 2:
+        ap.error("--runs must be at least 2 (the first run pays for lazy imports)")
     if shutil.which("valgrind") is None:
         ap.error("valgrind is not on the path (apt-get install valgrind)")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -118,10 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     size = "chapter" if args.size == 10_000 else "quick"
     cases = [(p, b) for p in policies for b in (False, True)]
     jobs = [(p, b, pkg) for p, b in cases for pkg in (None, args.against)]
-    if args.check:
-        jobs.append((*cases[0], None))
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        futures = [pool.submit(case, size, p, b, args.seed, pkg) for p, b, pkg in jobs]
+        futures = [pool.submit(case, size, p, b, args.seed, args.runs, pkg) for p, b, pkg in jobs]
         results = [f.result() for f in futures]
     new = {(p, b): r for (p, b, pkg), r in zip(jobs, results, strict=True) if pkg is None}
     old = {(p, b): r for (p, b, pkg), r in zip(jobs, results, strict=True) if pkg is not None}
@@ -149,13 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         f"the chapter sweep of {args.size:,} tasks, seed {args.seed}; against {args.against}"
     )
     report.note(
-        "instructions of one simulate() (callgrind Ir, an interpreter that simulates twice minus "
-        "one that simulates once), PYTHONHASHSEED=0"
+        f"instructions of one simulate() (callgrind Ir between markers, the median of runs 2-"
+        f"{args.runs} in one interpreter), PYTHONHASHSEED=0"
     )
     if args.check:
-        again = results[-1]["sim_ir"]
-        first = new[cases[0]]["sim_ir"]
-        report.note(f"the same case counted twice: {first:,} and {again:,} instructions")
+        irs = ", ".join(f"{x:,}" for x in new[cases[0]]["irs"])
+        report.note(f"{cases[0][0]}: the new code's runs one by one: {irs} instructions")
     ordered = sorted(ratios)
     median = (
         ordered[len(ordered) // 2]

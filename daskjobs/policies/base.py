@@ -276,7 +276,9 @@ class Policy:
             self.push(t)
 
     def pop(self, node: NodeView, now: float) -> TaskView | None:
-        """Choose a queued task that fits in ``node.free`` slots, or ``None``."""
+        """Choose a queued task that fits in ``node.free`` slots, or ``None``. A driver
+        may ask with nothing queued (the simulator asks before it asks ``len``): the
+        answer is then ``None``."""
         raise NotImplementedError
 
     def started(self, attempt: AttemptView, now: float) -> None:

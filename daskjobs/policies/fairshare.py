@@ -139,8 +139,14 @@ class FairShare(Policy):
         self._running: dict[str, float] = {}  # cores held (a shared task's are split)
         self._usage: dict[str, float] = {}
         self._stamp: dict[str, float] = {}
-        self._booked: dict[str, float] = {}  # core-seconds booked, not decayed
-        self._booked_at: dict[str, float] = {}
+        # core-seconds booked (not decayed), kept as an offset: booked up to t is
+        # running * t + offset, so a start or an end moves the offset by the change of
+        # cores held times its time (one update; nothing integrated per team per change)
+        self._offset: dict[str, float] = {}
+        self._last = 0.0  # the latest time an end or a reconcile was told
+        # one team and no decay: pop serves its queue's head (``_solo``, or None)
+        self._solo: HeapPolicy | None = None
+        self._solo_team = ""
         # running attempts of shared tasks -> the teams paying for them (a task paid by its
         # own team alone has no entry)
         self._payers: dict[Any, tuple[str, ...]] = {}
@@ -158,11 +164,19 @@ class FairShare(Policy):
         total = sum(self._raw_targets.values())
         self._share = {t: s / total for t, s in self._raw_targets.items()}
         self._queues[team] = _INNER[self.within]()
+        self._set_solo()
         self._running[team] = 0
         self._usage[team] = 0.0
         self._stamp[team] = 0.0
-        self._booked[team] = 0.0
-        self._booked_at[team] = 0.0
+        self._offset[team] = 0.0
+
+    def _set_solo(self) -> None:
+        """Note the one team's queue, if there is one team and usage does not decay."""
+        if len(self._teams) == 1 and self.half_life is None:
+            self._solo_team = self._teams[0]
+            self._solo = self._queues[self._solo_team]
+        else:
+            self._solo = None
 
     def _team_of(self, task: TaskView) -> str:
         team = task.team
@@ -187,21 +201,18 @@ class FairShare(Policy):
             self._usage[team] = r / lam + (u0 - r / lam) * decay
         self._stamp[team] = now
 
-    def _book(self, team: str, now: float) -> None:
-        """Book the core-seconds ``team`` held since its last change, up to ``now``."""
-        dt = now - self._booked_at[team]
-        if dt > 0:
-            self._booked[team] += self._running[team] * dt
-            self._booked_at[team] = now
-
     def _hold(self, team: str, cores: float, now: float) -> None:
         """``team`` holds ``cores`` more (fewer, if negative) from ``now``."""
         if self.half_life is not None:
             self._advance(team, now)
-        self._book(team, now)
-        held = self._running[team] + cores
+        was = self._running[team]
+        held = was + cores
         # split shares (thirds) leave float dust when they all end: nothing is held then
-        self._running[team] = held if held > 1e-9 else 0.0
+        held = held if held > 1e-9 else 0.0
+        self._running[team] = held
+        self._offset[team] += (was - held) * now  # what is booked up to now stays
+        if now > self._last:
+            self._last = now
 
     def payers(self, task: TaskView) -> tuple[str, ...]:
         """The teams that pay for ``task``: its ``teams`` (the teams whose graphs want it),
@@ -216,12 +227,12 @@ class FairShare(Policy):
         return out
 
     def booked(self, team: str, now: float | None = None) -> float:
-        """Core-seconds booked to ``team`` so far (up to ``now``, if given): each of its
+        """Core-seconds booked to ``team`` so far: up to ``now`` if given and later than
+        the latest end the policy was told of, else up to that one. Each of its
         tasks' run time times its cores, a shared task's split among its payers. Not
         decayed (what the team was charged, not what weighs on its priority)."""
-        if now is not None:
-            self._book(team, now)
-        return self._booked[team]
+        t = self._last if now is None or now < self._last else now
+        return self._running[team] * t + self._offset[team]
 
     def usage(self, team: str, now: float | None = None) -> float:
         """Current usage of ``team``: running cores, or decayed core-seconds."""
@@ -251,8 +262,10 @@ class FairShare(Policy):
 
     # -- the policy interface ---------------------------------------------------
     def add_graph(self, tasks: Sequence[TaskView]) -> None:
+        queues = self._queues
         for t in tasks:  # fail early, before anything runs
-            self._team_of(t)
+            if t.team not in queues:  # (the test _team_of starts with, without its call)
+                self._team_of(t)
 
     def push(self, task: TaskView) -> None:
         self._queues[self._team_of(task)].push(task)
@@ -263,14 +276,16 @@ class FairShare(Policy):
         one batch (a sorted run, not a heap push per task)."""
         by_team: dict[str, list[TaskView]] = {}
         team_of = self._team_of
+        queues = self._queues
         for t in tasks:
-            team = team_of(t)
+            team = t.team
+            if team not in queues:  # (the test _team_of starts with, without its call)
+                team = team_of(t)
             got = by_team.get(team)
             if got is None:
                 by_team[team] = [t]
             else:
                 got.append(t)
-        queues = self._queues
         for team, batch in by_team.items():
             queues[team].push_many(batch)
         self._n += len(tasks)
@@ -304,15 +319,14 @@ class FairShare(Policy):
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
-        if len(self._teams) == 1 and self.half_life is None:
-            # One team (under any quota: alone, it borrows every idle slot) whose usage
-            # is its running cores: the loop below would serve its queue's head
-            team = self._teams[0]
-            if not self._gone.get(team):
-                task = self._queues[team].pop(node, now)
-                if task is not None:
-                    self._n -= 1
-                return task
+        solo = self._solo
+        # One team (under any quota: alone, it borrows every idle slot) whose usage is its
+        # running cores: the loop below would serve its queue's head
+        if solo is not None and not self._gone.get(self._solo_team):
+            task = solo.pop(node, now)
+            if task is not None:
+                self._n -= 1
+            return task
         best_team = None
         best_score = math.inf
         borrower = None  # the best team at its quota, if no team below it waits
@@ -344,7 +358,10 @@ class FairShare(Policy):
         team = task.team
         if team not in self._queues:  # not known yet (or an error): the one rule
             team = self._team_of(task)
-        teams = getattr(task, "teams", ())
+        try:  # getattr(task, "teams", ()), without the call: views mostly have the field
+            teams = task.teams  # type: ignore[attr-defined]
+        except AttributeError:
+            teams = ()
         if teams and len(teams) > 1:  # a shared task: split among the teams that want it
             payers = self.payers(task)
             self._payers[attempt] = payers
@@ -352,23 +369,22 @@ class FairShare(Policy):
             for t in payers:
                 self._hold(t, cores, now)
             return
+        # _hold(team, task.cores, now), inlined: once a task start
         if self.half_life is not None:
             self._advance(team, now)
-        running = self._running
-        dt = now - self._booked_at[team]  # _book, inlined: once a task start and end
-        if dt > 0:
-            self._booked[team] += running[team] * dt
-            self._booked_at[team] = now
-        running[team] += task.cores
+        cores = task.cores
+        self._running[team] += cores
+        self._offset[team] -= cores * now
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         task = attempt.task
-        payers = self._payers.pop(attempt, None) if self._payers else None
-        if payers is not None:
-            cores = task.cores / len(payers)
-            for t in payers:
-                self._hold(t, -cores, now)
-            return False
+        if self._payers:
+            payers = self._payers.pop(attempt, None)
+            if payers is not None:
+                cores = task.cores / len(payers)
+                for t in payers:
+                    self._hold(t, -cores, now)
+                return False
         team = task.team
         if team not in self._queues:
             team = self._team_of(task)
@@ -376,12 +392,15 @@ class FairShare(Policy):
         if self.half_life is not None:
             self._advance(team, now)
         running = self._running
-        dt = now - self._booked_at[team]
-        if dt > 0:
-            self._booked[team] += running[team] * dt
-            self._booked_at[team] = now
-        held = running[team] - task.cores
-        running[team] = held if held > 1e-9 else 0.0
+        was = running[team]
+        held = was - task.cores
+        if held > 1e-9:
+            running[team] = held
+            self._offset[team] += task.cores * now
+        else:  # float dust of split shares: nothing is held
+            running[team] = 0.0
+            self._offset[team] += was * now
+        self._last = now
         return False
 
     def reshare(self, attempt: AttemptView, teams: Sequence[str], now: float) -> None:
@@ -415,9 +434,13 @@ class FairShare(Policy):
         for team in self._teams:
             if self.half_life is not None:
                 self._advance(team, now)
-            self._book(team, now)
-            self._running[team] = float(running.get(team, 0))
+            held = float(running.get(team, 0))
+            self._offset[team] += (self._running[team] - held) * now  # booked so far stays
+            self._running[team] = held
+        if now > self._last:
+            self._last = now
             self._queues[team] = _INNER[self.within]()
+        self._set_solo()
         self._payers.clear()
         self._gone.clear()
         self._n = 0

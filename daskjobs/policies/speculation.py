@@ -89,6 +89,8 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from daskjobs import _defaults
 
+_tuple = tuple.__new__  # a NamedTuple record built without its Python-level constructor
+
 __all__ = [
     "AHEAD",
     "BAND_TOP",
@@ -340,16 +342,7 @@ class SpeculationDecision(_Decision):
         reclaimed: tuple[Reclaim, ...] = (),
         moves: tuple[Move, ...] = (),
     ) -> SpeculationDecision:
-        if copies:
-            if len(copies) > 1 and len({id(c.attempt) for c in copies}) < len(copies):
-                raise ValueError("two copies of one attempt in a decision")
-            for c in copies:
-                if c.target is not None and c.target.index == c.attempt.node:
-                    raise ValueError(f"a copy on its primary's own node {c.attempt.node}")
-        for m in moves:
-            if m.target.index == m.source:
-                raise ValueError(f"a move from node {m.source} to itself")
-        return tuple.__new__(cls, (verdicts, copies, reclaimed, moves))
+        return _checked(verdicts, copies, reclaimed, moves, cls)
 
     @property
     def late(self) -> tuple[Verdict, ...]:
@@ -359,7 +352,33 @@ class SpeculationDecision(_Decision):
     @property
     def placed(self) -> tuple[Copy, ...]:
         """The copies that go somewhere now."""
-        return tuple(c for c in self.copies if c.target is not None)
+        copies = self.copies
+        if len(copies) == 1:  # the simulator's question at a free slot: one copy
+            return copies if copies[0].target is not None else ()
+        return tuple([c for c in copies if c.target is not None])
+
+
+def _checked(
+    verdicts: tuple[Verdict, ...],
+    copies: tuple[Copy, ...],
+    reclaimed: tuple[Reclaim, ...],
+    moves: tuple[Move, ...],
+    cls: type[SpeculationDecision] = SpeculationDecision,
+) -> SpeculationDecision:
+    """A decision, checked: one copy per attempt, never on the attempt's own node; a move
+    never to its own source. (A function, not only the class's constructor: decide
+    builds one at every question the simulator asks, and a call of a class costs more
+    than a call of a function.)"""
+    if copies:
+        if len(copies) > 1 and len({id(c.attempt) for c in copies}) < len(copies):
+            raise ValueError("two copies of one attempt in a decision")
+        for c in copies:
+            if c.target is not None and c.target.index == c.attempt.node:
+                raise ValueError(f"a copy on its primary's own node {c.attempt.node}")
+    for m in moves:
+        if m.target.index == m.source:
+            raise ValueError(f"a move from node {m.source} to itself")
+    return _tuple(cls, (verdicts, copies, reclaimed, moves))
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,8 +448,11 @@ class Speculation:
         """Time at which an attempt started at ``start`` counts as late; ``high``, the top
         of the estimate's band if it has one, moves it out when the band is wider than
         the noise ``late_factor`` is calibrated for (:data:`BAND_TOP`)."""
-        estimate = self.banded(estimate, high)
-        return start + max(self.min_runtime, self.late_factor * estimate * speed)
+        if high is not None:
+            estimate = self.banded(estimate, high)
+        late = self.late_factor * estimate * speed
+        floor = self.min_runtime
+        return start + (late if late > floor else floor)  # max(floor, late), without a call
 
     @staticmethod
     def banded(estimate: float, high: float | None) -> float:
@@ -656,11 +678,15 @@ class Speculation:
         """
         # Written for the simulator's sake: it asks at every deadline and every slot a
         # waiting copy is offered, so the common call (one attempt, no losers) builds
-        # little beyond the records it returns.
+        # little beyond the records it returns: the records are built as the tuples they
+        # are (``_tuple(Verdict, ...)``: what a NamedTuple's own constructor does, without
+        # its Python-level call), and a decision with no copy and no move has nothing to
+        # check (SpeculationDecision's checks are on those).
         taken: dict[int, list[int]] = {}  # node -> [slots taken, copies added]
         reclaims: tuple[Reclaim, ...] = ()
-        holding: dict[int, int] = {}  # node -> losers' threads still held there
+        holding: dict[int, int] | None = None  # node -> losers' threads still held there
         if losers:
+            holding = {}
             losers = list(losers)
             reclaims = tuple(self.reclaimed(losers, now))
             gone = {id(r.loser) for r in reclaims}
@@ -672,16 +698,17 @@ class Speculation:
         verdicts: list[Verdict] = []
         wants: list[tuple[Any, str, bool]] = []  # (attempt, why, ahead), in order
         endgame = self.endgame and waiting == 0
-        spare: list[tuple[float, int, Any]] = []  # end game: (-expected end, order, attempt)
+        # end game: (-expected end, order, attempt); nothing is added without it
+        spare: list[tuple[float, int, Any]] = []
         if judge:
             h: float | None = None
             for a in judge:
                 if not self.may_copy(a.task):
-                    verdicts.append(Verdict(a, math.inf, None, now))
+                    verdicts.append(_tuple(Verdict, (a, math.inf, None, now)))
                     continue
                 speed = policy.speed(a.node)
                 d, why = self._judge(a, now, policy, speed)
-                verdicts.append(Verdict(a, d, why, now))
+                verdicts.append(_tuple(Verdict, (a, d, why, now)))
                 if why is None:
                     if endgame and now - a.start >= self.min_runtime:
                         left = expected_left(a.start, a.task.estimate, speed, now)
@@ -695,22 +722,34 @@ class Speculation:
                 ahead = self.may_queue(a, now, speed, math.inf if h is None else h)
                 wants.append((a, why, ahead))
         if asked:
-            wants.extend([(a, "asked", False) for a in asked])
+            for a in asked:
+                wants.append((a, "asked", False))
         if not wants and not spare:
-            return SpeculationDecision(
+            if holding is None:  # nothing placed, nothing moved: nothing to check
+                return _tuple(SpeculationDecision, (tuple(verdicts), (), reclaims, ()))
+            return _checked(
                 tuple(verdicts), (), reclaims, self._moves(holding, held, idle, policy, taken)
             )
         copies: list[Copy] = []
-        cap = max(1, int(self.max_fraction * slots)) if slots is not None else None
+        cap = None  # self.cap(slots), inlined
+        if slots is not None:
+            cap = int(self.max_fraction * slots)
+            if cap < 1:
+                cap = 1
         placed = 0
         for a, why, ahead in wants:
             if cap is not None and running + placed >= cap:
-                copies.append(Copy(a, why, None, ahead, f"{cap} copies run (the cap)"))
+                copies.append(
+                    _tuple(Copy, (a, why, None, ahead, f"{cap} copies run (the cap)", False))
+                )
                 continue
             cands = candidates(a) if callable(candidates) else candidates
+            if not cands:  # (what _choose answers without a candidate)
+                copies.append(_tuple(Copy, (a, why, None, ahead, "no candidate node", False)))
+                continue
             target, refusal = self._choose(a, cands, policy, ahead, taken)
             if target is None:
-                copies.append(Copy(a, why, None, ahead, refusal))
+                copies.append(_tuple(Copy, (a, why, None, ahead, refusal, False)))
                 continue
             placed += 1
             cores = a.task.cores
@@ -722,7 +761,7 @@ class Speculation:
                 queued = target.free - t[0] < cores
                 t[0] += cores
                 t[1] += 1
-            copies.append(Copy(a, why, target, ahead, "", queued))
+            copies.append(_tuple(Copy, (a, why, target, ahead, "", queued)))
         if spare:
             spare.sort()  # latest expected end first; the order given breaks ties
             # the free slots left on shared candidates (a callable's differ per attempt)
@@ -763,11 +802,15 @@ class Speculation:
                 if room is not None:
                     room -= a.task.cores
                 copies.append(Copy(a, "endgame", target, False))
-        return SpeculationDecision(
+        if holding is None and len(copies) == 1:  # the common answer: _checked, inlined
+            one = copies[0]
+            if one.target is None or one.target.index != one.attempt.node:
+                return _tuple(SpeculationDecision, (tuple(verdicts), (one,), reclaims, ()))
+        return _checked(
             tuple(verdicts),
             tuple(copies),
             reclaims,
-            self._moves(holding, held, idle, policy, taken),
+            self._moves(holding, held, idle, policy, taken) if holding else (),
         )
 
     def _moves(

@@ -403,6 +403,7 @@ def _simulate(
     # only notices when to ask it (a deadline reached, a speed belief changed, a
     # periodic check, a free slot for a waiting copy) and enacts its answer
     decide = spec.decide if spec is not None else None
+    speculating = spec is not None  # (a bool: the loop tests it for every attempt)
     ahead: set[Attempt] = set()  # pending copies allowed ahead of queued work
     # first start and end of the tasks that never run (cached); the others'
     # come from the attempts once the run is over
@@ -464,6 +465,13 @@ def _simulate(
         for st, idx in by_stage.items():
             estimate(st, idx)
             waiting_of.setdefault(st, {}).update(dict.fromkeys(idx))
+
+    def unwait(i: int) -> None:
+        """Learned task ``i`` starts (its first attempt, popped from the queue): it waits
+        no longer, so it is never re-estimated."""
+        w = waiting_of.get(stage_at[i])  # type: ignore[arg-type]
+        if w:
+            w.pop(i, None)
 
     def learn_from(i: int) -> None:
         """Task ``i`` finished: its stage learns its true (nominal) duration; when the
@@ -570,8 +578,10 @@ def _simulate(
     # the policy for copies of the running primaries (``watch`` holds them, as it does
     # for a periodic check): after every event, or with a periodic check at each check.
     endgame = spec is not None and spec.endgame
-    ever = bytearray(n) if endgame else bytearray()  # the tasks started at least once
-    n_ever = 0
+    # the live tasks made runnable so far (counted where they become so, not at each
+    # start): with all of them runnable and the policy's queue empty, every task has
+    # started at least once (what the queue held was popped, and what is popped starts)
+    n_ready = 0
     n_live = n - is_cached.count(1)
     ticked = False  # a periodic check ran at this time
     # Each ask judges every running primary (O(running)), and in the end game nearly every
@@ -599,6 +609,8 @@ def _simulate(
     # once (only a policy that learns speeds, through `ended`, ever re-judges them;
     # with a periodic check, `watch` holds the running primaries instead)
     track = ended is not None and spec is not None and not interval
+    # idle capacity rescues attempts on suspect nodes (judged at once: no periodic check)
+    rescues = spec is not None and not interval
     # the attempt each core started last (with `track`): a node's running attempts are
     # those of its cores without an outcome yet, as a core runs one attempt at a time (a
     # store per start, not a set's add and discard per attempt)
@@ -619,6 +631,10 @@ def _simulate(
     # reference path calls the policy's own methods everywhere (tests/test_sim_reference.py
     # compares the two event for event)
     plain_spec = type(spec) is Speculation and not reference
+    # an attempt that is done ends through the helper, not the loop's inlined copy of it,
+    # on the reference path and when learning (which then learns from it: not the
+    # benchmarked path, so its one test per attempt is not paid by every run)
+    slow_done = reference or learner is not None
     if reference:
         urgent_hook = p_urgent
         speed_hook = p_speed
@@ -646,6 +662,7 @@ def _simulate(
     def ready(i: int, now: float, batch: list[Task] | None = None) -> None:
         """Task ``i`` can run: push it (or add it to ``batch``), or complete it
         at once if cached."""
+        nonlocal n_ready
         if is_cached[i]:
             t_start[i] = now
             t_end[i] = now
@@ -655,8 +672,9 @@ def _simulate(
                 if not waiting[j] and submitted[j]:
                     ready(j, now, batch)
         elif batch is not None:
-            batch.append(tasks[i])
+            batch.append(tasks[i])  # counted with its batch
         else:
+            n_ready += 1
             push(tasks[i])
 
     def ask(c: Copy) -> None:
@@ -820,11 +838,8 @@ def _simulate(
         """Start an attempt of task ``i`` on ``nd``: a backup of ``primary``, or (None)
         a first run or a retry."""
         nonlocal seq, draw_ptr, draws, backups_running, backups_launched, tick_at
-        nonlocal dispatcher_free, n_ever
+        nonlocal dispatcher_free
         backup = primary is not None
-        if endgame and not ever[i]:
-            ever[i] = 1
-            n_ever += 1
         if gap:  # the attempt starts once the dispatcher has served it; its slot is held
             now = (now if now > dispatcher_free else dispatcher_free) + gap
             dispatcher_free = now
@@ -839,10 +854,6 @@ def _simulate(
         nd.core = base + stack[-1] if stack else -1
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
-        if learner is not None and learned[i]:  # no longer waiting: never re-estimated
-            w = waiting_of.get(stage_at[i])  # type: ignore[arg-type]
-            if w:
-                w.pop(i, None)
         if track:
             if c == 1:
                 on_core[cores[0]] = a
@@ -897,13 +908,13 @@ def _simulate(
             backups_launched += 1
         if started is not None:
             started(a, now)
-        if spec is not None and not backup and (copy_all or copyable[i]):
+        if speculating and not backup and (copy_all or copyable[i]):
             speed = speed_hook(nd.index) if speed_hook is not None else 1.0
             if plain_spec:
                 late = late_factor * est[i] * speed
                 a.check_at = now + (late if late > min_runtime else min_runtime)
             else:
-                a.check_at = spec.deadline(now, est[i], speed)
+                a.check_at = spec.deadline(now, est[i], speed)  # type: ignore[union-attr]
             if endgame and not interval:  # a candidate for the end game's copies
                 watch[a] = None
             if interval:  # judged at every periodic check, as live (no deadline event)
@@ -951,6 +962,7 @@ def _simulate(
                 submitted[i] = 1
                 if not waiting[i]:
                     ready(i, now, runnable)
+            n_ready += len(runnable)
             policy.push_many(runnable)
         while True:  # the events at `now`, in (time, kind, seq) order
             if soon:
@@ -1013,8 +1025,10 @@ def _simulate(
                 continue  # killed earlier, or a stale check
             i = a.ti
             if kind == _DONE:
-                if reference:  # the slow path: the helper the line below inlines
+                if slow_done:  # the reference path, or learning: the helper inlined below
                     finish(a, now, "done")
+                    if learner is not None:
+                        learn_from(i)
                 else:
                     # finish(a, now, "done"), inlined: the end of nearly every attempt
                     a.end = now
@@ -1040,9 +1054,7 @@ def _simulate(
                         backups_running -= 1
                     if ended is not None and ended(a, now):
                         rejudge(a.node, now)
-                if learner is not None:
-                    learn_from(i)
-                if spec is not None:
+                if speculating:
                     done[i] = 1
                     if a.backup:
                         backups_won += 1
@@ -1059,7 +1071,7 @@ def _simulate(
                             ready(j, now)
             elif kind == _FAIL:
                 finish(a, now, "failed")
-                if spec is None:
+                if not speculating:
                     push(a.task)  # retry from the start
                     continue
                 r = copies.get(i) if copies else None
@@ -1085,9 +1097,10 @@ def _simulate(
         while True:
             declined: list[int] | None = None
             while free_heap:
-                queued = qlen()
-                if not queued and (not pending or backups_running >= cap):
-                    break
+                if pending:
+                    queued = qlen()
+                    if not queued and backups_running >= cap:
+                        break
                 k = free_heap[0]
                 nd = nodes[k]
                 if not nd.free:
@@ -1099,7 +1112,16 @@ def _simulate(
                     if p is not None:
                         start(p.ti, p.task, nd, now, p)
                         continue
-                tv = pop(nd, now) if queued else None
+                    tv = pop(nd, now) if queued else None
+                else:
+                    # no copy waits: the policy is asked first, its queue's length only
+                    # when it has nothing for the slot (an empty queue answers None too):
+                    # one call per start fewer on the loop's commonest path
+                    tv = pop(nd, now)
+                    if tv is None:
+                        queued = qlen()
+                        if not queued:
+                            break
                 if tv is None:
                     if queued and pending:  # a slot no queued task wants: a copy may take it
                         p = take_backup(nd, False, now)
@@ -1117,20 +1139,23 @@ def _simulate(
                 except AttributeError:
                     ti = -1
                 if 0 <= ti < n:
-                    if learner is not None and tasks[ti] is not tv:
-                        continue  # an entry re-ranking left behind: skipped
+                    if learner is not None:
+                        if tasks[ti] is not tv:
+                            continue  # an entry re-ranking left behind: skipped
+                        if learned[ti]:
+                            unwait(ti)
                     start(ti, tv, nd, now, None)  # type: ignore[arg-type]
                 else:
                     if index is None:
                         index = _positions(tasks)
                     ti = index[tv.tid]
+                    if learner is not None and learned[ti]:
+                        unwait(ti)
                     start(ti, tasks[ti], nd, now, None)
             if declined is not None:
                 for k in declined:
                     heappush(free_heap, k)  # still free: offer again after the next event
-            if rescued or not (
-                spec is not None and not interval and suspects and free_heap and not len(policy)
-            ):
+            if rescued or not (rescues and suspects and free_heap and not len(policy)):
                 break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 judged = [
@@ -1149,7 +1174,7 @@ def _simulate(
                 and free_heap
                 and backups_running < cap
                 and sub_ptr >= n
-                and n_ever == n_live
+                and n_ready == n_live
                 and not len(policy)
                 and (interval or n_events - spared >= 1 + (len(watch) >> 6))
                 and spare(now)
