@@ -57,6 +57,7 @@ def test_running_slots_split_in_proportion_to_targets():
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # counts starts in a window of wall-clock time: no other test beside it
 def test_a_late_small_team_gets_its_median_task_done_far_sooner_than_under_fifo():
     def run(plugin):
         """How many of a's tasks started after b arrived and before b's median task."""
@@ -79,6 +80,7 @@ def test_a_late_small_team_gets_its_median_task_done_far_sooner_than_under_fifo(
     assert fifo > 200 and fair < 0.3 * fifo, (fair, fifo)
 
 
+@pytest.mark.alone  # team a's slots 0.15 s after b is done: no other test beside it
 def test_a_quota_holds_while_other_teams_wait():
     plugin = JobsPlugin(
         policy="fair-share",
