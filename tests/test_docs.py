@@ -473,6 +473,9 @@ def page_runs(
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("docs-pages")  # one worker runs them all, three at a time (page_runs)
+# a page's process may take COMMAND_TIMEOUT * 2 (_start) after it waited for a free slot of
+# page_runs' pool: more than pytest-timeout's 300 s on a loaded machine (docs/chapter.md at 13)
+@pytest.mark.timeout(COMMAND_TIMEOUT * 2 + 120)
 @pytest.mark.parametrize("page", [p for p in PAGES if _runnable(_pages[p])], ids=_page_id)
 def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRun]]) -> None:
     run = page_runs[page].result()
