@@ -88,6 +88,15 @@ def _load(ws: Any) -> float:
     return len(ws.processing) / ws.nthreads
 
 
+def _emptied(popper: Any) -> bool:
+    """True if ``popper`` says it holds nothing (then every ``pop`` answers None: the
+    policy contract); False if it cannot say (no ``__len__``)."""
+    try:
+        return not len(popper)
+    except Exception:
+        return False
+
+
 class ReleaseGate:
     """Holds dask's queued root tasks and releases, slot by slot, what ``popper`` picks.
 
@@ -207,15 +216,28 @@ class ReleaseGate:
         idle = dask_internals.idle_workers(sched)
         if not idle:
             return
-        free = {ws: n for ws in idle if (n := dask_internals.free_slots(sched, ws)) > 0}
         tasks = self.tasks
         roots = [
             tasks[ts.key]
             for ts in new
             if not ts.dependencies and not ts.resource_restrictions and ts.key in tasks
         ]
-        if not (free and roots):
+        if not roots:
             return
+        # dask's order of the free slots: the least busy worker, (processing + taken) /
+        # threads, the first in the set's order on ties. A heap of (load, place in the
+        # set's order) gives the worker a `min` over the free workers gives, in O(log k)
+        # a slot (the `min` made a wave O(k^2) in k free workers: a one-task graph on 128
+        # idle workers cost ~8,400 key calls). A worker's free slots are counted when it
+        # is first reached (one with none leaves the heap: the others keep their order).
+        heap = [(len(ws.processing) / ws.nthreads, j, ws) for j, ws in enumerate(idle)]
+        heapq.heapify(heap)
+        free: dict[Any, int] = {}
+        while heap and (n := dask_internals.free_slots(sched, heap[0][2])) <= 0:
+            heapq.heappop(heap)  # no free slot on the least busy: not a slot of the wave
+        if not heap:
+            return
+        free[heap[0][2]] = n
         if self.pending:
             self._flush()
         popper = self.popper
@@ -224,8 +246,18 @@ class ReleaseGate:
         early.update(v.tid for v in roots)
         taken: dict[Any, int] = {}
         now = time.time()
-        while free:
-            ws = min(free, key=lambda w: (len(w.processing) + taken.get(w, 0)) / w.nthreads)
+        while heap:
+            ws = heap[0][2]
+            left = free.get(ws)
+            if left is None:
+                left = free[ws] = dask_internals.free_slots(sched, ws)
+                if left <= 0:
+                    heapq.heappop(heap)
+                    continue
+            if _emptied(popper):
+                # every pop left answers None (Policy.pop): no slot gets a task
+                self._meet(heap, free)
+                break
             slot = (
                 Slot(self.speeds.node(ws.address), ws, tasks, taken.get(ws, 0))
                 if self.by_worker
@@ -233,7 +265,7 @@ class ReleaseGate:
             )
             v = popper.pop(slot, now)
             if v is None:
-                del free[ws]  # nothing for this worker now (a later task end offers again)
+                heapq.heappop(heap)  # nothing for this worker now (a later end offers again)
                 continue
             if v.tid in early:
                 early.discard(v.tid)
@@ -251,10 +283,33 @@ class ReleaseGate:
                 self.attempts[v.tid] = att
             elif not self._promote(v):
                 continue  # a stale entry: not a slot's task
-            taken[ws] = taken.get(ws, 0) + 1
+            n = taken[ws] = taken.get(ws, 0) + 1
             free[ws] -= 1
             if free[ws] <= 0:
-                del free[ws]
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, ((len(ws.processing) + n) / ws.nthreads, heap[0][1], ws))
+
+    def _meet(self, heap: list[Any], free: dict[Any, int]) -> None:
+        """The wave's pops end with the policy's queue empty: each worker still in the
+        ``heap`` would have been asked (and answered None), its slot naming it, so a
+        worker not yet seen is made known to the speed learner (``WorkerSpeeds.node``:
+        its cores count in the capacity) in the order the asks would have come (the
+        least busy first, with a free slot). O(workers left) lookups; the sort only for
+        workers never seen."""
+        if not self.by_worker:
+            return
+        nodes = self.speeds.nodes
+        unseen = [e for e in heap if e[2].address not in nodes]
+        if not unseen:
+            return
+        sched = self.scheduler
+        for _, _, ws in sorted(unseen, key=lambda e: e[:2]):
+            left = free.get(ws)
+            if left is None:
+                left = dask_internals.free_slots(sched, ws)
+            if left > 0:
+                self.speeds.node(ws.address)
 
     def _wave(self, key: Key, v: LiveTask, finish: str) -> bool:
         """A transition of a task of a first wave; True if it was queued (and is held or
