@@ -12,10 +12,14 @@ Usage::
     python benchmarks/bench_speculation.py --chapter --quick   # 400 tasks, one seed
     python benchmarks/bench_speculation.py --real        # ... and on real processes
     python benchmarks/bench_speculation.py --model 0,600,1200   # the grid in the simulator
+    python benchmarks/bench_speculation.py --start-share 0      # the grid as written
 
 **The grid** (the default, :mod:`speculation.grid`): the full plugin (node-aware with
 speculation) against plain dask, side by side, on workloads of 400 to 3,200 sleep tasks
-on 16 to 64 slots with one or two workers 4x slow: makespan over the speed bound, fixed
+on 16 to 64 slots with one or two workers 4x slow, each within what the cluster can
+start (:mod:`speculation.demand`: plain dask's start rate is measured first on each
+cluster shape, and a workload asking more than 70% of it runs with longer tasks):
+makespan over the speed bound, fixed
 costs, the simulator's ratio for the same policy beside it; where the lost slot-time went
 and the load at the end of each run (:mod:`speculation.lost`).
 
@@ -93,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--model", default=None, metavar="RATES", help="the grid in the simulator")
     ap.add_argument("--submit", type=int, default=0, metavar="REPS", help="also fixed costs")
+    ap.add_argument(
+        "--start-share",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="the share of plain dask's start rate a grid workload may ask for; one asking "
+        "more runs with longer tasks (default 0.7; 0: run the grid as written)",
+    )
     args = ap.parse_args(argv)
     workload.POLICY_OPTIONS.update(_policy_options(args.policy_option))
     seeds = harness.seeds(args, 3)
@@ -139,11 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         report.emit(args)
         return 0
 
-    from speculation import grid, lost, probe
+    from speculation import demand, grid, lost, probe
 
     cases = QUICK if args.quick else GRID
     if args.cases:
         cases = tuple(GRID[int(k)] for k in args.cases.split(","))
+    share = demand.SHARE if args.start_share is None else args.start_share
+    restated = None
+    if share > 0:
+        kind = "real" if args.real_grid else "in-process" if args.in_process else "processes"
+        print(f"start rates ({kind}) ...", file=sys.stderr)
+        restated = demand.restate(cases, demand.measure_rates(cases, kind), share)
+        cases = tuple(r.case for r in restated)
     print(f"grid: {len(cases)} workloads x {args.reps} run(s) ...", file=sys.stderr)
     if args.in_process and not args.real_grid:
         rows = grid.grid(cases, args.reps)
@@ -157,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows = grid.grid(cases, args.reps, processes=tmp)
                 where = "LocalCluster with worker processes"
     report.title = f"Speculation: the full plugin against plain dask ({where})"
+    if restated is not None:
+        report.section("Workloads the cluster can start", demand.restate_table(restated, share))
     report.section("Makespan over the bound", grid.grid_table(rows, args.reps))
     report.section(
         "Where the full plugin's lost time went (median run per workload)",

@@ -29,7 +29,7 @@ TARGET = 1.05
 
 def sim_ratio(case: Case, overhead: float, dispatch_rate: float = 0.0) -> float:
     """The simulator's makespan over the bound for ``case``."""
-    w = chapter_workload(case.seed, case.n, case.noise)
+    w = chapter_workload(case.seed, case.n, case.noise, case.median)
     cluster = Cluster(
         case.workers,
         case.threads,

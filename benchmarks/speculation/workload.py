@@ -47,8 +47,14 @@ def speculation_config() -> dict[str, Any]:
     return {k.replace("_", "-"): v for k, v in SPECULATION.items()}
 
 
-def chapter_workload(seed: int, n: int, noise: float = 0.3) -> Any:
-    return workloads.chapter(seed, n=n, n_long=N_LONG, median=0.1, sigma=0.76, estimate_noise=noise)
+#: The median task of every sweep unless a workload is lengthened (seconds).
+MEDIAN = 0.1
+
+
+def chapter_workload(seed: int, n: int, noise: float = 0.3, median: float = MEDIAN) -> Any:
+    return workloads.chapter(
+        seed, n=n, n_long=N_LONG, median=median, sigma=0.76, estimate_noise=noise
+    )
 
 
 # -- tasks ----------------------------------------------------------------------------------
@@ -179,10 +185,16 @@ class Case:
     slow: int  # how many workers run SLOW_FACTOR x slower (the first ones)
     noise: float  # sigma of the estimates' exp(noise z) error; 0: exact estimates
     seed: int
+    median: float = MEDIAN  # the median task's seconds (longer: fewer starts a second)
 
     @property
     def slots(self) -> int:
         return self.workers * self.threads
+
+    @property
+    def demand(self) -> float:
+        """Task starts a second the sweep asks for: every slot starting a median task."""
+        return self.slots / self.median
 
     @property
     def slot_equivalents(self) -> float:
@@ -197,8 +209,10 @@ class Case:
 
     def label(self) -> str:
         est = f"noise {self.noise:g}" if self.noise else "exact"
+        med = "" if self.median == MEDIAN else f", median {self.median:g} s"
         return (
-            f"{self.n} x {self.workers}x{self.threads}, {self.slow} slow, {est}, seed {self.seed}"
+            f"{self.n} x {self.workers}x{self.threads}, {self.slow} slow, {est}{med}, "
+            f"seed {self.seed}"
         )
 
 
@@ -234,7 +248,7 @@ def grid_graph(
     with ``spans_file``, for worker processes (named ``{prefix}0``, ``{prefix}1``, ...:
     ``w0`` for ``dask worker`` processes, ``0`` for a ``LocalCluster``'s), the attempts
     are logged to that file, else to :data:`SPANS`."""
-    w = chapter_workload(case.seed, case.n, case.noise)
+    w = chapter_workload(case.seed, case.n, case.noise, case.median)
     fn: Any = nap_logged
     slow = tuple(str(i) for i in range(case.slow))
     extra: tuple[Any, ...] = ()
