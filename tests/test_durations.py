@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -10,6 +11,7 @@ import pytest
 
 from daskjobs.policies.durations import (
     REFIT_EVERY,
+    RERANK_VISITS,
     WINDOW,
     DurationModels,
     StageModel,
@@ -150,6 +152,29 @@ def test_due_keeps_firing_after_the_window_is_full():
             models.mark("s")
     assert len(models.model("s")) == 8
     assert fired == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56]
+
+
+def test_due_spaces_re_ranks_of_a_long_queue_by_its_length():
+    """Past the doublings, a re-rank that visits ``waiting`` tasks comes at most once per
+    ``waiting / RERANK_VISITS`` observations: a stage's re-ranks visit at most
+    RERANK_VISITS waiting tasks per observation, however long its queue (a queue up to
+    a window x RERANK_VISITS keeps the window's cadence)."""
+    assert RERANK_VISITS == 16
+    short, long_ = DurationModels(window=8), DurationModels(window=8)
+    fired: dict[int, list[int]] = {8 * RERANK_VISITS: [], 8 * RERANK_VISITS * 5: []}
+    for waiting, models in zip(fired, (short, long_), strict=True):
+        for i in range(1, 300):
+            models.observe("s", {"i": i}, 1.0)
+            if models.due("s", waiting=waiting):
+                fired[waiting].append(i)
+                models.mark("s")
+    # within window x RERANK_VISITS: the cadence of a stage with no queue
+    assert fired[128] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, *range(64, 300, 8)]
+    # five times that queue: the doublings as before (a bounded number), then every 40
+    assert fired[640] == [1, 2, 4, 8, *range(48, 300, 40)]
+    for waiting, at in fired.items():
+        spaced = [b - a for a, b in itertools.pairwise(at) if a >= 8]
+        assert spaced and min(spaced) >= max(8, waiting // RERANK_VISITS)
 
 
 def test_due_after_history_is_loaded_fires_once_then_a_window_later():

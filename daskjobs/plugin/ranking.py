@@ -461,12 +461,13 @@ class Ranker:
         gives it with it (after ``policy.reestimate``), aged as it was; the verb
         :func:`~daskjobs.plugin._internals.reprioritize` enacts the ranks. Returns
         ``(old view, new view, dask state)`` of each task whose estimate changed.
-        O(waiting tasks of the stage x log queued), at the model's cadence."""
+        O(waiting tasks of the stage x log queued), at the model's cadence, which spaces
+        the re-ranks of a long queue by its length: O(1) visits per finished task."""
         est = self.estimator
-        if not (self.reranks and est.due(stage)):
+        keys = self.waiting.get(stage)
+        if not (self.reranks and est.due(stage, len(keys) if keys else 0)):
             return []
         est.mark(stage)
-        keys = self.waiting.get(stage)
         sched = self.scheduler
         if not keys or sched is None:
             return []

@@ -51,10 +51,14 @@ A fit costs O(n p^2 + p^3) for ``n <= WINDOW`` observations and ``p`` columns
 more often than :meth:`DurationModels.due` allows a driver to re-rank: when the
 stage's observations *ever made* (not only those its window keeps) reach 1, 2, 4,
 8, ... and, once they pass the window, every window's worth (the window is then
-a fit of wholly new observations). So a stage of ``n`` observations is re-ranked
-at most ``log2(WINDOW) + 1 + n / WINDOW`` times: its fits cost O(p^2) amortised
-per observation, and a re-estimate of its ``w`` waiting tasks O(w / min(n, WINDOW))
-per observation (a long sweep's stage: about ``w / 512``).
+a fit of wholly new observations), or every ``w / RERANK_VISITS`` observations if
+the stage has more waiting tasks ``w`` than a window's worth of observations pays
+for. So a stage of ``n`` observations is re-ranked at most
+``log2(WINDOW) + 1 + n / WINDOW`` times: its fits cost O(p^2) amortised per
+observation, and past the doublings its re-estimates visit at most
+:data:`RERANK_VISITS` waiting tasks per observation, however long its queue (a
+re-rank every window's worth over a queue of ``w`` would cost ``w / 512`` visits an
+observation: on a map of 10^5 tasks, two hundred per finished task).
 ``predict_many`` predicts a batch with one matrix product.
 
 Pure Python and numpy: nothing here imports ``distributed``. The simulator, the
@@ -75,6 +79,7 @@ __all__ = [
     "EXTRAPOLATE",
     "PRIOR_SIGMA",
     "REFIT_EVERY",
+    "RERANK_VISITS",
     "SOURCES",
     "WINDOW",
     "DurationModels",
@@ -97,6 +102,10 @@ EXTRAPOLATE = 2.0
 #: After the first doublings, a driver re-ranks a stage every this many observations
 #: (the window: the model is then a fit of observations it had not seen at the last).
 REFIT_EVERY = WINDOW
+#: Past the first doublings, a re-rank that visits ``w`` waiting tasks of a stage comes at
+#: most once every ``w / RERANK_VISITS`` observations: at most this many visits per
+#: observation, amortised, however long the stage's queue.
+RERANK_VISITS = 16
 #: The band's quantiles of the residuals.
 BAND = (0.1, 0.9)
 _Z90 = 1.2815515655446004  # the standard normal's 90% quantile
@@ -368,18 +377,23 @@ class DurationModels:
         m = self._stages.get(stage)
         return None if m is None else m.predict_many(params)
 
-    def due(self, stage: str) -> bool:
+    def due(self, stage: str, waiting: int = 0) -> bool:
         """Whether ``stage`` has gained enough observations since it was last
-        :meth:`mark`-ed to re-estimate its waiting tasks: when the observations ever
+        :meth:`mark`-ed to re-estimate its ``waiting`` tasks: when the observations ever
         made of it (:attr:`StageModel.seen`, the window's and those it dropped) have
         doubled since the mark (1, 2, 4, 8, ...), or grown by a window
-        (:data:`REFIT_EVERY`, the model's window) if that comes first. O(1)."""
+        (:data:`REFIT_EVERY`, the model's window) if that comes first; once past the
+        window, by at least ``waiting / RERANK_VISITS`` too, so that re-ranking a long
+        queue costs O(1) visits per observation (module docstring). O(1)."""
         m = self._stages.get(stage)
         if m is None:
             return False
         n = m.seen
         last = self._marked.get(stage, 0)
-        return n > last and n - last >= max(1, min(last, m.window))
+        step = max(1, min(last, m.window))
+        if last >= m.window:
+            step = max(step, -(-waiting // RERANK_VISITS))
+        return n > last and n - last >= step
 
     def mark(self, stage: str) -> None:
         m = self._stages.get(stage)
@@ -516,10 +530,10 @@ class Estimator:
         is now (fitted again if it learned since its last fit)."""
         return self.models.predict(stage, params)
 
-    def due(self, stage: str) -> bool:
-        """Whether the waiting tasks of ``stage`` deserve new estimates now
+    def due(self, stage: str, waiting: int = 0) -> bool:
+        """Whether the ``waiting`` tasks of ``stage`` deserve new estimates now
         (:meth:`DurationModels.due`); the driver re-estimates them, then :meth:`mark`."""
-        return self.learn and self.models.due(stage)
+        return self.learn and self.models.due(stage, waiting)
 
     def mark(self, stage: str) -> None:
         self.models.mark(stage)

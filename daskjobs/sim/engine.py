@@ -484,10 +484,10 @@ def _simulate(
         # not scored here (a refit per observation): Schedule.within scores the estimates
         # the tasks started with
         learner.observe(st, tasks[i].params, dur[i], score=False)
-        if not learner.due(st):
+        w = waiting_of.get(st)
+        if not learner.due(st, len(w) if w else 0):
             return
         learner.mark(st)
-        w = waiting_of.get(st)
         if not w:
             return
         changed = estimate(st, list(w))
