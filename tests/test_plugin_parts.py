@@ -306,3 +306,35 @@ def test_policies_read_only_declared_view_fields_with_their_defaults() -> None:
             assert name in OPTIONAL_FIELDS, f"policies/{module} reads undeclared {name}"
             if name != "attempt.books":  # read with a sentinel: missing vs unset
                 assert default == OPTIONAL_FIELDS[name], f"policies/{module}: {name}"
+
+
+def test_a_reestimated_view_is_replace_of_its_estimate_fields_and_keeps_every_other():
+    """``LiveTask.reestimated`` writes the constructor out for speed: it must equal
+    ``dataclasses.replace`` of the four estimate fields, whatever fields the view has
+    (every field set to a value other than its default, so a field it forgot shows)."""
+    import dataclasses
+
+    v = LiveTask(
+        "k",
+        2.0,
+        3,
+        "a",
+        5.0,
+        ("d",),
+        "default",
+        "stage-x",
+        speculate=False,
+        job_class="te",
+        teams=("a", "b"),
+        band=(1.0, 4.0),
+        samples=7,
+        params={"x": 1},
+    )
+    fields = dataclasses.fields(LiveTask)
+    defaults = {f.name for f in fields if f.default is not dataclasses.MISSING}
+    assert defaults == {"speculate", "job_class", "teams", "band", "samples", "params"}
+    new = v.reestimated(9.5, "history", (8.0, 12.0), 11)
+    want = dataclasses.replace(v, estimate=9.5, source="history", band=(8.0, 12.0), samples=11)
+    for f in dataclasses.fields(LiveTask):
+        assert getattr(new, f.name) == getattr(want, f.name), f.name
+    assert new.params is v.params

@@ -117,7 +117,15 @@ def predict_stage(
     if preds is None:
         d = estimator.default
         return [Estimate(d, d, d, "default")] * len(params)
-    return [
-        Estimate(p.seconds, p.low, p.high, "model" if p.source == "model" else "history", p.samples)
-        for p in preds
-    ]
+    out: list[Estimate] = []
+    last: Any = None
+    e: Estimate | None = None
+    for p in preds:
+        if p is not last:  # a stage's median is one prediction shared by every task
+            last = p
+            e = Estimate(
+                p.seconds, p.low, p.high, "model" if p.source == "model" else "history", p.samples
+            )
+        assert e is not None
+        out.append(e)
+    return out

@@ -494,9 +494,7 @@ class Ranker:
             band = (e.low, e.high) if e.source in ("model", "history") else None
             if e.seconds == v.estimate and band == v.band:
                 continue
-            new = dataclasses.replace(
-                v, estimate=e.seconds, source=e.source, band=band, samples=e.samples
-            )
+            new = v.reestimated(e.seconds, e.source, band, e.samples)
             p = ts.priority
             assert p is not None  # ranked: checked above
             was = float(policy.key(v))

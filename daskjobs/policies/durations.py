@@ -321,9 +321,16 @@ class _Fit:
             x = np.clip(x, self.cut[0], self.cut[1])
             logd = self.median + x @ self.beta
             source = "model"
-        else:
-            logd = np.full(k, self.median)
-            source = "median"
+        else:  # the stage's median for every task: one prediction, shared
+            med = self.median
+            one = Prediction(
+                seconds=math.exp(med),
+                low=math.exp(med + self.lo),
+                high=math.exp(med + self.hi),
+                samples=self.n,
+                source="median",
+            )
+            return [one] * k
         out: list[Prediction] = []
         for v in logd.tolist():
             out.append(
