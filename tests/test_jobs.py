@@ -378,6 +378,51 @@ def test_scheduling_goes_on_while_the_ledger_is_unreachable(
         led.close()
 
 
+def test_a_ledger_out_of_reach_holds_back_no_other_ledgers_commits(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """A worker process has one reporter for every ledger its attempts write to. While
+    one ledger cannot be reached (here ``ledger_url``; in the test suite, a test's
+    PostgreSQL database dropped while an attempt of it still ran), the attempts of the
+    others still commit; the first commits once it is back."""
+    from daskjobs.jobs.runner import Order, run_attempt
+
+    def order(url: str, name: str) -> tuple[Ledger, str, Order]:
+        led = Ledger(url)
+        epoch = led.acquire_epoch()
+        spec = JobSpec(name, target="jobtasks:score")
+        job = led.submit(spec, epoch).job_id
+        a = led.start_attempt(job, 0, None, 30, epoch)
+        return (
+            led,
+            job,
+            Order(
+                ledger_url=url,
+                store_url=str(tmp_path / "store"),
+                job_id=job,
+                part=0,
+                parts=1,
+                token=a.token,
+                attempt_id=a.attempt_id,
+                target=spec.target,
+            ),
+        )
+
+    away, away_job, away_order = order(ledger_url, "away")
+    here, here_job, here_order = order(f"sqlite:///{tmp_path / 'here.sqlite'}", "here")
+    with _outage(ledger_url):
+        # the away ledger's commit first: the reporter's first group in its rounds
+        assert run_attempt(away_order)["state"] == "committing"
+        assert run_attempt(here_order, wait=30)["state"] == "succeeded"
+        assert here.outputs(here_job) == {0: f"ledger:daskjobs-job-{here_job}-p0-t1"}
+    deadline = time.monotonic() + 30
+    while not away.outputs(away_job):  # back: retried within the reporter's backoff
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    away.close()
+    here.close()
+
+
 @pytest.mark.slow
 def test_a_sweep_as_a_job(cluster: Any, tmp_path: Path) -> None:
     """A sweep submitted as one job: the same table as running it directly, the same job
