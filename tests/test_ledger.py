@@ -656,9 +656,14 @@ def test_expiry_and_placement_rules() -> None:
     assert may_expire(100.0, 95.0, 5.0)
     assert responsive({"a": 99.0, "b": 99.5}, 100.0, 5.0) is None  # all fine: anywhere
     assert responsive({"a": 90.0, "b": 99.5}, 100.0, 5.0) == ["b"]  # a is silent
-    assert responsive({"a": 90.0, "b": 80.0}, 100.0, 5.0) is None  # nobody: dask decides
+    assert responsive({"a": 90.0, "b": 80.0}, 100.0, 5.0) == ["a"]  # b silent 10 s longer
+    assert responsive({"a": 90.0, "b": 89.0}, 100.0, 5.0) is None  # nobody heard: alike
     # silent for more than a third of a lease: a paused worker whose attempt was just lost
     assert responsive({"a": 97.0, "b": 99.5}, 100.0, 5.0) == ["b"]
+    # a loaded scheduler hears the healthy worker late too (0.9 s, over a third of a 2 s
+    # lease): the part still does not go back to the paused one
+    assert responsive({"paused": 97.9, "healthy": 99.1}, 100.0, 2.0) == ["healthy"]
+    assert responsive({}, 100.0, 2.0) is None
 
 
 def test_commit_outputs_decides_each_part_on_its_own(ledger: Ledger) -> None:
