@@ -14,6 +14,7 @@
   server ``postgresql+psycopg://postgres@127.0.0.1:5432``): the same tests run on both
   backends. Without a server the PostgreSQL half is skipped, unless
   ``DASKJOBS_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that a failure.
+  ``postgres_url`` is the PostgreSQL half alone (for races only its concurrent writers have).
 
 Tests marked ``realcluster`` or ``netns`` are marked ``slow`` too: the fast tier a developer
 runs after each edit, ``python -m pytest -m "not slow"``, leaves them out (the README's
@@ -259,6 +260,17 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
         return
+    url, drop = _postgres_database()
+    try:
+        yield url
+    finally:
+        drop()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database (for what only PostgreSQL's concurrent writers
+    can do); skipped without a server, like ``ledger_url``'s PostgreSQL half."""
     url, drop = _postgres_database()
     try:
         yield url

@@ -148,7 +148,8 @@ def test_cancel_stops_and_fences(cluster: Any, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -> None:
     """An attempt that lost its part stops at its next step (its heartbeat is refused);
-    the next attempt resumes from the last committed checkpoint."""
+    the next attempt resumes from the last committed checkpoint. (The first attempt's
+    loop is long enough to run until it is stopped, whenever that comes.)"""
     led = Ledger(ledger_url)
     spec = JobSpec(
         "train",
@@ -173,7 +174,7 @@ def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -
         token=first.token,
         attempt_id=first.attempt_id,
         target=spec.target,
-        params=dict(spec.params),
+        params={**spec.params, "steps": 10**6},
         lease=0.3,
         checkpoint_every=0.1,
     )
@@ -184,13 +185,26 @@ def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -
     while led.checkpoint(job, 0) is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    time.sleep(0.3)
     led.end_attempt(first.attempt_id, first.token, "lost", e, "test: worker left")
     t.join(30)
     assert out["r"]["state"] == "fenced"
+    # its last checkpoint: the lost attempt's later ones were refused
+    from daskjobs.cache.store import ResultStore
+
+    location = led.checkpoint(job, 0)
+    assert location is not None
+    saved = ResultStore(order.store_url).get(location)["step"]
+    assert saved > 0
     second = led.start_attempt(job, 0, None, 30, e)
     resumed = run_attempt(
-        Order(**{**order.__dict__, "token": second.token, "attempt_id": second.attempt_id}),
+        Order(
+            **{
+                **order.__dict__,
+                "token": second.token,
+                "attempt_id": second.attempt_id,
+                "params": {**spec.params, "steps": saved + 20},
+            }
+        ),
         wait=30,
     )
     assert resumed["state"] == "succeeded"
@@ -198,7 +212,7 @@ def test_training_resumes_from_its_checkpoint(ledger_url: str, tmp_path: Path) -
 
     assert resumed["location"].startswith("ledger:")  # small: kept in the ledger's row
     value = pickle.loads(led.output_values(job)[0])
-    assert value["step"] == 200 and 0 < value["resumed_from"] < 200
+    assert value == {"step": saved + 20, "resumed_from": saved}
     assert led.outputs(job) == {0: resumed["location"]}
 
 
@@ -244,15 +258,17 @@ def test_a_new_scheduler_on_the_same_ledger_finishes_every_job(
         while sum(a["state"] == "running" for a in held.attempts()) < 3:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        # the scheduler recorded a launch and died before dask got it
-        led = Ledger(ledger_url)
-        orphan = led.submit(JobSpec("orphan", target="jobtasks:score"), led.epoch()).job_id
-        led.start_attempt(orphan, 0, None, 1.0, led.epoch())
-        led.close()
         # the held attempts finish while the first scheduler closes: their commits land
         # with no scheduler to hear of them (their tokens are still current)
         threading.Timer(0.5, gate.touch).start()
-        ids = (held.job_id, quick.job_id, orphan)
+    # the first scheduler recorded a launch and died before dask got it (written once it
+    # is gone, with its epoch: a live service would start the job's part itself first)
+    led = Ledger(ledger_url)
+    assert led.epoch() == 1
+    orphan = led.submit(JobSpec("orphan", target="jobtasks:score"), 1).job_id
+    led.start_attempt(orphan, 0, None, 1.0, 1)
+    led.close()
+    ids = (held.job_id, quick.job_id, orphan)
     with cluster() as lc, Client(lc) as client:
         for job_id in ids:
             status = jobs.Job(client, job_id).wait(timeout=60)
@@ -376,6 +392,51 @@ def test_scheduling_goes_on_while_the_ledger_is_unreachable(
         led = Ledger(ledger_url)
         assert sorted(led.outputs(job.job_id)) == list(range(6))
         led.close()
+
+
+def test_a_ledger_out_of_reach_holds_back_no_other_ledgers_commits(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """A worker process has one reporter for every ledger its attempts write to. While
+    one ledger cannot be reached (here ``ledger_url``; in the test suite, a test's
+    PostgreSQL database dropped while an attempt of it still ran), the attempts of the
+    others still commit; the first commits once it is back."""
+    from daskjobs.jobs.runner import Order, run_attempt
+
+    def order(url: str, name: str) -> tuple[Ledger, str, Order]:
+        led = Ledger(url)
+        epoch = led.acquire_epoch()
+        spec = JobSpec(name, target="jobtasks:score")
+        job = led.submit(spec, epoch).job_id
+        a = led.start_attempt(job, 0, None, 30, epoch)
+        return (
+            led,
+            job,
+            Order(
+                ledger_url=url,
+                store_url=str(tmp_path / "store"),
+                job_id=job,
+                part=0,
+                parts=1,
+                token=a.token,
+                attempt_id=a.attempt_id,
+                target=spec.target,
+            ),
+        )
+
+    away, away_job, away_order = order(ledger_url, "away")
+    here, here_job, here_order = order(f"sqlite:///{tmp_path / 'here.sqlite'}", "here")
+    with _outage(ledger_url):
+        # the away ledger's commit first: the reporter's first group in its rounds
+        assert run_attempt(away_order)["state"] == "committing"
+        assert run_attempt(here_order, wait=30)["state"] == "succeeded"
+        assert here.outputs(here_job) == {0: f"ledger:daskjobs-job-{here_job}-p0-t1"}
+    deadline = time.monotonic() + 30
+    while not away.outputs(away_job):  # back: retried within the reporter's backoff
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    away.close()
+    here.close()
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -648,6 +649,64 @@ def test_next_step(state: str | None, task: str | None, handed: Any, seen: Any, 
     assert got == step
 
 
+@pytest.mark.parametrize("write", ["end_attempt", "ack_many", "cancel"])
+def test_a_write_that_waited_on_a_move_of_the_attempt_applies_to_it(
+    postgres_url: str, write: str
+) -> None:
+    """PostgreSQL runs writers concurrently: one that read an attempt's live state while
+    another transaction moved it (a worker's acknowledgement, launching -> running; the
+    service's reconciling, launching -> unknown) then waited for that transaction. The
+    attempt is still live: ending it, acknowledging it or cancelling its job applies to
+    it, and is neither refused (a worker told to stop a live attempt) nor skipped (an
+    attempt left running in a cancelled job)."""
+    led = Ledger(postgres_url)
+    e = led.acquire_epoch()
+    job = led.submit(infer(1), e).job_id
+    a = led.start_attempt(job, 0, None, 30, e)
+    assert a.state == "launching"
+    moved = "unknown" if write == "ack_many" else "running"
+    db = sa.engine.make_url(postgres_url).database
+    other = sa.create_engine(postgres_url)
+    result: dict[str, Any] = {}
+
+    def call() -> None:
+        if write == "end_attempt":
+            result["r"] = led.end_attempt(a.attempt_id, a.token, "lost", e, "test")
+        elif write == "ack_many":
+            result["r"] = led.ack_many([(a.attempt_id, a.token, "w1")], 30)
+        else:
+            result["r"] = led.cancel(job, e, "test")
+
+    with other.connect() as conn, conn.begin():
+        conn.execute(
+            sa.text("UPDATE daskjobs_attempts SET state = :s WHERE attempt_id = :a"),
+            {"s": moved, "a": a.attempt_id},
+        )
+        t = threading.Thread(target=call)
+        t.start()
+        # the write waits for this transaction's lock on the attempt's row
+        deadline = time.monotonic() + 30
+        while not conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = :db "
+                "AND wait_event_type = 'Lock'"
+            ),
+            {"db": db},
+        ).scalar():
+            assert time.monotonic() < deadline and t.is_alive(), result
+            time.sleep(0.01)
+    t.join(30)
+    other.dispose()
+    state = led.attempts(job)[0].state
+    if write == "end_attempt":
+        assert (result["r"], state) == (True, "lost")
+    elif write == "ack_many":
+        assert (result["r"], state) == ([True], "running")
+    else:
+        assert (result["r"], state) == (True, "cancelled")
+    led.close()
+
+
 def test_expiry_and_placement_rules() -> None:
     from daskjobs.jobs.model import may_expire, responsive
 
@@ -656,9 +715,14 @@ def test_expiry_and_placement_rules() -> None:
     assert may_expire(100.0, 95.0, 5.0)
     assert responsive({"a": 99.0, "b": 99.5}, 100.0, 5.0) is None  # all fine: anywhere
     assert responsive({"a": 90.0, "b": 99.5}, 100.0, 5.0) == ["b"]  # a is silent
-    assert responsive({"a": 90.0, "b": 80.0}, 100.0, 5.0) is None  # nobody: dask decides
+    assert responsive({"a": 90.0, "b": 80.0}, 100.0, 5.0) == ["a"]  # b silent 10 s longer
+    assert responsive({"a": 90.0, "b": 89.0}, 100.0, 5.0) is None  # nobody heard: alike
     # silent for more than a third of a lease: a paused worker whose attempt was just lost
     assert responsive({"a": 97.0, "b": 99.5}, 100.0, 5.0) == ["b"]
+    # a loaded scheduler hears the healthy worker late too (0.9 s, over a third of a 2 s
+    # lease): the part still does not go back to the paused one
+    assert responsive({"paused": 97.9, "healthy": 99.1}, 100.0, 2.0) == ["healthy"]
+    assert responsive({}, 100.0, 2.0) is None
 
 
 def test_commit_outputs_decides_each_part_on_its_own(ledger: Ledger) -> None:

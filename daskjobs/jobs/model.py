@@ -383,8 +383,8 @@ def may_expire(now: float, reachable_since: float | None, lease: float) -> bool:
 
 
 def responsive(last_seen: Mapping[str, float], now: float, lease: float) -> list[str] | None:
-    """Where a new attempt may go: the workers that sent dask a heartbeat within the
-    last third of a lease, or None (anywhere) when all did or none did. dask keeps a
+    """Where a new attempt may go: the workers whose last heartbeat to dask came within a
+    third of a lease of the latest one, or None (anywhere) when all did. dask keeps a
     silent worker (paused, partitioned) until its own timeout and would hand it new work
     that never starts.
 
@@ -393,8 +393,16 @@ def responsive(last_seen: Mapping[str, float], now: float, lease: float) -> list
     attempt is lost that worker has been silent for at least two thirds of a lease -
     its part never goes back to it. (dask's workers send heartbeats every 0.5 s on
     clusters of up to 10 workers, 1-2 s up to 200, more beyond: keep the lease above
-    three times that.)"""
-    alive = sorted(a for a, seen in last_seen.items() if now - seen <= lease / 3)
-    if not alive or len(alive) == len(last_seen):
+    three times that.)
+
+    Against the latest heartbeat, not ``now``: a scheduler whose event loop is slow (a
+    loaded machine) hears every worker late, the healthy ones too; measured from ``now``
+    they would all look silent and the part could go back to the paused worker. ``now``
+    only bounds the latest heartbeat (one stamped later counts as now)."""
+    if not last_seen:
+        return None
+    latest = min(now, max(last_seen.values()))
+    alive = sorted(a for a, seen in last_seen.items() if latest - seen <= lease / 3)
+    if len(alive) == len(last_seen):
         return None
     return alive

@@ -23,8 +23,9 @@ cannot stop a running thread); its output will be refused.
 
 No worker thread waits for the database: the task returns ``{"state": "committing"}``
 once its output is in the store, and the reporter retries what the database could not
-take (unreachable, locked) at its next round; a process that dies first leaves its
-attempts to their leases (they run again; the ledger keeps the output visible once).
+take (unreachable, locked) with backoff, each ledger on its own: one out of reach holds
+back no other ledger's reports. A process that dies first leaves its attempts to their
+leases (they run again; the ledger keeps the output visible once).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import sqlalchemy as sa
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from daskjobs.cache.store import ResultStore
-from daskjobs.jobs.ledger import Ledger
+from daskjobs.jobs.ledger import Ledger, safe_url
 from daskjobs.jobs.model import StaleTransition
 
 __all__ = ["INLINE", "INLINE_LIMIT", "Attempt", "Order", "Prepare", "output_key", "run_attempt"]
@@ -292,6 +293,11 @@ ACK_AFTER = 0.5
 #: How long the reporter waits after a commit arrives before it writes, so that the
 #: parts finishing meanwhile share the transaction (group commit).
 LINGER = 0.1
+#: The reporter retries a ledger it could not reach after this long, doubling up to
+#: ``RETRY_MOST`` while it stays unreachable (a ledger that is back takes a round at most
+#: ``RETRY_MOST`` late; one that is gone for good costs a connection attempt that often).
+RETRY_FIRST = 0.05
+RETRY_MOST = 2.0
 
 
 class _Outcome:
@@ -332,7 +338,9 @@ class _Reporter:
         self._entries: dict[str, _Entry] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._unreachable: str | None = None
+        # id(ledger) -> (when its next round may try it, the delay after that): a ledger
+        # the last round could not reach, retried with backoff, the others unaffected
+        self._backoff: dict[int, tuple[float, float]] = {}
 
     def add(self, attempt: Attempt, ledger: Ledger, lease: float) -> None:
         with self._lock:
@@ -371,39 +379,54 @@ class _Reporter:
         due = 1.0
         with self._lock:
             for e in self._entries.values():
-                if e.output is not None:
+                retry = self._backoff.get(id(e.ledger))
+                if retry is not None:  # unreachable: its next try
+                    due = min(due, retry[0] - now)
+                elif e.output is not None:
                     return 0.05  # a commit the database did not take yet
-                if e.acked:
+                elif e.acked:
                     due = min(due, e.renewed + e.lease / 3 - now)
                 else:
                     due = min(due, e.began + min(ACK_AFTER, e.lease / 3) - now)
         return max(0.005, due)
 
     def round(self) -> None:
-        """One round: every ledger's due commits, acknowledgements and renewals."""
+        """One round: every ledger's due commits, acknowledgements and renewals.
+
+        Each ledger on its own: one that cannot be reached (down, locked, or its database
+        gone while an attempt of it still ran) is retried with backoff (``RETRY_FIRST``
+        doubling to ``RETRY_MOST``) while the attempts of every other ledger this process
+        runs are reported as usual."""
         now = time.monotonic()
         with self._lock:
             entries = list(self._entries.values())
         by_ledger: dict[int, list[_Entry]] = {}
         for e in entries:
             by_ledger.setdefault(id(e.ledger), []).append(e)
-        for group in by_ledger.values():
+        for key in [k for k in self._backoff if k not in by_ledger]:
+            del self._backoff[key]  # its attempts are gone
+        for key, group in by_ledger.items():
+            retry = self._backoff.get(key)
+            if retry is not None and now < retry[0]:
+                continue
+            ledger = group[0].ledger
             try:
-                self._report(group[0].ledger, group, now)
-            except UNREACHABLE as err:  # keep working; the next round tries again
-                why = str(getattr(err, "orig", err))
-                if self._unreachable is None:
+                self._report(ledger, group, now)
+            except UNREACHABLE as err:  # keep working; a later round tries again
+                if retry is None:
                     logger.warning(
-                        "daskjobs reporter: ledger unreachable (%s); %d attempt(s) report "
+                        "daskjobs reporter: ledger %s unreachable (%s); %d attempt(s) report "
                         "when it is back",
-                        why,
+                        safe_url(ledger.url),
+                        getattr(err, "orig", err),
                         len(group),
                     )
-                self._unreachable = why
-                return
-        if self._unreachable is not None:
-            logger.warning("daskjobs reporter: ledger reachable again")
-            self._unreachable = None
+                delay = RETRY_FIRST if retry is None else min(retry[1] * 2, RETRY_MOST)
+                self._backoff[key] = (time.monotonic() + delay, delay)
+                continue
+            if retry is not None:
+                del self._backoff[key]
+                logger.warning("daskjobs reporter: ledger %s reachable again", safe_url(ledger.url))
 
     def _report(self, ledger: Ledger, group: list[_Entry], now: float) -> None:
         commits = [e for e in group if e.output is not None]

@@ -253,11 +253,14 @@ class AttemptMoves(LedgerCore):
             raise ValueError(f"an attempt ends failed, lost, fenced or cancelled, not {new!r}")
         now = self.clock()
         with self._write(epoch) as conn:
-            row = conn.execute(
-                sa.select(attempts_t.c.state).where(
-                    attempts_t.c.attempt_id == attempt_id, attempts_t.c.token == token
-                )
-            ).first()
+            q = sa.select(attempts_t.c.state).where(
+                attempts_t.c.attempt_id == attempt_id, attempts_t.c.token == token
+            )
+            if conn.dialect.name == "postgresql":
+                # locked as read: a worker's acknowledgement (launching -> running) that
+                # commits meanwhile would otherwise leave the update below matching nothing
+                q = q.with_for_update()
+            row = conn.execute(q).first()
             if row is None or row.state not in LIVE_ATTEMPTS:
                 return False
             res = conn.execute(
@@ -282,16 +285,22 @@ class AttemptMoves(LedgerCore):
         if not attempts:
             return []
         now = self.clock()
-        out = []
+        out: dict[int, bool] = {}
         with self._write() as conn:
-            for attempt_id, token, worker in attempts:
-                row = conn.execute(
-                    sa.select(attempts_t.c.state, attempts_t.c.token).where(
-                        attempts_t.c.attempt_id == attempt_id
-                    )
-                ).first()
+            pg = conn.dialect.name == "postgresql"
+            # by attempt id, the order every writer locks attempts in (PostgreSQL: each row
+            # locked as read, so that a move meanwhile - launching -> unknown by the service -
+            # does not make the update below match nothing and refuse a live attempt)
+            for i in sorted(range(len(attempts)), key=lambda i: attempts[i][0]):
+                attempt_id, token, worker = attempts[i]
+                q = sa.select(attempts_t.c.state, attempts_t.c.token).where(
+                    attempts_t.c.attempt_id == attempt_id
+                )
+                if pg:
+                    q = q.with_for_update()
+                row = conn.execute(q).first()
                 if row is None or row.token != token or row.state not in LIVE_ATTEMPTS:
-                    out.append(False)
+                    out[i] = False
                     continue
                 res = conn.execute(
                     attempts_t.update()
@@ -302,7 +311,7 @@ class AttemptMoves(LedgerCore):
                     )
                     .values(state="running", worker=worker, lease_until=now + lease, updated=now)
                 )
-                out.append(res.rowcount == 1)
+                out[i] = res.rowcount == 1
                 if res.rowcount == 1 and row.state != "running":
                     reason = (
                         "worker started it"
@@ -312,7 +321,7 @@ class AttemptMoves(LedgerCore):
                     self._log(
                         conn, "attempt", attempt_id, row.state, "running", f"{reason} ({worker})", 0
                     )
-        return out
+        return [out[i] for i in range(len(attempts))]
 
     def renew(self, attempt_id: str, token: int, lease: float, epoch: int | None = None) -> bool:
         """Extend a live attempt's lease by ``lease`` seconds from now; False if it is no

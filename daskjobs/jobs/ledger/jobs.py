@@ -214,11 +214,16 @@ class JobMoves(LedgerCore):
     def _end_live(
         self, conn: Connection, job_id: str, new: str, reason: str, epoch: int, now: float
     ) -> None:
-        rows = conn.execute(
+        q = (
             sa.select(attempts_t.c.attempt_id, attempts_t.c.state)
             .where(attempts_t.c.job_id == job_id, attempts_t.c.state.in_(sorted(LIVE_ATTEMPTS)))
             .order_by(attempts_t.c.attempt_id)  # the order every writer locks attempts in
-        ).all()
+        )
+        if conn.dialect.name == "postgresql":
+            # locked as read: an attempt acknowledged meanwhile (launching -> running) is
+            # ended too, not skipped by the update's state condition
+            q = q.with_for_update()
+        rows = conn.execute(q).all()
         for r in rows:
             conn.execute(
                 attempts_t.update()
