@@ -253,3 +253,24 @@ def test_every_plot_on_the_benchmarks_page_comes_with_its_command() -> None:
         if title not in NO_PLOT:
             assert any(start < n < end for n in drawn), f"section {title!r} has no plot"
     assert "<!-- plot:" not in text, "a plot is still a placeholder"
+
+
+def tables_without_a_command(text: str) -> list[str]:
+    """The tables of a page with no command (`` `python benchmarks/...` `` or
+    `` `daskjobs ...` ``) between them and the heading above them: their first lines."""
+    lines = text.splitlines()
+    out = []
+    for n, line in enumerate(lines):
+        if line.startswith("| ") and not (n and lines[n - 1].startswith("|")):
+            start = max(k for k in range(n + 1) if k == 0 or lines[k].startswith("#"))
+            above = "\n".join(lines[start:n])
+            if "`python benchmarks/" not in above and "`daskjobs " not in above:
+                out.append(f"line {n + 1}: {line[:60]}")
+    return out
+
+
+def test_every_table_on_the_benchmarks_page_has_its_command_in_its_section() -> None:
+    sample = "## A\n\n`python benchmarks/bench_a.py`\n\n| x |\n|---|\n\n### B\n\n| y |\n|---|\n"
+    assert tables_without_a_command(sample) == ["line 10: | y |"]
+    found = tables_without_a_command(PAGE.read_text(encoding="utf-8"))
+    assert not found, "tables on docs/benchmarks.md without their command:\n" + "\n".join(found)
