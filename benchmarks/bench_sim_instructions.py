@@ -6,6 +6,7 @@ Usage::
     python benchmarks/bench_sim_instructions.py --against /tmp/sim-old   # chapter, 10,000 tasks
     python benchmarks/bench_sim_instructions.py --against /tmp/sim-old --size 100000
     python benchmarks/bench_sim_instructions.py --against /tmp/sim-old --quick  # 2 policies
+    python benchmarks/bench_sim_instructions.py --quick   # this checkout's counts alone
 
 On a shared 2-CPU machine the wall time of a run moves by 10-40% between
 interpreters (benchmarks/NOTES.md), so ``bench_sim.py --against`` cannot tell a change
@@ -26,7 +27,8 @@ stalls: read it beside ``bench_sim.py``'s times, not instead of them.
 
 Each column: instructions a task (``Ir`` / tasks), for the new code and for the code in
 ``--against``, their ratio (below 1: the new code does less), and whether the two
-schedules are the same (makespan and event count). Needs ``valgrind`` on the path.
+schedules are the same (makespan and event count); without ``--against``, this
+checkout's instructions a task and its schedule's figures alone. Needs ``valgrind`` on the path.
 Cases run ``--jobs`` at a time (default: one per CPU).
 
 This is a script, not a test: nothing here asserts.
@@ -129,9 +131,29 @@ def case(size: str, policy: str, backups: bool, seed: int, runs: int, pkg: str |
     return {**got, "sim_ir": median}
 
 
+def _alone(cases: list[tuple[str, bool]], new: dict) -> str:
+    """The table of this checkout's counts, without a checkout to compare against."""
+    rows = [
+        [
+            p,
+            "yes" if b else "no",
+            f"{new[(p, b)]['sim_ir'] / new[(p, b)]['tasks']:,.0f}",
+            f"{new[(p, b)]['sim_ir']:,}",
+            f"{new[(p, b)]['makespan_h']:.2f}",
+            f"{new[(p, b)]['events']:,}",
+        ]
+        for p, b in cases
+    ]
+    return harness.table(
+        ["policy", "backups", "Ir / task", "Ir", "makespan h", "events"], rows, align="llrrrr"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__)  # --quick: FIFO and node-aware only
-    ap.add_argument("--against", metavar="DIR", required=True, help="a checkout of older code")
+    ap.add_argument(
+        "--against", metavar="DIR", help="a checkout of older code (without: this one's alone)"
+    )
     ap.add_argument(
         "--size",
         type=int,
@@ -156,12 +178,33 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p for p in policies if p in ("fifo", "node-aware")] or policies[:1]
     size = "chapter" if args.size == 10_000 else "quick"
     cases = [(p, b) for p in policies for b in (False, True)]
-    jobs = [(p, b, pkg) for p, b in cases for pkg in (None, args.against)]
+    pkgs = (None, args.against) if args.against else (None,)
+    jobs = [(p, b, pkg) for p, b in cases for pkg in pkgs]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = [pool.submit(case, size, p, b, args.seed, args.runs, pkg) for p, b, pkg in jobs]
         results = [f.result() for f in futures]
     new = {(p, b): r for (p, b, pkg), r in zip(jobs, results, strict=True) if pkg is None}
     old = {(p, b): r for (p, b, pkg), r in zip(jobs, results, strict=True) if pkg is not None}
+    title = "Simulator instructions, new against old" if old else "Simulator instructions"
+    report = harness.Report(title, __file__, argv)
+    against = f"; against {args.against}" if old else ""
+    report.note(f"the chapter sweep of {args.size:,} tasks, seed {args.seed}{against}")
+    report.note(
+        f"instructions of one simulate() (callgrind Ir between markers, the median of runs 2-"
+        f"{args.runs} in one interpreter), PYTHONHASHSEED=0"
+    )
+    if args.check:
+        irs = ", ".join(f"{x:,}" for x in new[cases[0]]["irs"])
+        report.note(f"{cases[0][0]}: the new code's runs one by one: {irs} instructions")
+    labels = [f"{p}{', backups' if b else ''}" for p, b in cases]
+    if not old:
+        report.section(None, _alone(cases, new))
+        per_task = [new[c]["sim_ir"] / new[c]["tasks"] for c in cases]
+        report.chart(
+            harness.Chart("simulate() instructions", "Ir / task", labels, {"Ir": per_task})
+        )
+        report.emit(args)
+        return 0
 
     rows = []
     ratios = []
@@ -181,17 +224,6 @@ def main(argv: list[str] | None = None) -> int:
                 "yes" if same else "NO",
             ]
         )
-    report = harness.Report("Simulator instructions, new against old", __file__, argv)
-    report.note(
-        f"the chapter sweep of {args.size:,} tasks, seed {args.seed}; against {args.against}"
-    )
-    report.note(
-        f"instructions of one simulate() (callgrind Ir between markers, the median of runs 2-"
-        f"{args.runs} in one interpreter), PYTHONHASHSEED=0"
-    )
-    if args.check:
-        irs = ", ".join(f"{x:,}" for x in new[cases[0]]["irs"])
-        report.note(f"{cases[0][0]}: the new code's runs one by one: {irs} instructions")
     ordered = sorted(ratios)
     median = (
         ordered[len(ordered) // 2]
@@ -207,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
             align="llrrrl",
         ),
     )
-    labels = [f"{p}{', backups' if b else ''}" for p, b in cases]
     report.chart(
         harness.Chart(
             "simulate() instructions, new / old",

@@ -2,16 +2,19 @@
 
 Usage::
 
-    python benchmarks/figures.py --out docs/figures            # every figure (long)
+    python benchmarks/figures.py --out /tmp/figures            # every figure (long)
     python benchmarks/figures.py --out /tmp/figures --quick    # small sizes, a few minutes
-    python benchmarks/figures.py --out docs/figures --only plugin --only fairshare
+    python benchmarks/figures.py --out /tmp/figures --only plugin --only fairshare
     python benchmarks/figures.py --list                        # names and commands
 
 Runs each benchmark of :data:`FIGURES` as its own process, one after the other (never two
 at once: they would measure each other), with ``--markdown OUT/<name>.md`` and, where it
-draws one, ``--plot OUT/<name>.png``; the page includes those files, so every figure on it
-comes with the command and the machine that produced it. A benchmark that fails is named
-at the end and the exit status is 1; the others' files are still written.
+draws one, ``--plot OUT/<name>.png``: every figure comes with the command and the machine
+that produced it. docs/benchmarks.md shows the plots as ``docs/img/bench/<name>.png``, each
+under the command that drew it, and the tables of the full runs beside their commands. Keep
+``OUT`` outside docs/: a markdown file there that is not in mkdocs.yml's nav fails the
+strict build. A benchmark that fails is named at the end and the exit status is 1; the
+others' files are still written.
 """
 
 from __future__ import annotations

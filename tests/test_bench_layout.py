@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,27 @@ def test_every_benchmark_takes_the_common_options() -> None:
             assert not has, f"{name} takes the common options now: drop it from PENDING_CLI"
         else:
             assert has, f"{name} --help lacks --quick, --markdown or --plot:\n{text}"
+        assert not required(text), (
+            f"{name} needs {required(text)}: `python benchmarks/{name} --quick` must run alone"
+        )
+
+
+def required(help_text: str) -> list[str]:
+    """The arguments a script's usage line asks for outside ``[...]``: those without which
+    ``--quick`` alone does not run."""
+    usage = help_text.split("\n\n")[0].split(None, 2)[2:]  # after "usage: NAME"
+    rest = " ".join(usage)
+    while (shorter := re.sub(r"\[[^\[\]]*\]", "", rest)) != rest:
+        rest = shorter
+    return rest.split()
+
+
+def test_required_reads_a_usage_line() -> None:
+    assert required("usage: a.py [-h] [--quick] [--size {1,2}]\n\noptions: ...") == []
+    assert required("usage: a.py [-h] [--quick]\n   [--plot PATH] --against DIR\n\nx") == [
+        "--against",
+        "DIR",
+    ]
 
 
 @pytest.mark.slow
@@ -208,8 +230,6 @@ NO_PLOT = {"Faults": "its figures are what happened and what the user saw: words
 
 
 def test_every_plot_on_the_benchmarks_page_comes_with_its_command() -> None:
-    import re
-
     text = PAGE.read_text(encoding="utf-8")
     assert len(text.encode()) < 30_000, f"docs/benchmarks.md is {len(text.encode()):,} bytes"
     lines = text.splitlines()
@@ -233,3 +253,24 @@ def test_every_plot_on_the_benchmarks_page_comes_with_its_command() -> None:
         if title not in NO_PLOT:
             assert any(start < n < end for n in drawn), f"section {title!r} has no plot"
     assert "<!-- plot:" not in text, "a plot is still a placeholder"
+
+
+def tables_without_a_command(text: str) -> list[str]:
+    """The tables of a page with no command (`` `python benchmarks/...` `` or
+    `` `daskjobs ...` ``) between them and the heading above them: their first lines."""
+    lines = text.splitlines()
+    out = []
+    for n, line in enumerate(lines):
+        if line.startswith("| ") and not (n and lines[n - 1].startswith("|")):
+            start = max(k for k in range(n + 1) if k == 0 or lines[k].startswith("#"))
+            above = "\n".join(lines[start:n])
+            if "`python benchmarks/" not in above and "`daskjobs " not in above:
+                out.append(f"line {n + 1}: {line[:60]}")
+    return out
+
+
+def test_every_table_on_the_benchmarks_page_has_its_command_in_its_section() -> None:
+    sample = "## A\n\n`python benchmarks/bench_a.py`\n\n| x |\n|---|\n\n### B\n\n| y |\n|---|\n"
+    assert tables_without_a_command(sample) == ["line 10: | y |"]
+    found = tables_without_a_command(PAGE.read_text(encoding="utf-8"))
+    assert not found, "tables on docs/benchmarks.md without their command:\n" + "\n".join(found)
