@@ -77,7 +77,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import reduce
 from itertools import repeat
 from operator import add, mul
@@ -475,7 +475,9 @@ class NodeAware(Policy):
             first = next(self._counter)
             self._counter = itertools.count(first + len(tasks))
             self._queue(cores).push_batch(tasks, estimates, first)
-            self._queued_work += reduce(add, map(mul, estimates, repeat(cores)), 0.0)
+            # (x * 1 is x: one core, the estimates themselves)
+            terms: Iterable[float] = estimates if cores == 1 else map(mul, estimates, repeat(cores))
+            self._queued_work += reduce(add, terms, 0.0)
             self._n += len(tasks)
             return
         by_cores: dict[int, list[_Entry]] = {}
@@ -531,11 +533,11 @@ class NodeAware(Policy):
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
-        k = node.index
-        st = self._nodes.get(k)
-        if st is None:  # a node nobody announced: take it in as nominal, unmeasured
-            self.add_node(k, node.cores)
-            st = self._nodes[k]
+        try:
+            st = self._nodes[node.index]
+        except KeyError:  # a node nobody announced: take it in as nominal, unmeasured
+            self.add_node(node.index, node.cores)
+            st = self._nodes[node.index]
         s = st.speed
         measured = st.count >= self.min_samples
         if measured and s < self.slow_threshold:
@@ -710,16 +712,20 @@ class NodeAware(Policy):
         else:
             task = attempt.task
             est = task.estimate if getattr(task, "estimated", True) else 0.0
-        outcome = attempt.outcome
-        if outcome != "done" and (outcome != "killed" or attempt.backup):
-            return False
-        if not est > 0:  # (and a default estimate, 0.0 here, teaches nothing)
-            return False
-        elapsed = now - attempt.start
-        if outcome == "killed" and elapsed <= est:
-            return False
-        st = self._nodes.get(attempt.node)
-        if st is None:
+        # (an estimate that is only a default, 0.0 here, teaches nothing)
+        if attempt.outcome == "done":
+            if not est > 0:
+                return False
+            elapsed = now - attempt.start
+        else:  # a primary its copy beat after it ran past its estimate: a lower bound
+            if attempt.outcome != "killed" or attempt.backup or not est > 0:
+                return False
+            elapsed = now - attempt.start
+            if elapsed <= est:
+                return False
+        try:
+            st = self._nodes[attempt.node]
+        except KeyError:  # a node not known (any more)
             return False
         # Learn from the ratio: its log, clamped so that one sample moves the belief by
         # at most 1000x either way (a near-zero estimate must not make a node look

@@ -151,15 +151,16 @@ class _Node:
         self.cores = cores
         self.free = cores
         self.base = index * cores
-        # free local cores as a stack: pop() gives the lowest first, then the last freed
-        self.freeheap = list(range(cores - 1, -1, -1))
+        # free cores (global ids) as a stack: pop() gives the lowest first, then the last
+        # freed; ``free`` is its length
+        self.freeheap = list(range(self.base + cores - 1, self.base - 1, -1))
 
     @property
     def core(self) -> int:
         """Global id of the lowest free core (the optional field ``node.core``, for
         per-core policies), -1 if none: worked out when read. A policy that declares it
         reads it (``capabilities.reads``) is offered :class:`_CoreNode` instead."""
-        return self.base + self.freeheap[-1] if self.freeheap else -1
+        return self.freeheap[-1] if self.freeheap else -1
 
     def __repr__(self) -> str:
         return f"<node {self.index} free={self.free}/{self.cores}>"
@@ -548,6 +549,7 @@ def _simulate(
         # the fates of the first attempts of every task, up front (common random
         # numbers); attempts past the first few (rare) draw in start order
         fails = draw_fates(rng, n, rate)
+    first_fates = fails[0] if fails else {}  # of the first attempts
 
     # The event queue: a calendar of buckets of ``width`` seconds of simulated time.
     # An event ``(time, kind, seq, attempt)`` goes into the list of its bucket
@@ -748,14 +750,14 @@ def _simulate(
         stack = nd.freeheap
         cores = a.cores
         if len(cores) == 1:
-            stack.append(cores[0] - nd.base)
+            stack.append(cores[0])
             nd.free += 1
         else:
             for c in cores:
-                stack.append(c - nd.base)
+                stack.append(c)
             nd.free += len(cores)
         if keep_core:
-            nd.core = nd.base + stack[-1]  # type: ignore[misc]
+            nd.core = stack[-1]  # type: ignore[misc]
         k = nd.index
         if not in_heap[k]:
             in_heap[k] = True
@@ -868,14 +870,13 @@ def _simulate(
             dispatcher_free = now
         c = task.cores
         stack = nd.freeheap
-        base = nd.base
         if c == 1:
-            cores: tuple[int, ...] = (base + stack.pop(),)
+            cores: tuple[int, ...] = (stack.pop(),)
         else:
-            cores = tuple(base + stack.pop() for _ in range(c))
+            cores = tuple(stack.pop() for _ in range(c))
         nd.free -= c
         if keep_core:
-            nd.core = base + stack[-1] if stack else -1  # type: ignore[misc]
+            nd.core = stack[-1] if stack else -1  # type: ignore[misc]
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
         if track:
@@ -1076,16 +1077,10 @@ def _simulate(
                     k = a.node
                     nd = nodes[k]
                     stack = nd.freeheap
-                    cores = a.cores
-                    if len(cores) == 1:
-                        stack.append(cores[0] - nd.base)
-                        nd.free += 1
-                    else:
-                        for c in cores:
-                            stack.append(c - nd.base)
-                        nd.free += len(cores)
+                    stack.extend(a.cores)
+                    nd.free = len(stack)
                     if keep_core:
-                        nd.core = nd.base + stack[-1]  # type: ignore[misc]
+                        nd.core = stack[-1]  # type: ignore[misc]
                     if watch:
                         watch.pop(a, None)
                     if not in_heap[k]:
@@ -1203,14 +1198,13 @@ def _simulate(
                     dispatcher_free = t0
                 c = tv.cores
                 stack = nd.freeheap
-                base = nd.base
                 if c == 1:
-                    cores = (base + stack.pop(),)
+                    cores: tuple[int, ...] = (stack.pop(),)
                 else:
-                    cores = tuple([base + stack.pop() for _ in range(c)])
+                    cores = tuple([stack.pop() for _ in range(c)])
                 nd.free -= c
                 if keep_core:
-                    nd.core = base + stack[-1] if stack else -1  # type: ignore[misc]
+                    nd.core = stack[-1] if stack else -1  # type: ignore[misc]
                 a = Attempt(len(attempts), tv, k, cores, t0, False, ti)  # type: ignore[arg-type]
                 attempts.append(a)
                 if track:
@@ -1227,8 +1221,13 @@ def _simulate(
                 kind = _DONE
                 when = t0 + actual
                 if rate:
-                    nth = again.get(ti, 0) if again else 0  # this attempt's number
-                    if nth < FATES:  # common random numbers: the fate of attempt nth
+                    nth = again.get(ti, 0)  # this attempt's number
+                    if not nth:  # the first: its fate drawn up front (common random numbers)
+                        frac = first_fates.get(ti)
+                        if frac is not None:
+                            kind = _FAIL
+                            when = t0 + actual * frac
+                    elif nth < FATES:  # ... and the next few attempts' likewise
                         frac = fails[nth].get(ti)
                         if frac is not None:
                             kind = _FAIL
@@ -1285,7 +1284,7 @@ def _simulate(
             if declined is not None:
                 for k in declined:
                     heappush(free_heap, k)  # still free: offer again after the next event
-            if rescued or not (rescues and suspects and free_heap and not len(policy)):
+            if rescued or not free_heap or not (rescues and suspects and not len(policy)):
                 break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 judged = [
