@@ -158,3 +158,16 @@ def test_urgent_copies_and_a_slow_node_learned_are_the_same_on_both_paths() -> N
         fast = simulate(tasks, cluster, make_policy("node-aware"), spec=spec)
         assert fast.backups_launched >= 1
         assert _same(tasks, cluster, "node-aware", spec) > 120
+
+
+@pytest.mark.parametrize("spec", ["none", "always", "periodic"])
+@pytest.mark.parametrize("policy", ["lpt", "work-stealing", "node-aware"])
+def test_a_paced_dispatcher_and_many_failures_are_the_same_on_both_paths(
+    policy: str, spec: str
+) -> None:
+    # the start of an attempt waits for the dispatcher (its start time is not the
+    # event's), and half the attempts fail: tasks run past the fates drawn up front
+    wl = chapter(1, n=600, n_long=4, nodes=4, cores_per_node=8, slow_node=3)
+    cluster = dataclasses.replace(wl.cluster, failure_rate=0.5, dispatch_rate=2.0)
+    n = _same(wl.tasks, cluster, policy, SPECS[spec], seed=wl.seed)
+    assert n > 600 * 1.5  # retries ran, many past the first three attempts

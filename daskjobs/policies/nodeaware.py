@@ -77,7 +77,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import reduce
 from itertools import repeat
 from operator import add, mul
@@ -97,10 +97,11 @@ _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
 _log, _exp, _INF = math.log, math.exp, math.inf  # hot in `ended`
 _MAX_LOG = math.log(1000.0)
+_MIN_LOG = -_MAX_LOG
 
 
-#: ``attempt.books`` of an attempt view without the field (AttemptView): a dict entry.
-_NO_BOOKS: Any = object()
+#: ``_popped`` before any pop: an entry whose task is no task.
+_NO_ENTRY: Any = (0.0, -1, object())
 
 
 def _est(entry: _Entry) -> float:
@@ -129,7 +130,7 @@ class _Ladder:
     tasks themselves are never compared.
     """
 
-    __slots__ = ("lo", "n", "run", "single", "skip", "top")
+    __slots__ = ("lo", "run", "single", "skip", "top")
 
     def __init__(self) -> None:
         self.run: list[_Entry] = []  # sorted, shortest first; live from `lo`
@@ -137,7 +138,12 @@ class _Ladder:
         self.skip: dict[int, int] = {}  # taken run position -> a position to its left
         self.single: SortedList = SortedList()
         self.top: _Entry | None = None  # single[0], cached: indexing a SortedList is slow
-        self.n = 0
+
+    @property
+    def n(self) -> int:
+        """Queued entries: the run's live ones (a taken position in the run's live span
+        is a key of ``skip``) and the single pushes. Counted when asked, not per pop."""
+        return len(self.run) - self.lo - len(self.skip) + len(self.single)
 
     # -- pushing ------------------------------------------------------------------
     def push(self, est: float, seq: int, task: TaskView) -> None:
@@ -145,7 +151,6 @@ class _Ladder:
         self.single.add(entry)
         if self.top is None or entry[:2] < self.top[:2]:
             self.top = entry
-        self.n += 1
 
     def push_many(self, entries: list[_Entry]) -> None:
         """Entries ``(-estimate, seq, task)`` in push order (seq increasing)."""
@@ -179,7 +184,6 @@ class _Ladder:
         self.run = ordered
         self.lo = 0
         self.skip = {}
-        self.n += len(ordered)
 
     # -- the run's live ends ------------------------------------------------------
     def _run_top(self) -> _Entry | None:
@@ -278,7 +282,6 @@ class _Ladder:
             single.remove(entry)
             if entry is self.top:
                 self.top = single[0] if single else None
-        self.n -= 1
         return entry[2]
 
 
@@ -372,11 +375,10 @@ class NodeAware(Policy):
         self._queued_work = 0.0
         self._run_cores = 0
         self._run_end_sum = 0.0  # sum of cores * expected end
-        # attempt -> (cores, expected end, estimate, estimated, starts a second it asks
-        # for): what `ended` needs of the task, read while `started` has it at hand (a
-        # task view is frozen); attempt views hash by identity (as in Horizon)
-        self._run: dict[AttemptView, tuple[int, float, float, bool, float]] = {}
-        self._popped: _Entry | None = None  # the queue entry `pop` returned last
+        # attempt -> its books, for an attempt view without a ``books`` field (see
+        # `started`); attempt views hash by identity (as in Horizon)
+        self._run: dict[AttemptView, tuple[int, float, float, float]] = {}
+        self._popped: _Entry = _NO_ENTRY  # the queue entry `pop` returned last
 
     # -- nodes and speeds -------------------------------------------------------
     def add_node(self, index: int, cores: int) -> None:
@@ -397,8 +399,10 @@ class NodeAware(Policy):
                 self._rescan_best()
 
     def speed(self, node: int) -> float:
-        st = self._nodes.get(node)
-        return st.speed if st is not None else 1.0
+        try:
+            return self._nodes[node].speed
+        except KeyError:  # a node not known: nominal
+            return 1.0
 
     def samples(self, node: int) -> int:
         """Finished attempts the speed belief of ``node`` rests on."""
@@ -471,7 +475,9 @@ class NodeAware(Policy):
             first = next(self._counter)
             self._counter = itertools.count(first + len(tasks))
             self._queue(cores).push_batch(tasks, estimates, first)
-            self._queued_work += reduce(add, map(mul, estimates, repeat(cores)), 0.0)
+            # (x * 1 is x: one core, the estimates themselves)
+            terms: Iterable[float] = estimates if cores == 1 else map(mul, estimates, repeat(cores))
+            self._queued_work += reduce(add, terms, 0.0)
             self._n += len(tasks)
             return
         by_cores: dict[int, list[_Entry]] = {}
@@ -527,11 +533,11 @@ class NodeAware(Policy):
     def pop(self, node: NodeView, now: float) -> TaskView | None:
         if not self._n:
             return None
-        k = node.index
-        st = self._nodes.get(k)
-        if st is None:  # a node nobody announced: take it in as nominal, unmeasured
-            self.add_node(k, node.cores)
-            st = self._nodes[k]
+        try:
+            st = self._nodes[node.index]
+        except KeyError:  # a node nobody announced: take it in as nominal, unmeasured
+            self.add_node(node.index, node.cores)
+            st = self._nodes[node.index]
         s = st.speed
         measured = st.count >= self.min_samples
         if measured and s < self.slow_threshold:
@@ -552,10 +558,11 @@ class NodeAware(Policy):
                 if j >= one.lo and (not one.skip or j not in one.skip):
                     first = one.top
                     e = run[j]
-                    if first is None or e[:2] < first[:2]:
+                    # (push counters are unique: tuples compare on estimate and counter,
+                    # never on the task, as e[:2] < first[:2] without the slices)
+                    if first is None or e < first:
                         # the run's longest is live and longer than any single push
                         run.pop()
-                        one.n -= 1
                         # minus the estimate, from the entry (-estimate): the same sum,
                         # without reading the task's estimate from scattered memory
                         self._queued_work += e[0]
@@ -640,27 +647,41 @@ class NodeAware(Policy):
 
     # -- attempts ---------------------------------------------------------------
     def started(self, attempt: AttemptView, now: float) -> None:
+        """Open the books on ``attempt``: what ``ended`` needs of it, read now that the
+        task and the node's belief are at hand (a task view is frozen): ``(cores, cores x
+        expected end, estimate, starts a second it asks for)``, the estimate 0.0 when it
+        is only a configured default (``estimated`` False: it teaches no speed). On the
+        view's own ``books`` slot (AttemptView; the simulator's and the plugin's attempts),
+        else in a dict entry."""
         t = attempt.task
-        st = self._nodes.get(attempt.node)
         e = self._popped
         # the task just popped (the usual case): its estimate from the queue entry, not
         # from the task's float elsewhere in memory (-(-x) is x, bit for bit)
-        est = -e[0] if e is not None and e[2] is t else t.estimate
-        end = attempt.start + est * (st.speed if st is not None else 1.0)
+        est = -e[0] if e[2] is t else t.estimate
+        start = attempt.start
+        try:
+            end = start + est * self._nodes[attempt.node].speed
+        except KeyError:  # a node not known: nominal
+            end = start + est * 1.0
         c = t.cores
         # the starts a second this attempt asks for (cores freed / expected run time)
         ask = (
-            c / (end - attempt.start)
-            if self.dispatch_rate and end > attempt.start and est * self.dispatch_rate < self._cores
+            c / (end - start)
+            if self.dispatch_rate and end > start and est * self.dispatch_rate < self._cores
             else 0.0
         )
-        books = (c, end, est, getattr(t, "estimated", True), ask)
+        try:
+            estimated = t.estimated  # type: ignore[attr-defined]
+        except AttributeError:  # the optional field's default
+            estimated = True
+        ce = c * end
+        books = (c, ce, est if estimated else 0.0, ask)
         try:  # the view's own slot (AttemptView.books): no dict entry each
             attempt.books = books  # type: ignore[attr-defined]
         except AttributeError:  # a view without it keeps a dict entry
             self._run[attempt] = books
         self._run_cores += c
-        self._run_end_sum += c * end
+        self._run_end_sum += ce
         if ask:
             self._demand += ask
 
@@ -674,32 +695,37 @@ class NodeAware(Policy):
         copy) that had already run past its estimate gives that ratio as a lower
         bound, or a node whose every task is rescued would never be measured.
         """
-        got = getattr(attempt, "books", _NO_BOOKS)
-        if got is _NO_BOOKS:  # no field (or never set): a dict entry, if it started here
+        try:
+            got = attempt.books  # type: ignore[attr-defined]
+        except AttributeError:  # no field (or never set): a dict entry, if it started here
             got = self._run.pop(attempt, None)
-        elif got is not None:
-            attempt.books = None  # type: ignore[attr-defined]  # closed once
+        else:
+            if got is not None:
+                attempt.books = None  # type: ignore[attr-defined]  # closed once
         if got is not None:
-            c, end, est, estimated, ask = got  # the task's, as `started` read them
+            c, ce, est, ask = got  # as `started` read them (est 0.0: not estimated)
             self._run_cores -= c
-            self._run_end_sum -= c * end
+            self._run_end_sum -= ce
             if ask:
                 # nothing running: exactly 0 (float sums of adds and removals drift)
                 self._demand = self._demand - ask if self._run_cores else 0.0
         else:
             task = attempt.task
-            est = task.estimate
-            estimated = getattr(task, "estimated", True)
-        outcome = attempt.outcome
-        if outcome != "done" and (outcome != "killed" or attempt.backup):
-            return False
-        if not est > 0 or not estimated:
-            return False
-        elapsed = now - attempt.start
-        if outcome == "killed" and elapsed <= est:
-            return False
-        st = self._nodes.get(attempt.node)
-        if st is None:
+            est = task.estimate if getattr(task, "estimated", True) else 0.0
+        # (an estimate that is only a default, 0.0 here, teaches nothing)
+        if attempt.outcome == "done":
+            if not est > 0:
+                return False
+            elapsed = now - attempt.start
+        else:  # a primary its copy beat after it ran past its estimate: a lower bound
+            if attempt.outcome != "killed" or attempt.backup or not est > 0:
+                return False
+            elapsed = now - attempt.start
+            if elapsed <= est:
+                return False
+        try:
+            st = self._nodes[attempt.node]
+        except KeyError:  # a node not known (any more)
             return False
         # Learn from the ratio: its log, clamped so that one sample moves the belief by
         # at most 1000x either way (a near-zero estimate must not make a node look
@@ -709,9 +735,11 @@ class NodeAware(Policy):
         if not 0.0 < ratio < _INF:  # (NaN fails both)
             return False
         x = _log(ratio)
-        st.logsum += _MAX_LOG if x > _MAX_LOG else -_MAX_LOG if x < -_MAX_LOG else x
-        st.count += 1
-        log_new = st.logsum / (st.count + self.prior)
+        logsum = st.logsum + (_MAX_LOG if x > _MAX_LOG else _MIN_LOG if x < _MIN_LOG else x)
+        st.logsum = logsum
+        count = st.count + 1
+        st.count = count
+        log_new = logsum / (count + self.prior)
         new = _exp(log_new)
         self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
         st.speed = new
@@ -725,8 +753,11 @@ class NodeAware(Policy):
         return False
 
     def urgent(self, attempt: AttemptView, now: float) -> bool:
-        st = self._nodes.get(attempt.node)
-        if st is None or st.speed < self.slow_threshold:
+        try:
+            st = self._nodes[attempt.node]
+        except KeyError:
+            return False
+        if st.speed < self.slow_threshold:
             return False
         est = attempt.task.estimate
         expected_end = now + expected_left(attempt.start, est, st.speed, now)

@@ -144,19 +144,38 @@ class _Loser(NamedTuple):
 class _Node:
     """A node as the policy sees it when the driver offers its free cores."""
 
-    __slots__ = ("base", "core", "cores", "free", "freeheap", "index")
+    __slots__ = ("base", "cores", "free", "freeheap", "index")
 
     def __init__(self, index: int, cores: int) -> None:
         self.index = index
         self.cores = cores
         self.free = cores
         self.base = index * cores
-        # free local cores as a stack: pop() gives the lowest first, then the last freed
-        self.freeheap = list(range(cores - 1, -1, -1))
-        self.core = self.base  # global id of the lowest free core (for per-core policies)
+        # free cores (global ids) as a stack: pop() gives the lowest first, then the last
+        # freed; ``free`` is its length
+        self.freeheap = list(range(self.base + cores - 1, self.base - 1, -1))
+
+    @property
+    def core(self) -> int:
+        """Global id of the lowest free core (the optional field ``node.core``, for
+        per-core policies), -1 if none: worked out when read. A policy that declares it
+        reads it (``capabilities.reads``) is offered :class:`_CoreNode` instead."""
+        return self.freeheap[-1] if self.freeheap else -1
 
     def __repr__(self) -> str:
         return f"<node {self.index} free={self.free}/{self.cores}>"
+
+
+class _CoreNode(_Node):
+    """A node whose ``core`` the engine keeps as it starts and ends attempts (a slot, not
+    the property): for a policy that declares it reads ``node.core``, which it reads at
+    every pop."""
+
+    __slots__ = ("core",)
+
+    def __init__(self, index: int, cores: int) -> None:
+        super().__init__(index, cores)
+        self.core = self.base  # type: ignore[misc]  # the slot, not the property
 
 
 def _validate(tasks: Sequence[Task], cluster: Cluster) -> None:
@@ -506,7 +525,11 @@ def _simulate(
             subs.sort(key=lambda i: (tasks[i].submit, pos[tasks[i].tid]))
     sub_ptr = 0
 
-    nodes = [_Node(k, cluster.cores_per_node) for k in range(cluster.nodes)]
+    # node.core kept as attempts start and end, for a policy that declares it reads it;
+    # any other policy reading it gets it worked out (the same value)
+    keep_core = "node.core" in policy.capabilities.reads
+    node_cls = _CoreNode if keep_core else _Node
+    nodes = [node_cls(k, cluster.cores_per_node) for k in range(cluster.nodes)]
     speeds = cluster.speeds
     overhead = cluster.overhead
     # one dispatcher for the cluster: each start takes `gap` seconds of it, in turn
@@ -526,6 +549,7 @@ def _simulate(
         # the fates of the first attempts of every task, up front (common random
         # numbers); attempts past the first few (rare) draw in start order
         fails = draw_fates(rng, n, rate)
+    first_fates = fails[0] if fails else {}  # of the first attempts
 
     # The event queue: a calendar of buckets of ``width`` seconds of simulated time.
     # An event ``(time, kind, seq, attempt)`` goes into the list of its bucket
@@ -726,13 +750,14 @@ def _simulate(
         stack = nd.freeheap
         cores = a.cores
         if len(cores) == 1:
-            stack.append(cores[0] - nd.base)
+            stack.append(cores[0])
             nd.free += 1
         else:
             for c in cores:
-                stack.append(c - nd.base)
+                stack.append(c)
             nd.free += len(cores)
-        nd.core = nd.base + stack[-1]
+        if keep_core:
+            nd.core = stack[-1]  # type: ignore[misc]
         k = nd.index
         if not in_heap[k]:
             in_heap[k] = True
@@ -845,13 +870,13 @@ def _simulate(
             dispatcher_free = now
         c = task.cores
         stack = nd.freeheap
-        base = nd.base
         if c == 1:
-            cores: tuple[int, ...] = (base + stack.pop(),)
+            cores: tuple[int, ...] = (stack.pop(),)
         else:
-            cores = tuple(base + stack.pop() for _ in range(c))
+            cores = tuple(stack.pop() for _ in range(c))
         nd.free -= c
-        nd.core = base + stack[-1] if stack else -1
+        if keep_core:
+            nd.core = stack[-1] if stack else -1  # type: ignore[misc]
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
         if track:
@@ -936,34 +961,50 @@ def _simulate(
                 judge((a,), now)  # the policy wants a copy at once (if it may have one)
 
     inf = math.inf
+    t_sub = tasks[subs[0]].submit if n else inf  # the next submission's time
+    # a sweep submitted at once, without inputs to wait for, nothing cached and nothing to
+    # learn: one batch of every task, built without a step per task
+    one_batch = type(subs) is range and not cached_ids and learner is None
     while True:
-        if not cur and not soon and buckets:  # the next bucket becomes the current one
-            cur_b = heappop(buckets)
-            cur = far.pop(cur_b)
-            cur.sort(reverse=True)
-        if soon and (not cur or soon[0] < cur[-1]):
-            t_ev = soon[0][0]
+        if cur and not soon:  # the common case: the current bucket's next event
+            t_ev = cur[-1][0]
         else:
-            t_ev = cur[-1][0] if cur else inf
-        t_sub = tasks[subs[sub_ptr]].submit if sub_ptr < n else inf
-        now = t_ev if t_ev < t_sub else t_sub
-        if now == inf:
-            break
-        if t_sub == now:
-            batch = []
-            while sub_ptr < n and tasks[subs[sub_ptr]].submit == now:
-                batch.append(subs[sub_ptr])
-                sub_ptr += 1
-            if learner is not None:
-                submit_learned(batch)
-            policy.add_graph([tasks[i] for i in batch if not is_cached[i]])
-            runnable: list[Task] = []
-            for i in batch:
-                submitted[i] = 1
-                if not waiting[i]:
-                    ready(i, now, runnable)
-            n_ready += len(runnable)
-            policy.push_many(runnable)
+            if not cur and not soon and buckets:  # the next bucket becomes the current one
+                cur_b = heappop(buckets)
+                cur = far.pop(cur_b)
+                cur.sort(reverse=True)
+            if soon and (not cur or soon[0] < cur[-1]):
+                t_ev = soon[0][0]
+            else:
+                t_ev = cur[-1][0] if cur else inf
+        if t_ev < t_sub:
+            now = t_ev
+        elif t_sub == inf:
+            break  # no event and no submission left
+        else:  # the submissions at `now`, before its events
+            now = t_sub
+            if one_batch:
+                sub_ptr = n
+                policy.add_graph(tasks[:])
+                submitted[:] = b"\x01" * n
+                n_ready += n
+                policy.push_many(tasks[:])
+            else:
+                batch = []
+                while sub_ptr < n and tasks[subs[sub_ptr]].submit == now:
+                    batch.append(subs[sub_ptr])
+                    sub_ptr += 1
+                if learner is not None:
+                    submit_learned(batch)
+                policy.add_graph([tasks[i] for i in batch if not is_cached[i]])
+                runnable: list[Task] = []
+                for i in batch:
+                    submitted[i] = 1
+                    if not waiting[i]:
+                        ready(i, now, runnable)
+                n_ready += len(runnable)
+                policy.push_many(runnable)
+            t_sub = tasks[subs[sub_ptr]].submit if sub_ptr < n else inf
         while True:  # the events at `now`, in (time, kind, seq) order
             if soon:
                 if cur and cur[-1] < soon[0]:
@@ -1033,27 +1074,22 @@ def _simulate(
                     # finish(a, now, "done"), inlined: the end of nearly every attempt
                     a.end = now
                     a.outcome = "done"
-                    nd = nodes[a.node]
+                    k = a.node
+                    nd = nodes[k]
                     stack = nd.freeheap
-                    cores = a.cores
-                    if len(cores) == 1:
-                        stack.append(cores[0] - nd.base)
-                        nd.free += 1
-                    else:
-                        for c in cores:
-                            stack.append(c - nd.base)
-                        nd.free += len(cores)
-                    nd.core = nd.base + stack[-1]
+                    stack.extend(a.cores)
+                    nd.free = len(stack)
+                    if keep_core:
+                        nd.core = stack[-1]  # type: ignore[misc]
                     if watch:
                         watch.pop(a, None)
-                    k = nd.index
                     if not in_heap[k]:
                         in_heap[k] = True
                         heappush(free_heap, k)
                     if a.backup:
                         backups_running -= 1
                     if ended is not None and ended(a, now):
-                        rejudge(a.node, now)
+                        rejudge(k, now)
                 if speculating:
                     done[i] = 1
                     if a.backup:
@@ -1138,24 +1174,117 @@ def _simulate(
                     ti = tv._ti - stamp  # type: ignore[attr-defined]
                 except AttributeError:
                     ti = -1
-                if 0 <= ti < n:
-                    if learner is not None:
-                        if tasks[ti] is not tv:
-                            continue  # an entry re-ranking left behind: skipped
-                        if learned[ti]:
-                            unwait(ti)
-                    start(ti, tv, nd, now, None)  # type: ignore[arg-type]
-                else:
+                if not 0 <= ti < n:  # not stamped by this run: found by its id
                     if index is None:
                         index = _positions(tasks)
                     ti = index[tv.tid]
+                    tv = tasks[ti]
                     if learner is not None and learned[ti]:
                         unwait(ti)
-                    start(ti, tasks[ti], nd, now, None)
+                elif learner is not None:
+                    if tasks[ti] is not tv:
+                        continue  # an entry re-ranking left behind: skipped
+                    if learned[ti]:
+                        unwait(ti)
+                if reference:
+                    start(ti, tv, nd, now, None)  # type: ignore[arg-type]
+                    continue
+                # start(ti, tv, nd, now, None), inlined: the start of nearly every attempt
+                # (a first run or a retry; copies start through the helper). The same
+                # steps in the same order; `t0` is `now` once the dispatcher served it.
+                t0 = now
+                if gap:
+                    t0 = (now if now > dispatcher_free else dispatcher_free) + gap
+                    dispatcher_free = t0
+                c = tv.cores
+                stack = nd.freeheap
+                if c == 1:
+                    cores: tuple[int, ...] = (stack.pop(),)
+                else:
+                    cores = tuple([stack.pop() for _ in range(c)])
+                nd.free -= c
+                if keep_core:
+                    nd.core = stack[-1] if stack else -1  # type: ignore[misc]
+                a = Attempt(len(attempts), tv, k, cores, t0, False, ti)  # type: ignore[arg-type]
+                attempts.append(a)
+                if track:
+                    if c == 1:
+                        on_core[cores[0]] = a
+                    else:
+                        for cx in cores:
+                            on_core[cx] = a
+                if copies:
+                    r = copies.get(ti)
+                    if r is not None:
+                        r.append(a)
+                actual = dur[ti] * speeds[k] + overhead
+                kind = _DONE
+                when = t0 + actual
+                if rate:
+                    nth = again.get(ti, 0)  # this attempt's number
+                    if not nth:  # the first: its fate drawn up front (common random numbers)
+                        frac = first_fates.get(ti)
+                        if frac is not None:
+                            kind = _FAIL
+                            when = t0 + actual * frac
+                    elif nth < FATES:  # ... and the next few attempts' likewise
+                        frac = fails[nth].get(ti)
+                        if frac is not None:
+                            kind = _FAIL
+                            when = t0 + actual * frac
+                    else:
+                        if draw_ptr + 2 > len(draws):
+                            draws = rng.random(4096).tolist()
+                            draw_ptr = 0
+                        if draws[draw_ptr] < rate:
+                            kind = _FAIL
+                            when = t0 + actual * draws[draw_ptr + 1]
+                        draw_ptr += 2
+                    if kind or nth:  # it may start again
+                        again[ti] = nth + 1
+                seq += 1
+                e = (when, kind, seq, a)
+                bn = int(when * inv_width)  # post(when, e), inlined
+                if bn > cur_b:
+                    bucket = far.get(bn)
+                    if bucket is None:
+                        far[bn] = [e]
+                        heappush(buckets, bn)
+                    else:
+                        bucket.append(e)
+                else:
+                    heappush(soon, e)
+                if started is not None:
+                    started(a, t0)
+                if speculating and (copy_all or copyable[ti]):
+                    speed = speed_hook(k) if speed_hook is not None else 1.0
+                    if plain_spec:
+                        late = late_factor * est[ti] * speed
+                        a.check_at = t0 + (late if late > min_runtime else min_runtime)
+                    else:
+                        a.check_at = spec.deadline(t0, est[ti], speed)  # type: ignore[union-attr]
+                    if endgame and not interval:  # a candidate for the end game's copies
+                        watch[a] = None
+                    if interval:  # judged at every periodic check (no deadline event)
+                        watch[a] = None
+                        if tick_at == inf:
+                            tick_at = on_check(t0)
+                            if tick_at == t0:
+                                tick_at += interval  # this check ran before the start
+                            seq += 1
+                            post(tick_at, (tick_at, _TICK, seq, a))
+                    elif when > a.check_at:  # a check only for an attempt still running then
+                        seq += 1
+                        post(a.check_at, (a.check_at, _CHECK, seq, a))
+                    if urgent_hook is not None and not interval and urgent_hook(a, t0):
+                        judge((a,), t0)  # the policy wants a copy at once
+                if not nd.free and not pending:  # the node is full: off the heap now
+                    heappop(free_heap)
+                    in_heap[k] = False
             if declined is not None:
                 for k in declined:
                     heappush(free_heap, k)  # still free: offer again after the next event
-            if rescued or not (rescues and suspects and free_heap and not len(policy)):
+            if rescued or not free_heap or not (rescues and suspects and not len(policy)):
                 break
             for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
                 judged = [
