@@ -8,6 +8,7 @@ be reproducible from its seed.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections import defaultdict
@@ -36,7 +37,7 @@ from daskjobs.sim import (
     utilisation,
 )
 
-# DASKJOBS_HYPOTHESIS_EXAMPLES=5000 for a deep run; 150 keeps the file under ~15 s
+# DASKJOBS_HYPOTHESIS_EXAMPLES=5000 for a deep run; 150 keeps the file under ~25 CPU-s
 SETTINGS = settings(
     max_examples=int(os.environ.get("DASKJOBS_HYPOTHESIS_EXAMPLES", "150")),
     deadline=None,
@@ -95,16 +96,30 @@ durations = st.one_of(
 )
 
 
+# The strategies the composites draw from are built once, not at every draw (hypothesis
+# validates and labels each new strategy: a quarter of this file's time); the examples
+# drawn are the same. Most of what is left is hypothesis drawing: a simulation of these
+# graphs takes a tenth of an example's time.
+_INTS = functools.cache(st.integers)
+_SAMPLED = functools.cache(st.sampled_from)  # of a tuple
+_DEPS = functools.cache(lambda i: st.lists(_INTS(0, i - 1), unique=True, max_size=3))
+_ESTIMATES = st.one_of(st.none(), durations)
+_SUBMITS = st.one_of(st.just(0.0), durations)
+_TEAMS = st.sampled_from(["a", "b"])
+_SLOWS = st.sampled_from([0.5, 1.5, 2.0, 4.0, 10.0])
+_RATES = st.sampled_from([0.0, 0.0, 0.2, 0.5])
+
+
 @st.composite
 def clusters(draw: st.DrawFn, slow: bool | None = None) -> Cluster:
-    nodes = draw(st.integers(1, 3))
-    cpn = draw(st.integers(1, 3))
+    nodes = draw(_INTS(1, 3))
+    cpn = draw(_INTS(1, 3))
     has_slow = draw(st.booleans()) if slow is None else slow
     slow_map = None
     if has_slow:
-        node = draw(st.integers(0, nodes - 1))
-        slow_map = {node: draw(st.sampled_from([0.5, 1.5, 2.0, 4.0, 10.0]))}
-    rate = draw(st.sampled_from([0.0, 0.0, 0.2, 0.5]))
+        node = draw(_INTS(0, nodes - 1))
+        slow_map = {node: draw(_SLOWS)}
+    rate = draw(_RATES)
     return Cluster(nodes, cpn, slow=slow_map, failure_rate=rate)
 
 
@@ -112,20 +127,21 @@ def clusters(draw: st.DrawFn, slow: bool | None = None) -> Cluster:
 def task_lists(
     draw: st.DrawFn, cores_per_node: int, max_tasks: int = 12, submit_zero: bool = False
 ) -> list[Task]:
-    n = draw(st.integers(1, max_tasks))
+    n = draw(_INTS(1, max_tasks))
+    cores = _INTS(1, cores_per_node)
     tasks = []
     for i in range(n):
-        deps = draw(st.lists(st.integers(0, i - 1), unique=True, max_size=3)) if i else []
-        estimate = draw(st.one_of(st.none(), durations))
-        submit = 0.0 if submit_zero else draw(st.one_of(st.just(0.0), durations))
+        deps = draw(_DEPS(i)) if i else []
+        estimate = draw(_ESTIMATES)
+        submit = 0.0 if submit_zero else draw(_SUBMITS)
         tasks.append(
             Task(
                 f"t{i}",
                 draw(durations),
                 estimate,
-                cores=draw(st.integers(1, cores_per_node)),
+                cores=draw(cores),
                 deps=tuple(f"t{d}" for d in deps),
-                team=draw(st.sampled_from(["a", "b"])),
+                team=draw(_TEAMS),
                 submit=submit,
                 speculate=draw(st.booleans()),
             )
@@ -160,10 +176,10 @@ def scenarios(
     return Scenario(
         tasks=tasks,
         cluster=cluster,
-        policy=draw(st.sampled_from(policies)),
+        policy=draw(_SAMPLED(policies)),
         spec=draw(specs),
         cache=cached,
-        seed=draw(st.integers(0, 2**16)),
+        seed=draw(_INTS(0, 2**16)),
     )
 
 
@@ -382,17 +398,17 @@ def test_retry_bound_is_a_bound(sc: Scenario):
 @st.composite
 def slow_cluster_scenarios(draw: st.DrawFn) -> Scenario:
     """Bigger graphs on clusters with a slow node: where learning policies may idle."""
-    nodes = draw(st.integers(2, 4))
-    cpn = draw(st.integers(1, 4))
-    slow = {draw(st.integers(0, nodes - 1)): draw(st.sampled_from([2.0, 4.0, 10.0]))}
-    cluster = Cluster(nodes, cpn, slow=slow, failure_rate=draw(st.sampled_from([0.0, 0.1])))
+    nodes = draw(_INTS(2, 4))
+    cpn = draw(_INTS(1, 4))
+    slow = {draw(_INTS(0, nodes - 1)): draw(_SAMPLED((2.0, 4.0, 10.0)))}
+    cluster = Cluster(nodes, cpn, slow=slow, failure_rate=draw(_SAMPLED((0.0, 0.1))))
     tasks = draw(task_lists(cpn, max_tasks=40))
     return Scenario(
         tasks=tasks,
         cluster=cluster,
-        policy=draw(st.sampled_from(POLICIES_ALL)),
+        policy=draw(_SAMPLED(POLICIES_ALL)),
         spec=draw(specs),
-        seed=draw(st.integers(0, 2**16)),
+        seed=draw(_INTS(0, 2**16)),
     )
 
 
