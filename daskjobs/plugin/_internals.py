@@ -129,6 +129,7 @@ __all__ = [
     "http_router",
     "idle_workers",
     "install_worker_plugin",
+    "pending_count",
     "pin",
     "pinned",
     "place",
@@ -442,6 +443,24 @@ def set_priority(ts: TaskState, priority: tuple[float, ...]) -> None:
     """Give ``ts`` a priority of the plugin's (lower runs first), while it is not in
     dask's queue (a queued task moves with :func:`promote`)."""
     ts.priority = priority
+
+
+def pending_count(sched: Scheduler, states: Iterable[str]) -> int:
+    """How many of the scheduler's tasks are in one of ``states`` now, from the state
+    counts dask keeps per task group (``TaskGroup.states``): O(task groups), never a
+    scan of the tasks. -1 (matches no count) if this release keeps no such counts."""
+    groups = getattr(sched, "task_groups", None)
+    if groups is None:
+        return -1
+    wanted = tuple(states)
+    total = 0
+    for tg in list(groups.values()):
+        counts = getattr(tg, "states", None)
+        if counts is None:
+            return -1
+        for s in wanted:
+            total += counts.get(s, 0)
+    return total
 
 
 class _Probe:

@@ -87,7 +87,8 @@ class PluginView:
     # -- the plugin's state, as the pages read it ----------------------------------------
     @property
     def tasks(self) -> Mapping[Key, LiveTask]:
-        """The ranked tasks' views, by key."""
+        """The ranked tasks' views, by key (deferred re-ranks given first)."""
+        self._p.ranker.settle()
         return self._p.ranker.tasks
 
     @property
@@ -132,6 +133,7 @@ class PluginView:
         ts = sched.tasks.get(key)
         if ts is None:
             return {"key": key, "state": "unknown", "why": "the scheduler does not know this key"}
+        p.ranker.settle()  # its estimate and priority as every re-rank so far gave them
         v = p.ranker.tasks.get(key)
         fair = self.fair
         out: dict[str, Any] = {

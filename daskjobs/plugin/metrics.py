@@ -169,6 +169,7 @@ class JobsCollector(PrometheusCollector):
         for src, n in sorted(plugin.view.estimate_sources.items()):
             est.add([src], n)
         tracked = dict.fromkeys(_SOURCES, 0)
+        plugin.ranker.settle()  # deferred re-ranks given first: the sources as they are
         for v in list(plugin.tasks.values()):
             tracked[v.source] = tracked.get(v.source, 0) + 1
         tr = fam(

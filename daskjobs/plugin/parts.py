@@ -474,24 +474,29 @@ class LearningPart(Part):
 
     def transition(self, step: Step) -> None:
         if step.learn and step.start == "processing" and step.finish == "memory":
-            v = self.ranker.tasks.get(step.key)
+            v = self.ranker.current(step.key)  # its estimate as the re-ranks left it
             seconds = dask_internals.compute_seconds(step.kwargs.get("startstops", ()))
             if v is not None and seconds is not None:
                 self.ranker.estimator.observe(v.stage, v.params, seconds)
                 self.speeds.learn(v, step.kwargs.get("worker"), seconds)
-                changed = self.ranker.reestimate(v.stage)  # at the model's cadence
+                changed = self.ranker.reestimate(v.stage, step.key)  # at the model's cadence
                 if changed:
                     for tell in self.reestimated:
                         tell(changed)
 
     def report(self, r: Report) -> None:
         if r.topic == REORDER_TOPIC:
+            self.ranker.settle()  # which workers take new priorities changes
             if r.msg.get("ready") is True:
                 self.ranker.reorders.add(r.worker)
             else:
                 self.ranker.reorders.discard(r.worker)
 
+    def worker_added(self, ws: Any) -> None:
+        self.ranker.settle()  # it takes no new priorities until it says so
+
     def worker_removed(self, worker: str, stimulus_id: str) -> None:
+        self.ranker.settle()
         self.speeds.forget(worker)
         self.ranker.reorders.discard(worker)
 
@@ -544,7 +549,7 @@ class RankingPart(Part):
         self.ranker = ranker
 
     def transition(self, step: Step) -> None:
-        self.ranker.track(step.key, step.finish)
+        self.ranker.track(step.key, step.finish, step.start)
         if step.finish == "forgotten":
             self.ranker.forget(step.key)
 
@@ -632,6 +637,8 @@ def compose(
         )
         parts.append(ResourcesPart(placer, ranker, audit, described))
     learning = LearningPart(ranker, speeds, audit)
+    # these parts read the views of waiting tasks as their estimates change
+    ranker.lazy = speculator is None and preemptor is None and placer is None
     if speculator is not None:  # its horizon sums count the queued tasks' estimates
         learning.reestimated.append(speculator.reestimated)
     parts.append(learning)

@@ -213,6 +213,16 @@ class Ranker:
         self.reorder_op = ""
         self.reranked_on_workers = 0  # re-ranked tasks that waited on a worker
         self.moved = 0  # waiting tasks moved between workers to even out the work
+        # Deferred re-ranks (module docstring): per stage, the estimate its waiting tasks
+        # would have been given at its latest due re-rank, not given yet because it could
+        # not change the order of anything waiting. ``lazy``: no part reads the views of
+        # waiting tasks as they change (compose turns it off for speculation's horizon,
+        # preemption and gangs); stages some of whose tasks carry ``params``: never
+        # deferred (their tasks' estimates differ).
+        self.lazy = True
+        self.deferred: dict[str, Estimate] = {}
+        self.deferrals = 0  # re-ranks deferred so far
+        self._param_stages: set[str] = set()
 
     def view(self, ts: Any, now: float, e: Estimate | None = None) -> LiveTask:
         """The task view of ``ts``; ``e``: its estimate, if the caller predicted it already
@@ -220,6 +230,8 @@ class Ranker:
         stage = stage_of(ts)
         ann = ts.annotations or {}
         params = params_of(ann)
+        if params is not None:
+            self._param_stages.add(stage)
         if e is None:
             annotated = check_estimate(ts.key, ann["estimate"]) if "estimate" in ann else None
             e = self.estimator.predict(stage, params, annotated)
@@ -263,6 +275,7 @@ class Ranker:
         new = self.unranked(tasks)
         if not new:
             return
+        self.settle()  # the new tasks are ranked against the waiting ones as they are now
         try:
             self._rank_new(new)
         except _RankFailed as e:  # dask's own order for the whole graph
@@ -436,11 +449,19 @@ class Ranker:
         self.policy.forget(key)
 
     # -- re-ranking as a stage's estimates improve ------------------------------------------
-    def track(self, key: Key, finish: str) -> None:
+    def track(self, key: Key, finish: str, start: str = "") -> None:
         """Keep the set of each stage's unannotated tasks that wait, on the scheduler or
-        on a worker (O(1))."""
+        on a worker (O(1)); with a re-rank deferred, a task that leaves the waiting set
+        takes its view as that re-rank would have left it (:meth:`current`), and a task
+        that comes back to wait (a lost result, a retry) settles every deferred re-rank
+        first (it would be ranked against the others)."""
         if not self.reranks:
             return
+        if self.deferred:
+            if finish not in _PENDING:
+                self.current(key)
+            elif start and start not in _PENDING:
+                self.settle()
         v = self.tasks.get(key)
         if v is None or v.source == "annotation":
             return
@@ -454,7 +475,9 @@ class Ranker:
             if w is not None:
                 w.pop(key, None)
 
-    def reestimate(self, stage: str) -> list[tuple[LiveTask, LiveTask, str]]:
+    def reestimate(
+        self, stage: str, done: Key | None = None
+    ) -> list[tuple[LiveTask, LiveTask, str]]:
         """If the stage's model is due (:meth:`Estimator.due`: module docstring), give
         each task of ``stage`` that waits (on the scheduler, or on a worker that takes new
         priorities: :attr:`reorders`) its new estimate, and the rank the policy's ``key``
@@ -462,7 +485,14 @@ class Ranker:
         :func:`~daskjobs.plugin._internals.reprioritize` enacts the ranks. Returns
         ``(old view, new view, dask state)`` of each task whose estimate changed.
         O(waiting tasks of the stage x log queued), at the model's cadence, which spaces
-        the re-ranks of a long queue by its length: O(1) visits per finished task."""
+        the re-ranks of a long queue by its length: O(1) visits per finished task.
+
+        A re-rank that could change no order waits (:meth:`_alone`; ``done``: the task
+        whose end brought this call, no longer waiting in dask's counts): its estimate is
+        kept in :attr:`deferred`, a task that stops waiting takes it then
+        (:meth:`current`), and :meth:`settle` gives it to the rest before anything could
+        be ordered against them. So a sweep of one stage without ``params`` pays O(1) per
+        task for its re-ranks, not the ~26 visits of each waiting task."""
         est = self.estimator
         keys = self.waiting.get(stage)
         if not (self.reranks and est.due(stage, len(keys) if keys else 0)):
@@ -471,6 +501,100 @@ class Ranker:
         sched = self.scheduler
         if not keys or sched is None:
             return []
+        if self._alone(stage, len(keys) - (done in keys), sched):
+            # every waiting task would move by one offset: nothing changes order
+            (self.deferred[stage],) = predict_stage(est, stage, [None])
+            self.deferrals += 1
+            return []
+        self.deferred.pop(stage, None)  # this re-rank gives every waiting task its estimate
+        return self._rerank(stage, keys, sched, None)
+
+    def _alone(self, stage: str, waiting: int, sched: Any) -> bool:
+        """May the re-rank of ``stage`` wait (:meth:`reestimate`)? Yes when the stage's
+        tasks share one estimate (no ``params``), they are all the tasks that wait
+        anywhere (dask's counts per task group: O(groups)), every worker takes new
+        priorities, and no part reads waiting views (:attr:`lazy`): the re-rank would
+        add one offset to every waiting rank, which changes no order."""
+        if not self.lazy or stage in self._param_stages:
+            return False
+        reorders = self.reorders
+        if not reorders or any(a not in reorders for a in sched.workers):
+            return False
+        return dask_internals.pending_count(sched, _PENDING) == waiting
+
+    def settle(self) -> list[tuple[LiveTask, LiveTask, str]]:
+        """Give every deferred re-rank now (what :meth:`reestimate` would have done at
+        its due time, with that time's estimate), before anything is ranked against the
+        waiting tasks or reads their views: a new graph, a task that comes back to wait,
+        a worker that joins or leaves or changes whether it takes new priorities,
+        ``explain``, the status and metrics pages. O(waiting tasks of those stages)."""
+        if not self.deferred:
+            return []
+        deferred, self.deferred = self.deferred, {}
+        sched = self.scheduler
+        changed: list[tuple[LiveTask, LiveTask, str]] = []
+        for stage, e in deferred.items():
+            keys = self.waiting.get(stage)
+            if keys and sched is not None:
+                changed += self._rerank(stage, keys, sched, e)
+        return changed
+
+    def current(self, key: Key) -> LiveTask | None:
+        """The view of ``key``, as the re-ranks so far have left it: a task of a stage
+        whose re-rank is deferred that still waits takes that re-rank's estimate and rank
+        now (O(1)). Call it before reading a waiting task's estimate."""
+        v = self.tasks.get(key)
+        if v is None or not self.deferred:
+            return v
+        e = self.deferred.get(v.stage)
+        keys = self.waiting.get(v.stage)
+        sched = self.scheduler
+        if e is None or keys is None or key not in keys or sched is None:
+            return v
+        ts = sched.tasks.get(key)
+        if ts is None or ts.priority is None or len(ts.priority) != 4:
+            return v
+        new = self._reranked(ts, v, e, None)
+        return v if new is None else new
+
+    def _reranked(
+        self,
+        ts: Any,
+        v: LiveTask,
+        e: Estimate,
+        changes: list[tuple[Any, tuple[Any, ...]]] | None,
+    ) -> LiveTask | None:
+        """Give one ranked task its new estimate ``e``: its new view (stored), and its new
+        rank, aged as it was, appended to ``changes`` (None: the estimate did not
+        change). Without ``changes`` to append to, the rank is set in place (a task that
+        no longer waits in dask's queue)."""
+        band = (e.low, e.high) if e.source in ("model", "history") else None
+        if e.seconds == v.estimate and band == v.band:
+            return None
+        new = v.reestimated(e.seconds, e.source, band, e.samples)
+        p = ts.priority
+        policy = self.policy
+        was = float(policy.key(v))
+        reestimate = getattr(policy, "reestimate", None)
+        if reestimate is not None:
+            reestimate(v, new)
+        rank = float(policy.key(new))
+        age = self._ages.get(p[2])
+        if age is None:  # an old generation: its age is what the rank holds beyond the key
+            age = p[1] - was
+        prio = (p[0], rank + age, p[2], p[3])
+        if changes is None:
+            dask_internals.set_priority(ts, prio)
+        else:
+            changes.append((ts, prio))
+        self.tasks[ts.key] = new
+        return new
+
+    def _rerank(
+        self, stage: str, keys: dict[Key, None], sched: Any, shared: Estimate | None
+    ) -> list[tuple[LiveTask, LiveTask, str]]:
+        """The re-rank of :meth:`reestimate`: with the model's estimates now, or with
+        ``shared`` (a deferred re-rank's, for every task)."""
         todo = []
         reorders = self.reorders
         for key in list(keys):
@@ -485,28 +609,16 @@ class Ranker:
                 todo.append((ts, v))
         if not todo:
             return []
-        policy = self.policy
-        reestimate = getattr(policy, "reestimate", None)
-        preds = predict_stage(est, stage, [v.params for _, v in todo])
+        if shared is None:
+            preds = predict_stage(self.estimator, stage, [v.params for _, v in todo])
+        else:
+            preds = [shared] * len(todo)
         changes: list[tuple[Any, tuple[Any, ...]]] = []
         changed: list[tuple[LiveTask, LiveTask, str]] = []
         for (ts, v), e in zip(todo, preds, strict=True):
-            band = (e.low, e.high) if e.source in ("model", "history") else None
-            if e.seconds == v.estimate and band == v.band:
-                continue
-            new = v.reestimated(e.seconds, e.source, band, e.samples)
-            p = ts.priority
-            assert p is not None  # ranked: checked above
-            was = float(policy.key(v))
-            if reestimate is not None:
-                reestimate(v, new)
-            rank = float(policy.key(new))
-            age = self._ages.get(p[2])
-            if age is None:  # an old generation: its age is what the rank holds beyond the key
-                age = p[1] - was
-            changes.append((ts, (p[0], rank + age, p[2], p[3])))
-            self.tasks[ts.key] = new
-            changed.append((v, new, ts.state))
+            new = self._reranked(ts, v, e, changes)
+            if new is not None:
+                changed.append((v, new, ts.state))
         moved = dask_internals.reprioritize(sched, changes, reorders, self.reorder_op)
         on_workers = sum(1 for _, _, state in changed if state == "processing")
         self.reestimated += len(changed)
