@@ -92,7 +92,8 @@ import itertools
 import math
 from array import array
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, eq
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -218,11 +219,13 @@ def _records(
     ``t_start`` / ``t_end`` hold the times of tasks that never ran (cached).
 
     Done once after the run, in numpy, instead of four scattered writes per
-    attempt inside the event loop."""
+    attempt inside the event loop; each field read in C (``map`` of an attribute
+    getter), over every attempt: nearly all of them won, and a list of the winners
+    would cost a pass of its own."""
     m = len(attempts)
     ti = np.fromiter(map(_get_ti, attempts), dtype=np.int64, count=m)
     st = np.fromiter(map(_get_start, attempts), dtype=float, count=m)
-    won = np.fromiter((a.outcome == "done" for a in attempts), dtype=bool, count=m)
+    won = np.fromiter(map(eq, map(_get_outcome, attempts), repeat("done")), dtype=bool, count=m)
     start = np.array(t_start, dtype=float)
     end = np.array(t_end, dtype=float)
     node = np.full(n, -1, dtype=np.int64)
@@ -230,9 +233,8 @@ def _records(
         first = np.unique(ti, return_index=True)[1]  # the first attempt of each task
         start[ti[first]] = st[first]
         w = np.flatnonzero(won)
-        wins = [attempts[j] for j in w.tolist()]
-        end[ti[w]] = np.fromiter(map(_get_end, wins), dtype=float, count=len(wins))
-        node[ti[w]] = np.fromiter(map(_get_node, wins), dtype=np.int64, count=len(wins))
+        end[ti[w]] = np.fromiter(map(_get_end, attempts), dtype=float, count=m)[w]
+        node[ti[w]] = np.fromiter(map(_get_node, attempts), dtype=np.int64, count=m)[w]
     finished = np.zeros(n, dtype=bool)
     finished[ti[won]] = True
     return start, end, node, np.bincount(ti, minlength=n).astype(np.int64), finished
@@ -243,10 +245,13 @@ _TASK_SLOTS: tuple[str, ...] = tuple(Task.__slots__)
 _get_tid = attrgetter("tid")
 _get_cores = attrgetter("cores")
 _get_deps = attrgetter("deps")
+_get_estimated = attrgetter("estimated")
+_get_speculate = attrgetter("speculate")
 _get_ti = attrgetter("ti")
 _get_start = attrgetter("start")
 _get_end = attrgetter("end")
 _get_node = attrgetter("node")
+_get_outcome = attrgetter("outcome")
 _aid = attrgetter("aid")
 
 
@@ -412,11 +417,16 @@ def _simulate(
     copies: dict[int, list[Attempt]] = {}
     backup_asked = bytearray(n)
     # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
-    if spec is not None:
-        may_copy = spec.may_copy
-        copyable = bytearray(map(bool, map(may_copy, tasks)))
-    else:
+    if spec is None:
         copyable = bytearray(n)
+    elif (
+        type(spec).may_copy is Speculation.may_copy
+        and all(map(_get_estimated, tasks))
+        and False not in set(map(_get_speculate, tasks))
+    ):  # the plain rule, and no task it refuses (asked in C: no call per task)
+        copyable = bytearray(b"\x01") * n
+    else:
+        copyable = bytearray(map(bool, map(spec.may_copy, tasks)))
     copy_all = spec is not None and all(copyable)  # no need to read `copyable` per start
     # every copy decision is the policy's one call (Speculation.decide): the loop below
     # only notices when to ask it (a deadline reached, a speed belief changed, a
