@@ -103,10 +103,7 @@ _MIN_LOG = -_MAX_LOG
 
 _cores_of = attrgetter("cores")
 _estimate_of = attrgetter("estimate")
-
-
-def _first(pair: tuple[float, Any]) -> float:
-    return pair[0]
+_speed_of = attrgetter("speed")
 
 
 class _Ladder:
@@ -342,6 +339,7 @@ class NodeAware(Policy):
         learns_speeds=True,
         speculates=True,
         reads=frozenset({"task.estimated", "node.waiting", "attempt.books"}),
+        started_speed=True,
     )
 
     def __init__(
@@ -464,11 +462,10 @@ class NodeAware(Policy):
         return st is not None and st.count >= self.min_samples
 
     def _rescan_best(self) -> None:
-        self._best, self._best_node = min(
-            ((x.speed, x) for x in self._nodes.values()),
-            key=_first,
-            default=(1.0, None),
-        )
+        # the first node of the lowest belief (min keeps the first of equals), its key
+        # read in C: this scans every node, each time the fastest node looks slower
+        best = min(self._nodes.values(), key=_speed_of, default=None)
+        self._best, self._best_node = (best.speed, best) if best is not None else (1.0, None)
 
     def capacity(self) -> float:
         """Effective cores: ``sum(cores / believed slow-down)`` of the known nodes."""
@@ -679,22 +676,23 @@ class NodeAware(Policy):
         return float(task.estimate)
 
     # -- attempts ---------------------------------------------------------------
-    def started(self, attempt: AttemptView, now: float) -> None:
+    def started(self, attempt: AttemptView, now: float) -> float:
         """Open the books on ``attempt``: what ``ended`` needs of it, read now that the
         task and the node's belief are at hand (a task view is frozen): ``(cores, cores x
         expected end, estimate, starts a second it asks for)``, the estimate 0.0 when it
         is only a configured default (``estimated`` False: it teaches no speed). On the
         view's own ``books`` slot (AttemptView; the simulator's and the plugin's attempts),
-        else in a dict entry."""
+        else in a dict entry. Returns the node's believed slow-down (``started_speed``)."""
         t = attempt.task
         # the task just popped (the usual case): its estimate from the queue's run, not
         # from the task's float elsewhere in memory
         est = self._popped_est if self._popped is t else t.estimate
         start = attempt.start
         try:
-            end = start + est * self._nodes[attempt.node].speed
+            speed = self._nodes[attempt.node].speed
         except KeyError:  # a node not known: nominal
-            end = start + est * 1.0
+            speed = 1.0
+        end = start + est * speed
         c = t.cores
         # the starts a second this attempt asks for (cores freed / expected run time)
         ask = (
@@ -716,6 +714,7 @@ class NodeAware(Policy):
         self._run_end_sum += ce
         if ask:
             self._demand += ask
+        return speed
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """Close the books on ``attempt`` and learn its node's speed from it.

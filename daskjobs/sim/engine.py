@@ -669,9 +669,12 @@ def _simulate(
     # on the reference path and when learning (which then learns from it: not the
     # benchmarked path, so its one test per attempt is not paid by every run)
     slow_done = reference or learner is not None
+    # `started` answers the node's speed (not on the reference path, which asks `speed`)
+    started_speed = policy.capabilities.started_speed and speed_hook is not None
     if reference:
         urgent_hook = p_urgent
         speed_hook = p_speed
+        started_speed = False
     late_factor = spec.late_factor if spec is not None else 0.0
     min_runtime = spec.min_runtime if spec is not None else 0.0
     heappush = heapq.heappush
@@ -941,10 +944,11 @@ def _simulate(
         if backup:
             backups_running += 1
             backups_launched += 1
-        if started is not None:
-            started(a, now)
+        at_speed = started(a, now) if started is not None else None
         if speculating and not backup and (copy_all or copyable[i]):
-            speed = speed_hook(nd.index) if speed_hook is not None else 1.0
+            if at_speed is None or not started_speed:
+                at_speed = speed_hook(nd.index) if speed_hook is not None else 1.0
+            speed = at_speed
             if plain_spec:
                 late = late_factor * est[i] * speed
                 a.check_at = now + (late if late > min_runtime else min_runtime)
@@ -1264,10 +1268,13 @@ def _simulate(
                         bucket.append(e)
                 else:
                     heappush(soon, e)
-                if started is not None:
-                    started(a, t0)
+                at_speed = started(a, t0) if started is not None else None
                 if speculating and (copy_all or copyable[ti]):
-                    speed = speed_hook(k) if speed_hook is not None else 1.0
+                    # the node's speed as `started` answered it (a policy declaring
+                    # `started_speed`: one call, not two), else asked
+                    if at_speed is None or not started_speed:
+                        at_speed = speed_hook(k) if speed_hook is not None else 1.0
+                    speed = at_speed
                     if plain_spec:
                         late = late_factor * est[ti] * speed
                         a.check_at = t0 + (late if late > min_runtime else min_runtime)
