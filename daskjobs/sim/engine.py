@@ -212,19 +212,27 @@ def _positions(tasks: Sequence[Task]) -> dict[Hashable, int]:
 
 
 def _records(
-    attempts: list[Attempt], n: int, t_start: array[float], t_end: array[float]
+    attempts: list[Attempt],
+    n: int,
+    t_start: array[float],
+    t_end: array[float],
+    att_ti: array[int],
+    att_start: array[float],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per task, from the attempts (in start order): first start, end and node
     of the winning attempt, attempts made, and whether it finished.
-    ``t_start`` / ``t_end`` hold the times of tasks that never ran (cached).
+    ``t_start`` / ``t_end`` hold the times of tasks that never ran (cached);
+    ``att_ti`` / ``att_start`` each attempt's task position and start, appended as it
+    started (read back from the attempts, each a pointer to a scattered int or float,
+    they cost a cache miss an attempt).
 
     Done once after the run, in numpy, instead of four scattered writes per
     attempt inside the event loop; each field read in C (``map`` of an attribute
     getter), over every attempt: nearly all of them won, and a list of the winners
     would cost a pass of its own."""
     m = len(attempts)
-    ti = np.fromiter(map(_get_ti, attempts), dtype=np.int64, count=m)
-    st = np.fromiter(map(_get_start, attempts), dtype=float, count=m)
+    ti = np.frombuffer(att_ti, dtype=np.int64, count=m)
+    st = np.frombuffer(att_start, dtype=float, count=m)
     won = np.fromiter(map(eq, map(_get_outcome, attempts), repeat("done")), dtype=bool, count=m)
     start = np.array(t_start, dtype=float)
     end = np.array(t_end, dtype=float)
@@ -247,8 +255,6 @@ _get_cores = attrgetter("cores")
 _get_deps = attrgetter("deps")
 _get_estimated = attrgetter("estimated")
 _get_speculate = attrgetter("speculate")
-_get_ti = attrgetter("ti")
-_get_start = attrgetter("start")
 _get_end = attrgetter("end")
 _get_node = attrgetter("node")
 _get_outcome = attrgetter("outcome")
@@ -588,6 +594,11 @@ def _simulate(
     soon: list[_Event] = []  # heap: events posted into the current bucket or before
     seq = 0
     attempts: list[Attempt] = []
+    # each attempt's task position and start, in start order (for _records)
+    att_ti = array("q")
+    att_start = array("d")
+    ti_append = att_ti.append
+    start_append = att_start.append
     pending: list[Attempt] = []  # primaries waiting for a backup slot
     slots = cluster.total_cores
     # losers that hold their cores (a cluster that cannot stop them, as dask cannot)
@@ -892,6 +903,8 @@ def _simulate(
             nd.core = stack[-1] if stack else -1  # type: ignore[misc]
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
+        ti_append(i)
+        start_append(now)
         if track:
             if c == 1:
                 on_core[cores[0]] = a
@@ -1221,6 +1234,8 @@ def _simulate(
                     nd.core = stack[-1] if stack else -1  # type: ignore[misc]
                 a = Attempt(len(attempts), tv, k, cores, t0, False, ti)  # type: ignore[arg-type]
                 attempts.append(a)
+                ti_append(ti)
+                start_append(t0)
                 if track:
                     if c == 1:
                         on_core[cores[0]] = a
@@ -1328,7 +1343,9 @@ def _simulate(
                 spared = n_events
             ticked = False
 
-    start_, end_, node_, n_attempts, finished = _records(attempts, n, t_start, t_end)
+    start_, end_, node_, n_attempts, finished = _records(
+        attempts, n, t_start, t_end, att_ti, att_start
+    )
     finished |= np.frombuffer(is_cached, dtype=np.uint8).astype(bool)
     never = n - int(np.count_nonzero(finished))
     if never:
