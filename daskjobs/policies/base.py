@@ -196,6 +196,11 @@ class Capabilities:
     it lacks.
 
     ``reads``: the optional view fields it reads (keys of :data:`OPTIONAL_FIELDS`).
+
+    ``started_speed``: ``started(attempt, now)`` returns ``speed(attempt.node)`` as it
+    stands then, so a driver that needs the speed of every attempt it starts (the
+    simulator, for the lateness deadline) asks no second time; a driver may ignore the
+    answer (None: ask ``speed``).
     """
 
     pops: bool = True
@@ -204,6 +209,7 @@ class Capabilities:
     team_books: bool = False
     reconciles: bool = False
     reads: frozenset[str] = frozenset()
+    started_speed: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.reads) - set(OPTIONAL_FIELDS))
@@ -281,8 +287,10 @@ class Policy:
         answer is then ``None``."""
         raise NotImplementedError
 
-    def started(self, attempt: AttemptView, now: float) -> None:
-        """An attempt started running."""
+    def started(self, attempt: AttemptView, now: float) -> float | None:
+        """An attempt started running. A policy that declares ``started_speed`` returns
+        its belief of the node's speed (:meth:`speed`); otherwise None."""
+        return None
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """An attempt ended. Return True if the policy's belief of the speed of

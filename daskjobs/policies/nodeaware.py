@@ -77,10 +77,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from array import array
 from collections.abc import Iterable, Sequence
 from functools import reduce
 from itertools import repeat
-from operator import add, mul
+from operator import add, attrgetter, itemgetter, mul
 from operator import neg as neg_
 from typing import Any
 
@@ -100,16 +101,9 @@ _MAX_LOG = math.log(1000.0)
 _MIN_LOG = -_MAX_LOG
 
 
-#: ``_popped`` before any pop: an entry whose task is no task.
-_NO_ENTRY: Any = (0.0, -1, object())
-
-
-def _est(entry: _Entry) -> float:
-    return -entry[0]
-
-
-def _first(pair: tuple[float, Any]) -> float:
-    return pair[0]
+_cores_of = attrgetter("cores")
+_estimate_of = attrgetter("estimate")
+_speed_of = attrgetter("speed")
 
 
 class _Ladder:
@@ -117,24 +111,35 @@ class _Ladder:
     and the longest of at most a limit, each exactly.
 
     Two stores. A batch pushed at once (a sweep submitted together) is sorted
-    once into ``run``, shortest first: the longest is popped from its end and
-    the shortest from its live start ``lo``, both O(1); the longest of at most
-    X is a bisection. An entry taken from the middle leaves a pointer to its
-    left neighbour in ``skip`` (a union-find over run positions with path
+    once into the *run*, shortest first: the longest is taken from its live end
+    ``hi`` and the shortest from its live start ``lo``, both O(1); the longest of
+    at most X is a bisection. An entry taken from the middle leaves a pointer to
+    its left neighbour in ``skip`` (a union-find over run positions with path
     compression, so stretches of taken entries are crossed in near O(1)).
+
+    The run is kept as two flat arrays and a list, not as a list of entries:
+    ``est`` (the estimates, ascending), ``seq`` (the push counters) and ``tasks``,
+    in the same order. A million-task sweep then costs two array copies from
+    numpy and one list, instead of a million tuples and their floats and ints; the
+    tasks are put in run order once, at the push (taken from the batch in push
+    order instead, each take would miss the cache on its scattered slot). An entry
+    ``(-estimate, push counter, task)`` is made only when a query answers one
+    (:meth:`entry`); NodeAware's pop reads the run itself.
 
     Tasks pushed one at a time (retries, tasks whose inputs just finished) go
     to ``single``, a sorted list (``sortedcontainers.SortedList``, already a
-    dependency of distributed): every query and removal there is O(log n).
-    Entries are ``(-estimate, push counter, task)``; the counter is unique, so
-    tasks themselves are never compared.
+    dependency of distributed) of entries: every query and removal there is
+    O(log n). The counter is unique, so tasks themselves are never compared.
     """
 
-    __slots__ = ("lo", "run", "single", "skip", "top")
+    __slots__ = ("est", "hi", "lo", "seq", "single", "skip", "tasks", "top")
 
     def __init__(self) -> None:
-        self.run: list[_Entry] = []  # sorted, shortest first; live from `lo`
+        self.est = array("d")  # the run's estimates, shortest first; live in [lo, hi)
+        self.seq = array("q")  # ... their push counters
+        self.tasks: list[TaskView] = []  # ... their tasks
         self.lo = 0
+        self.hi = 0
         self.skip: dict[int, int] = {}  # taken run position -> a position to its left
         self.single: SortedList = SortedList()
         self.top: _Entry | None = None  # single[0], cached: indexing a SortedList is slow
@@ -143,7 +148,11 @@ class _Ladder:
     def n(self) -> int:
         """Queued entries: the run's live ones (a taken position in the run's live span
         is a key of ``skip``) and the single pushes. Counted when asked, not per pop."""
-        return len(self.run) - self.lo - len(self.skip) + len(self.single)
+        return self.hi - self.lo - len(self.skip) + len(self.single)
+
+    def entry(self, j: int) -> _Entry:
+        """The run's entry at position ``j``: ``(-estimate, push counter, task)``."""
+        return (-self.est[j], self.seq[j], self.tasks[j])
 
     # -- pushing ------------------------------------------------------------------
     def push(self, est: float, seq: int, task: TaskView) -> None:
@@ -156,57 +165,68 @@ class _Ladder:
         """Entries ``(-estimate, seq, task)`` in push order (seq increasing)."""
         ordered = sorted(entries)  # longest first, then push order (seq is unique)
         ordered.reverse()
-        self._set_run(ordered)
+        # -(-x) is x, bit for bit: entry(j) gives each entry back as it came
+        self._set_run(
+            array("d", [-e[0] for e in ordered]),
+            array("q", [e[1] for e in ordered]),
+            [e[2] for e in ordered],
+        )
 
     def push_batch(self, tasks: Sequence[TaskView], estimates: list[float], first: int) -> None:
         """``push_many`` of ``tasks`` numbered ``first``, ``first + 1``, ...: the same
-        run, sorted by numpy when the estimates are plain floats (the entries are built
-        in their sorted order, never compared: a million tuple comparisons cost more
-        than the rest of the push)."""
-        neg = -np.asarray(estimates, dtype=float) if set(map(type, estimates)) == {float} else None
-        if neg is None or np.isnan(neg).any():  # tuples sort NaN their own way: keep theirs
+        run, sorted by numpy when the estimates are plain floats (never compared as
+        tuples: a million tuple comparisons cost more than the rest of the push)."""
+        est = np.asarray(estimates, dtype=float) if set(map(type, estimates)) == {float} else None
+        if est is None or np.isnan(est).any():  # tuples sort NaN their own way: keep theirs
             entries = zip(map(neg_, estimates), itertools.count(first), tasks, strict=False)
             self.push_many(list(entries))
             return
         # ascending (-estimate, seq) is a stable sort on -estimate; reversed: shortest first
-        desc = np.argsort(neg, kind="stable")[::-1]
+        desc = np.argsort(-est, kind="stable")[::-1]
         order = desc.tolist()
-        entries = zip(
-            neg[desc].tolist(), (desc + first).tolist(), map(tasks.__getitem__, order), strict=True
+        # the tasks in run order: one C call looks them all up (itemgetter of one
+        # position answers the task itself, not a tuple)
+        ordered = list(itemgetter(*order)(tasks)) if len(order) > 1 else [tasks[order[0]]]
+        self._set_run(
+            array("d", est[desc].tobytes()),
+            array("q", (desc + first).astype(np.int64).tobytes()),
+            ordered,
         )
-        self._set_run(list(entries))
 
-    def _set_run(self, ordered: list[_Entry]) -> None:
-        if self.lo < len(self.run):  # an older run still pending: move it to `single`
-            skip = self.skip
-            self.single.update(e for j, e in enumerate(self.run) if j >= self.lo and j not in skip)
+    def _set_run(self, est: array[float], seq: array[int], tasks: list[TaskView]) -> None:
+        if self.lo < self.hi:  # an older run still pending: move it to `single`
+            skip, entry = self.skip, self.entry
+            self.single.update(entry(j) for j in range(self.lo, self.hi) if j not in skip)
             self.top = self.single[0] if self.single else None
-        self.run = ordered
+        self.est, self.seq, self.tasks = est, seq, tasks
         self.lo = 0
+        self.hi = len(est)
         self.skip = {}
 
     # -- the run's live ends ------------------------------------------------------
-    def _run_top(self) -> _Entry | None:
-        run = self.run
-        if not self.skip:
-            return run[-1] if len(run) > self.lo else None
+    def _run_top(self) -> int:
+        """The run's longest live position (below ``lo``: none)."""
+        hi = self.hi
         skip = self.skip
-        while len(run) > self.lo:
-            j = len(run) - 1
-            if j not in skip:
-                return run[j]
-            del skip[j]
-            run.pop()
-        return None
+        if skip:
+            lo = self.lo
+            while hi > lo and hi - 1 in skip:
+                hi -= 1
+                del skip[hi]
+            self.hi = hi
+        return hi - 1
 
-    def _run_bottom(self) -> _Entry | None:
-        run, skip = self.run, self.skip
+    def _run_bottom(self) -> int:
+        """The run's shortest live position (``hi`` or beyond: none)."""
+        skip = self.skip
         lo = self.lo
-        while lo < len(run) and lo in skip:
-            del skip[lo]
-            lo += 1
-        self.lo = lo
-        return run[lo] if lo < len(run) else None
+        if skip:
+            hi = self.hi
+            while lo < hi and lo in skip:
+                del skip[lo]
+                lo += 1
+            self.lo = lo
+        return lo
 
     def _live_left(self, j: int) -> int:
         """The largest live run position <= ``j`` (below ``lo``: none)."""
@@ -222,29 +242,34 @@ class _Ladder:
     # -- queries: (where, entry); `where` is what `take` needs --------------------
     def head(self) -> tuple[object, _Entry] | None:
         """The longest (ties: pushed first)."""
-        top = self._run_top()
+        j = self._run_top()
         first = self.top
-        if first is not None and (top is None or first[:2] < top[:2]):
-            return self.single, first
-        return (_TOP, top) if top is not None else None
+        if j >= self.lo:
+            top = self.entry(j)
+            if first is not None and first[:2] < top[:2]:
+                return self.single, first
+            return _TOP, top
+        return (self.single, first) if first is not None else None
 
     def low(self) -> tuple[object, _Entry] | None:
         """The shortest (ties: either store's)."""
-        bottom = self._run_bottom()
+        j = self._run_bottom()
         single = self.single
-        if single and (bottom is None or single[-1][0] > bottom[0]):
-            return single, single[-1]
-        return (_BOTTOM, bottom) if bottom is not None else None
+        if j < self.hi:
+            bottom = self.entry(j)
+            if single and single[-1][0] > bottom[0]:
+                return single, single[-1]
+            return _BOTTOM, bottom
+        return (single, single[-1]) if single else None
 
     def fit(self, limit: float) -> tuple[object, _Entry] | None:
         """The longest task of at most ``limit`` (ties: pushed first)."""
         if limit <= 0:
             return None
         best: tuple[object, _Entry] | None = None
-        run = self.run
-        j = self._live_left(bisect.bisect_right(run, limit, lo=self.lo, key=_est) - 1)
+        j = self._live_left(bisect.bisect_right(self.est, limit, self.lo, self.hi) - 1)
         if j >= self.lo:
-            best = (j, run[j])
+            best = (j, self.entry(j))
         single = self.single
         k = single.bisect_left((-limit, -1))  # the first entry with estimate <= limit
         if k < len(single):
@@ -255,24 +280,24 @@ class _Ladder:
 
     def quantile(self, q: float) -> tuple[object, _Entry] | None:
         """A live run entry near quantile ``q`` of the run's estimates (0: shortest)."""
-        run = self.run
-        if len(run) <= self.lo:
+        lo, hi = self.lo, self.hi
+        if hi <= lo:
             return None
-        j = self._live_left(self.lo + int(q * (len(run) - self.lo)))
+        j = self._live_left(lo + int(q * (hi - lo)))
         if j < self.lo:
             return None
-        return j, run[j]
+        return j, self.entry(j)
 
     def count_below(self, limit: float) -> int:
         """About how many queued tasks have an estimate below ``limit``: exact for single
         pushes; in the run, entries taken from its middle (slow nodes' picks) still count."""
         single = self.single
         n = len(single) - single.bisect_right((-limit, math.inf)) if single else 0
-        return n + max(bisect.bisect_left(self.run, limit, lo=self.lo, key=_est) - self.lo, 0)
+        return n + max(bisect.bisect_left(self.est, limit, self.lo, self.hi) - self.lo, 0)
 
     def take(self, where: object, entry: _Entry) -> TaskView:
         if where is _TOP:
-            self.run.pop()
+            self.hi -= 1
         elif where is _BOTTOM:
             self.lo += 1
         elif isinstance(where, int):  # the middle of the run
@@ -314,6 +339,7 @@ class NodeAware(Policy):
         learns_speeds=True,
         speculates=True,
         reads=frozenset({"task.estimated", "node.waiting", "attempt.books"}),
+        started_speed=True,
     )
 
     def __init__(
@@ -378,7 +404,9 @@ class NodeAware(Policy):
         # attempt -> its books, for an attempt view without a ``books`` field (see
         # `started`); attempt views hash by identity (as in Horizon)
         self._run: dict[AttemptView, tuple[int, float, float, float]] = {}
-        self._popped: _Entry = _NO_ENTRY  # the queue entry `pop` returned last
+        # the task the inlined path of `pop` returned last, and its estimate
+        self._popped: object = None
+        self._popped_est = 0.0
 
     # -- nodes and speeds -------------------------------------------------------
     def add_node(self, index: int, cores: int) -> None:
@@ -434,11 +462,10 @@ class NodeAware(Policy):
         return st is not None and st.count >= self.min_samples
 
     def _rescan_best(self) -> None:
-        self._best, self._best_node = min(
-            ((x.speed, x) for x in self._nodes.values()),
-            key=_first,
-            default=(1.0, None),
-        )
+        # the first node of the lowest belief (min keeps the first of equals), its key
+        # read in C: this scans every node, each time the fastest node looks slower
+        best = min(self._nodes.values(), key=_speed_of, default=None)
+        self._best, self._best_node = (best.speed, best) if best is not None else (1.0, None)
 
     def capacity(self) -> float:
         """Effective cores: ``sum(cores / believed slow-down)`` of the known nodes."""
@@ -467,11 +494,11 @@ class NodeAware(Policy):
         self._n += 1
 
     def push_many(self, tasks: Sequence[TaskView]) -> None:
-        if len(tasks) >= 256 and len({t.cores for t in tasks}) == 1:
+        if len(tasks) >= 256 and len(set(map(_cores_of, tasks))) == 1:
             # one core size (a sweep): one run, sorted in numpy; the same counters,
             # and the same sum of work, added in the same order, as the loop below
             cores = tasks[0].cores
-            estimates = [t.estimate for t in tasks]
+            estimates = list(map(_estimate_of, tasks))
             first = next(self._counter)
             self._counter = itertools.count(first + len(tasks))
             self._queue(cores).push_batch(tasks, estimates, first)
@@ -553,22 +580,25 @@ class NodeAware(Policy):
                         return self._take(*found)
             one = self._one
             if one is not None:  # the common case, inlined: longest first, one queue
-                run = one.run
-                j = len(run) - 1
+                j = one.hi - 1
                 if j >= one.lo and (not one.skip or j not in one.skip):
                     first = one.top
-                    e = run[j]
-                    # (push counters are unique: tuples compare on estimate and counter,
-                    # never on the task, as e[:2] < first[:2] without the slices)
-                    if first is None or e < first:
+                    est = one.est[j]
+                    # the entry (-est, seq) against the longest single push's, as tuples
+                    # compare (push counters are unique: never on the task)
+                    if first is None or (
+                        -est < first[0] or (-est == first[0] and one.seq[j] < first[1])
+                    ):
                         # the run's longest is live and longer than any single push
-                        run.pop()
-                        # minus the estimate, from the entry (-estimate): the same sum,
-                        # without reading the task's estimate from scattered memory
-                        self._queued_work += e[0]
+                        one.hi = j
+                        # the estimate from the run, not from the task in scattered
+                        # memory (x - est is x + -est, bit for bit)
+                        self._queued_work -= est
                         self._n -= 1
-                        self._popped = e
-                        return e[2]
+                        task = one.tasks[j]
+                        self._popped = task
+                        self._popped_est = est
+                        return task
                 got = one.head()
                 if got is None:
                     return None
@@ -646,23 +676,23 @@ class NodeAware(Policy):
         return float(task.estimate)
 
     # -- attempts ---------------------------------------------------------------
-    def started(self, attempt: AttemptView, now: float) -> None:
+    def started(self, attempt: AttemptView, now: float) -> float:
         """Open the books on ``attempt``: what ``ended`` needs of it, read now that the
         task and the node's belief are at hand (a task view is frozen): ``(cores, cores x
         expected end, estimate, starts a second it asks for)``, the estimate 0.0 when it
         is only a configured default (``estimated`` False: it teaches no speed). On the
         view's own ``books`` slot (AttemptView; the simulator's and the plugin's attempts),
-        else in a dict entry."""
+        else in a dict entry. Returns the node's believed slow-down (``started_speed``)."""
         t = attempt.task
-        e = self._popped
-        # the task just popped (the usual case): its estimate from the queue entry, not
-        # from the task's float elsewhere in memory (-(-x) is x, bit for bit)
-        est = -e[0] if e[2] is t else t.estimate
+        # the task just popped (the usual case): its estimate from the queue's run, not
+        # from the task's float elsewhere in memory
+        est = self._popped_est if self._popped is t else t.estimate
         start = attempt.start
         try:
-            end = start + est * self._nodes[attempt.node].speed
+            speed = self._nodes[attempt.node].speed
         except KeyError:  # a node not known: nominal
-            end = start + est * 1.0
+            speed = 1.0
+        end = start + est * speed
         c = t.cores
         # the starts a second this attempt asks for (cores freed / expected run time)
         ask = (
@@ -684,6 +714,7 @@ class NodeAware(Policy):
         self._run_end_sum += ce
         if ask:
             self._demand += ask
+        return speed
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
         """Close the books on ``attempt`` and learn its node's speed from it.

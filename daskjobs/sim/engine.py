@@ -92,7 +92,8 @@ import itertools
 import math
 from array import array
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, eq
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -211,18 +212,28 @@ def _positions(tasks: Sequence[Task]) -> dict[Hashable, int]:
 
 
 def _records(
-    attempts: list[Attempt], n: int, t_start: array[float], t_end: array[float]
+    attempts: list[Attempt],
+    n: int,
+    t_start: array[float],
+    t_end: array[float],
+    att_ti: array[int],
+    att_start: array[float],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per task, from the attempts (in start order): first start, end and node
     of the winning attempt, attempts made, and whether it finished.
-    ``t_start`` / ``t_end`` hold the times of tasks that never ran (cached).
+    ``t_start`` / ``t_end`` hold the times of tasks that never ran (cached);
+    ``att_ti`` / ``att_start`` each attempt's task position and start, appended as it
+    started (read back from the attempts, each a pointer to a scattered int or float,
+    they cost a cache miss an attempt).
 
     Done once after the run, in numpy, instead of four scattered writes per
-    attempt inside the event loop."""
+    attempt inside the event loop; each field read in C (``map`` of an attribute
+    getter), over every attempt: nearly all of them won, and a list of the winners
+    would cost a pass of its own."""
     m = len(attempts)
-    ti = np.fromiter(map(_get_ti, attempts), dtype=np.int64, count=m)
-    st = np.fromiter(map(_get_start, attempts), dtype=float, count=m)
-    won = np.fromiter((a.outcome == "done" for a in attempts), dtype=bool, count=m)
+    ti = np.frombuffer(att_ti, dtype=np.int64, count=m)
+    st = np.frombuffer(att_start, dtype=float, count=m)
+    won = np.fromiter(map(eq, map(_get_outcome, attempts), repeat("done")), dtype=bool, count=m)
     start = np.array(t_start, dtype=float)
     end = np.array(t_end, dtype=float)
     node = np.full(n, -1, dtype=np.int64)
@@ -230,9 +241,8 @@ def _records(
         first = np.unique(ti, return_index=True)[1]  # the first attempt of each task
         start[ti[first]] = st[first]
         w = np.flatnonzero(won)
-        wins = [attempts[j] for j in w.tolist()]
-        end[ti[w]] = np.fromiter(map(_get_end, wins), dtype=float, count=len(wins))
-        node[ti[w]] = np.fromiter(map(_get_node, wins), dtype=np.int64, count=len(wins))
+        end[ti[w]] = np.fromiter(map(_get_end, attempts), dtype=float, count=m)[w]
+        node[ti[w]] = np.fromiter(map(_get_node, attempts), dtype=np.int64, count=m)[w]
     finished = np.zeros(n, dtype=bool)
     finished[ti[won]] = True
     return start, end, node, np.bincount(ti, minlength=n).astype(np.int64), finished
@@ -243,10 +253,11 @@ _TASK_SLOTS: tuple[str, ...] = tuple(Task.__slots__)
 _get_tid = attrgetter("tid")
 _get_cores = attrgetter("cores")
 _get_deps = attrgetter("deps")
-_get_ti = attrgetter("ti")
-_get_start = attrgetter("start")
+_get_estimated = attrgetter("estimated")
+_get_speculate = attrgetter("speculate")
 _get_end = attrgetter("end")
 _get_node = attrgetter("node")
+_get_outcome = attrgetter("outcome")
 _aid = attrgetter("aid")
 
 
@@ -412,11 +423,16 @@ def _simulate(
     copies: dict[int, list[Attempt]] = {}
     backup_asked = bytearray(n)
     # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
-    if spec is not None:
-        may_copy = spec.may_copy
-        copyable = bytearray(map(bool, map(may_copy, tasks)))
-    else:
+    if spec is None:
         copyable = bytearray(n)
+    elif (
+        type(spec).may_copy is Speculation.may_copy
+        and all(map(_get_estimated, tasks))
+        and False not in set(map(_get_speculate, tasks))
+    ):  # the plain rule, and no task it refuses (asked in C: no call per task)
+        copyable = bytearray(b"\x01") * n
+    else:
+        copyable = bytearray(map(bool, map(spec.may_copy, tasks)))
     copy_all = spec is not None and all(copyable)  # no need to read `copyable` per start
     # every copy decision is the policy's one call (Speculation.decide): the loop below
     # only notices when to ask it (a deadline reached, a speed belief changed, a
@@ -578,6 +594,11 @@ def _simulate(
     soon: list[_Event] = []  # heap: events posted into the current bucket or before
     seq = 0
     attempts: list[Attempt] = []
+    # each attempt's task position and start, in start order (for _records)
+    att_ti = array("q")
+    att_start = array("d")
+    ti_append = att_ti.append
+    start_append = att_start.append
     pending: list[Attempt] = []  # primaries waiting for a backup slot
     slots = cluster.total_cores
     # losers that hold their cores (a cluster that cannot stop them, as dask cannot)
@@ -659,9 +680,12 @@ def _simulate(
     # on the reference path and when learning (which then learns from it: not the
     # benchmarked path, so its one test per attempt is not paid by every run)
     slow_done = reference or learner is not None
+    # `started` answers the node's speed (not on the reference path, which asks `speed`)
+    started_speed = policy.capabilities.started_speed and speed_hook is not None
     if reference:
         urgent_hook = p_urgent
         speed_hook = p_speed
+        started_speed = False
     late_factor = spec.late_factor if spec is not None else 0.0
     min_runtime = spec.min_runtime if spec is not None else 0.0
     heappush = heapq.heappush
@@ -879,6 +903,8 @@ def _simulate(
             nd.core = stack[-1] if stack else -1  # type: ignore[misc]
         a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
         attempts.append(a)
+        ti_append(i)
+        start_append(now)
         if track:
             if c == 1:
                 on_core[cores[0]] = a
@@ -931,10 +957,11 @@ def _simulate(
         if backup:
             backups_running += 1
             backups_launched += 1
-        if started is not None:
-            started(a, now)
+        at_speed = started(a, now) if started is not None else None
         if speculating and not backup and (copy_all or copyable[i]):
-            speed = speed_hook(nd.index) if speed_hook is not None else 1.0
+            if at_speed is None or not started_speed:
+                at_speed = speed_hook(nd.index) if speed_hook is not None else 1.0
+            speed = at_speed
             if plain_spec:
                 late = late_factor * est[i] * speed
                 a.check_at = now + (late if late > min_runtime else min_runtime)
@@ -1207,6 +1234,8 @@ def _simulate(
                     nd.core = stack[-1] if stack else -1  # type: ignore[misc]
                 a = Attempt(len(attempts), tv, k, cores, t0, False, ti)  # type: ignore[arg-type]
                 attempts.append(a)
+                ti_append(ti)
+                start_append(t0)
                 if track:
                     if c == 1:
                         on_core[cores[0]] = a
@@ -1254,10 +1283,13 @@ def _simulate(
                         bucket.append(e)
                 else:
                     heappush(soon, e)
-                if started is not None:
-                    started(a, t0)
+                at_speed = started(a, t0) if started is not None else None
                 if speculating and (copy_all or copyable[ti]):
-                    speed = speed_hook(k) if speed_hook is not None else 1.0
+                    # the node's speed as `started` answered it (a policy declaring
+                    # `started_speed`: one call, not two), else asked
+                    if at_speed is None or not started_speed:
+                        at_speed = speed_hook(k) if speed_hook is not None else 1.0
+                    speed = at_speed
                     if plain_spec:
                         late = late_factor * est[ti] * speed
                         a.check_at = t0 + (late if late > min_runtime else min_runtime)
@@ -1311,7 +1343,9 @@ def _simulate(
                 spared = n_events
             ticked = False
 
-    start_, end_, node_, n_attempts, finished = _records(attempts, n, t_start, t_end)
+    start_, end_, node_, n_attempts, finished = _records(
+        attempts, n, t_start, t_end, att_ti, att_start
+    )
     finished |= np.frombuffer(is_cached, dtype=np.uint8).astype(bool)
     never = n - int(np.count_nonzero(finished))
     if never:
