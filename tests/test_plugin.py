@@ -96,6 +96,9 @@ def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
     # the scheduler and worker import this test module to unpickle its functions
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     history = tmp_path / "history.json"
+    # their logs to files, not to pipes nobody reads (a full pipe would block a process)
+    sched_log = open(tmp_path / "scheduler.log", "wb")  # noqa: SIM115
+    worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
     sched = subprocess.Popen(
         [
             sys.executable,
@@ -116,7 +119,7 @@ def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
             str(history),
         ],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=sched_log,
         stderr=subprocess.STDOUT,
     )
     worker = None
@@ -137,7 +140,7 @@ def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
                 ":0",
             ],
             env=env,
-            stdout=subprocess.PIPE,
+            stdout=worker_log,
             stderr=subprocess.STDOUT,
         )
         with Client(addr, timeout="30s") as c:
@@ -157,6 +160,8 @@ def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+        sched_log.close()
+        worker_log.close()
 
 
 # -- ordering ------------------------------------------------------------------------------------
