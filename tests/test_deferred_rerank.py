@@ -6,10 +6,13 @@ stops waiting takes the estimate the re-rank would have given it."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import dask
+import realtasks
 from conftest import VALIDATE, plugin_cluster
 from distributed import Client, Event
 
@@ -32,6 +35,18 @@ def stage_a() -> list[Any]:
     return [
         dask.delayed(step)(i, GATE if i == HELD else None, dask_key_name=f"A-{i}") for i in range(N)
     ]
+
+
+@contextlib.contextmanager
+def lpt_client() -> Iterator[Client]:
+    """A client of an in-process cluster (one worker, one thread) whose scheduler runs the
+    plugin with ``lpt`` and dask's validation on."""
+    with (
+        dask.config.set(VALIDATE),
+        plugin_cluster(JobsPlugin(policy="lpt")) as cl,
+        Client(cl) as c,
+    ):
+        yield c
 
 
 def until(check: Any, what: str, timeout: float = 60) -> None:
@@ -87,11 +102,7 @@ def ranks_agree(c: Client, p: Any) -> None:
 
 
 def test_one_stage_alone_defers_and_explain_settles():
-    with (
-        dask.config.set(VALIDATE),
-        plugin_cluster(JobsPlugin(policy="lpt")) as cl,
-        Client(cl) as c,
-    ):
+    with lpt_client() as c:
         futs, stale = held_until_deferred(c)
         p = plugin_of(c)
         info = explain(c, stale[-1].tid)  # reads a waiting task: settles first
@@ -104,11 +115,7 @@ def test_one_stage_alone_defers_and_explain_settles():
 
 
 def test_a_new_graph_settles_the_deferred_stage_before_it_is_ranked():
-    with (
-        dask.config.set(VALIDATE),
-        plugin_cluster(JobsPlugin(policy="lpt")) as cl,
-        Client(cl) as c,
-    ):
+    with lpt_client() as c:
         futs, _ = held_until_deferred(c)
         p = plugin_of(c)
         with dask.annotate(estimate=0.2):
@@ -125,11 +132,7 @@ def test_a_new_graph_settles_the_deferred_stage_before_it_is_ranked():
 def test_a_task_that_ends_under_a_deferral_takes_its_estimate():
     """What the speeds learn from, and what the view of an ended task says, is the estimate
     the deferred re-rank would have given it, not the one it was submitted with."""
-    with (
-        dask.config.set(VALIDATE),
-        plugin_cluster(JobsPlugin(policy="lpt")) as cl,
-        Client(cl) as c,
-    ):
+    with lpt_client() as c:
         futs, stale = held_until_deferred(c)
         p = plugin_of(c)
         Event(GATE, client=c).set()
@@ -145,11 +148,7 @@ def test_a_task_that_ends_under_a_deferral_takes_its_estimate():
 def test_a_parameter_stage_is_never_deferred():
     """A stage whose tasks carry ``params`` has a model that tells them apart: its waiting
     tasks are re-ranked at once (tests/test_estimates_live.py has the order)."""
-    with (
-        dask.config.set(VALIDATE),
-        plugin_cluster(JobsPlugin(policy="lpt")) as cl,
-        Client(cl) as c,
-    ):
+    with lpt_client() as c:
         parts = []
         for i in range(20):
             with dask.annotate(params={"n": i % 4}):
@@ -158,3 +157,69 @@ def test_a_parameter_stage_is_never_deferred():
         p = plugin_of(c)
         assert p.ranker.deferrals == 0 and p.ranker.reestimated > 0
         assert p.errors == {}
+
+
+# -- real processes ------------------------------------------------------------------------
+
+
+def _deferral(dask_scheduler: Any) -> dict[str, Any]:
+    r = dask_scheduler.plugins["daskjobs"].ranker
+    return {
+        "deferrals": r.deferrals,
+        "deferred": sorted(r.deferred),
+        "reorders": len(r.reorders),
+        "workers": len(dask_scheduler.workers),
+        "ended": sum(ts.state == "memory" for ts in dask_scheduler.tasks.values()),
+        "errors": dict(dask_scheduler.plugins["daskjobs"].errors),
+    }
+
+
+def _sources(dask_scheduler: Any) -> dict[str, str]:
+    r = dask_scheduler.plugins["daskjobs"].ranker
+    return {k: r.tasks[k].source for k in r.waiting.get("K", {})}
+
+
+def _holding(dask_scheduler: Any, key: str) -> str:
+    ts = dask_scheduler.tasks[key]
+    return ts.processing_on.name if ts.processing_on is not None else ""
+
+
+def test_a_worker_killed_under_a_deferral_on_real_processes(real_cluster):
+    """A real scheduler (validate on) and two worker processes of one thread: a stage of
+    10 ms tasks runs until two gated tasks hold both threads, every re-rank deferred; then
+    one worker is SIGKILLed. Its gated task comes back to wait, which gives the deferred
+    re-rank before that task is ranked again: the waiting tasks hold the learned estimate.
+    The gate opens, the survivor runs everything, and every result is there once."""
+    n, gates = 40, (10, 11)
+    rc = real_cluster(n_workers=2, nthreads=1, config={"daskjobs": {"policy": "lpt"}})
+    with rc.client() as c:
+        until(lambda: c.run_on_scheduler(_deferral)["reorders"] == 2, "both workers reorder")
+        parts = [
+            dask.delayed(realtasks.gated_nap if i in gates else realtasks.started_nap)(
+                i, 0.01, dask_key_name=f"K-{i}"
+            )
+            for i in range(n)
+        ]
+        futs = c.compute(parts)
+        until(lambda: c.run_on_scheduler(_deferral)["ended"] >= gates[0], "ten ends")
+        until(
+            lambda: all(c.run_on_scheduler(_holding, key=f"K-{g}") for g in gates),
+            "both threads held",
+        )
+        before = c.run_on_scheduler(_deferral)
+        assert before["deferrals"] > 0 and before["deferred"] == ["K"], before
+        assert set(c.run_on_scheduler(_sources).values()) == {"default"}  # not given yet
+
+        victim = c.run_on_scheduler(_holding, key=f"K-{gates[1]}")
+        rc.kill_worker(victim)
+        until(lambda: c.run_on_scheduler(_deferral)["workers"] == 1, "the kill seen")
+        # nothing ended since (both gates hold): no new deferral, the old one was given
+        after = c.run_on_scheduler(_deferral)
+        assert after["deferred"] == [] and after["errors"] == {}, after
+        assert set(c.run_on_scheduler(_sources).values()) == {"history"}
+
+        Event(realtasks.GATE, client=c).set()
+        results = c.gather(futs)
+        assert sorted(i for _, i in results) == list(range(n))
+        assert c.run_on_scheduler(_deferral)["errors"] == {}
+    assert rc.problems() == []
