@@ -17,7 +17,9 @@ Two experiments:
    cluster: each rep registers the plugin (``client.register_plugin``), runs, closes it
    and unregisters it (``client.unregister_scheduler_plugin``; dask does not call
    ``close`` on unregister, so the script does, restoring dask's ``_set_priorities``).
-   The order of the configurations rotates each rep. Reported per worker count, with
+   The order of the configurations rotates each rep, and before each the process's heap
+   is collected and frozen (``gc.freeze``), so that a rep's garbage collections scan
+   what it allocates, not what the reps before it left. Reported per worker count, with
    the load average: the median wall time per configuration, the throughput ratio
    ``median(plain) / median(plugin)`` and the paired ratios (plain / plugin within each
    rep: median and range); target >= 0.95. Then one more rep of ``--profile`` (default
@@ -44,6 +46,7 @@ write them and a PNG). This is a script, not a test: nothing here asserts.
 from __future__ import annotations
 
 import cProfile
+import gc
 import pstats
 import statistics
 import sys
@@ -130,6 +133,11 @@ def one_rep(
     try:
         if profile:
             client.run_on_scheduler(_profile, on=True)
+        # the heap the earlier reps left (dask's bounded logs filling up, the futures of
+        # the last rep) is collected and frozen: otherwise each full collection in this
+        # rep scans all of it, and a rep's time grows with the reps before it
+        gc.collect()
+        gc.freeze()
         t0 = time.perf_counter()
         futs = client.map(inc, range(n))
         client.gather(futs)
