@@ -805,6 +805,11 @@ class NodeAware(Policy):
         fresh_end = now + est * min(self._best, 1.0) * self.margin
         return expected_end > fresh_end and expected_end > self.horizon(now)
 
+    def calm_below(self) -> float:
+        """``urgent`` answers False on a node believed faster than ``slow_threshold``
+        (its first test); a subclass with an ``urgent`` of its own gets the base's -inf."""
+        return self.slow_threshold if type(self).urgent is NodeAware.urgent else -math.inf
+
     def describe(self) -> dict[str, Any]:
         return {
             "policy": self.name,

@@ -682,10 +682,14 @@ def _simulate(
     slow_done = reference or learner is not None
     # `started` answers the node's speed (not on the reference path, which asks `speed`)
     started_speed = policy.capabilities.started_speed and speed_hook is not None
+    # below this believed slow-down of its node an attempt is not urgent (the policy's
+    # own bound, Policy.calm_below): the inlined start asks `urgent` only at or above it
+    calm = policy.calm_below() if urgent_hook is not None else -math.inf
     if reference:
         urgent_hook = p_urgent
         speed_hook = p_speed
         started_speed = False
+        calm = -math.inf
     late_factor = spec.late_factor if spec is not None else 0.0
     min_runtime = spec.min_runtime if spec is not None else 0.0
     heappush = heapq.heappush
@@ -1308,7 +1312,12 @@ def _simulate(
                     elif when > a.check_at:  # a check only for an attempt still running then
                         seq += 1
                         post(a.check_at, (a.check_at, _CHECK, seq, a))
-                    if urgent_hook is not None and not interval and urgent_hook(a, t0):
+                    if (
+                        not speed < calm  # (below: not urgent, the policy says)
+                        and urgent_hook is not None
+                        and not interval
+                        and urgent_hook(a, t0)
+                    ):
                         judge((a,), t0)  # the policy wants a copy at once
                 if not nd.free and not pending:  # the node is full: off the heap now
                     heappop(free_heap)
