@@ -91,6 +91,7 @@ import heapq
 import itertools
 import math
 from array import array
+from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, eq
@@ -251,6 +252,7 @@ def _records(
 #: The slots of a Task, copied onto a re-estimated one (see ``estimate`` in _simulate).
 _TASK_SLOTS: tuple[str, ...] = tuple(Task.__slots__)
 _get_tid = attrgetter("tid")
+_set_ti = Task.__dict__["_ti"].__set__  # the slot's setter (a frozen Task refuses setattr)
 _get_cores = attrgetter("cores")
 _get_deps = attrgetter("deps")
 _get_estimated = attrgetter("estimated")
@@ -387,8 +389,8 @@ def _simulate(
     if n >= 1 << 32:
         raise ValueError(f"at most 2**32 - 1 tasks per simulation, got {n}")
     setattr_ = object.__setattr__
-    for i, t in enumerate(tasks, stamp):
-        setattr_(t, "_ti", i)
+    # (the slot's own setter mapped over the tasks, consumed in C: no bytecode per task)
+    deque(map(_set_ti, tasks, range(stamp, stamp + n)), maxlen=0)
     # Per-task state lives in flat arrays (8 bytes or 1 byte a task), not in
     # lists of Python objects: a policy such as LPT returns tasks in an order
     # unrelated to their index, and on a million tasks every pointer chased to

@@ -164,6 +164,9 @@ class Cluster:
         )
 
 
+_NAN = math.nan
+
+
 class Attempt:
     """One execution of a task on one node (read-only once the run is over).
 
@@ -203,10 +206,10 @@ class Attempt:
         self.node = node
         self.cores = cores
         self.start = start
-        self.end = math.nan
+        self.end = _NAN  # (a module constant: one lookup, not two, per attempt)
         self.outcome: str | None = None
         self.backup = backup
-        self.check_at = math.nan
+        self.check_at = _NAN
         self.ti = ti  # the task's position in the simulated list (simulator-internal)
 
     @property
