@@ -96,6 +96,7 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
+_NEG_RATIO = -_RATIO
 _log, _exp, _INF = math.log, math.exp, math.inf  # hot in `ended`
 _MAX_LOG = math.log(1000.0)
 _MIN_LOG = -_MAX_LOG
@@ -784,7 +785,9 @@ class NodeAware(Policy):
         new = _exp(log_new)
         self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
         st.speed = new
-        if abs(log_new - st.announced) > _RATIO:  # moved by more than 20%: announce it
+        # moved by more than 20% either way (abs() without its call): announce it
+        moved = log_new - st.announced
+        if moved > _RATIO or moved < _NEG_RATIO:
             st.announced = log_new
             if new < self._best:
                 self._best, self._best_node = new, st
