@@ -238,20 +238,29 @@ def _records(
     start = np.array(t_start, dtype=float)
     end = np.array(t_end, dtype=float)
     node = np.full(n, -1, dtype=np.int64)
+    made = np.bincount(ti, minlength=n)  # attempts a task made
     if m:
-        first = np.unique(ti, return_index=True)[1]  # the first attempt of each task
+        # the first attempt of each task: a task of one attempt (nearly all) has it
+        # there; only the attempts of the others are sorted (np.unique of every
+        # attempt sorts a million of them to find the few tasks that ran twice)
+        again = made[ti] > 1
+        first = np.flatnonzero(~again)
+        if again.any():
+            rerun = np.flatnonzero(again)
+            first = np.concatenate([first, rerun[np.unique(ti[rerun], return_index=True)[1]]])
         start[ti[first]] = st[first]
         w = np.flatnonzero(won)
         end[ti[w]] = np.fromiter(map(_get_end, attempts), dtype=float, count=m)[w]
         node[ti[w]] = np.fromiter(map(_get_node, attempts), dtype=np.int64, count=m)[w]
     finished = np.zeros(n, dtype=bool)
     finished[ti[won]] = True
-    return start, end, node, np.bincount(ti, minlength=n).astype(np.int64), finished
+    return start, end, node, made.astype(np.int64), finished
 
 
 #: The slots of a Task, copied onto a re-estimated one (see ``estimate`` in _simulate).
 _TASK_SLOTS: tuple[str, ...] = tuple(Task.__slots__)
 _get_tid = attrgetter("tid")
+_get_submit = attrgetter("submit")
 _set_ti = Task.__dict__["_ti"].__set__  # the slot's setter (a frozen Task refuses setattr)
 _get_cores = attrgetter("cores")
 _get_deps = attrgetter("deps")
@@ -534,7 +543,8 @@ def _simulate(
 
     # submissions, in topological order within each submit time
     first_submit = tasks[0].submit if n else 0.0
-    if not has_deps and all(t.submit == first_submit for t in tasks):
+    # (every submit time compared with the first in C: a million tasks, no bytecode each)
+    if not has_deps and all(map(eq, map(_get_submit, tasks), repeat(first_submit))):
         subs: Sequence[int] = range(n)
     else:
         subs = sorted(range(n), key=lambda i: tasks[i].submit)
