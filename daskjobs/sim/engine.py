@@ -672,10 +672,6 @@ def _simulate(
     # those of its cores without an outcome yet, as a core runs one attempt at a time (a
     # store per start, not a set's add and discard per attempt)
     on_core: list[Attempt | None] = [None] * cluster.total_cores if track else []
-    # each core's 1-tuple, made once: an attempt on one core shares it as its `cores`
-    # (a tuple is immutable) instead of allocating its own, kept as long as the attempt
-    # is (a million attempts: a million tuples fewer, and an end reads a hot one)
-    single = [(x,) for x in range(cluster.total_cores)]
 
     def running_on(k: int) -> list[Attempt]:
         """The attempts running on node ``k`` (with ``track``), in start order."""
@@ -915,7 +911,7 @@ def _simulate(
         c = task.cores
         stack = nd.freeheap
         if c == 1:
-            cores: tuple[int, ...] = single[stack.pop()]
+            cores: tuple[int, ...] = (stack.pop(),)
         else:
             cores = tuple(stack.pop() for _ in range(c))
         nd.free -= c
@@ -1246,7 +1242,7 @@ def _simulate(
                 c = tv.cores
                 stack = nd.freeheap
                 if c == 1:
-                    cores: tuple[int, ...] = single[stack.pop()]
+                    cores: tuple[int, ...] = (stack.pop(),)
                 else:
                     cores = tuple([stack.pop() for _ in range(c)])
                 nd.free -= c
