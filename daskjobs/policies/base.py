@@ -332,6 +332,15 @@ class Policy:
         """Should ``attempt`` get a backup copy now, whatever its deadline says?"""
         return False
 
+    def calm_below(self) -> float:
+        """A believed slow-down below which :meth:`urgent` answers False: a driver may
+        skip asking it about an attempt whose node the policy believed faster than this
+        as the attempt started (``speed``, or what ``started`` answered), and before
+        anything else changed. The simulator asks this once a run and then asks
+        ``urgent`` of the attempts on slow nodes only (a call per start spared on the
+        rest). Default -inf: no such bound, ask every time."""
+        return -math.inf
+
     def __len__(self) -> int:
         raise NotImplementedError
 

@@ -96,6 +96,7 @@ __all__ = ["NodeAware"]
 
 _Entry = tuple[float, int, TaskView]  # (-estimate, push counter, task)
 _RATIO = math.log(1.2)
+_NEG_RATIO = -_RATIO
 _log, _exp, _INF = math.log, math.exp, math.inf  # hot in `ended`
 _MAX_LOG = math.log(1000.0)
 _MIN_LOG = -_MAX_LOG
@@ -120,7 +121,7 @@ class _Ladder:
     The run is kept as two flat arrays and a list, not as a list of entries:
     ``est`` (the estimates, ascending), ``seq`` (the push counters) and ``tasks``,
     in the same order. A million-task sweep then costs two array copies from
-    numpy and one list, instead of a million tuples and their floats and ints; the
+    numpy and one tuple, instead of a million tuples and their floats and ints; the
     tasks are put in run order once, at the push (taken from the batch in push
     order instead, each take would miss the cache on its scattered slot). An entry
     ``(-estimate, push counter, task)`` is made only when a query answers one
@@ -137,7 +138,7 @@ class _Ladder:
     def __init__(self) -> None:
         self.est = array("d")  # the run's estimates, shortest first; live in [lo, hi)
         self.seq = array("q")  # ... their push counters
-        self.tasks: list[TaskView] = []  # ... their tasks
+        self.tasks: Sequence[TaskView] = ()  # ... their tasks
         self.lo = 0
         self.hi = 0
         self.skip: dict[int, int] = {}  # taken run position -> a position to its left
@@ -181,19 +182,29 @@ class _Ladder:
             entries = zip(map(neg_, estimates), itertools.count(first), tasks, strict=False)
             self.push_many(list(entries))
             return
-        # ascending (-estimate, seq) is a stable sort on -estimate; reversed: shortest first
-        desc = np.argsort(-est, kind="stable")[::-1]
+        # The run is ascending (-estimate, seq) reversed: shortest first, equal estimates
+        # the later pushed first. With no two estimates equal that is the one ascending
+        # order of the estimates, which numpy's default sort finds in a quarter of the
+        # time of a stable sort; equal ones (checked on the sorted values) take the
+        # stable sort, which orders them by push.
+        desc = np.argsort(est)
+        ranked = est[desc]
+        if len(ranked) > 1 and (ranked[1:] == ranked[:-1]).any():
+            desc = np.argsort(-est, kind="stable")[::-1]
+            ranked = est[desc]
         order = desc.tolist()
         # the tasks in run order: one C call looks them all up (itemgetter of one
-        # position answers the task itself, not a tuple)
-        ordered = list(itemgetter(*order)(tasks)) if len(order) > 1 else [tasks[order[0]]]
+        # position answers the task itself, not a tuple), kept as the tuple it answers
+        # (a list copy would touch every task, in scattered order, twice more: on the
+        # copy and when the tuple is freed)
+        ordered = itemgetter(*order)(tasks) if len(order) > 1 else (tasks[order[0]],)
         self._set_run(
-            array("d", est[desc].tobytes()),
+            array("d", ranked.tobytes()),
             array("q", (desc + first).astype(np.int64).tobytes()),
             ordered,
         )
 
-    def _set_run(self, est: array[float], seq: array[int], tasks: list[TaskView]) -> None:
+    def _set_run(self, est: array[float], seq: array[int], tasks: Sequence[TaskView]) -> None:
         if self.lo < self.hi:  # an older run still pending: move it to `single`
             skip, entry = self.skip, self.entry
             self.single.update(entry(j) for j in range(self.lo, self.hi) if j not in skip)
@@ -774,7 +785,9 @@ class NodeAware(Policy):
         new = _exp(log_new)
         self._capacity += st.cores * (1.0 / new - 1.0 / st.speed)
         st.speed = new
-        if abs(log_new - st.announced) > _RATIO:  # moved by more than 20%: announce it
+        # moved by more than 20% either way (abs() without its call): announce it
+        moved = log_new - st.announced
+        if moved > _RATIO or moved < _NEG_RATIO:
             st.announced = log_new
             if new < self._best:
                 self._best, self._best_node = new, st
@@ -794,6 +807,11 @@ class NodeAware(Policy):
         expected_end = now + expected_left(attempt.start, est, st.speed, now)
         fresh_end = now + est * min(self._best, 1.0) * self.margin
         return expected_end > fresh_end and expected_end > self.horizon(now)
+
+    def calm_below(self) -> float:
+        """``urgent`` answers False on a node believed faster than ``slow_threshold``
+        (its first test); a subclass with an ``urgent`` of its own gets the base's -inf."""
+        return self.slow_threshold if type(self).urgent is NodeAware.urgent else -math.inf
 
     def describe(self) -> dict[str, Any]:
         return {

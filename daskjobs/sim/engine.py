@@ -91,6 +91,7 @@ import heapq
 import itertools
 import math
 from array import array
+from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, eq
@@ -237,20 +238,30 @@ def _records(
     start = np.array(t_start, dtype=float)
     end = np.array(t_end, dtype=float)
     node = np.full(n, -1, dtype=np.int64)
+    made = np.bincount(ti, minlength=n)  # attempts a task made
     if m:
-        first = np.unique(ti, return_index=True)[1]  # the first attempt of each task
+        # the first attempt of each task: a task of one attempt (nearly all) has it
+        # there; only the attempts of the others are sorted (np.unique of every
+        # attempt sorts a million of them to find the few tasks that ran twice)
+        again = made[ti] > 1
+        first = np.flatnonzero(~again)
+        if again.any():
+            rerun = np.flatnonzero(again)
+            first = np.concatenate([first, rerun[np.unique(ti[rerun], return_index=True)[1]]])
         start[ti[first]] = st[first]
         w = np.flatnonzero(won)
         end[ti[w]] = np.fromiter(map(_get_end, attempts), dtype=float, count=m)[w]
         node[ti[w]] = np.fromiter(map(_get_node, attempts), dtype=np.int64, count=m)[w]
     finished = np.zeros(n, dtype=bool)
     finished[ti[won]] = True
-    return start, end, node, np.bincount(ti, minlength=n).astype(np.int64), finished
+    return start, end, node, made.astype(np.int64), finished
 
 
 #: The slots of a Task, copied onto a re-estimated one (see ``estimate`` in _simulate).
 _TASK_SLOTS: tuple[str, ...] = tuple(Task.__slots__)
 _get_tid = attrgetter("tid")
+_get_submit = attrgetter("submit")
+_set_ti = Task.__dict__["_ti"].__set__  # the slot's setter (a frozen Task refuses setattr)
 _get_cores = attrgetter("cores")
 _get_deps = attrgetter("deps")
 _get_estimated = attrgetter("estimated")
@@ -387,8 +398,8 @@ def _simulate(
     if n >= 1 << 32:
         raise ValueError(f"at most 2**32 - 1 tasks per simulation, got {n}")
     setattr_ = object.__setattr__
-    for i, t in enumerate(tasks, stamp):
-        setattr_(t, "_ti", i)
+    # (the slot's own setter mapped over the tasks, consumed in C: no bytecode per task)
+    deque(map(_set_ti, tasks, range(stamp, stamp + n)), maxlen=0)
     # Per-task state lives in flat arrays (8 bytes or 1 byte a task), not in
     # lists of Python objects: a policy such as LPT returns tasks in an order
     # unrelated to their index, and on a million tasks every pointer chased to
@@ -397,6 +408,13 @@ def _simulate(
     # float event heap of the time, LPT ran 1.3x faster on a million tasks).
     dur = array("d", [t.duration for t in tasks])
     est = array("d", [t.estimate for t in tasks])
+    # ... and the two side by side, task i's at 2i and 2i + 1, for the start of an
+    # attempt, which reads both (with backups): one scattered read, not two
+    pair = np.empty((n, 2))
+    pair[:, 0] = np.frombuffer(dur, dtype=float, count=n)
+    pair[:, 1] = np.frombuffer(est, dtype=float, count=n)
+    dur_est = array("d", pair.tobytes())
+    del pair
     is_cached = bytearray(t.tid in cached_ids for t in tasks) if cached_ids else bytearray(n)
     waiting = array("q", bytes(8 * n))
     dependents: list[Sequence[int]]
@@ -486,6 +504,7 @@ def _simulate(
             setattr_(v, "_ti", stamp + i)
             tasks[i] = v
             est[i] = sec
+            dur_est[2 * i + 1] = sec
             changed.append(i)
         return changed
 
@@ -532,7 +551,8 @@ def _simulate(
 
     # submissions, in topological order within each submit time
     first_submit = tasks[0].submit if n else 0.0
-    if not has_deps and all(t.submit == first_submit for t in tasks):
+    # (every submit time compared with the first in C: a million tasks, no bytecode each)
+    if not has_deps and all(map(eq, map(_get_submit, tasks), repeat(first_submit))):
         subs: Sequence[int] = range(n)
     else:
         subs = sorted(range(n), key=lambda i: tasks[i].submit)
@@ -682,10 +702,14 @@ def _simulate(
     slow_done = reference or learner is not None
     # `started` answers the node's speed (not on the reference path, which asks `speed`)
     started_speed = policy.capabilities.started_speed and speed_hook is not None
+    # below this believed slow-down of its node an attempt is not urgent (the policy's
+    # own bound, Policy.calm_below): the inlined start asks `urgent` only at or above it
+    calm = policy.calm_below() if urgent_hook is not None else -math.inf
     if reference:
         urgent_hook = p_urgent
         speed_hook = p_speed
         started_speed = False
+        calm = -math.inf
     late_factor = spec.late_factor if spec is not None else 0.0
     min_runtime = spec.min_runtime if spec is not None else 0.0
     heappush = heapq.heappush
@@ -1246,7 +1270,8 @@ def _simulate(
                     r = copies.get(ti)
                     if r is not None:
                         r.append(a)
-                actual = dur[ti] * speeds[k] + overhead
+                ti2 = ti + ti  # (dur_est: its duration, then its estimate)
+                actual = dur_est[ti2] * speeds[k] + overhead
                 kind = _DONE
                 when = t0 + actual
                 if rate:
@@ -1291,7 +1316,7 @@ def _simulate(
                         at_speed = speed_hook(k) if speed_hook is not None else 1.0
                     speed = at_speed
                     if plain_spec:
-                        late = late_factor * est[ti] * speed
+                        late = late_factor * dur_est[ti2 + 1] * speed
                         a.check_at = t0 + (late if late > min_runtime else min_runtime)
                     else:
                         a.check_at = spec.deadline(t0, est[ti], speed)  # type: ignore[union-attr]
@@ -1308,7 +1333,12 @@ def _simulate(
                     elif when > a.check_at:  # a check only for an attempt still running then
                         seq += 1
                         post(a.check_at, (a.check_at, _CHECK, seq, a))
-                    if urgent_hook is not None and not interval and urgent_hook(a, t0):
+                    if (
+                        not speed < calm  # (below: not urgent, the policy says)
+                        and urgent_hook is not None
+                        and not interval
+                        and urgent_hook(a, t0)
+                    ):
                         judge((a,), t0)  # the policy wants a copy at once
                 if not nd.free and not pending:  # the node is full: off the heap now
                     heappop(free_heap)

@@ -49,6 +49,11 @@ class Task:
     cores among them while it runs.
     """
 
+    # Where the running simulation keeps this task (simulator-internal, checked on use).
+    # The first slot, not the last: the simulator reads it at every start, right after
+    # the policy's pop touched the object's header, and here it shares its cache line
+    # (not in __init__, so its place changes no argument's position).
+    _ti: int = field(default=-1, init=False, repr=False, compare=False)
     tid: Hashable
     duration: float
     estimate: float = None  # type: ignore[assignment]  # None -> duration
@@ -61,8 +66,6 @@ class Task:
     stage: str | None = None
     params: Mapping[str, Any] | None = field(default=None, compare=False)
     teams: tuple[str, ...] = ()
-    # where the running simulation keeps this task (simulator-internal, checked on use)
-    _ti: int = field(default=-1, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_time(self.tid, "duration", self.duration)
@@ -164,6 +167,9 @@ class Cluster:
         )
 
 
+_NAN = math.nan
+
+
 class Attempt:
     """One execution of a task on one node (read-only once the run is over).
 
@@ -203,10 +209,10 @@ class Attempt:
         self.node = node
         self.cores = cores
         self.start = start
-        self.end = math.nan
+        self.end = _NAN  # (a module constant: one lookup, not two, per attempt)
         self.outcome: str | None = None
         self.backup = backup
-        self.check_at = math.nan
+        self.check_at = _NAN
         self.ti = ti  # the task's position in the simulated list (simulator-internal)
 
     @property
