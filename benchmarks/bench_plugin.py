@@ -202,12 +202,14 @@ def child(n: int, workers: int, config: str, profile: bool = False) -> dict[str,
     return got
 
 
-def throughput(n: int, reps: int, workers: int, profile: str | None) -> dict[str, Any]:
-    """Wall time of ``n`` trivial tasks per configuration, ``reps`` runs each, the
-    configurations in turns (the order rotating every rep), each run a :func:`child`.
-    With ``profile`` (a configuration's name), one more run of it under cProfile of the
-    scheduler's thread."""
-    cfg = configs()
+def throughput(
+    n: int, reps: int, workers: int, profile: str | None, only: list[str] | None = None
+) -> dict[str, Any]:
+    """Wall time of ``n`` trivial tasks per configuration (``only`` those, plain dask
+    always), ``reps`` runs each, the configurations in turns (the order rotating every
+    rep), each run a :func:`child`. With ``profile`` (a configuration's name), one more
+    run of it under cProfile of the scheduler's thread."""
+    cfg = {k: v for k, v in configs().items() if only is None or k in only or v is None}
     load = load_average()
     times = harness.alternate(
         {name: (lambda name=name: float(child(n, workers, name)["seconds"])) for name in cfg},
@@ -392,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sweep-tasks", type=int, default=None, help="tasks per chapter sweep")
     ap.add_argument("--no-sweep", action="store_true", help="throughput only")
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated configurations to run beside plain dask (default: all)",
+    )
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--run-profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -404,13 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or None
     if profile is not None and profile not in configs():
         raise SystemExit(f"--profile: no configuration {profile!r}; one of {list(configs())}")
+    only = [c.strip() for c in args.configs.split(",")] if args.configs else None
+    unknown = [c for c in only or () if c not in configs()]
+    if unknown:
+        raise SystemExit(f"--configs: no configuration {unknown}; one of {list(configs())}")
     sweep_n = args.sweep_tasks or (400 if args.quick else 832)
     seeds = harness.seeds(args, 3)
 
     tp = []
     for w in workers:
         print(f"throughput: {n:,} tasks x {reps} reps on {w} workers ...", file=sys.stderr)
-        tp.append(throughput(n, reps, w, profile))
+        tp.append(throughput(n, reps, w, profile, only))
     report = harness.Report("Scheduler plugin", __file__, argv)
     report.section(
         "Scheduler throughput: trivial tasks, plugin vs plain dask", throughput_table(tp, n)
