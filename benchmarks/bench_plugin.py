@@ -16,8 +16,8 @@ Two experiments:
    policy the plugin runs (``client.register_plugin``), and with node-aware plus
    speculation, in turns, the order rotating each rep. Each run has a fresh cluster in
    a fresh interpreter (this script again, with a hidden ``--run``): on one cluster
-   plain dask's own time grew from 20.6 s to 26.1 s over five reps of 20,000 tasks on
-   32 workers, which turns and rotation only half cancel. In the child, a warm-up of
+   plain dask's own time grows rep after rep (benchmarks/NOTES.md), which turns and
+   rotation only half cancel. In the child, a warm-up of
    1,000 tasks, then the heap collected and frozen (``gc.freeze``), then the timed run.
    Reported per worker count, with
    the load average: the median wall time per configuration, the throughput ratio

@@ -141,8 +141,8 @@ def dag_trace(tmp_path_factory):
 
     The workers are threads of this process, so a full collection of its heap (a pytest
     worker's, after hundreds of tests) stalls every slot at once and counts as compute of
-    whatever was running: one such pause turned a recording's replay error from -0.13
-    (compute alone) into +0.38 (with the fit). The heap is collected and frozen before
+    whatever was running, and the fitted overhead then overshoots the run (the log in
+    benchmarks/NOTES.md has a case). The heap is collected and frozen before
     the recorded run (``gc.freeze``: no later collection scans it), which then measures
     dask's costs rather than the test process's garbage."""
     import gc
