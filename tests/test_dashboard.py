@@ -199,10 +199,13 @@ def test_the_page_goes_with_the_plugin():
         sched = cl.scheduler
         base = base_url(cl)
         assert installed(sched) is not None and NAME in sched.periodic_callbacks
-        assert NAME in sched.plugins  # the queue clock
+        plugin = sched.plugins["daskjobs"]
+        # the queue clock is fed by the plugin's own hook: no scheduler plugin of its own
+        assert plugin.queue_clock is installed(sched).clock and NAME not in sched.plugins
         # unregistered: dask does not call close(); the sampler notices within a tick
         c.unregister_scheduler_plugin("daskjobs")
         wait_for(lambda: installed(sched) is None, timeout=5)
+        assert plugin.queue_clock is None
         assert get(base + "/daskjobs")[0] == 404
         assert get(base + "/daskjobs/data.json")[0] == 404
         assert 'href="daskjobs"' not in get(base + "/status")[1]

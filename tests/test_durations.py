@@ -294,3 +294,27 @@ def test_history_round_trips_and_reads_version_one(tmp_path):
         old.write_text(bad)
         with pytest.raises(ValueError, match=why):
             Estimator(default=1.0, path=str(old))
+
+
+def test_a_stage_without_parameters_shares_one_prediction_and_one_empty_mapping():
+    """A parameterless stage (``client.map(f, range(n))``) predicts its median for every
+    task: the fit makes that prediction once, and its observations share one read-only
+    empty mapping (what the scheduler's hook does per finished task stays O(1) and
+    allocates nothing per task beyond the observation)."""
+    m = StageModel()
+    for s in (1.0, 2.0, 4.0):
+        m.observe(None, s)
+    m.observe({}, 3.0)
+    first = m.predict(None)
+    assert first is not None and first is m.predict({}) is m.latest(None)
+    assert first.seconds == pytest.approx(m.predict_many([None, {}])[0].seconds)
+    assert m.predict_many([None, None])[0] is first
+    kept = [p for p, _ in m._obs]
+    assert all(p is kept[0] for p in kept) and dict(kept[0]) == {}
+    with pytest.raises(TypeError):
+        kept[0]["x"] = 1  # type: ignore[index]
+    copies = m.observations()  # a caller gets its own dicts
+    copies[0][0]["x"] = 1
+    assert dict(m._obs[0][0]) == {}
+    m.observe(None, 8.0)  # a new observation: a new fit, a new shared prediction
+    assert m.predict(None) is not first

@@ -94,6 +94,69 @@ def test_a_failing_part_is_counted_under_its_name_and_the_others_still_run() -> 
     assert "k" not in plugin.tasks  # and ranking forgot it
 
 
+class _Seen(parts.Part):
+    """A part that wants only ends, and notes every transition it is given."""
+
+    name = "seen"
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str]] = []
+        self.asked: list[tuple[str, str]] = []
+
+    def wants(self, start: str, finish: str) -> bool:
+        self.asked.append((start, finish))
+        return start == "processing"
+
+    def transition(self, step: parts.Step) -> None:
+        self.steps.append((step.start, step.finish))
+
+
+def test_a_part_is_given_only_the_transitions_it_wants_asked_once_per_pair() -> None:
+    audit = JobsPlugin().audit
+    seen, every = _Seen(), _Seen()
+    every.wants = lambda start, finish: True  # type: ignore[method-assign]
+    run = parts.Transitions([seen, every], audit)
+    pairs = [("released", "waiting"), ("waiting", "processing"), ("processing", "memory")]
+    for key in ("a", "b", "c"):
+        for start, finish in pairs:
+            run.run(key, start, finish, {})
+    assert seen.steps == [("processing", "memory")] * 3
+    assert every.steps == pairs * 3
+    assert seen.asked == pairs  # once per pair, not once per transition
+
+
+def test_a_part_whose_wants_fails_is_counted_and_given_every_transition() -> None:
+    audit = JobsPlugin().audit
+    seen = _Seen()
+
+    def broken(start: str, finish: str) -> bool:
+        raise RuntimeError("injected")
+
+    seen.wants = broken  # type: ignore[method-assign]
+    run = parts.Transitions([seen], audit)
+    run.run("a", "released", "waiting", {})
+    run.run("b", "released", "waiting", {})
+    assert seen.steps == [("released", "waiting")] * 2
+    assert audit.errors["seen"] == 1  # asked once for the pair
+
+
+def test_the_builtin_parts_want_what_they_act_on() -> None:
+    plugin = JobsPlugin(policy="fifo")
+    by_name = {type(p).__name__: p for p in plugin.parts}
+    learning, ranking = by_name["LearningPart"], by_name["RankingPart"]
+    assert learning.wants("processing", "memory")
+    assert not learning.wants("processing", "erred") and not learning.wants("waiting", "queued")
+    # a task enters the waiting set on leaving "released", leaves it on finishing, and is
+    # forgotten; between waiting states it stays where it is
+    assert ranking.wants("released", "waiting") and ranking.wants("processing", "memory")
+    assert ranking.wants("memory", "forgotten") and ranking.wants("memory", "released")
+    assert not ranking.wants("waiting", "queued") and not ranking.wants("queued", "processing")
+    gate = {type(p).__name__: p for p in JobsPlugin(policy="node-aware").parts}["GatePart"]
+    assert not gate.wants("released", "waiting") and not gate.wants("waiting", "waiting")
+    assert gate.wants("waiting", "queued") and gate.wants("waiting", "processing")
+    assert gate.wants("waiting", "released") and gate.wants("processing", "memory")
+
+
 def test_the_start_reporter_is_asked_of_the_parts() -> None:
     assert parts.Reporters(JobsPlugin(policy="lpt").parts, None).wanted() is None  # type: ignore[arg-type]
     sp = JobsPlugin(policy="lpt", speculation={"enabled": True, "min-runtime": "4s"})
@@ -338,3 +401,29 @@ def test_a_reestimated_view_is_replace_of_its_estimate_fields_and_keeps_every_ot
     for f in dataclasses.fields(LiveTask):
         assert getattr(new, f.name) == getattr(want, f.name), f.name
     assert new.params is v.params
+
+
+def test_a_new_estimate_keeps_the_priority_where_the_policys_key_does_not_move() -> None:
+    """fifo's key is the submission time: a task given a new estimate keeps its dask
+    priority (the same tuple, nothing for dask's queue to move); lpt's key is the
+    estimate: its priority moves with it, aged as it was."""
+    from types import SimpleNamespace
+
+    from daskjobs.plugin.estimates import Estimate
+
+    for policy, moves in (("fifo", False), ("lpt", True)):
+        ranker = JobsPlugin(policy=policy).ranker
+        v = LiveTask("k", 2.0, 1, "a", 5.0, (), "default", "stage-x")
+        ranker.tasks["k"] = v
+        rank = float(ranker.policy.key(v))
+        prio = (0, rank + 1.5, 7, 0)  # an old generation: aged by 1.5
+        ts = SimpleNamespace(key="k", priority=prio)
+        new = ranker._reranked(ts, v, Estimate(4.0, 3.0, 5.0, "history", 9), None)
+        assert new is not None and ranker.tasks["k"] is new and new.estimate == 4.0
+        assert new.band == (3.0, 5.0) and new.samples == 9
+        if moves:
+            assert ts.priority == (0, float(ranker.policy.key(new)) + 1.5, 7, 0)
+        else:
+            assert ts.priority is prio
+        # the same estimate again: nothing to give
+        assert ranker._reranked(ts, new, Estimate(4.0, 3.0, 5.0, "history", 9), None) is None

@@ -12,6 +12,7 @@ per interested part):
 ``check_graph(new)``  a new graph, before ranking: may refuse it (the client's error)
 ``graph(new)``        the same graph, once ranked
 ``transition(step)``  a task changed state (:class:`Step`; O(1) each)
+``wants(start, end)`` whether ``transition`` acts on that pair (asked once per pair)
 ``worker_added``      a worker joined (its ``WorkerState``)
 ``worker_removed``    a worker left (its address)
 ``report(r)``         the plugin's worker plugin reported (:class:`Report`)
@@ -23,7 +24,7 @@ per interested part):
 
 Order: the transition order is the list's: recording first (it tells a trace the
 transition before speculation settles anything), then speculation (which marks a copy's or
-an alias's transition as nothing to learn from: :attr:`Step.learn`), preemption,
+an alias's end as nothing to learn from: :attr:`Step.learn`), preemption,
 resources, the learner, the release gate, and ranking last (it forgets a forgotten task).
 Where one part's answer feeds another, the link is made here, once: speculation tells
 recording which task a copy's start belongs to; recording asks speculation under which
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.inventory import INVENTORY_NAME, INVENTORY_TOPIC, inventory_bytes
+from daskjobs.plugin.ranking import PENDING
 from daskjobs.plugin.worker import (
     REORDER_OP,
     REORDER_TOPIC,
@@ -72,6 +74,7 @@ __all__ = [
     "Report",
     "Reporters",
     "Step",
+    "Transitions",
     "compose",
     "run_reports",
 ]
@@ -169,6 +172,12 @@ class Part:
     def transition(self, step: Step) -> None:
         """A task changed state."""
 
+    def wants(self, start: str, finish: str) -> bool:
+        """Does :meth:`transition` act on a transition from ``start`` to ``finish``? The
+        plugin asks once per pair and calls the part only for those (a transition costs
+        nothing for a part that ignores it). Answer for the part's whole life."""
+        return True
+
     def worker_added(self, ws: Any) -> None:
         """A worker joined."""
 
@@ -210,6 +219,42 @@ def overrides(part: Part, hook: str) -> bool:
     return getattr(type(part), hook) is not getattr(Part, hook)
 
 
+class Transitions:
+    """dask's ``transition`` hook over the parts that implement it, each called only for
+    the pairs (start, finish) it :meth:`~Part.wants` (asked once per pair, in order)."""
+
+    def __init__(self, parts: Sequence[Part], audit: Audit) -> None:
+        self.parts = list(parts)
+        self.audit = audit
+        self._pairs: dict[str, dict[str, list[Part]]] = {}  # {start: {finish: parts}}
+
+    def run(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
+        by_start = self._pairs.get(start)
+        parts = by_start.get(finish) if by_start is not None else None
+        if parts is None:  # a pair not seen yet
+            parts = self._pairs.setdefault(start, {})[finish] = self._wanting(start, finish)
+        if not parts:
+            return
+        step = Step(key, start, finish, kwargs)
+        for part in parts:
+            try:
+                part.transition(step)
+            except Exception:
+                self.audit.failed(part.name, key)
+
+    def _wanting(self, start: str, finish: str) -> list[Part]:
+        out = []
+        for part in self.parts:
+            try:
+                wanted = part.wants(start, finish)
+            except Exception:
+                self.audit.failed(part.name)
+                wanted = True  # called at every such transition, as if it had not said
+            if wanted:
+                out.append(part)
+        return out
+
+
 # -- the parts --------------------------------------------------------------------------------
 
 
@@ -227,6 +272,9 @@ class RecordingPart(Part):
     def graph(self, new: list[Any]) -> None:
         if self.recording.recorder is not None:
             self.recording.graph(new)
+
+    def wants(self, start: str, finish: str) -> bool:
+        return start == "processing" or finish == "processing"
 
     def transition(self, step: Step) -> None:
         if self.recording.recorder is None or "processing" not in (step.start, step.finish):
@@ -293,9 +341,13 @@ class SpeculationPart(Part):
 
     def transition(self, step: Step) -> None:
         sp = self.speculator
-        learn = not (sp.is_copy(step.key) or sp.is_alias(step.key))  # before it settles
-        sp.transition(step.key, step.start, step.finish, step.kwargs)
-        step.learn = learn
+        if step.start == "processing":  # an end: does it teach (read before it settles)
+            key = step.key
+            learn = not (sp.is_copy(key) or sp.is_alias(key))
+            sp.transition(key, step.start, step.finish, step.kwargs)
+            step.learn = learn
+        else:
+            sp.transition(step.key, step.start, step.finish, step.kwargs)
 
     def report(self, r: Report) -> None:
         if r.topic == STARTED_TOPIC:
@@ -472,14 +524,21 @@ class LearningPart(Part):
             scheduler.periodic_callbacks["daskjobs-history"] = self._pc
             self._pc.start()
 
+    def wants(self, start: str, finish: str) -> bool:
+        return start == "processing" and finish == "memory"
+
     def transition(self, step: Step) -> None:
         if step.learn and step.start == "processing" and step.finish == "memory":
-            v = self.ranker.current(step.key)  # its estimate as the re-ranks left it
-            seconds = dask_internals.compute_seconds(step.kwargs.get("startstops", ()))
-            if v is not None and seconds is not None:
-                self.ranker.estimator.observe(v.stage, v.params, seconds)
-                self.speeds.learn(v, step.kwargs.get("worker"), seconds)
-                changed = self.ranker.reestimate(v.stage, step.key)  # at the model's cadence
+            ranker = self.ranker
+            v = ranker.current(step.key)  # its estimate as the re-ranks left it
+            if v is None:
+                return
+            kwargs = step.kwargs
+            seconds = dask_internals.compute_seconds(kwargs.get("startstops", ()))
+            if seconds is not None:
+                ranker.estimator.observe(v.stage, v.params, seconds)
+                self.speeds.learn(v, kwargs.get("worker"), seconds)
+                changed = ranker.reestimate(v.stage, step.key)  # at the model's cadence
                 if changed:
                     for tell in self.reestimated:
                         tell(changed)
@@ -536,6 +595,11 @@ class GatePart(Part):
     def graph(self, new: list[Any]) -> None:
         self.gate.first_wave(new)
 
+    def wants(self, start: str, finish: str) -> bool:
+        # a task on its way to dask's queue (released -> waiting -> waiting) changes
+        # nothing the gate keeps, and frees or fills no slot (its next step does)
+        return not (finish == "waiting" and start in ("released", "waiting"))
+
     def transition(self, step: Step) -> None:
         self.gate.transition(step.key, step.start, step.finish)
 
@@ -547,6 +611,14 @@ class RankingPart(Part):
 
     def __init__(self, ranker: Ranker) -> None:
         self.ranker = ranker
+
+    def wants(self, start: str, finish: str) -> bool:
+        # a task that goes on waiting (waiting -> queued -> processing) stays in the set it
+        # entered on leaving "released" (where a new task starts)
+        return finish == "forgotten" or (
+            self.ranker.reranks
+            and not (start in PENDING and start != "released" and finish in PENDING)
+        )
 
     def transition(self, step: Step) -> None:
         self.ranker.track(step.key, step.finish, step.start)

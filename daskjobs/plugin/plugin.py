@@ -43,6 +43,7 @@ from daskjobs.plugin.views import LiveAttempt, LiveTask
 if TYPE_CHECKING:
     from dask.typing import Key
 
+    from daskjobs.plugin.dashboard import QueueClock
     from daskjobs.plugin.gangs import Placer
     from daskjobs.plugin.preemption import Preemptor
     from daskjobs.plugin.speculation import Speculator
@@ -94,9 +95,11 @@ class JobsPlugin(SchedulerPlugin):
         self.recording.reporters_changed = self.reporters.refresh
         self.view = PluginView(self)
         self._log_event: tuple[Any, Any, Any] | None = None  # the wrapped stream handler
+        self.queue_clock: QueueClock | None = None  # the dashboard's (install_dashboard)
         self._starting = False
         # per hook, the parts that implement it (a transition calls only those)
         self._hooks = {h: [p for p in self.parts if _parts.overrides(p, h)] for h in _parts.HOOKS}
+        self._transitions = _parts.Transitions(self._hooks["transition"], self.audit)
 
     # -- pickling: only the configuration travels -------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -201,12 +204,9 @@ class JobsPlugin(SchedulerPlugin):
         self._each("update_graph", client, tasks)
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        step = _parts.Step(key, start, finish, kwargs)
-        for part in self._hooks["transition"]:
-            try:
-                part.transition(step)
-            except Exception:
-                self.audit.failed(part.name, key)
+        if self.queue_clock is not None and (finish == "queued" or start == "queued"):
+            self.queue_clock.transition(key, start, finish)  # guarded within
+        self._transitions.run(key, start, finish, kwargs)
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         self._each("worker_added", scheduler.workers.get(worker), key=worker)

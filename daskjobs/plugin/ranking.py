@@ -114,7 +114,21 @@ class BadJobClass(SubmissionRefused):
 _WAITING = frozenset({"released", "waiting", "queued", "no-worker"})
 #: ... or for a thread of the worker dask sent it to (it may have started there: the
 #: worker skips a re-ranked task that did).
-_PENDING = _WAITING | {"processing"}
+PENDING = _WAITING | {"processing"}
+
+#: The estimate sources that give a band (the view's ``band``).
+_BANDED = ("model", "history")
+
+
+def _holds(v: LiveTask, e: Estimate) -> bool:
+    """Has view ``v`` estimate ``e`` already (its seconds and band)?"""
+    if e.seconds != v.estimate:
+        return False
+    band = v.band
+    if e.source in _BANDED:
+        return band is not None and band[0] == e.low and band[1] == e.high
+    return band is None
+
 
 #: The job classes of docs/preemption.md: trial-and-error (interactive) and best-effort.
 JOB_CLASSES = ("te", "be")
@@ -457,23 +471,26 @@ class Ranker:
         first (it would be ranked against the others)."""
         if not self.reranks:
             return
-        if self.deferred:
-            if finish not in _PENDING:
-                self.current(key)
-            elif start and start not in _PENDING:
+        if finish in PENDING:
+            if self.deferred and start and start not in PENDING:
                 self.settle()
-        v = self.tasks.get(key)
-        if v is None or v.source == "annotation":
-            return
-        if finish in _PENDING:
+            v = self.tasks.get(key)
+            if v is None or v.source == "annotation":
+                return
             w = self.waiting.get(v.stage)
             if w is None:
                 w = self.waiting[v.stage] = {}
             w[key] = None
-        else:
-            w = self.waiting.get(v.stage)
-            if w is not None:
-                w.pop(key, None)
+            return
+        v = self.tasks.get(key)
+        if v is None:
+            return
+        w = self.waiting.get(v.stage)
+        if w is None or key not in w:
+            return
+        if self.deferred:
+            self.current(key)  # it stops waiting: it takes the deferred re-rank now
+        del w[key]
 
     def reestimate(
         self, stage: str, done: Key | None = None
@@ -520,7 +537,7 @@ class Ranker:
         reorders = self.reorders
         if not reorders or any(a not in reorders for a in sched.workers):
             return False
-        return dask_internals.pending_count(sched, _PENDING) == waiting
+        return dask_internals.pending_count(sched, PENDING) == waiting
 
     def settle(self) -> list[tuple[LiveTask, LiveTask, str]]:
         """Give every deferred re-rank now (what :meth:`reestimate` would have done at
@@ -547,9 +564,11 @@ class Ranker:
         if v is None or not self.deferred:
             return v
         e = self.deferred.get(v.stage)
+        if e is None or _holds(v, e):
+            return v
         keys = self.waiting.get(v.stage)
         sched = self.scheduler
-        if e is None or keys is None or key not in keys or sched is None:
+        if keys is None or key not in keys or sched is None:
             return v
         ts = sched.tasks.get(key)
         if ts is None or ts.priority is None or len(ts.priority) != 4:
@@ -568,9 +587,9 @@ class Ranker:
         rank, aged as it was, appended to ``changes`` (None: the estimate did not
         change). Without ``changes`` to append to, the rank is set in place (a task that
         no longer waits in dask's queue)."""
-        band = (e.low, e.high) if e.source in ("model", "history") else None
-        if e.seconds == v.estimate and band == v.band:
+        if _holds(v, e):
             return None
+        band = (e.low, e.high) if e.source in _BANDED else None
         new = v.reestimated(e.seconds, e.source, band, e.samples)
         p = ts.priority
         policy = self.policy
@@ -579,14 +598,15 @@ class Ranker:
         if reestimate is not None:
             reestimate(v, new)
         rank = float(policy.key(new))
-        age = self._ages.get(p[2])
-        if age is None:  # an old generation: its age is what the rank holds beyond the key
-            age = p[1] - was
-        prio = (p[0], rank + age, p[2], p[3])
-        if changes is None:
-            dask_internals.set_priority(ts, prio)
-        else:
-            changes.append((ts, prio))
+        if rank != was:  # (a key the estimate does not move, fifo's: the rank stays)
+            age = self._ages.get(p[2])
+            if age is None:  # an old generation: its age is what the rank holds beyond the key
+                age = p[1] - was
+            prio = (p[0], rank + age, p[2], p[3])
+            if changes is None:
+                dask_internals.set_priority(ts, prio)
+            else:
+                changes.append((ts, prio))
         self.tasks[ts.key] = new
         return new
 
@@ -600,7 +620,7 @@ class Ranker:
         for key in list(keys):
             ts = sched.tasks.get(key)
             v = self.tasks.get(key)
-            if ts is None or v is None or ts.state not in _PENDING:
+            if ts is None or v is None or ts.state not in PENDING:
                 keys.pop(key, None)
                 continue
             if ts.state == "processing" and dask_internals.processing_worker(ts) not in reorders:

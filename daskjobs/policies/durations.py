@@ -71,6 +71,7 @@ import math
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -109,6 +110,8 @@ RERANK_VISITS = 16
 #: The band's quantiles of the residuals.
 BAND = (0.1, 0.9)
 _Z90 = 1.2815515655446004  # the standard normal's 90% quantile
+#: The parameters of an observation without any (one read-only mapping for all of them).
+_NO_PARAMS: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +189,8 @@ class StageModel:
         A duration that is not a finite number > 0 is ignored."""
         if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
             return
-        self._obs.append((dict(params or {}), float(seconds)))
+        # (no parameters: one shared empty mapping, never written to)
+        self._obs.append((dict(params) if params else _NO_PARAMS, float(seconds)))
         self._since_fit += 1
         self.seen += 1
 
@@ -212,7 +216,9 @@ class StageModel:
         """What the latest fit predicts for ``params``, without fitting the observations
         made since (O(parameters)); None before any fit."""
         fit = self._fit
-        return None if fit is None else fit.predict([params or {}])[0]
+        if fit is None:
+            return None
+        return fit.shared() if not fit.columns else fit.predict([params or {}])[0]
 
     def predict_many(self, params: Sequence[Mapping[str, Any] | None]) -> list[Prediction] | None:
         """:meth:`predict` for a batch, with one matrix product."""
@@ -225,11 +231,12 @@ class StageModel:
 class _Fit:
     """One ridge fit of a stage's observations (immutable once made)."""
 
-    __slots__ = ("beta", "center", "columns", "cut", "hi", "lo", "median", "n", "scale")
+    __slots__ = ("_one", "beta", "center", "columns", "cut", "hi", "lo", "median", "n", "scale")
 
     def __init__(self, obs: Iterable[tuple[Mapping[str, Any], float]]) -> None:
         rows = list(obs)
         self.n = n = len(rows)
+        self._one: Prediction | None = None  # without columns: the one prediction, made once
         y = np.log(np.fromiter((s for _, s in rows), dtype=float, count=n))
         self.median = float(np.median(y))
         # the columns: (name, kind, value) with kind "x", "log" or "cat"
@@ -312,6 +319,21 @@ class _Fit:
                     out[i, j] = np.nan  # missing or not a number: the stage's typical value
         return out
 
+    def shared(self) -> Prediction:
+        """The prediction of a fit without columns (the stage's median, for every task),
+        made once."""
+        one = self._one
+        if one is None:
+            med = self.median
+            one = self._one = Prediction(
+                seconds=math.exp(med),
+                low=math.exp(med + self.lo),
+                high=math.exp(med + self.hi),
+                samples=self.n,
+                source="median",
+            )
+        return one
+
     def predict(self, params: Sequence[Mapping[str, Any]]) -> list[Prediction]:
         k = len(params)
         if self.columns:
@@ -322,15 +344,7 @@ class _Fit:
             logd = self.median + x @ self.beta
             source = "model"
         else:  # the stage's median for every task: one prediction, shared
-            med = self.median
-            one = Prediction(
-                seconds=math.exp(med),
-                low=math.exp(med + self.lo),
-                high=math.exp(med + self.hi),
-                samples=self.n,
-                source="median",
-            )
-            return [one] * k
+            return [self.shared()] * k
         out: list[Prediction] = []
         for v in logd.tolist():
             out.append(
@@ -397,6 +411,9 @@ class DurationModels:
             return False
         n = m.seen
         last = self._marked.get(stage, 0)
+        grown = n - last
+        if grown < 1 or (grown < last and grown < m.window):
+            return False  # (below the least step there is: most calls end here)
         step = max(1, min(last, m.window))
         if last >= m.window:
             step = max(step, -(-waiting // RERANK_VISITS))
