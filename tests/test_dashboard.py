@@ -33,7 +33,7 @@ from distributed import Client, LocalCluster
 
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin import dashboard as dashboard_module
-from daskjobs.plugin.dashboard import NAME, installed
+from daskjobs.plugin.dashboard import NAME, QueueClock, installed
 
 pytest.importorskip("bokeh")  # the [dashboard] extra; installed by the test extra
 
@@ -201,11 +201,11 @@ def test_the_page_goes_with_the_plugin():
         assert installed(sched) is not None and NAME in sched.periodic_callbacks
         plugin = sched.plugins["daskjobs"]
         # the queue clock is fed by the plugin's own hook: no scheduler plugin of its own
-        assert plugin.queue_clock is installed(sched).clock and NAME not in sched.plugins
+        assert installed(sched).clock in plugin.transitions.parts and NAME not in sched.plugins
         # unregistered: dask does not call close(); the sampler notices within a tick
         c.unregister_scheduler_plugin("daskjobs")
         wait_for(lambda: installed(sched) is None, timeout=5)
-        assert plugin.queue_clock is None
+        assert not any(isinstance(p, QueueClock) for p in plugin.transitions.parts)
         assert get(base + "/daskjobs")[0] == 404
         assert get(base + "/daskjobs/data.json")[0] == 404
         assert 'href="daskjobs"' not in get(base + "/status")[1]

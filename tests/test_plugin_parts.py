@@ -119,7 +119,7 @@ def test_a_part_is_given_only_the_transitions_it_wants_asked_once_per_pair() -> 
     pairs = [("released", "waiting"), ("waiting", "processing"), ("processing", "memory")]
     for key in ("a", "b", "c"):
         for start, finish in pairs:
-            run.run(key, start, finish, {})
+            run.hook(key, start, finish)
     assert seen.steps == [("processing", "memory")] * 3
     assert every.steps == pairs * 3
     assert seen.asked == pairs  # once per pair, not once per transition
@@ -134,8 +134,8 @@ def test_a_part_whose_wants_fails_is_counted_and_given_every_transition() -> Non
 
     seen.wants = broken  # type: ignore[method-assign]
     run = parts.Transitions([seen], audit)
-    run.run("a", "released", "waiting", {})
-    run.run("b", "released", "waiting", {})
+    run.hook("a", "released", "waiting")
+    run.hook("b", "released", "waiting")
     assert seen.steps == [("released", "waiting")] * 2
     assert audit.errors["seen"] == 1  # asked once for the pair
 

@@ -129,9 +129,9 @@ class QueueClock:
     State: ``entered`` {team: OrderedDict{key: time entered}} in entry order (the
     first entry of a team is its oldest queued task), ``team_of`` {key: team} of the
     tasks in the queue now. A task's team is the plugin's (its ``team``
-    annotation), else the default team. The plugin's own ``transition`` hook calls
-    :meth:`transition` for the transitions into and out of dask's queue (one scheduler
-    plugin fewer for dask to call at every transition of every task).
+    annotation), else the default team. A part of the plugin's transitions
+    (``plugin.transitions.add``), called for the transitions into and out of dask's
+    queue: one scheduler plugin fewer for dask to call at every transition.
     """
 
     def __init__(self, plugin: Any) -> None:
@@ -161,14 +161,16 @@ class QueueClock:
         for ts in queued:
             self.enter(ts.key, now)
 
-    def transition(self, key: Key, start: str, finish: str) -> None:
-        try:
-            if finish == "queued":
-                self.enter(key, time.time())
-            elif start == "queued":
-                self.leave(key)
-        except Exception:
-            self.plugin.audit.failed("dashboard", key)
+    name = "dashboard"  # where the plugin counts its errors
+
+    def wants(self, start: str, finish: str) -> bool:
+        return finish == "queued" or start == "queued"
+
+    def transition(self, step: Any) -> None:
+        if step.finish == "queued":
+            self.enter(step.key, time.time())
+        elif step.start == "queued":
+            self.leave(step.key)
 
     def oldest(self, team: str, now: float) -> float:
         """Seconds the oldest queued task of ``team`` has waited (0.0 if none). O(1)."""
@@ -894,7 +896,7 @@ def install_dashboard(plugin: Any, scheduler: Scheduler) -> Dashboard | None:
     if dash is not None and dash.scheduler is scheduler and dash.active:
         dash.plugin = plugin
         dash.clock.plugin = plugin
-        plugin.queue_clock = dash.clock
+        plugin.transitions.add(dash.clock)
         return dash
     try:
         import bokeh  # noqa: F401
@@ -921,7 +923,7 @@ def install_dashboard(plugin: Any, scheduler: Scheduler) -> Dashboard | None:
             prefix += "/"
         dash.prefix = prefix
         clock.seed(dask_internals.queued_tasks(scheduler), time.time())
-        plugin.queue_clock = clock  # fed by the plugin's transition hook
+        plugin.transitions.add(clock)  # told of transitions by the plugin's hook
         tv = template_variables(scheduler)
         app = BokehApplication(
             {f"/{PAGE}": functools.partial(_page_doc, dash)},
@@ -1013,8 +1015,9 @@ def _remove_page_link(dash: Dashboard) -> None:
 
 
 def _remove_clock(dash: Dashboard) -> None:
-    if getattr(dash.plugin, "queue_clock", None) is dash.clock:
-        dash.plugin.queue_clock = None
+    transitions = getattr(dash.plugin, "transitions", None)
+    if transitions is not None:
+        transitions.remove(dash.clock)
 
 
 def installed(scheduler: Any) -> Dashboard | None:

@@ -221,14 +221,29 @@ def overrides(part: Part, hook: str) -> bool:
 
 class Transitions:
     """dask's ``transition`` hook over the parts that implement it, each called only for
-    the pairs (start, finish) it :meth:`~Part.wants` (asked once per pair, in order)."""
+    the pairs (start, finish) it :meth:`~Part.wants` (asked once per pair, in order).
+    :meth:`add` and :meth:`remove` take in or let go a part that joins later (the
+    dashboard's queue clock)."""
 
     def __init__(self, parts: Sequence[Part], audit: Audit) -> None:
         self.parts = list(parts)
         self.audit = audit
         self._pairs: dict[str, dict[str, list[Part]]] = {}  # {start: {finish: parts}}
 
-    def run(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
+    def add(self, part: Any) -> None:
+        """``part`` (``name``, ``wants`` and ``transition`` of a :class:`Part`) is told
+        of transitions from now on, after the others."""
+        if part not in self.parts:
+            self.parts.append(part)
+            self._pairs = {}
+
+    def remove(self, part: Any) -> None:
+        if part in self.parts:
+            self.parts.remove(part)
+            self._pairs = {}
+
+    def hook(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """dask's ``SchedulerPlugin.transition`` (the plugin's, bound to this)."""
         by_start = self._pairs.get(start)
         parts = by_start.get(finish) if by_start is not None else None
         if parts is None:  # a pair not seen yet

@@ -43,7 +43,6 @@ from daskjobs.plugin.views import LiveAttempt, LiveTask
 if TYPE_CHECKING:
     from dask.typing import Key
 
-    from daskjobs.plugin.dashboard import QueueClock
     from daskjobs.plugin.gangs import Placer
     from daskjobs.plugin.preemption import Preemptor
     from daskjobs.plugin.speculation import Speculator
@@ -95,11 +94,13 @@ class JobsPlugin(SchedulerPlugin):
         self.recording.reporters_changed = self.reporters.refresh
         self.view = PluginView(self)
         self._log_event: tuple[Any, Any, Any] | None = None  # the wrapped stream handler
-        self.queue_clock: QueueClock | None = None  # the dashboard's (install_dashboard)
         self._starting = False
         # per hook, the parts that implement it (a transition calls only those)
         self._hooks = {h: [p for p in self.parts if _parts.overrides(p, h)] for h in _parts.HOOKS}
-        self._transitions = _parts.Transitions(self._hooks["transition"], self.audit)
+        self.transitions = _parts.Transitions(self._hooks["transition"], self.audit)
+        # dask calls plugin.transition at every transition of every task: the bound method
+        # of the parts' loop itself, without a frame of the plugin's in between
+        self.transition = self.transitions.hook  # type: ignore[method-assign]
 
     # -- pickling: only the configuration travels -------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -202,11 +203,6 @@ class JobsPlugin(SchedulerPlugin):
 
     def update_graph(self, scheduler: Any, *, client: str = "", tasks: Any = (), **_: Any) -> None:
         self._each("update_graph", client, tasks)
-
-    def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        if self.queue_clock is not None and (finish == "queued" or start == "queued"):
-            self.queue_clock.transition(key, start, finish)  # guarded within
-        self._transitions.run(key, start, finish, kwargs)
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         self._each("worker_added", scheduler.workers.get(worker), key=worker)

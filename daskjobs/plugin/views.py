@@ -18,9 +18,14 @@ if TYPE_CHECKING:
 __all__ = ["ANY_NODE", "OUTCOME", "LiveAttempt", "LiveTask", "Slot", "stage_of"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class LiveTask:
-    """A ``TaskState`` as the policies see it (a :class:`~daskjobs.policies.TaskView`)."""
+    """A ``TaskState`` as the policies see it (a :class:`~daskjobs.policies.TaskView`).
+
+    Never changed once made: a new estimate is a new view (:meth:`reestimated`). Not
+    ``frozen``, all the same (hashed and compared as a frozen one, ``params`` left
+    out): a frozen dataclass sets each of its fourteen fields through a call to
+    ``object.__setattr__``, and the scheduler's hooks make a view per task."""
 
     tid: Key
     estimate: float

@@ -110,6 +110,7 @@ RERANK_VISITS = 16
 #: The band's quantiles of the residuals.
 BAND = (0.1, 0.9)
 _Z90 = 1.2815515655446004  # the standard normal's 90% quantile
+_NUMBER = (int, float)  # (made once: ``int | float`` in a hot isinstance is made per call)
 #: The parameters of an observation without any (one read-only mapping for all of them).
 _NO_PARAMS: Mapping[str, Any] = MappingProxyType({})
 
@@ -187,7 +188,7 @@ class StageModel:
     def observe(self, params: Mapping[str, Any] | None, seconds: float) -> None:
         """A task of this stage with ``params`` computed for ``seconds`` (speed-normalised).
         A duration that is not a finite number > 0 is ignored."""
-        if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+        if not (isinstance(seconds, _NUMBER) and math.isfinite(seconds) and seconds > 0):
             return
         # (no parameters: one shared empty mapping, never written to)
         self._obs.append((dict(params) if params else _NO_PARAMS, float(seconds)))
@@ -538,7 +539,7 @@ class Estimator:
         ``score=False`` skips scoring the prediction made before learning it (scoring
         refits the stage's model, O(window x columns) a call: the simulator scores the
         estimates its tasks started with instead)."""
-        if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+        if not (isinstance(seconds, _NUMBER) and math.isfinite(seconds) and seconds > 0):
             return
         if self.learn and score:
             before = self._before(stage, params)
