@@ -155,6 +155,10 @@ def test_the_builtin_parts_want_what_they_act_on() -> None:
     assert not gate.wants("released", "waiting") and not gate.wants("waiting", "waiting")
     assert gate.wants("waiting", "queued") and gate.wants("waiting", "processing")
     assert gate.wants("waiting", "released") and gate.wants("processing", "memory")
+    assert not gate.wants("memory", "forgotten") and not gate.wants("memory", "released")
+    spec = {type(p).__name__: p for p in JobsPlugin(policy="fifo", speculation={"enabled": True}).parts}
+    assert not spec["SpeculationPart"].wants("waiting", "waiting")
+    assert spec["SpeculationPart"].wants("released", "waiting")
 
 
 def test_the_start_reporter_is_asked_of_the_parts() -> None:

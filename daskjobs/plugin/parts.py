@@ -354,6 +354,9 @@ class SpeculationPart(Part):
             "speculation", late_factor=sp.spec.late_factor, max_fraction=sp.spec.max_fraction
         )
 
+    def wants(self, start: str, finish: str) -> bool:
+        return start != finish  # (dask's waiting -> waiting: nothing moved)
+
     def transition(self, step: Step) -> None:
         sp = self.speculator
         if step.start == "processing":  # an end: does it teach (read before it settles)
@@ -613,7 +616,8 @@ class GatePart(Part):
     def wants(self, start: str, finish: str) -> bool:
         # a task on its way to dask's queue (released -> waiting -> waiting) changes
         # nothing the gate keeps, and frees or fills no slot (its next step does)
-        return not (finish == "waiting" and start in ("released", "waiting"))
+        # (nor does a finished task's result that is released or forgotten)
+        return not ((finish == "waiting" and start in ("released", "waiting")) or start == "memory")
 
     def transition(self, step: Step) -> None:
         self.gate.transition(step.key, step.start, step.finish)

@@ -362,7 +362,6 @@ class ReleaseGate:
             if start == "processing" and self.learns and self.held:
                 self._offer()
             return
-        now = time.time()
         if (key in self.early or key in self.chosen) and self._wave(key, v, finish):
             pass  # a first wave's task, queued: held or promoted already
         elif finish == "queued":
@@ -384,13 +383,14 @@ class ReleaseGate:
                 ts = self.scheduler.tasks.get(key)
                 ws = ts.processing_on if ts is not None else None
                 node = self.speeds.node(ws.address) if ws else -1
+                now = time.time()
                 att = LiveAttempt(v, node, now)
                 popper.started(att, now)
                 self.attempts[key] = att  # only once the policy counted it
         elif start == "processing":
             ended = self.attempts.pop(key, None)
             if ended is not None:
-                ended.end = now
+                ended.end = now = time.time()
                 # a learner of speeds learns from compute times (WorkerSpeeds.learn), not
                 # from assignment-to-finish here: it only closes its books on this attempt
                 ended.outcome = None if self.learns else OUTCOME.get(finish, "killed")

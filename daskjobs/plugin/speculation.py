@@ -326,8 +326,10 @@ class Speculator:
     def transition(self, key: Key, start: str, finish: str, kwargs: dict[str, Any]) -> None:
         """Every scheduler transition (O(1)): keep the horizon's sums, and settle races
         as tasks and copies move."""
-        if (start in _WAITS or finish in _WAITS) and key not in self.copies:
-            self.waits += (finish in _WAITS) - (start in _WAITS)
+        task = self.copies.get(key)
+        waits = (finish in _WAITS) - (start in _WAITS)
+        if waits and task is None:
+            self.waits += waits
         v = self.tasks.get(key)
         if v is not None:
             sums = self.sums
@@ -342,12 +344,12 @@ class Speculator:
                 sums.push(v.estimate, v.cores)
                 self.unstarted.add(key)
             elif start == "processing":
-                if key in self.unstarted:
-                    self.unstarted.discard(key)
+                unstarted = self.unstarted
+                if key in unstarted:
+                    unstarted.discard(key)
                     sums.pop(v.estimate, v.cores)
                 else:
                     sums.ended(key)
-        task = self.copies.get(key)
         if task is not None:
             self._copy_moved(task, key, start, finish, kwargs)
             return
@@ -358,6 +360,8 @@ class Speculator:
             st = self.starts.pop(key, None)
             if st is not None and finish != "memory":  # a failed or lost attempt: no race
                 self._waste(key, time.time() - st[1], self.failed_seconds)
+        if not self.races:
+            return
         race = self.races.get(key)
         if race is None:
             return
