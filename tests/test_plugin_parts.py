@@ -156,7 +156,8 @@ def test_the_builtin_parts_want_what_they_act_on() -> None:
     assert gate.wants("waiting", "queued") and gate.wants("waiting", "processing")
     assert gate.wants("waiting", "released") and gate.wants("processing", "memory")
     assert not gate.wants("memory", "forgotten") and not gate.wants("memory", "released")
-    spec = {type(p).__name__: p for p in JobsPlugin(policy="fifo", speculation={"enabled": True}).parts}
+    with_copies = JobsPlugin(policy="fifo", speculation={"enabled": True})
+    spec = {type(p).__name__: p for p in with_copies.parts}
     assert not spec["SpeculationPart"].wants("waiting", "waiting")
     assert spec["SpeculationPart"].wants("released", "waiting")
 
