@@ -587,9 +587,9 @@ class Ranker:
         rank, aged as it was, appended to ``changes`` (None: the estimate did not
         change). Without ``changes`` to append to, the rank is set in place (a task that
         no longer waits in dask's queue)."""
-        band = (e.low, e.high) if e.source in _BANDED else None
-        if e.seconds == v.estimate and band == v.band:
+        if _holds(v, e):
             return None
+        band = (e.low, e.high) if e.source in _BANDED else None
         new = v.reestimated(e.seconds, e.source, band, e.samples)
         p = ts.priority
         policy = self.policy

@@ -360,8 +360,6 @@ class Speculator:
             st = self.starts.pop(key, None)
             if st is not None and finish != "memory":  # a failed or lost attempt: no race
                 self._waste(key, time.time() - st[1], self.failed_seconds)
-        if not self.races:
-            return
         race = self.races.get(key)
         if race is None:
             return
