@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=None, help="trivial tasks (default 3,000)")
     ap.add_argument("--workers", type=int, default=8, help="in-process workers (default 8)")
     args = ap.parse_args(argv)
+    if args.against is not None and not (args.against / "daskjobs" / "plugin").is_dir():
+        ap.error(f"--against {args.against}: not a checkout of daskjobs (no daskjobs/plugin)")
     n = args.tasks or (500 if args.quick else 3000)
     cfg = configs()
     if args.quick:
