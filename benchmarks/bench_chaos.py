@@ -15,7 +15,7 @@ read by 20 backtests each (126 stages). Faults are SIGKILLs (no clean shutdown, 
 when a node is lost). For each fault the script prints one row: the fault, what
 happened (measured: results returned, stages recomputed or loaded, workers alive,
 log lines that show a broken invariant) and what the user saw (the first line of
-``SweepResult.summary()`` or the exception). The rows go to ``docs/reliability.md``.
+``SweepResult.summary()`` or the exception). The rows go to ``docs/explanation/reliability.md``.
 A script, not a test: nothing here asserts.
 """
 

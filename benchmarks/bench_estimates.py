@@ -108,12 +108,13 @@ def _estimates(dask_scheduler: Any) -> dict[str, tuple[float, str]]:
 
 def run(w: workloads.Workload, config: str, history: str) -> dict[str, Any]:
     plugin: JobsPlugin | None = None
+    memory = {"path": None}  # nothing measured before (not the user's cache: history.path auto)
     if config == "medians":
-        plugin = JobsPlugin(policy=POLICY, estimates={"learn": False})
+        plugin = JobsPlugin(policy=POLICY, estimates={"learn": False}, history=memory)
     elif config in ("online", "history"):
         plugin = JobsPlugin(policy=POLICY, history={"path": history})
     elif config == "true estimates":
-        plugin = JobsPlugin(policy=POLICY)
+        plugin = JobsPlugin(policy=POLICY, history=memory)
     parts, durations = graph(w, annotate=config == "true estimates")
     with (
         LocalCluster(

@@ -9,7 +9,7 @@ Usage::
     python benchmarks/bench_gangs.py --sim --live        # both
     python benchmarks/bench_gangs.py --quick             # the simulator, 1 seed x 24 h
 
-``--sim``: the documented mixed workload of docs/resources.md
+``--sim``: the documented mixed workload of docs/explanation/resources.md
 (:func:`daskjobs.sim.gangs.synthetic_gangs`: 16 nodes x 8 GPUs, half A100 80 GB, half V100
 32 GB; a Poisson stream of 1- and 2-GPU tasks and gangs of 2-8 members x 1-8 GPUs, 40% of
 the gangs A100 only; half the offered GPU load from gangs) at scale - ``--hours`` of

@@ -12,7 +12,7 @@ the release installed here or close to it, e.g. from a bare mirror::
     # or: mkdir /tmp/distributed && git --git-dir=... archive HEAD | tar -x -C /tmp/distributed
 
 A plugin operators preload for everyone must not change what dask promises users who
-never asked for it (docs/dask-promises.md). This script runs distributed's test files
+never asked for it (docs/explanation/dask-promises.md). This script runs distributed's test files
 about priorities, resources, the scheduler, work stealing, cancelled tasks and failed
 workers from ``PATH`` against the *installed* distributed (``--import-mode=importlib``:
 ``PATH`` is never put on ``sys.path``), with ``distributed.scheduler.preload:

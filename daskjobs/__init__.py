@@ -32,7 +32,10 @@ _LAZY = {
     "ResultStore": "daskjobs.cache.store",
     "StoreAccessError": "daskjobs.cache.store",
     "SweepInterrupted": "daskjobs.sweep",
+    "SweepCancelled": "daskjobs.sweep",
+    "SweepKeyboardInterrupt": "daskjobs.sweep",
     "SubmissionRefused": "daskjobs.errors",
+    "AdmissionRefused": "daskjobs.errors",
     "JobsPlugin": "daskjobs.plugin",
     "cancelled": "daskjobs.tasks",
     "checkpoint": "daskjobs.tasks",
@@ -41,9 +44,11 @@ _LAZY = {
     "Preempted": "daskjobs.tasks",
     "explain": "daskjobs.plugin.client",
     "status": "daskjobs.plugin.client",
+    "set_team": "daskjobs.plugin.client",
     "local_cluster": "daskjobs.plugin.client",
     "start_rate": "daskjobs.plugin.client",
     "record": "daskjobs.plugin.record",
+    "forecast": "daskjobs.forecasting",
 }
 
 __all__ = ["__version__", *_LAZY]

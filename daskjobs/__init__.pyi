@@ -4,16 +4,21 @@
 
 from daskjobs.cache.store import ResultStore as ResultStore
 from daskjobs.cache.store import StoreAccessError as StoreAccessError
+from daskjobs.errors import AdmissionRefused as AdmissionRefused
 from daskjobs.errors import SubmissionRefused as SubmissionRefused
+from daskjobs.forecasting import forecast as forecast
 from daskjobs.plugin import JobsPlugin as JobsPlugin
 from daskjobs.plugin.client import explain as explain
 from daskjobs.plugin.client import local_cluster as local_cluster
+from daskjobs.plugin.client import set_team as set_team
 from daskjobs.plugin.client import start_rate as start_rate
 from daskjobs.plugin.client import status as status
 from daskjobs.plugin.record import record as record
 from daskjobs.sweep import ClusterImportError as ClusterImportError
 from daskjobs.sweep import Sweep as Sweep
+from daskjobs.sweep import SweepCancelled as SweepCancelled
 from daskjobs.sweep import SweepInterrupted as SweepInterrupted
+from daskjobs.sweep import SweepKeyboardInterrupt as SweepKeyboardInterrupt
 from daskjobs.sweep import SweepResult as SweepResult
 from daskjobs.sweep import cases as cases
 from daskjobs.sweep import grid as grid

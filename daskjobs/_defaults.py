@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PATH", "default", "defaults", "seconds"]
+__all__ = ["PATH", "default", "defaults", "seconds", "size"]
 
 #: The file of defaults (shipped as package data).
 PATH = os.path.join(os.path.dirname(__file__), "daskjobs.yaml")
@@ -57,3 +57,15 @@ def seconds(key: str) -> float | None:
     from dask.utils import parse_timedelta  # only here: the policy core never asks
 
     return float(parse_timedelta(value, default="seconds"))
+
+
+def size(key: str) -> int | None:
+    """The default of the size ``key`` in bytes, read as :mod:`daskjobs.config` reads
+    sizes (``dask.utils.parse_bytes``): ``size("admission.job-bytes") == 16 * 2**20``;
+    None where the default is ``null``."""
+    value = default(key)
+    if value is None:
+        return None
+    from dask.utils import parse_bytes  # only here: the policy core never asks
+
+    return int(parse_bytes(value))

@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "simulate": "daskjobs.sim.cli:simulate",
     "cache": "daskjobs.cache.cli:cache",
     "status": "daskjobs.plugin.cli:status_command",
+    "explain": "daskjobs.plugin.cli:explain_command",
+    "forecast": "daskjobs.plugin.cli:forecast_command",
     "estimates": "daskjobs.plugin.estimates_cli:estimates_command",
     "start-rate": "daskjobs.plugin.cli:start_rate_command",
     "replay": "daskjobs.replay.cli:replay",

@@ -37,16 +37,16 @@ from __future__ import annotations
 import difflib
 import math
 import os
-import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import dask.config
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 
 from daskjobs import _defaults as _yaml
+from daskjobs._text import shown
 
 if TYPE_CHECKING:
     from daskjobs.policies.speculation import Speculation
@@ -54,14 +54,18 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_AUDIT_EVENTS",
     "MAX_HISTORY_SAMPLES",
+    "MAX_HISTORY_STAGES",
     "MIN_INTERVAL",
+    "AdmissionSettings",
     "ClaimSettings",
     "ClientSettings",
+    "ForecastSettings",
     "JobsSettings",
     "Settings",
     "SpeculationSettings",
     "TeamSettings",
     "claim_settings",
+    "client_team",
     "configure_logging",
     "jobs_settings",
     "policy_names",
@@ -198,9 +202,21 @@ MIN_INTERVAL = 0.01
 MAX_AUDIT_EVENTS = 10_000_000
 #: Most measured durations kept per stage (``history.samples``), the duration model's window.
 MAX_HISTORY_SAMPLES = 100_000
+#: Most stages a history may keep (``history.max-stages``).
+MAX_HISTORY_STAGES = 100_000
+#: Shortest period (seconds) of the scheduler's forecast (``forecast.interval``): each
+#: refresh is a simulation of the unfinished work.
+MIN_FORECAST_INTERVAL = 1.0
+#: Most simulations a refresh of the scheduler's forecast may draw (``forecast.draws``).
+MAX_FORECAST_DRAWS = 1000
 
-#: Keys whose values are mappings keyed by team name: their keys are data, kept as given.
-_TEAM_MAPPINGS = frozenset({"daskjobs.teams.targets", "daskjobs.teams.quotas"})
+#: Keys whose values are mappings keyed by team name (or, for identities, by a certificate
+#: identity): their keys are data, kept as given.
+_TEAM_MAPPINGS = frozenset(
+    {"daskjobs.teams.targets", "daskjobs.teams.quotas", "daskjobs.teams.identities"}
+)
+#: What a client whose certificate maps to no team gets (``teams.unmapped``).
+UNMAPPED = ("default", "refuse")
 #: The policy's own settings: keys are its keyword names, and a mapping given replaces
 #: the one below it (options belong to one policy: they are not merged across sources).
 _OPTIONS = "daskjobs.policy-options"
@@ -223,6 +239,17 @@ class TeamSettings:
     strict: bool = _default("teams.strict")
     half_life: float | None = _default_seconds("teams.half-life")
     within: str = _default("teams.within")
+    #: certificate identity -> team (teams bound to identity when this or ``admins`` is set)
+    identities: Mapping[str, str] = field(default_factory=lambda: _default("teams.identities"))
+    #: identities that may act for any team
+    admins: tuple[str, ...] = field(default_factory=lambda: tuple(_default("teams.admins")))
+    #: what a client whose certificate maps to no team gets: "default" or "refuse"
+    unmapped: str = _default("teams.unmapped")
+
+    @property
+    def bound(self) -> bool:
+        """Are teams bound to certificate identities (``identities`` or ``admins`` set)?"""
+        return bool(self.identities or self.admins)
 
     def policy_settings(self) -> dict[str, Any]:
         """The keyword settings of the ``fair-share`` policy this section describes."""
@@ -296,10 +323,33 @@ class ResourcesSettings:
 
 @dataclass(frozen=True)
 class ClientSettings:
-    """What clients may change on an operator's scheduler (docs/plugin.md#trust)."""
+    """What clients may change on an operator's scheduler (docs/how-to/load-the-plugin.md#trust)."""
 
     replace_plugin: bool = _default("clients.replace-plugin")
     record: bool = _default("clients.record")
+
+
+@dataclass(frozen=True)
+class ForecastSettings:
+    """The forecast the scheduler keeps for its page and metrics (``daskjobs.forecast``):
+    refreshed every ``interval`` seconds (None: never) while there is unfinished work, up
+    to ``max_tasks`` unfinished tasks, over ``draws`` simulations."""
+
+    interval: float | None = _default_seconds("forecast.interval")
+    max_tasks: int = _default("forecast.max-tasks")
+    draws: int = _default("forecast.draws")
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """Checked admission limits (``daskjobs.admission``; None: no limit): what one
+    client may submit to a shared scheduler (bytes for every size)."""
+
+    graph_tasks: int | None = _default("admission.graph-tasks")
+    graph_bytes: int | None = _yaml.size("admission.graph-bytes")
+    client_tasks: int | None = _default("admission.client-tasks")
+    job_parts: int | None = _default("admission.job-parts")
+    job_bytes: int | None = _yaml.size("admission.job-bytes")
 
 
 @dataclass(frozen=True)
@@ -312,6 +362,7 @@ class JobsSettings:
     launch_timeout: float = _default_seconds("jobs.launch-timeout") or 0.0
     interval: float = _default_seconds("jobs.interval") or MIN_INTERVAL
     backlog: int = _default("jobs.backlog")
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
 
 
 @dataclass(frozen=True)
@@ -333,8 +384,13 @@ class Settings:
     default_estimate: float = _default_seconds("default-estimate") or 0.0
     history_path: str | None = _default("history.path")
     history_samples: int = _default("history.samples")
+    #: most stages kept, in memory and in the history file (the least recently measured go)
+    history_max_stages: int = _default("history.max-stages")
     #: learn a duration model per stage over the tasks' parameters, and re-rank (estimates.learn)
     learn_estimates: bool = _default("estimates.learn")
+    #: read each plain task's function and literal arguments as its stage and parameters
+    #: (estimates.arguments)
+    estimates_from_arguments: bool = _default("estimates.arguments")
     teams: TeamSettings = field(default_factory=TeamSettings)
     audit_events: int = _default("audit-events")
     record: str | None = _default("record")
@@ -343,21 +399,16 @@ class Settings:
     resources: ResourcesSettings = field(default_factory=ResourcesSettings)
     record_dir: str | None = _default("record-dir")
     clients: ClientSettings = field(default_factory=ClientSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    forecast: ForecastSettings = field(default_factory=ForecastSettings)
 
 
 # -- messages ------------------------------------------------------------------------------------
 
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 80
-_repr.maxlong = 40
-
 
 def _show(value: Any) -> str:
     """``repr(value)``, shortened: junk in a config can be huge."""
-    try:
-        return _repr.repr(value)
-    except Exception:  # a repr that fails (an int past Python's digit limit, a broken object)
-        return f"<{type(value).__name__}>"
+    return shown(value, 80)
 
 
 def _norm(name: str) -> str:
@@ -455,7 +506,7 @@ def _merge(key: str, base: dict[str, Any], over: Any, known: Mapping[str, Any]) 
             if v is None:
                 v = {}
             if not isinstance(v, Mapping):
-                raise _bad(sub, "a mapping of team name to value", v)
+                raise _bad(sub, _mapping_of(sub), v)
             out[k] = {**(out.get(k) or {}), **v}
         elif isinstance(known[k], Mapping):
             if v is not None:  # an empty section in YAML (`speculation:`) keeps the defaults
@@ -566,6 +617,40 @@ def duration_seconds(what: str, value: Any) -> float:
     return seconds
 
 
+def _size(key: str, value: Any) -> int | None:
+    """A number of bytes >= 1 (``"256MiB"``, ``"1 GB"`` or an integer), or None."""
+    if value is None:
+        return None
+    n: Any = None
+    if isinstance(value, str):
+        try:
+            n = parse_bytes(value.strip())
+        except Exception:  # ValueError or a unit it does not know, by input
+            n = None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        n = int(value)
+    if not isinstance(n, int) or n < 1:
+        raise _bad(key, "a size such as '256MiB' or a number of bytes >= 1, or null", value)
+    return n
+
+
+def _limit(key: str, value: Any) -> int | None:
+    return None if value is None else _integer(key, value, 1)
+
+
+def _admission(a: Mapping[str, Any]) -> AdmissionSettings:
+    key = "daskjobs.admission"
+    return AdmissionSettings(
+        graph_tasks=_limit(f"{key}.graph-tasks", a["graph-tasks"]),
+        graph_bytes=_size(f"{key}.graph-bytes", a["graph-bytes"]),
+        client_tasks=_limit(f"{key}.client-tasks", a["client-tasks"]),
+        job_parts=_limit(f"{key}.job-parts", a["job-parts"]),
+        job_bytes=_size(f"{key}.job-bytes", a["job-bytes"]),
+    )
+
+
 def _duration_text(seconds: float) -> str:
     return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
 
@@ -592,6 +677,32 @@ def _part(name: str) -> str:
     return name if name.isprintable() else repr(name)
 
 
+def _mapping_of(key: str) -> str:
+    if key == "daskjobs.teams.identities":
+        return "a mapping of certificate identity to team"
+    return "a mapping of team name to value"
+
+
+def _identities(key: str, t: Mapping[str, Any]) -> tuple[dict[str, str], tuple[str, ...], str]:
+    """``identities``, ``admins`` and ``unmapped`` of the teams section, checked."""
+    identities: dict[str, str] = {}
+    for name, team in t["identities"].items():
+        if not isinstance(name, str) or not name.strip():
+            raise _bad(f"{key}.identities", "identities as non-empty strings", name)
+        identities[name] = _team(f"{key}.identities.{_part(name)}", team)
+    admins = t["admins"]
+    if admins is None:
+        admins = []
+    if isinstance(admins, str) or not isinstance(admins, Iterable):
+        raise _bad(f"{key}.admins", "a list of certificate identities", admins)
+    admins = tuple(admins)
+    for name in admins:
+        if not isinstance(name, str) or not name.strip():
+            raise _bad(f"{key}.admins", "identities as non-empty strings", name)
+    unmapped = _choice(f"{key}.unmapped", t["unmapped"], UNMAPPED)
+    return identities, admins, unmapped
+
+
 def _teams(t: Mapping[str, Any]) -> TeamSettings:
     key = "daskjobs.teams"
     targets: dict[str, float] = {}
@@ -611,12 +722,15 @@ def _teams(t: Mapping[str, Any]) -> TeamSettings:
         quotas[team] = _integer(f"{key}.quotas.{_part(team)}", q, 1)
     strict = _boolean(f"{key}.strict", t["strict"])
     default = _team(f"{key}.default", t["default"])
+    identities, admins, unmapped = _identities(key, t)
     if strict:
         known = targets or {default: 1.0}
-        for team in quotas:
+        named = [("quotas", team, team) for team in quotas]
+        named += [("identities", name, team) for name, team in identities.items()]
+        for sub, name, team in named:
             if team not in known:
                 raise ValueError(
-                    f"{key}.quotas.{_part(team)}: expected a team listed in {key}.targets "
+                    f"{key}.{sub}.{_part(name)}: expected a team listed in {key}.targets "
                     f"({', '.join(map(_part, known))}) since {key}.strict is true, got {team!r}"
                 )
     within = t["within"]
@@ -631,6 +745,9 @@ def _teams(t: Mapping[str, Any]) -> TeamSettings:
         strict=strict,
         half_life=half_life or None,  # 0 counts running slots only, as null does
         within=within,
+        identities=identities,
+        admins=admins,
+        unmapped=unmapped,
     )
 
 
@@ -682,11 +799,38 @@ def _resources(rs: Mapping[str, Any]) -> ResourcesSettings:
     )
 
 
+def _forecast(fc: Mapping[str, Any]) -> ForecastSettings:
+    key = "daskjobs.forecast"
+    return ForecastSettings(
+        interval=_seconds(
+            f"{key}.interval", fc["interval"], floor=MIN_FORECAST_INTERVAL, allow_none=True
+        ),
+        max_tasks=_integer(f"{key}.max-tasks", fc["max-tasks"], 1),
+        draws=_integer(f"{key}.draws", fc["draws"], 1, MAX_FORECAST_DRAWS),
+    )
+
+
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
     if isinstance(value, str) and value in choices:
         return value
     err = _bad(key, f"one of {', '.join(choices)}", value)
     raise ValueError(f"{err}{_guess(value, choices)}")
+
+
+#: What people call the built-in policies, in the docs' words and others' (for "did you mean").
+_POLICY_WORDS = {
+    "longest-first": "lpt",
+    "longest": "lpt",
+    "ljf": "lpt",
+    "first-in-first-out": "fifo",
+    "fcfs": "fifo",
+    "critical": "critical-path",
+    "cp": "critical-path",
+    "fair": "fair-share",
+    "fairshare": "fair-share",
+    "node": "node-aware",
+    "speed-aware": "node-aware",
+}
 
 
 def _policy(policy: Any) -> str:
@@ -699,11 +843,13 @@ def _policy(policy: Any) -> str:
     if isinstance(policy, str) and policy in registry.names():
         raise ValueError(
             f"daskjobs.policy: {policy!r} runs in the simulator only, not in the plugin "
-            f"(docs/policies.md); {expected}"
+            f"(docs/how-to/write-a-policy.md); {expected}"
         )
-    raise ValueError(
-        f"daskjobs.policy: unknown policy {_show(policy)}; {expected}{_guess(policy, live)}"
-    )
+    guess = _guess(policy, live)
+    if not guess and isinstance(policy, str):
+        word = next((w for k, w in _POLICY_WORDS.items() if _norm(k) == _norm(policy)), None)
+        guess = f"; did you mean {word}?" if word in live else ""
+    raise ValueError(f"daskjobs.policy: unknown policy {_show(policy)}; {expected}{guess}")
 
 
 def _policy_options(policy: str, value: Any, teams: TeamSettings) -> dict[str, Any]:
@@ -757,10 +903,9 @@ def _positive(x: float) -> bool:
 def _check_replaced() -> None:
     for key, (value, stand_in) in _REPLACED.items():
         if stand_in is not None and dask.config.get(key, default=None) is stand_in:
-            what = "team name to value" if key in _TEAM_MAPPINGS else "settings"
+            what = _mapping_of(key) if key in _TEAM_MAPPINGS else "a mapping of settings"
             raise ValueError(
-                f"{_bad(key, f'a mapping of {what}', value)} (dask's config replaced it by the "
-                "defaults)"
+                f"{_bad(key, what, value)} (dask's config replaced it by the defaults)"
             )
 
 
@@ -786,7 +931,13 @@ def settings(**overrides: Any) -> Settings:
         history_samples=_integer(
             "daskjobs.history.samples", history["samples"], 1, MAX_HISTORY_SAMPLES
         ),
+        history_max_stages=_integer(
+            "daskjobs.history.max-stages", history["max-stages"], 1, MAX_HISTORY_STAGES
+        ),
         learn_estimates=_boolean("daskjobs.estimates.learn", raw["estimates"]["learn"]),
+        estimates_from_arguments=_boolean(
+            "daskjobs.estimates.arguments", raw["estimates"]["arguments"]
+        ),
         teams=teams,
         audit_events=_integer("daskjobs.audit-events", raw["audit-events"], 0, MAX_AUDIT_EVENTS),
         record=_path("daskjobs.record", raw["record"], "the path of a trace file"),
@@ -800,7 +951,20 @@ def settings(**overrides: Any) -> Settings:
             ),
             record=_boolean("daskjobs.clients.record", raw["clients"]["record"]),
         ),
+        admission=_admission(raw["admission"]),
+        forecast=_forecast(raw["forecast"]),
     )
+
+
+def client_team(team: Any = None) -> str | None:
+    """The team a client states: ``team`` if given, else ``daskjobs.team`` of this process's
+    dask config (``DASK_DASKJOBS__TEAM``); None if neither names one. Raises
+    :class:`ValueError` naming the key for a value that is not a team name."""
+    if team is not None:
+        return _team("team", team)
+    _check_sections()
+    value = _raw({})["team"]
+    return None if value is None else _team("daskjobs.team", value)
 
 
 def claim_settings(**overrides: Any) -> ClaimSettings:
@@ -835,4 +999,5 @@ def jobs_settings(**overrides: Any) -> JobsSettings:
         interval=_seconds("daskjobs.jobs.interval", jobs["interval"], floor=MIN_INTERVAL)
         or MIN_INTERVAL,
         backlog=_integer("daskjobs.jobs.backlog", jobs["backlog"], 1, 10_000_000),
+        admission=_admission(raw["admission"]),
     )

@@ -1,12 +1,12 @@
 """The stages of the README's backtest sweep, importable from an installed daskjobs.
 
 ``examples/backtest_sweep.py`` (the README's first command), ``examples/sweep.ipynb``, the
-README's notebook snippet and docs/cache.md all build their sweep from these functions, so they
-are one module that every process can import: the workers of a cluster unpickle a stage function
-by module and name, and a function defined in a notebook or a script (``__main__``) would have to
-travel by value and would get another content key (docs/cache.md, "What does not invalidate").
-Stages defined here get the same keys from the script and from a notebook: a notebook sweep loads
-what the script stored.
+README's notebook snippet and docs/explanation/cache.md all build their sweep from these functions,
+so they are one module that every process can import: the workers of a cluster unpickle a stage
+function by module and name, and a function defined in a notebook or a script (``__main__``) would
+have to travel by value and would get another content key (docs/explanation/cache.md, "What does not
+invalidate"). Stages defined here get the same keys from the script and from a notebook: a notebook
+sweep loads what the script stored.
 
 The workload: each data slice is a synthetic series of 5-minute bars (a geometric random walk
 whose drift and volatility change by regime); one *feature* stage per slice computes what every

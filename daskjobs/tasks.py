@@ -2,7 +2,7 @@
 
 ``cancelled()`` tells a losing copy to stop; ``preempted()``, ``checkpoint()``,
 ``restore()`` and :class:`Preempted` are the cooperative preemption API of best-effort
-tasks (docs/preemption.md, "Live on dask"): a long task saves its state now and then,
+tasks (docs/explanation/preemption.md, "Live on dask"): a long task saves its state now and then,
 asks whether the scheduler wants its slot back for interactive work, and if so raises
 ``Preempted``; dask runs it again later and ``restore()`` hands it the last state.
 """

@@ -1,4 +1,5 @@
-"""Read a trace written by the recording plugin (``docs/trace.md``) into Python objects.
+"""Read a trace written by the recording plugin (``docs/reference/trace-format.md``) into Python
+objects.
 
 :func:`read_trace` checks every line and joins the records: one
 :class:`TraceTask` per key (its graph record and its attempts in order), one
@@ -156,14 +157,19 @@ class TraceTask:
     in_graph: bool = True  # False: attempts seen without a graph record
     attempts: list[TraceAttempt] = field(default_factory=list)
     line: int | None = None  # line of the (last) graph record, for messages
+    # the parameters the plugin read from the task's own call (its function's literal
+    # arguments: the graph record's ``params``), for a task without a ``params`` annotation
+    arguments: dict[str, Any] | None = None
 
     @property
     def params(self) -> dict[str, Any] | None:
-        """The task's parameters (its ``params`` annotation, which a sweep gives each
-        task: its labels and parameters), what a duration model learns from; None
-        without (or when it is not an object)."""
+        """The task's parameters, what a duration model learns from: its ``params``
+        annotation (which a sweep gives each task: its labels and parameters), else what
+        the plugin read from its call (:attr:`arguments`); None without."""
         p = self.annotations.get("params")
-        return dict(p) if isinstance(p, Mapping) else None
+        if isinstance(p, Mapping):
+            return dict(p)
+        return dict(self.arguments) if self.arguments else None
 
 
 @dataclass(slots=True)
@@ -464,6 +470,7 @@ class _Reader:
         source = line.get("estimate_source", "str", required=False)
         team = line.get("team", "str", required=False)
         stage = line.get("stage", "str", required=False)
+        arguments = line.get("params", "dict", required=False)
         resources = line.get("resources", "amounts", required=False)
         user_priority = line.get("user_priority", "number", required=False) or 0
         priority = line.get("priority", "priority", required=False)
@@ -489,6 +496,7 @@ class _Reader:
         task.estimate_source = source
         task.team = team
         task.stage = stage
+        task.arguments = arguments
         task.resources = resources
         task.user_priority = user_priority
         task.priority = tuple(priority) if priority is not None else None

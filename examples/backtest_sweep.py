@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\ncomputed {result.computed} stages, loaded {result.hits} from the store "
         f"({feats['hits']}/{args.slices} feature stages loaded, {feats['computed']} computed; "
-        f"{result.pruned} upstream stages not needed); "
+        f"{result.pruned} upstream stages skipped); "
         f"wall time {result.seconds:.2f} s ({total:.2f} s with cluster start)"
     )
     print(f"store: {store.url}")

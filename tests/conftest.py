@@ -2,6 +2,8 @@
 
 * :func:`plugin_cluster` - an in-process ``LocalCluster`` whose scheduler runs a
   given :class:`~daskjobs.plugin.JobsPlugin` (or plain dask with ``None``).
+* ``dashboard_cluster`` - plain dask in this process over TCP (what is sent to it is
+  pickled, as to a remote cluster), its dashboard served; one per test module.
 * ``real_cluster`` - a factory of real ``dask scheduler`` / ``dask worker``
   processes (:class:`realcluster.RealCluster`); tests that use it are marked
   ``realcluster`` and their process logs are printed when they fail.
@@ -15,9 +17,13 @@
   backends. Without a server the PostgreSQL half is skipped, unless
   ``DASKJOBS_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that a failure.
   ``postgres_url`` is the PostgreSQL half alone (for races only its concurrent writers have).
+* Tests marked ``slurm`` submit real Slurm jobs (tests/test_slurm.py): they run where
+  ``sinfo`` answers with a node up (``.ci/slurm-up`` starts a one-node Slurm) and skip,
+  with the reason, elsewhere, unless ``DASKJOBS_REQUIRE_SLURM=1`` (set by ``.ci/run``)
+  makes that a failure.
 
-Tests marked ``realcluster`` or ``netns`` are marked ``slow`` too: the fast tier a developer
-runs after each edit, ``python -m pytest -m "not slow"``, leaves them out (the README's
+Tests marked ``realcluster``, ``netns`` or ``slurm`` are marked ``slow`` too: the fast tier a
+developer runs after each edit, ``python -m pytest -m "not slow"``, leaves them out (the README's
 command runs everything; docs/how-to/develop.md).
 """
 
@@ -26,6 +32,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,6 +43,11 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Measured durations in memory only (daskjobs.history.path: null), in this process and in every
+# scheduler, worker and docs page it starts: the default, the user's cache directory, would let
+# one test's measurements reorder another's. Tests of the history file name their own.
+os.environ["DASK_DASKJOBS__HISTORY__PATH"] = "None"
 
 from realcluster import RealCluster
 
@@ -55,6 +68,21 @@ def plugin_cluster(plugin: Any = None, **kwargs: Any) -> Any:
     kwargs.setdefault("dashboard_address", ":0")
     plugins = [plugin] if plugin is not None else []
     return LocalCluster(scheduler_kwargs={"plugins": plugins}, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def dashboard_cluster() -> Any:
+    with plugin_cluster(None, protocol="tcp://") as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _history_in_memory() -> Iterator[None]:
+    """dask read its config before this file set the environment: the same, in its config."""
+    import dask
+
+    with dask.config.set({"daskjobs.history.path": None}):
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -172,7 +200,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.netns)
         # real processes take seconds to start and stop: never in the fast tier
         # (`python -m pytest -m "not slow"`, docs/how-to/develop.md)
-        if item.get_closest_marker("realcluster") or item.get_closest_marker("netns"):
+        if any(item.get_closest_marker(m) for m in ("realcluster", "netns", "slurm")):
             item.add_marker(pytest.mark.slow)
         # a module-scoped fixture (a recorded trace, a cluster) is made once per worker
         # that runs a test using it: its tests go to one worker (`--dist loadgroup`)
@@ -196,7 +224,7 @@ def _module_fixtures(item: pytest.Item) -> list[str]:
 #: Under pytest-xdist, the order the workers are sent the tests in (lower first): the
 #: longest kinds first, so that none of them starts last and leaves the other workers idle;
 #: the ``alone`` tests last, when the other workers have little left to wait for.
-_RANKS = (("docs-pages", 0), ("netns", 1), ("realcluster", 2), ("slow", 3))
+_RANKS = (("docs-pages", 0), ("netns", 1), ("realcluster", 2), ("slurm", 2), ("slow", 3))
 _LAST = len(_RANKS) + 1
 
 
@@ -226,6 +254,41 @@ def _longest_first(items: list[pytest.Item]) -> None:
         return _rank(item) if group is None else group_rank[str(group.args[0])]
 
     items.sort(key=key)
+
+
+_SLURM: list[str | None] = []
+
+
+def _slurm_unavailable() -> str | None:
+    """Why no Slurm job can run here (None: ``sinfo`` shows a node that takes jobs)."""
+    if shutil.which("sinfo") is None:
+        return "no Slurm here (no sinfo on PATH)"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer in 20 s"
+    if out.returncode != 0:
+        return f"sinfo failed: {out.stderr.strip() or out.returncode}"
+    states = out.stdout.split()
+    if not {"idle", "mix", "alloc"} & set(states):
+        return f"no Slurm node takes jobs (sinfo: {' '.join(states) or 'no nodes'})"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``slurm`` skips without a Slurm (fails under ``DASKJOBS_REQUIRE_SLURM=1``)."""
+    if item.get_closest_marker("slurm") is None:
+        return
+    if not _SLURM:
+        _SLURM.append(_slurm_unavailable())
+    why = _SLURM[0]
+    if why is None:
+        return
+    if os.environ.get("DASKJOBS_REQUIRE_SLURM") == "1":
+        pytest.fail(f"Slurm is required (DASKJOBS_REQUIRE_SLURM=1): {why}", pytrace=False)
+    pytest.skip(f"{why}; .ci/slurm-up starts one (root, Debian)")
 
 
 POSTGRES = os.environ.get("DASKJOBS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")

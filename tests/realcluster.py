@@ -111,6 +111,8 @@ class RealCluster:
     ``hosts`` places each process on a host of its own (``tests/netns.py``): the
     scheduler on host ``scheduler``, worker ``w0`` on host ``w0``; each listens on
     its host's address and is started through ``hosts.command(name)``.
+    ``security`` (a ``distributed.Security``) is what this process's clients connect with
+    (a TLS cluster: its processes read their certificates from ``config``).
     """
 
     def __init__(
@@ -128,6 +130,7 @@ class RealCluster:
         bin_dir: Path | None = None,
         source_on_path: bool = True,
         hosts: Placement | None = None,
+        security: Any = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -139,6 +142,7 @@ class RealCluster:
         self.worker_resources = worker_resources
         self.bin_dir = Path(bin_dir) if bin_dir is not None else BIN
         self.hosts = hosts
+        self.security = security
         self.cwd = ROOT if source_on_path else self.workdir
         self.scheduler_file = self.workdir / "scheduler.json"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -157,9 +161,14 @@ class RealCluster:
                 "worker": {"validate": True},
             }
         _write_yaml(confdir / "validate.yaml", base)
+        # measured durations in memory unless the test names a history file (read first:
+        # dask merges a folder's files in name order, the later winning)
+        _write_yaml(confdir / "00-history.yaml", {"daskjobs": {"history": {"path": None}}})
         if config:
             _write_yaml(confdir / "test.yaml", config)
         self.env = dict(os.environ)
+        # (tests/conftest.py's variable would win over the test's own config file)
+        self.env.pop("DASK_DASKJOBS__HISTORY__PATH", None)
         self.env["DASK_CONFIG"] = str(confdir)
         # tasks defined in tests/ (e.g. tests/realtasks.py) import on the workers
         path = [str(TESTS), str(ROOT)] if source_on_path else [str(TESTS)]
@@ -268,13 +277,14 @@ class RealCluster:
     def wait_for_workers(self, n: int, timeout: float = 90.0) -> None:
         from distributed import Client
 
-        with Client(self.address, timeout=timeout) as c:
+        with Client(self.address, timeout=timeout, security=self.security) as c:
             c.wait_for_workers(n, timeout=timeout)
 
     def client(self, **kwargs: Any) -> Any:
         from distributed import Client
 
         kwargs.setdefault("timeout", 30)
+        kwargs.setdefault("security", self.security)
         return Client(self.address, **kwargs)
 
     def worker_address(self, client: Any, name: str) -> str:

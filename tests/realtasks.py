@@ -33,6 +33,15 @@ def nap(i, seconds, *deps):
     return i
 
 
+def work(n, unit=0.01):
+    """``n`` units of work (a sleep of ``n * unit`` seconds, times this worker's slowdown);
+    when it started, on the worker's clock, and ``n``: a plain task whose cost follows its
+    size-like argument."""
+    start = time.time()
+    time.sleep(n * unit * slowdown())
+    return start, n
+
+
 def where(i, seconds, *deps):
     """Like :func:`nap`, and say which worker ran it."""
     from distributed import get_worker
@@ -137,3 +146,26 @@ def gated_nap(i, seconds, *deps):
     t = time.time()
     assert Event(GATE).wait(timeout=60)
     return (t, i)
+
+
+def mark(path, *deps):
+    """Leave file ``path`` (a test sees the task ran, even in another process); return it."""
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    return path
+
+
+def submits(n, key):
+    """Submit ``work(n)`` under ``key`` from this task (``worker_client``); its result."""
+    from distributed import worker_client
+
+    with worker_client() as client:
+        return client.submit(work, n, 0.0, key=key).result()
+
+
+def held(i, event="daskjobs-test-release"):
+    """Wait until the ``distributed.Event`` named ``event`` is set, then return ``i``."""
+    from distributed import Event
+
+    Event(event).wait()
+    return i

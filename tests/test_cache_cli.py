@@ -1,4 +1,8 @@
-"""``daskjobs cache ls|info|gc|verify`` on a store in tmp_path."""
+"""``daskjobs cache ls|info|gc|verify`` on a store in tmp_path.
+
+The command line's tables (daskjobs/_text.py) too: ``cache ls``'s columns line up, and a
+table of no rows is its header.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from daskjobs._text import table
 from daskjobs.cache.store import ResultStore
 from daskjobs.cli import main
 
@@ -44,6 +49,30 @@ def test_ls_uses_the_environment_store(store: ResultStore, monkeypatch: pytest.M
     monkeypatch.setenv("DASKJOBS_STORE", store.url)
     code, out = invoke("cache", "ls", "--json")
     assert code == 0 and len(json.loads(out)["entries"]) == 3
+
+
+def test_a_table_of_zero_rows_is_its_header():
+    assert table(["a", "bb"], []).splitlines() == ["a  bb", "-  --"]
+
+
+def test_cache_ls_columns_line_up(tmp_path):
+    from daskjobs.cache.store import ResultStore
+
+    store = ResultStore(str(tmp_path / "store"))
+    store.put("k-short", 1, stage="s")
+    store.put("k-" + "x" * 70, list(range(1000)), stage="a-rather-long-stage-name-indeed")
+    result = CliRunner().invoke(main, ["cache", "ls", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = lines[0]
+    rows = [ln for ln in lines if ln.startswith("k-")]
+    assert header.startswith("key") and len(rows) == 2
+    for word in ("stage", "writer"):  # left-aligned: every row's cell starts there
+        col = header.index(f" {word}") + 1
+        assert all(r[col - 1] == " " and r[col] != " " for r in rows), (word, lines)
+    for word in ("size", "age", "compute"):  # right-aligned: every row's cell ends there
+        end = header.index(f" {word}") + len(word)
+        assert all(r[end] != " " and r[end + 1] == " " for r in rows), (word, lines)
 
 
 def test_info_prints_the_manifest(store: ResultStore) -> None:

@@ -1,8 +1,13 @@
-"""The ``daskjobs simulate`` command: JSON shape, ordering sanity, figures, bad input."""
+"""The ``daskjobs simulate`` command: JSON shape, ordering sanity, figures, bad input.
+
+A chapter over seeds with its output redirected prints each run's line as the run is
+computed.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -124,6 +129,20 @@ def test_chapter_seeds_table() -> None:
     assert "node-aware" in result.stdout
 
 
+def test_a_redirected_chapter_over_seeds_prints_each_run_as_it_is_computed():
+    result = CliRunner().invoke(
+        main, ["simulate", "chapter", "--seeds", "0-1", "--tasks", "500"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.stderr.splitlines() if " done: " in ln]
+    total = int(re.search(r"/(\d+) done", lines[-1]).group(1))  # type: ignore[union-attr]
+    assert total >= 2 and len(lines) == total
+    assert [int(re.search(r": (\d+)/", ln).group(1)) for ln in lines] == list(  # type: ignore[union-attr]
+        range(1, total + 1)
+    )
+    assert "makespan h: median" in result.stdout
+
+
 def test_chapter_endgame_runs_the_backups_with_the_end_game() -> None:
     args = ("chapter", "--seed", "2", "--tasks", "1000", "--policy", "fifo", "--json")
     plain = json.loads(invoke(*args).stdout)
@@ -216,7 +235,7 @@ def test_chapter_makespan_figure_labels_both_axes_and_tells_the_bounds_apart(
     assert bottom < lower < speed < top
     plot._save(fig, tmp_path / "m.png", plot._published_note(report))
     (note,) = [t.get_text() for t in fig.texts]
-    assert note.startswith("published (black marks): ") and "docs/chapter.md" in note
+    assert note.startswith("published (black marks): ") and "docs/explanation/chapter.md" in note
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,8 @@
 """The ``daskjobs`` config section: spelled the dask way, every bad value named.
 
+A task's estimate, annotated or a sweep stage's, reads a duration as the section does,
+and a bad one names its task.
+
 dask reads ``DASK_*`` variables and YAML files when it is imported, before daskjobs
 registers its defaults, so an operator's ``DASK_DASKJOBS__DEFAULT_ESTIMATE=10s``
 lands in dask's config as ``default_estimate`` (dask keeps the first spelling it
@@ -281,6 +284,30 @@ def test_numbers_written_as_strings_are_read() -> None:
     assert s.history_samples == 16
 
 
+def test_an_estimate_reads_durations_as_the_configuration_does():
+    from daskjobs.config import settings
+    from daskjobs.plugin.estimates import check_estimate
+    from daskjobs.sweep import Sweep
+
+    assert settings(default_estimate="10s").default_estimate == 10.0
+    assert check_estimate("k", "10s") == 10.0
+    assert check_estimate("k", "2 minutes") == 120.0
+    assert check_estimate("k", 2.5) == 2.5
+    sweep = Sweep()
+    stage = sweep.stage(lambda x: x, over={"x": [1, 2]}, estimate="10s", name="s")
+    assert {n.estimate for n in stage.nodes} == {10.0}
+    per = sweep.stage(lambda x: x, over={"x": [1]}, estimate=lambda p: "150ms", name="t")
+    assert [n.estimate for n in per.nodes] == [0.15]
+
+
+@pytest.mark.parametrize("bad", ["soon", -1, float("nan"), True])
+def test_a_bad_estimate_still_names_the_task(bad):
+    from daskjobs.plugin.estimates import BadEstimate, check_estimate
+
+    with pytest.raises(BadEstimate, match=r"task 'k': estimate must be a duration"):
+        check_estimate("k", bad)
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "value"),
     [
@@ -378,6 +405,21 @@ def test_the_policies_offered_are_the_registry_s_live_ones(deepest: None) -> Non
     assert POLICIES == ("fifo", "lpt", "critical-path", "fair-share", "node-aware")
     assert daskjobs.config.policy_names() == (*POLICIES, "deepest")
     assert daskjobs.config.policy_names() == daskjobs.config.POLICIES
+
+
+@pytest.mark.parametrize(
+    "word, meant",
+    [
+        ("longest-first", "lpt"),
+        ("Longest_First", "lpt"),
+        ("cp", "critical-path"),
+        ("fair", "fair-share"),
+    ],
+)
+def test_a_policy_called_by_another_name_gets_a_did_you_mean(word: str, meant: str) -> None:
+    """The docs say "longest-first"; the policy is lpt: the error says so."""
+    with pytest.raises(ValueError, match=f"unknown policy '{word}'.*; did you mean {meant}\\?$"):
+        settings(policy=word)
 
 
 def test_a_registered_policy_validates_and_an_unregistered_one_names_the_known_ones() -> None:

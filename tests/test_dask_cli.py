@@ -24,7 +24,17 @@ import daskjobs
 from daskjobs.cli import COMMANDS, jobs, main
 
 BIN = Path(sys.executable).parent
-SUBCOMMANDS = ["cache", "estimates", "ledger", "replay", "simulate", "start-rate", "status"]
+SUBCOMMANDS = [
+    "cache",
+    "estimates",
+    "explain",
+    "forecast",
+    "ledger",
+    "replay",
+    "simulate",
+    "start-rate",
+    "status",
+]
 
 
 def dask(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -96,6 +106,38 @@ def test_loading_the_entry_point_imports_no_subcommand() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "", f"imported by daskjobs.cli: {run.stdout.strip()}"
+
+
+STATUS_IMPORTS = """
+import sys
+from daskjobs.plugin.cli import fetch_status
+from click import ClickException
+try:  # nothing listens there: the command's whole import path runs, then it fails to connect
+    fetch_status("tcp://127.0.0.1:9", "1s")
+except ClickException:
+    pass
+print(",".join(sorted(m for m in sys.modules if m.startswith("daskjobs"))))
+"""
+
+
+def test_status_loads_distributed_and_nothing_of_the_plugin() -> None:
+    """``daskjobs status`` is a client call: most of its time is importing distributed (2-3 s
+    on a loaded 2-CPU machine); the plugin's modules (its estimates, ranking, numpy work) are
+    not loaded on top."""
+    run = subprocess.run(
+        [sys.executable, "-c", STATUS_IMPORTS], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    loaded = set(run.stdout.strip().split(","))
+    assert "daskjobs.plugin.client" in loaded, loaded  # the call was made
+    assert loaded <= {
+        "daskjobs",
+        "daskjobs.plugin",
+        "daskjobs.plugin.client",
+        "daskjobs.plugin.cli",
+        "daskjobs._options",
+        "daskjobs._text",
+    }, loaded
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """dask's ordering promises, kept by the plugin under its default configuration
-(docs/dask-promises.md): ``priority=`` first; a later ``compute``/``persist`` never
+(docs/explanation/dask-promises.md): ``priority=`` first; a later ``compute``/``persist`` never
 starving an earlier one of the same priority; dask's own order among tasks without
 estimates. distributed's own tests of them run with the preload through
 ``benchmarks/dask_suite.py``; these are ours."""

@@ -40,10 +40,11 @@ def stage_a() -> list[Any]:
 @contextlib.contextmanager
 def lpt_client() -> Iterator[Client]:
     """A client of an in-process cluster (one worker, one thread) whose scheduler runs the
-    plugin with ``lpt`` and dask's validation on."""
+    plugin with ``lpt`` and dask's validation on. Tasks are staged by key prefix, without
+    parameters (``estimates.arguments`` off: ``step``'s arguments would be parameters)."""
     with (
         dask.config.set(VALIDATE),
-        plugin_cluster(JobsPlugin(policy="lpt")) as cl,
+        plugin_cluster(JobsPlugin(policy="lpt", estimates={"arguments": False})) as cl,
         Client(cl) as c,
     ):
         yield c
@@ -191,7 +192,11 @@ def test_a_worker_killed_under_a_deferral_on_real_processes(real_cluster):
     re-rank before that task is ranked again: the waiting tasks hold the learned estimate.
     The gate opens, the survivor runs everything, and every result is there once."""
     n, gates = 40, (10, 11)
-    rc = real_cluster(n_workers=2, nthreads=1, config={"daskjobs": {"policy": "lpt"}})
+    rc = real_cluster(
+        n_workers=2,
+        nthreads=1,
+        config={"daskjobs": {"policy": "lpt", "estimates": {"arguments": False}}},
+    )
     with rc.client() as c:
         until(lambda: c.run_on_scheduler(_deferral)["reorders"] == 2, "both workers reorder")
         parts = [

@@ -2,8 +2,8 @@
 
 A start report per task is one more message on every worker's stream and on the
 scheduler's (about a tenth of the scheduler's rate of starts on a sweep of short tasks,
-docs/plugin.md). Speculation judges nothing late before ``min-runtime``, so the plugin
-lets the workers report a start up to half of it late (and within one check), together
+docs/how-to/load-the-plugin.md). Speculation judges nothing late before ``min-runtime``, so the
+plugin lets the workers report a start up to half of it late (and within one check), together
 with the others, and not at all for a task that ended by then. These tests pin what
 that must keep: every task still running is reported, once, with its true start; a
 backup copy at once; recording (and preemption, resources) at once, as before.

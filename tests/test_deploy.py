@@ -1,4 +1,4 @@
-"""docs/deploy.md's recipes, checked against dask, dask-jobqueue and a real scheduler.
+"""docs/how-to/deploy.md's recipes, checked against dask, dask-jobqueue and a real scheduler.
 
 * the operator's ``daskjobs.yaml``: dask's own config loader reads it and
   ``daskjobs.config.settings()`` accepts it, with every value the page says it sets;
@@ -31,7 +31,7 @@ import yaml
 from daskjobs.config import Settings, settings
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "deploy.md"
+PAGE = ROOT / "docs" / "how-to" / "deploy.md"
 
 
 def blocks(lang: str) -> list[str]:
@@ -224,3 +224,38 @@ def test_the_kubernetes_env_and_configmap_give_the_operators_settings(tmp_path: 
     from_files = read_with_dask(files, tmp_path / "etc-dask")  # the pod's /etc/dask
     from_env = dask.config.collect_env(env)  # dask reads the environment last: it wins
     check_operator_settings(settings_with(*from_files, from_env))
+
+
+# -- teams bound to certificates ------------------------------------------------------------
+
+
+def _dask_keys(section: Any, prefix: str = "") -> set[str]:
+    """Every key path of a nested mapping (``distributed.comm.tls.ca-file``)."""
+    out: set[str] = set()
+    for k, v in section.items():
+        path = f"{prefix}{k}"
+        out.add(path)
+        if isinstance(v, dict):
+            out |= _dask_keys(v, f"{path}.")
+    return out
+
+
+def test_the_tls_settings_are_dasks_own_keys_and_the_plugin_accepts_them(tmp_path: Path) -> None:
+    """The nodes' ``tls.yaml`` and a user's: every ``distributed`` key is one of dask's own
+    (its defaults name it), the ``daskjobs`` section binds teams to certificates and is
+    accepted with the operator's ``daskjobs.yaml``."""
+    import distributed  # noqa: F401 - registers dask's own defaults
+
+    nodes = block("yaml", "# tls.yaml: the scheduler's")
+    user = block("yaml", "# tls.yaml on a user's machine")
+    known = _dask_keys({"distributed": dask.config.get("distributed")})
+    for text in (nodes, user):
+        named = _dask_keys({"distributed": yaml.safe_load(text)["distributed"]})
+        assert named <= known, sorted(named - known)
+    configs = read_with_dask(
+        {"daskjobs.yaml": operator_yaml(), "tls.yaml": nodes}, tmp_path / "etc-dask"
+    )
+    s = settings_with(*[{"daskjobs": c["daskjobs"]} for c in configs])
+    assert s.teams.bound and s.teams.unmapped == "refuse"
+    assert s.teams.identities["bob@example.com"] == "ml"
+    assert set(s.teams.identities.values()) <= set(s.teams.targets)  # strict: checked teams

@@ -14,11 +14,14 @@ What runs, and how
   temporary working directory holding links to the checkout's top-level folders (so
   ``examples/...`` resolves as it does in a checkout) and nothing else: a store, a trace or a file
   a block writes lands there. ``DASK_*`` and ``DASKJOBS_*`` variables are removed from the
-  environment; matplotlib draws with ``Agg``.
+  environment; matplotlib draws with ``Agg``; the user cache directory (``XDG_CACHE_HOME``,
+  where the plugin keeps measured durations by default) is the page's own, empty at its start.
 * The Python blocks of a page share one namespace, in page order, as cells of a notebook do; the
   shell blocks of the page run between them, in page order. Clients and clusters a page leaves
   open are closed at its end.
-* ``bash`` blocks run as one script under ``set -euo pipefail``. In ``console`` blocks each
+* ``bash`` blocks run as one script under ``set -euo pipefail``; a block whose last line is
+  ``cd DIR`` (alone or after ``&&``) moves the page there, as it would a reader's terminal: the
+  blocks after it, shell and Python, run in DIR. In ``console`` blocks each
   ``$ command`` runs and the lines after it, up to the next ``$``, are its expected output.
 * ``pip install`` is checked, not run: the test's environment is the installed one (``.ci/run``
   installs it on a clean machine), so a ``pip`` first on the ``PATH`` checks that the project or
@@ -264,6 +267,7 @@ def _sandbox(workdir: Path) -> dict[str, str]:
     )
     env["MPLBACKEND"] = "Agg"
     env["PYTHONPATH"] = str(workdir)
+    env["XDG_CACHE_HOME"] = str(workdir / ".docs-cache")  # the page's own measured history
     env.pop("PYTHONSTARTUP", None)
     return env
 
@@ -318,6 +322,10 @@ def _close_leftovers(namespace: dict[str, Any]) -> None:
             v.close()
 
 
+#: The last line of a bash block that changes the reader's directory.
+_CD = re.compile(r"(?:^|&&)\s*cd\s+([^\s;&|]+)\s*$")
+
+
 def run_page(spec_path: Path) -> None:
     """The page's process: run its blocks in order, write what each printed as JSON."""
     spec = json.loads(spec_path.read_text())
@@ -327,7 +335,9 @@ def run_page(spec_path: Path) -> None:
     os.chdir(workdir)
     for name in [k for k in os.environ if k.startswith(("DASK_", "DASKJOBS_"))]:
         del os.environ[name]
-    os.environ.update(MPLBACKEND="Agg")
+    # a fresh machine's user cache: the measured durations a page's clusters keep
+    # (daskjobs.history.path: auto) are the page's own
+    os.environ.update(MPLBACKEND="Agg", XDG_CACHE_HOME=str(workdir / ".docs-cache"))
     sys.path.insert(0, str(workdir))
 
     shared = None
@@ -370,6 +380,11 @@ def run_page(spec_path: Path) -> None:
         elif b.lang == "bash":
             r = _shell(code, env, workdir, strict=True)
             results.append({"where": b.where, **r})
+            moved = _CD.search(code.strip().splitlines()[-1])
+            if moved and r["exit"] == 0:
+                workdir = (workdir / moved.group(1)).resolve()
+                os.chdir(workdir)
+                sys.path.insert(0, str(workdir))
         elif b.lang == "console":
             for n, (cmd, _) in enumerate(console_commands(code)):
                 r = _shell(cmd, env, workdir, strict=False)
@@ -474,7 +489,8 @@ def page_runs(
 @pytest.mark.slow
 @pytest.mark.xdist_group("docs-pages")  # one worker runs them all, three at a time (page_runs)
 # a page's process may take COMMAND_TIMEOUT * 2 (_start) after it waited for a free slot of
-# page_runs' pool: more than pytest-timeout's 300 s on a loaded machine (docs/chapter.md at 13)
+# page_runs' pool: more than pytest-timeout's 300 s on a loaded machine (docs/explanation/chapter.md
+# at 13)
 @pytest.mark.timeout(COMMAND_TIMEOUT * 2 + 120)
 @pytest.mark.parametrize("page", [p for p in PAGES if _runnable(_pages[p])], ids=_page_id)
 def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRun]]) -> None:
@@ -514,6 +530,45 @@ def test_page_runs_as_documented(page: Path, page_runs: dict[Path, Future[PageRu
     assert not problems, "\n\n".join(problems)
 
 
+def test_tutorial_runs_as_a_saved_script(tmp_path: Path) -> None:
+    """docs/tutorial.md's Python blocks up to its shared cluster, saved as one script under the
+    main guard its install section names, run with ``python tutorial.py`` in an empty
+    directory: dask's worker processes import the script again, and it prints what the page
+    shows."""
+    blocks = [b for b in _runnable(_pages[ROOT / "docs" / "tutorial.md"]) if b.lang == "python"]
+    laptop = blocks[: next(i for i, b in enumerate(blocks) if "client.close()" in b.code)]
+    assert len(laptop) >= 3 and all(b.expected is not None for b in laptop)
+    body = "".join(b.code for b in laptop)
+    script = 'if __name__ == "__main__":\n' + "".join(
+        f"    {line}\n" if line.strip() else "\n" for line in body.splitlines()
+    )
+    (tmp_path / "tutorial.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "DASKJOBS_"))}
+    env.update(MPLBACKEND="Agg", XDG_CACHE_HOME=str(tmp_path / ".cache"))
+    proc = subprocess.run(
+        [sys.executable, "tutorial.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = "".join(b.expected or "" for b in laptop)
+    assert matches(expected, proc.stdout), _diff(expected, proc.stdout)
+    # the script never closes its cluster: dask closes it as the interpreter exits, and the
+    # measured durations are saved then all the same (no new threads at that point)
+    assert "could not save" not in proc.stderr, proc.stderr[-3000:]
+    assert (tmp_path / ".cache" / "daskjobs" / "history.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".cache",
+        "sweep.jsonl",
+        "tutorial-store",
+        "tutorial.py",
+    ]
+
+
 def test_every_block_is_run_or_says_why() -> None:
     skips = []
     for blocks in _pages.values():
@@ -551,7 +606,7 @@ def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stdout + p.stderr
     site = tmp_path / "site"
-    assert (site / "chapter" / "index.html").exists()
+    assert (site / "explanation" / "chapter" / "index.html").exists()
     # the generated reference: an API entry per public name, the CLI, every config key
     import daskjobs
 

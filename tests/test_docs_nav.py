@@ -33,7 +33,7 @@ REQUIRED = {
         "how-to/ml-jobs.md",  # with a ledger
         "how-to/interactive-first.md",
         "how-to/gangs.md",
-        "deploy.md",  # on Slurm or Kubernetes
+        "how-to/deploy.md",  # on Slurm or Kubernetes
         "how-to/recover.md",  # after a scheduler loss
     ],
     "Reference": [
@@ -43,12 +43,12 @@ REQUIRED = {
         "reference/api/policies.md",
         "reference/cli.md",
         "reference/config.md",
-        "trace.md",
+        "reference/trace-format.md",
     ],
     "Explanation": [
         "explanation/architecture.md",
         "explanation/policies.md",
-        "simulator.md",
+        "explanation/simulator.md",
         "explanation/trust.md",
     ],
 }
@@ -90,8 +90,28 @@ def test_the_nav_holds_the_four_kinds_of_page() -> None:
         assert (DOCS / page).is_file(), f"the nav names {page}, which does not exist"
 
 
+#: nav section -> the folder of docs/ its pages live in.
+FOLDER = {"How-to guides": "how-to", "Reference": "reference", "Explanation": "explanation"}
+#: Pages that stay at docs/'s root whatever their section, and why.
+AT_THE_ROOT = {
+    "benchmarks.md": "the figures page every benchmark and the house rules name by its path",
+    "changelog.md": "a project's changelog is looked for at the top of its docs",
+}
+
+
+def test_each_page_lives_in_the_folder_its_nav_section_names() -> None:
+    misplaced = [
+        f"{page} (under {title!r}: expected in {FOLDER[title]}/)"
+        for title, pages in nav().items()
+        if title in FOLDER
+        for page in pages
+        if not page.startswith(FOLDER[title] + "/") and page not in AT_THE_ROOT
+    ]
+    assert not misplaced, "pages outside their section's folder:\n" + "\n".join(misplaced)
+
+
 def test_the_how_to_pages_cover_what_they_are_named_for() -> None:
-    deploy = (DOCS / "deploy.md").read_text().lower()
+    deploy = (DOCS / "how-to" / "deploy.md").read_text().lower()
     headings = [line for line in deploy.splitlines() if line.startswith("## ")]
     assert any("slurm" in h for h in headings) and any("kubernetes" in h for h in headings)
 

@@ -287,7 +287,8 @@ def test_history_round_trips_and_reads_version_one(tmp_path):
     assert v1.predict("bt", {"x": 1}).seconds == pytest.approx(2.0)
     for bad, why in (
         ("{", "history file"),
-        ('{"version": 9, "stages": {}}', "unknown version"),
+        ('{"version": 9, "stages": {}}', "written by a newer daskjobs"),
+        ('{"version": "2", "stages": {}}', "unknown version"),
         ('{"version": 2, "stages": {"bt": 3}}', "not a list"),
         ("[]", "not a JSON object"),
     ):
@@ -318,3 +319,76 @@ def test_a_stage_without_parameters_shares_one_prediction_and_one_empty_mapping(
     assert dict(m._obs[0][0]) == {}
     m.observe(None, 8.0)  # a new observation: a new fit, a new shared prediction
     assert m.predict(None) is not first
+
+
+# -- the prior of size-like parameters (a plain task's integer arguments) ------------------------
+
+
+def test_a_size_like_parameter_seen_at_one_value_is_assumed_proportional():
+    """Before the observations tell its values apart, a size-like parameter scales the
+    prediction in proportion (calibrated by what was measured); a parameter not named
+    size-like stays at the median, as before."""
+    m = StageModel(grows=frozenset({"n"}))
+    m.observe({"n": 10, "seed": 1}, 2.0)
+    assert m.predict({"n": 10, "seed": 5}).seconds == pytest.approx(2.0)
+    big = m.predict({"n": 400, "seed": 1})
+    assert big.seconds == pytest.approx(80.0) and big.source == "model"
+    assert StageModel().predict({"n": 400}) is None
+    plain = StageModel()
+    plain.observe({"n": 10}, 2.0)
+    assert plain.predict({"n": 400}).seconds == pytest.approx(2.0)  # no prior: the median
+
+
+def test_measurements_that_contradict_the_prior_replace_it():
+    """A size-like parameter whose measured values differ is fitted like any other: large
+    arguments that are cheap get small predictions (the prior's wrong guess is gone as soon
+    as two values are measured)."""
+    m = StageModel(grows=frozenset({"n"}))
+    for n, s in ((100, 1.0), (200, 0.5), (400, 0.25), (800, 0.125)):
+        m.observe({"n": n}, s)
+    assert m.predict({"n": 1600}).seconds < m.predict({"n": 100}).seconds
+    # and a size-like parameter that does grow extrapolates along its fit, beyond the
+    # two observed spans a plain parameter is limited to
+    g = StageModel(grows=frozenset({"n"}))
+    flat = StageModel()
+    for n in (10, 12, 14):
+        g.observe({"n": n}, 0.1 * n)
+        flat.observe({"n": n}, 0.1 * n)
+    assert g.predict({"n": 1000}).seconds > 5 * flat.predict({"n": 1000}).seconds
+
+
+def test_the_prior_of_a_stage_never_measured_scales_the_default():
+    from daskjobs.policies.durations import PRIOR_RANGE, Estimator
+
+    est = Estimator(default=2.0)
+    batch = [{"n": n} for n in (10, 20, 40)]
+    est.expect("f", frozenset({"n"}), batch)  # the reference: the batch's median, n=20
+    got = [est.predict("f", p) for p in batch]
+    assert [e.source for e in got] == ["prior"] * 3
+    assert [e.seconds for e in got] == pytest.approx([1.0, 2.0, 4.0])
+    assert est.predict("f", {"n": 10**9}).seconds == pytest.approx(2.0 * PRIOR_RANGE)
+    assert est.predict("f", {}).seconds == pytest.approx(2.0)  # lacks it: the reference
+    # the reference is kept: a later graph of one task is ranked against the first
+    est.expect("f", frozenset({"n"}), [{"n": 400}])
+    assert est.predict("f", {"n": 400}).seconds == pytest.approx(40.0)
+    # once measured, the model (calibrated by the measurement) takes over
+    est.observe("f", {"n": 20}, 0.5)
+    e = est.predict("f", {"n": 40})
+    assert e.source == "model" and e.seconds == pytest.approx(1.0)
+    # learning off: no prior, every task the default
+    off = Estimator(default=2.0, learn=False)
+    off.expect("f", frozenset({"n"}), batch)
+    assert off.predict("f", {"n": 40}).source == "default"
+
+
+def test_stages_are_bounded_the_least_recently_observed_go_first():
+    models = DurationModels(window=4, max_stages=3)
+    for stage in ("a", "b", "c"):
+        models.observe(stage, None, 1.0)
+    models.observe("a", None, 1.0)  # a is the most recent now
+    models.observe("d", None, 1.0)  # b goes
+    assert models.stages() == ["a", "c", "d"]
+    models.expect("e", frozenset({"n"}), [{"n": 1}])
+    for stage in ("f", "g", "h"):
+        models.expect(stage, frozenset({"n"}), [{"n": 1}])
+    assert len(models._refs) <= 3

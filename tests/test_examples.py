@@ -35,7 +35,7 @@ def test_simulate_policies_example_as_a_script() -> None:
 
 @pytest.mark.slow
 def test_job_examples_run(tmp_path: Path) -> None:
-    """The three job shapes of docs/jobs.md, each as its example runs them."""
+    """The three job shapes of docs/explanation/jobs.md, each as its example runs them."""
     store = str(tmp_path / "store")
     train = runpy.run_path(str(EXAMPLES / "jobs_training.py"))["main"](store=store)
     assert train["step"] == 300 and 0 < train["resumed_from"] < 300  # resumed, not restarted

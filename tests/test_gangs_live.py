@@ -1,4 +1,4 @@
-"""Resource vectors, accelerator types and gangs live on dask (docs/resources.md).
+"""Resource vectors, accelerator types and gangs live on dask (docs/explanation/resources.md).
 
 Fake inventories (``daskjobs.inventory`` by worker name); dask's validation on. Order,
 causality and counts only: where a task ran, what ran before what, how many started

@@ -56,6 +56,9 @@ def test_every_verb_has_a_self_check() -> None:
         "has_worker_plugin",
         "install_worker_plugin",
         "remove_worker_plugin",
+        "closing",
+        "wrap_graph_handler",
+        "refuse_unread",
     }
     assert verbs <= set(_internals.SELF_CHECKS)
     assert all(name in _internals.__all__ for name in verbs)
@@ -104,6 +107,28 @@ def test_a_stream_handler_of_another_signature_is_named(scheduler: Scheduler) ->
     assert [p.split(" (")[0] for p in found] == ["wrap_stream_handler"]
 
 
+def test_a_graph_handler_of_another_shape_is_named(scheduler: Scheduler) -> None:
+    async def update_graph(client: str, graph: Any) -> None:  # no expr_ser, no keys
+        return None
+
+    def synchronous(client: str, expr_ser: Any, keys: Any) -> None:
+        return None
+
+    for handler in (update_graph, synchronous):
+        handlers = {**scheduler.stream_handlers, "update-graph": handler}
+        found = problems(Changed(scheduler, stream_handlers=handlers))
+        assert sorted(p.split(" (")[0] for p in found) == ["refuse_unread", "wrap_graph_handler"]
+
+
+def test_the_graph_handler_keeps_dask_s_signature_once_wrapped(scheduler: Scheduler) -> None:
+    handle = _internals.wrap_graph_handler(scheduler, lambda client, keys, nbytes: None)
+    try:
+        assert problems(scheduler) == []  # a second plugin's check sees dask's handler
+    finally:
+        _internals.unwrap_stream_handler(scheduler, handle)
+    assert scheduler.stream_handlers["update-graph"] == scheduler.update_graph
+
+
 def test_a_different_count_of_free_slots_is_named(
     scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,3 +170,31 @@ def test_check_scheduler_refuses_a_changed_behaviour_naming_it(scheduler: Schedu
         _internals.check_scheduler(Changed(scheduler, stream_handlers=handlers))
     msg = str(err.value)
     assert "missing wrap_stream_handler (" in msg and "please report it" in msg
+
+
+def test_a_graph_whose_client_dask_no_longer_names_is_named(scheduler: Scheduler) -> None:
+    def create(self: Any, *, start: Any, dsk: Any, keys: Any, **kwargs: Any) -> None:
+        return None  # takes no 'client' keyword, sets no priorities
+
+    found = problems(Changed(scheduler, _create_taskstate_from_graph=MethodType(create, scheduler)))
+    found = [p for p in found if p.startswith(("wrap_priorities", "set_priority"))]
+    assert len(found) == 2 and "no keyword 'client'" in found[0]
+
+
+def test_the_identity_verbs_are_checked_and_a_changed_register_client_is_named(
+    scheduler: Scheduler,
+) -> None:
+    assert _internals.check_identity_verbs(scheduler) == []
+    handlers = {**scheduler.handlers, "register-client": lambda client: None}
+    found = _internals.check_identity_verbs(Changed(scheduler, handlers=handlers))
+    assert [p.split(" (")[0] for p in found] == ["watch_clients", "unwatch_clients"]
+    assert "not (comm, client, versions)" in found[0]
+
+
+def test_a_stream_that_keeps_a_messages_own_client_is_named(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_internals, "_pin_stream", lambda comm, client: None)
+    found = _internals.check_identity_verbs(scheduler)
+    assert found and found[0].startswith("watch_clients")
+    assert "reached dask's handler as client ['daskjobs-check-other']" in found[0]

@@ -3,7 +3,7 @@ network namespace of its own, with network faults: a worker stopped (SIGSTOP) an
 resumed mid-sweep with speculation on; round trips of 50 ms and 200 ms with 1% loss
 on the full plugin's sweep; the scheduler's host cut off for 10 s mid-sweep. Each
 asserts results (all of them, once), counts and logs; the figures are printed
-(``pytest -m netns -s``) and reported in docs/reliability.md."""
+(``pytest -m netns -s``) and reported in docs/explanation/reliability.md."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def test_latency_and_loss_on_the_full_plugin_sweep(
     assert (lost > 0) == (loss > 0)  # the loss was there
     # a copy wins a race its task lost (the values above are the tasks' own); a win
     # against a fast worker is counted, not refused: on a loaded machine a fast worker's
-    # thread can be late too (printed, and reported in docs/reliability.md)
+    # thread can be late too (printed, and reported in docs/explanation/reliability.md)
     assert len(against_fast) <= len(won) <= sp["launched"]
     assert all(rc.alive(f"w{i}") for i in range(workers))
     assert rc.problems() == []

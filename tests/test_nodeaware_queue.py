@@ -34,6 +34,7 @@ ops = st.lists(
         st.tuples(st.just("head"), st.none()),
         st.tuples(st.just("low"), st.none()),
         st.tuples(st.just("fit"), st.sampled_from([0.0, 1.0, 2.5, 3.0, 9.0, 59.0, 1e4])),
+        st.tuples(st.just("find"), st.integers(0, 100)),
     ),
     max_size=80,
 )
@@ -88,6 +89,13 @@ def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
                 got = q.quantile(arg)
                 if got is not None:  # a live entry of the run
                     assert isinstance(got[0], int) and got[1][1] in live
+            elif op == "find":  # a given task, wherever it is (NodeAware.discard)
+                assert isinstance(arg, int)
+                if not live:
+                    continue
+                want_t = live[sorted(live)[arg % len(live)]][1]
+                got = q.find(want_t)
+                assert got is not None and got[1][2] is want_t
             elif op == "low":
                 got = q.low()
                 if not live:
@@ -108,6 +116,7 @@ def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
                 task = q.take(*got)
                 est, t = live.pop(got[1][1])
                 assert task is t
+                assert q.find(t) is None  # taken: not found again
         assert q.n == len(live)
     # drain: every live task comes out exactly once, longest first
     out = []
@@ -115,3 +124,28 @@ def test_queue_answers_like_a_scan(program: list[tuple[str, object]]) -> None:
         out.append(q.take(*got))
     assert sorted(t.tid for t in out) == sorted(live)
     assert [t.estimate for t in out] == sorted((e for e, _ in live.values()), reverse=True)
+
+
+def test_discard_drops_a_queued_task_and_its_work() -> None:
+    from daskjobs.policies import NodeAware
+
+    @dataclass(frozen=True)
+    class Node:
+        index: int
+        cores: int = 1
+        free: int = 1
+
+    p = NodeAware()
+    p.add_node(0, 1)
+    batch = [T(i, e) for i, e in enumerate([1.0, 2.0, 2.0, 2.0, 5.0])]
+    p.push_many(batch)
+    single = T(9, 2.0)
+    p.push(single)
+    assert p.horizon(0.0) == pytest.approx(14.0)
+    p.discard(batch[2])  # the middle one of three equal estimates in the run
+    p.discard(single)
+    p.discard(batch[2])  # not queued any more: ignored
+    p.discard(T(99, 2.0))  # never queued: ignored
+    assert len(p) == 4 and p.horizon(0.0) == pytest.approx(10.0)
+    out = [p.pop(Node(0), 0.0) for _ in range(5)]
+    assert out[-1] is None and sorted(t.tid for t in out[:-1] if t is not None) == [0, 1, 3, 4]

@@ -1,7 +1,7 @@
 """Work waiting on a worker ahead of a slot (dask's worker-saturation): the plugin's slot
 says how much (``Slot.waiting``), and ``NodeAware`` counts it before giving a slot on a
 node measured slow a task, so that a slow worker does not take, behind its own queue, a
-task that would end after the projected end of the run (docs/policies.md)."""
+task that would end after the projected end of the run (docs/how-to/write-a-policy.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The scheduler plugin on real dask clusters: loading, ordering, estimates, safety."""
+"""The scheduler plugin on real dask clusters: loading, ordering, estimates, safety.
+
+A worker's measured slow-down outlives its leaving and returning under the same name
+(daskjobs/plugin/speeds.py). A script that starts ``daskjobs.local_cluster`` without a main
+guard is told so.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import dask
 import dask.array as da
@@ -19,7 +26,10 @@ from distributed import Client
 import daskjobs
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin._internals import DaskInternalsError, check_scheduler
+from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.client import explain, local_cluster, status
+from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.views import LiveTask
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,6 +92,41 @@ def test_local_cluster_convenience_and_scheduler_kwargs():
         # and the lazy top-level names
         assert daskjobs.JobsPlugin is JobsPlugin
         assert daskjobs.local_cluster is local_cluster
+
+
+def test_a_script_without_a_main_guard_is_told_so(tmp_path: Any) -> None:
+    """A script that starts ``daskjobs.local_cluster`` at its top level: dask's worker
+    processes import it again (spawn), and each stops with one message naming the main guard,
+    instead of starting a scheduler of its own and failing inside multiprocessing."""
+    import os
+    import subprocess
+    import sys
+
+    from daskjobs.plugin.client import MAIN_GUARD
+
+    (tmp_path / "script.py").write_text(
+        "import daskjobs\n"
+        "cluster = daskjobs.local_cluster(n_workers=1, threads_per_worker=1,"
+        " dashboard_address=':0')\n"
+        "print('started')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "DASKJOBS_"))}
+    env["DASK_DASKJOBS__HISTORY__PATH"] = "None"
+    proc = subprocess.run(
+        [sys.executable, "script.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode != 0
+    assert "started" not in proc.stdout
+    assert MAIN_GUARD in proc.stderr
+    # the worker process did not start a scheduler (and a plugin) of its own
+    assert proc.stderr.count("daskjobs plugin: policy") == 1, proc.stderr
+    assert "bootstrapping phase" not in proc.stderr
 
 
 def _free_port():
@@ -151,10 +196,12 @@ def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
             assert start_order(res) == [5, 4, 3, 2, 1, 0]
             st = status(c)
             assert st["policy"] == "lpt"
-            assert st["stages"]["t"]["samples"] == 6  # measured per stage (key prefix "t")
+            # measured per stage: the function the tasks call (its module and name)
+            assert st["stages"]["test_plugin.stamp"]["samples"] == 6
             c.shutdown()
         sched.wait(timeout=30)
-        assert len(json.loads(history.read_text())["stages"]["t"]) == 6  # saved on close
+        saved = json.loads(history.read_text())["stages"]["test_plugin.stamp"]
+        assert len(saved) == 6  # saved on close
     finally:
         for p in (worker, sched):
             if p is not None and p.poll() is None:
@@ -235,7 +282,12 @@ def sleepy(i, seconds):
 
 def test_measured_history_ranks_unannotated_tasks_and_survives_a_restart(tmp_path):
     history = tmp_path / "h.json"
-    plugin_kwargs = {"policy": "lpt", "history": {"path": str(history)}}
+    # stages by key prefix (a task's arguments are not read: estimates.arguments off)
+    plugin_kwargs = {
+        "policy": "lpt",
+        "history": {"path": str(history)},
+        "estimates": {"arguments": False},
+    }
     with dask.config.set(VALIDATE), cluster(JobsPlugin(**plugin_kwargs)) as cl, Client(cl) as c:
         # teach it: stage "slow" takes ~0.1 s, stage "quick" ~0 s
         warm = [dask.delayed(sleepy)(i, 0.1, dask_key_name=f"slow-w{i}") for i in range(2)]
@@ -441,6 +493,32 @@ def test_the_plugin_learns_which_worker_is_slow():
         assert events  # the belief about the slow worker was announced
         done = explain(c, "s-0")
         assert all(v > 0 for v in done["worker_speed"].values())
+
+
+def _view(key):
+    return LiveTask(key, 1.0, 1, "a", 0.0, (), "annotation", "s")
+
+
+def test_a_worker_keeps_its_measured_slow_down_across_leaving_and_returning():
+    sched = SimpleNamespace(workers={})
+    speeds = WorkerSpeeds(Audit(100))
+    speeds.scheduler = sched
+    sched.workers["tcp://h:1"] = SimpleNamespace(nthreads=1, name="w0")
+    for i in range(6):
+        speeds.learn(_view(f"k{i}"), "tcp://h:1", 4.0)  # four times its estimates
+    before = speeds.speed("tcp://h:1")
+    assert before > 2.5
+    # it leaves: the row keeps what was learned, marked gone
+    del sched.workers["tcp://h:1"]
+    speeds.forget("tcp://h:1")
+    (row,) = speeds.rows()
+    assert (row["present"], row["samples"]) == (False, 6)
+    assert row["speed"] == pytest.approx(before)
+    # it returns under its name at another address: it starts from what was learned
+    sched.workers["tcp://h:2"] = SimpleNamespace(nthreads=1, name="w0")
+    assert speeds.speed("tcp://h:2") == pytest.approx(before)
+    rows = {r["worker"]: r for r in speeds.rows()}
+    assert rows["tcp://h:2"]["samples"] == 6 and rows["tcp://h:2"]["present"]
 
 
 def test_explain_names_the_inputs_a_task_waits_for():

@@ -97,8 +97,12 @@ def test_a_quota_holds_while_other_teams_wait():
     for s in a_starts:
         assert running_at(recs, "a", s + 1e-6) <= 2
     # and the quota does not idle the cluster once b is done: a then uses every slot
-    after = [running_at(recs, "a", t) for t in (b_last_start + 0.15, b_last_start + 0.2)]
-    assert max(after) > 2
+    # (at some start after b's last: a count over the run, not a reading at fixed instants,
+    # which a loaded machine's slow dispatch can miss)
+    after = [
+        running_at(recs, "a", s + 1e-6) for tm, _, s, _ in recs if tm == "a" and s > b_last_start
+    ]
+    assert after and max(after) > 2
     assert first < b_last_start
     assert {row["team"]: row["quota"] for row in st["teams"]} == {"a": 2, "b": None}
 
@@ -216,7 +220,7 @@ def test_a_failing_hook_leaves_the_accounting_reconciled():
         c.compute(mixed_graph({"a": 10, "b": 10}, 0.02), sync=True)
         rows = settled_teams(c)
         st = status(c)
-    assert st["errors"].get("transition", 0) >= 1  # the failure was counted and logged
+    assert st["errors"].get("release", 0) >= 1  # counted under the release gate, and logged
     assert rows["a"]["running"] == 0 and rows["b"]["running"] == 0
     assert rows["a"]["queued"] == 0 and rows["b"]["queued"] == 0
 

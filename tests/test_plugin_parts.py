@@ -61,22 +61,47 @@ def test_explain_reads_a_view_and_does_not_import_the_plugin() -> None:
 
 def test_the_parts_follow_the_settings() -> None:
     names = lambda p: [type(x).__name__ for x in p.parts]  # noqa: E731
-    assert names(JobsPlugin(policy="lpt")) == ["RecordingPart", "LearningPart", "RankingPart"]
+    first = ["AdmissionPart", "RecordingPart", "IdentityPart"]  # limits and teams first
+    last = "ForecastPart"  # the scheduler's forecast (daskjobs.forecast.interval)
+    assert names(JobsPlugin(policy="lpt")) == [*first, "LearningPart", "RankingPart", last]
     assert names(JobsPlugin(policy="node-aware", speculation={"enabled": True})) == [
+        "AdmissionPart",
         "RecordingPart",
+        "IdentityPart",
         "SpeculationPart",
         "LearningPart",
         "GatePart",
         "RankingPart",
+        last,
     ]
     p = JobsPlugin(policy="lpt", preemption={"enabled": True}, resources={"enabled": True})
-    assert names(p) == ["RecordingPart", "ResourcesPart", "LearningPart", "RankingPart"]
+    assert names(p) == [*first, "ResourcesPart", "LearningPart", "RankingPart", last]
+    off = JobsPlugin(policy="lpt", forecast={"interval": None})
+    assert names(off) == [*first, "LearningPart", "RankingPart"]
+    assert off.view.forecast() is None
     assert p.placer is not None and p.preemptor is None  # the placer enacts preemption
+
+
+def test_each_part_counts_its_errors_under_a_name_of_its_own() -> None:
+    """An error count says which part failed: no two parts of any composition share a name
+    (the release gate and the ranking views were both "transition")."""
+    compositions = [
+        JobsPlugin(policy="lpt"),
+        JobsPlugin(policy="node-aware", speculation={"enabled": True}),
+        JobsPlugin(policy="fair-share", teams={"targets": {"a": 1}}),
+        JobsPlugin(policy="lpt", preemption={"enabled": True}),
+        JobsPlugin(policy="lpt", preemption={"enabled": True}, resources={"enabled": True}),
+    ]
+    for plugin in compositions:
+        names = [p.name for p in plugin.parts]
+        assert len(names) == len(set(names)), names
+        assert "part" not in names  # every part names itself
+        assert "transition" not in names  # a hook's name, not a part's
 
 
 def test_a_failing_part_is_counted_under_its_name_and_the_others_still_run() -> None:
     plugin = JobsPlugin(policy="lpt")
-    recording = plugin.parts[0]
+    recording = plugin.parts[1]
     assert isinstance(recording, parts.RecordingPart)
 
     def boom(step: parts.Step) -> None:

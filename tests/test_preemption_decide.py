@@ -1,6 +1,6 @@
 """One preemption decision a round: ``PreemptionPolicy.decide`` on hand-built views, and the
 same waiting/running scenario through the simulator and live on dask, which must agree on
-the victims and on the best-effort reservation (docs/preemption.md, "One decision")."""
+the victims and on the best-effort reservation (docs/explanation/preemption.md, "One decision")."""
 
 from __future__ import annotations
 

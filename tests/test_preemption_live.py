@@ -1,5 +1,5 @@
 """Preemption live on dask: interactive (``job_class="te"``) tasks take GPUs back from
-best-effort tasks that checkpoint (docs/preemption.md, "Live on dask").
+best-effort tasks that checkpoint (docs/explanation/preemption.md, "Live on dask").
 
 Order, causality and counts only: a TE task starts before the best-effort work it
 displaced ends; the displaced tasks resume from their checkpoints and return what an
@@ -156,7 +156,7 @@ def test_a_checkpoint_round_trip_across_a_reschedule(store: Path) -> None:
     dask and restores its state; its result equals an uninterrupted run's."""
     with plugin_cluster(None) as cl, Client(cl) as c:
         assert c.submit(once_interrupted, 8, key="once").result() == (80, [0, 4])
-    # without the plugin's worker plugin nobody removes it (docs/preemption.md)
+    # without the plugin's worker plugin nobody removes it (docs/explanation/preemption.md)
     assert len(list((store / "daskjobs-store-v1" / "checkpoints").glob("*"))) == 1
     assert not daskjobs.preempted() and daskjobs.restore("outside") == "outside"
     with pytest.raises(TypeError, match="inside a dask task"):

@@ -1,4 +1,4 @@
-"""Preemption in the job-level simulator (docs/preemption.md): victim choice on
+"""Preemption in the job-level simulator (docs/explanation/preemption.md): victim choice on
 hand-built cases, exact accounting of lost work on a tiny cluster, and invariants of
 every policy on the synthetic workload."""
 
@@ -183,7 +183,7 @@ def test_a_reservation_keeps_smaller_later_jobs_off_a_waiting_jobs_node() -> Non
 @pytest.mark.slow
 def test_the_fit_resume_policy_loses_less_than_naive_at_equal_te_benefit() -> None:
     """The issue's comparison on two seeds of the documented workload (the figures over
-    five seeds are in docs/preemption.md)."""
+    five seeds are in docs/explanation/preemption.md)."""
     from daskjobs.sim.preemption import run_preemption
 
     report = run_preemption(seeds=(0, 1), policies=("fifo", "naive", "fit-resume"))

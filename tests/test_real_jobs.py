@@ -14,10 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from realcluster import PROBLEMS, RealCluster
 
 import daskjobs.jobs as jobs
 from daskjobs.jobs import Ledger
+from daskjobs.jobs.api import _call
 
 #: seconds a test waits for a state before failing
 WAIT = 90
@@ -273,3 +275,50 @@ def test_scheduling_goes_on_while_the_database_is_unreachable(
     if ledger_url.startswith("postgresql"):
         assert "unreachable" in rc.log("scheduler") and "reachable again" in rc.log("scheduler")
     clean_logs(rc, "ledger unreachable")
+
+
+def test_two_schedulers_on_one_ledger_the_fenced_one_says_so_once_and_stops(
+    ledger_url: str, real_cluster: Callable[..., RealCluster], tmp_path: Path
+) -> None:
+    """Two schedulers started one after the other on one ledger: the second takes the
+    ledger and says from whom at start; the first, fenced, logs one ERROR naming the
+    newer epoch and its holder, stops ticking, says ``fenced`` in its status and its
+    metrics, and refuses submissions with that message; the second runs jobs."""
+    import urllib.request
+
+    store = tmp_path / "store"
+    first = start(real_cluster, ledger_url, store, n_workers=1)
+    with first.client() as c:
+        until(lambda: _call(c, "status")["ticks"] > 0, "the first service ticking")
+        assert _call(c, "status")["epoch"] == 1
+    second = start(real_cluster, ledger_url, store, n_workers=1)
+    with first.client() as ca, second.client() as cb:
+        took = [ln for ln in second.log("scheduler").splitlines() if "took over the ledger" in ln]
+        assert len(took) == 1 and " - WARNING - " in took[0], took
+        assert f"at epoch 2 from epoch 1, held by scheduler {first.address}" in took[0]
+        assert "still ran a moment ago; it is fenced now" in took[0]
+        st = until(
+            lambda: (s := _call(ca, "status"))["state"] == "fenced" and s,
+            "the first service fenced",
+        )
+        assert (st["fenced"]["epoch"], st["fenced"]["by_epoch"]) == (1, 2)
+        assert st["fenced"]["holder"] == f"scheduler {second.address}"
+        newer = f"epoch 2, held by scheduler {second.address}"
+        with pytest.raises(jobs.Fenced, match=re.escape(newer)):
+            jobs.submit(ca, "x", kind="inference", target="jobtasks:score")
+        port = ca.scheduler_info()["services"]["dashboard"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+        assert "dask_daskjobs_jobs_service_fenced 1.0" in metrics
+        # the holder serves: a job submitted through it runs; meanwhile it ticks on
+        ticks = _call(cb, "status")["ticks"]
+        assert jobs.submit(cb, "y", kind="inference", target="jobtasks:score").result(WAIT) == [0]
+        until(lambda: _call(cb, "status")["ticks"] > ticks + 20, "twenty more ticks")
+        assert _call(cb, "status")["state"] == "serving"
+        assert _call(ca, "status")["ticks"] == st["ticks"]  # the fenced one stopped
+    log = first.log("scheduler")
+    said = [ln for ln in log.splitlines() if "is fenced" in ln]
+    assert len(said) == 1 and " - ERROR - " in said[0], said
+    assert newer in said[0] and "this one held epoch 1" in said[0]
+    clean_logs(first)
+    clean_logs(second)

@@ -60,7 +60,7 @@ def test_a_recorded_real_run_replays_with_the_same_copies(real_cluster, tmp_path
     """The run of benchmarks/bench_replay.py's ``lpt-spec`` on real processes: 80
     independent tasks on 3 workers x 2 threads, w0 4x slow, recorded by the plugin;
     replayed on the recorded placement, it copies the same tasks (within one) and
-    the races both ran have the same winners (docs/replay.md)."""
+    the races both ran have the same winners (docs/explanation/replay.md)."""
     from conftest import assert_same_copies
 
     from daskjobs.replay import load, replay
@@ -130,8 +130,8 @@ def _speculator_sums(dask_scheduler):
 
 
 def test_worker_saturation_2_with_a_worker_killed_keeps_every_result(real_cluster):
-    """``worker-saturation: 2.0`` (docs/plugin.md recommends it for sweeps of short tasks)
-    on real processes with speculation and dask's validation on: a fast worker holding
+    """``worker-saturation: 2.0`` (docs/how-to/load-the-plugin.md recommends it for sweeps of short
+    tasks) on real processes with speculation and dask's validation on: a fast worker holding
     tasks that wait behind its threads is SIGKILLed mid-sweep. Every result arrives once,
     the plugin logs no error, no process log shows a problem, and the horizon's sums hold
     nothing once the sweep is done (the killed worker's waiting tasks left them)."""

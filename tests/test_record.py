@@ -1,4 +1,5 @@
-"""Recording a live run (docs/trace.md): the trace, its reader, and the ways to turn it on."""
+"""Recording a live run (docs/reference/trace-format.md): the trace, its reader, and the ways to
+turn it on."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def test_a_recorded_run_round_trips(tmp_path):
     prep0, fit3 = trace.tasks[("s-prep", 0)], trace.tasks["s-fit-3"]
     assert fit3.deps == (("s-prep", 3),) and fit3.estimate == 5.0 and fit3.team == "ml"
     assert fit3.estimate_source == "annotation" and fit3.annotations["team"] == "ml"
-    assert prep0.estimate == 0.5 and prep0.team == "quant" and prep0.stage == "s-prep"
+    assert prep0.estimate == 0.5 and prep0.team == "quant" and prep0.stage == "test_record.step"
     summary = {f"s-score-{i}" for i in range(5)} | {"s-fit-10", "s-fit-11"}
     assert set(trace.tasks["s-summary"].deps) == summary
     # every task: one attempt, assigned, truly started on a worker (same run), finished

@@ -6,9 +6,9 @@ entries from docstrings (mkdocstrings), the CLI from click, the config keys from
 drift; what can be forgotten is an entry. These tests fail when a name in the ``__all__`` of a
 documented module has no ``::: name`` entry on an API page, when a key of daskjobs.yaml is
 missing from the config reference or has no meaning there, and when the trace format
-(docs/trace.md, written by hand) lacks a record type or a field that the trace reader reads.
-The site build itself (tests/test_docs.py, ``mkdocs build --strict``) fails on an entry that
-names nothing.
+(docs/reference/trace-format.md, written by hand) lacks a record type or a field that the trace
+reader reads. The site build itself (tests/test_docs.py, ``mkdocs build --strict``) fails on an
+entry that names nothing.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def test_sphinx_roles_are_dropped_from_rendered_docstrings() -> None:
     )
 
 
-# -- the trace format (docs/trace.md) against its reader (daskjobs/trace.py) -------------------
+# -- the trace format (docs/reference/trace-format.md) against its reader (daskjobs/trace.py) ------
 
 
 def _fields_read(function: Any) -> set[str]:
@@ -191,8 +191,9 @@ def _fields_read(function: Any) -> set[str]:
 
 
 def _trace_sections() -> dict[str, str]:
-    """Record type -> the text of its section in docs/trace.md (``### `type` ...``)."""
-    text = (ROOT / "docs" / "trace.md").read_text()
+    """Record type -> the text of its section in docs/reference/trace-format.md (``### `type`
+    ...``)."""
+    text = (ROOT / "docs" / "reference" / "trace-format.md").read_text()
     sections: dict[str, str] = {}
     parts = re.split(r"^### ", text, flags=re.MULTILINE)
     for part in parts[1:]:
@@ -213,7 +214,7 @@ def test_every_record_type_and_field_the_reader_reads_is_in_the_trace_format() -
     sections = _trace_sections()
     types = {*trace._HANDLERS, "header", "footer"}
     assert not types - set(sections), (
-        f"record types missing from docs/trace.md: {types - set(sections)}"
+        f"record types missing from docs/reference/trace-format.md: {types - set(sections)}"
     )
     missing = {
         name: sorted(f for f in _fields_read(method) if not _named(f, sections[name]))
@@ -228,6 +229,6 @@ def test_every_record_type_and_field_the_reader_reads_is_in_the_trace_format() -
         ),
     )
     assert not any(missing.values()), (
-        f"fields the reader reads, missing from docs/trace.md: {missing}"
+        f"fields the reader reads, missing from docs/reference/trace-format.md: {missing}"
     )
     assert "deps" in _fields_read(trace._Reader.graph)  # the scan finds what it should

@@ -1,4 +1,4 @@
-"""A refused submission reaches its caller, never hangs (docs/reliability.md).
+"""A refused submission reaches its caller, never hangs (docs/explanation/reliability.md).
 
 Each way the plugin refuses a submission (a team unknown while teams are strict, a bad
 annotation, a resource request no worker can ever meet, a gang that can never start)

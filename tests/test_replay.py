@@ -1,4 +1,9 @@
-"""Replay (docs/replay.md): recorded runs into the simulator, calibrated against the recording."""
+"""Replay (docs/explanation/replay.md): recorded runs into the simulator, calibrated against the
+recording.
+
+A task stream of batches submitted hours apart keeps its idle hours: they are not read
+as time lost to dask.
+"""
 
 from __future__ import annotations
 
@@ -400,6 +405,42 @@ def test_bad_task_stream_is_named(task_stream, tmp_path):
         from_task_stream([{"key": "x", "worker": "w", "startstops": []}])
 
 
+def _stream(batches, per_batch=8, seconds=1.0, gap=3600.0):
+    """Task-stream records: ``batches`` batches of ``per_batch`` one-second tasks on two
+    one-thread workers, back to back within a batch, ``gap`` seconds of idleness between
+    batches (a day of work submitted now and then)."""
+    recs = []
+    t = 1000.0
+    for b in range(batches):
+        for i in range(per_batch):
+            w = i % 2
+            start = t + (i // 2) * seconds
+            recs.append(
+                {
+                    "key": f"work-{b}-{i}",
+                    "worker": f"tcp://w{w}:1",
+                    "thread": w,
+                    "status": "OK",
+                    "startstops": [{"action": "compute", "start": start, "stop": start + seconds}],
+                }
+            )
+        t += (per_batch // 2) * seconds + gap
+    return recs
+
+
+def test_replay_does_not_read_idle_gaps_between_submissions_as_overhead():
+    from daskjobs.replay import replay
+    from daskjobs.replay.stream import from_task_stream
+
+    loaded = from_task_stream(_stream(6))
+    # back to back within each batch: nothing was lost to dask while work waited
+    assert loaded.fit.overhead == pytest.approx(0.0, abs=1e-9)
+    assert loaded.fit.lost == pytest.approx(0.0, abs=1e-9)
+    # and the replay keeps the idle hours: each batch starts when it ran
+    r = replay(loaded)
+    assert r.makespan == pytest.approx(loaded.recorded.makespan)
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -436,8 +477,10 @@ def test_cli_json_has_recorded_replayed_and_what_ifs(lpt_trace, tmp_path):
     assert all(r["speculation"] == 1.5 and "teams" in r for r in rows)
     assert set(rows[0]["teams"]) == {"ml", "quant"}
     assert rows[2]["makespan_s"] < rows[0]["makespan_s"]
+    # one stage: every task calls _work (a plain task's stage is its function)
     stages = {s["stage"]: s for s in report["stages"]}
-    assert stages["fit"]["tasks"] == 40 and stages["fit"]["log_spread"] > 0.2
+    assert stages["test_replay._work"]["tasks"] == 53
+    assert stages["test_replay._work"]["log_spread"] > 0.2
     assert report["scale"]["tasks"] == 500 and len(report["scale"]["rows"]) == 4
 
 
@@ -691,5 +734,65 @@ def test_recorded_placement_runs_each_task_where_it_ran(tmp_path):
 
 def test_a_speculation_run_replayed_with_its_placement_copies_the_same_tasks(spec_trace):
     # the policies' decisions, judged as live on the recorded interval's checks, on the
-    # recorded placement: the same copies within one, and the same winners (docs/replay.md)
+    # recorded placement: the same copies within one, and the same winners
+    # (docs/explanation/replay.md)
     assert_same_copies(replay(load(spec_trace), placement="recorded"))
+
+
+def test_recorded_placement_leaves_the_policys_queued_work_in_its_books():
+    # node-aware's horizon (and so its urgency) reads the work it holds queued: under the
+    # recorded placement it holds every task until the record runs it, as live
+    from daskjobs.policies import NodeAware
+    from daskjobs.replay.run import Placed
+    from daskjobs.sim.model import Task
+
+    tasks = [Task(f"t{i}", 1.0 + i) for i in range(4)]
+    inner = NodeAware()
+    placed = Placed(inner, {"t0": (0, 0.0), "t1": (0, 1.0), "t2": (1, 0.5), "t3": (1, 2.0)})
+    placed.add_node(0, 1)
+    placed.add_node(1, 1)
+    for t in tasks:
+        placed.push(t)
+    assert len(placed) == 4 and inner.horizon(0.0) == pytest.approx(10.0 / 2)
+
+    class Node:
+        index, cores, free = 1, 1, 1
+
+    assert placed.pop(Node(), 0.0).tid == "t2"  # node 1's first, as recorded
+    assert len(placed) == 3 and len(inner) == 3 and inner.horizon(0.0) == pytest.approx(7.0 / 2)
+
+
+@pytest.fixture(scope="module")
+def node_aware_spec_trace(tmp_path_factory):
+    """The spec_trace run (80 tasks, worker 0 4x slow, speculation) under node-aware."""
+    path = tmp_path_factory.mktemp("replay") / "spec-node-aware.jsonl"
+    rng = random.Random(3)
+    graph = []
+    for i in range(80):
+        d = min(0.25, rng.lognormvariate(-2.5, 0.5))
+        with dask.annotate(estimate=d):
+            graph.append(dask.delayed(_slow4_work)(i, d, dask_key_name=f"bt-{i}"))
+    plugin = JobsPlugin(policy="node-aware", record=str(path), speculation=SPECULATION)
+    with (
+        plugin_cluster(plugin, n_workers=3, threads_per_worker=2) as cl,
+        Client(cl) as c,
+    ):
+        c.compute(graph, sync=True)
+    return path
+
+
+def test_a_node_aware_run_replayed_with_its_placement_copies_what_it_copied(node_aware_spec_trace):
+    # node-aware keeps long tasks off the slow worker and copies few (0 to 2 a run): the
+    # replay on the recorded placement launches and wins within one of the recording, on
+    # the same tasks but one. (Before node-aware saw its queued work there, its horizon
+    # sat at `now` and the replay copied 10 to 14 tasks of every such run.)
+    loaded = load(node_aware_spec_trace)
+    assert loaded.policy == "node-aware" and loaded.speculation is not None
+    r = replay(loaded, placement="recorded")
+    rec = loaded.recorded.backups
+    assert abs(r.schedule.backups_launched - rec["launched"]) <= 1, r.copies()
+    assert abs(r.schedule.backups_won - rec["won"]) <= 1, r.copies()
+    rows = r.copies()
+    recorded = {c.tid for c in rows if c.recorded is not None}
+    replayed = {c.tid for c in rows if c.replayed is not None}
+    assert len(recorded ^ replayed) <= 1, rows

@@ -1,4 +1,4 @@
-"""Replay with learned estimates (docs/replay.md): a run recorded without estimate
+"""Replay with learned estimates (docs/explanation/replay.md): a run recorded without estimate
 annotations replays with the simulator's learner, fed each task's recorded stage and
 ``params`` annotation, within the calibration error replay meets."""
 

@@ -31,7 +31,8 @@ def two_stage(
     n``, ``params={"n": n}``, no estimate). Five inputs: dask does not take the stage for
     root tasks (those wait in its queue), so it sends the whole stage to the worker once
     the features are done. The first two run first (user priorities 3 and 2) and teach
-    the model; the third (priority 1) holds the only thread until the test lets it go."""
+    the model; the third (priority 1, a stage of its own) holds the only thread until the test
+    lets it go."""
     with dask.annotate(**({"workers": feature_workers} if feature_workers else {})):
         feat = [dask.delayed(fn_nap)(-1 - k, 0.0, dask_key_name=f"feat-{k}") for k in range(5)]
     parts = []
@@ -39,6 +40,8 @@ def two_stage(
         ann = {"params": {"n": n}}
         if i < 3:
             ann["priority"] = 3 - i
+        if i == 2:  # its time is the test's hold: a stage of its own, or it would teach the
+            ann["stage"] = "gate"  # model that n=1 is slow (and a loaded machine re-ranks)
         fn = fn_gate if i == 2 else fn_nap
         with dask.annotate(**ann):
             parts.append(dask.delayed(fn)(i, unit * n, *feat, dask_key_name=f"job-{i}"))
@@ -100,7 +103,12 @@ def test_without_the_worker_plugin_tasks_on_workers_keep_their_place():
         until(lambda: len(p.ranker.reorders) == 1)
         p.ranker.reorders.clear()  # as if the worker's self-check had failed
         futs = c.compute(two_stage(NS, unit=0.01))
-        until(lambda: p.ranker.reestimated > 0)
+
+        def job_learned() -> bool:  # the stage's re-ranks were due (at its 1st and 2nd end)
+            m = p.ranker.estimator.models.model("job")
+            return m is not None and m.seen >= 2
+
+        until(job_learned)
         Event(GATE, client=c).set()
         order = [i for _, i in sorted(c.gather(futs))]
         sent = {i: cl.scheduler.tasks[f"job-{i}"].priority for i in range(3, len(NS))}
@@ -190,14 +198,15 @@ def gate_where(i, seconds, *deps):
 
 
 @contextlib.contextmanager
-def two_workers():
+def two_workers(arguments: bool = True):
     """Two in-process workers taking new priorities, dask's own balancing off (a stealing
     interval of an hour): the client, the plugin, the first worker's address, and each
-    worker's name by address."""
+    worker's name by address. ``arguments``: the plugin's ``estimates.arguments``."""
     cfg = {**VALIDATE, "distributed.scheduler.work-stealing-interval": "1h"}
+    plugin = JobsPlugin(policy="critical-path", estimates={"arguments": arguments})
     with (
         dask.config.set(cfg),
-        plugin_cluster(JobsPlugin(policy="critical-path"), n_workers=2) as cl,
+        plugin_cluster(plugin, n_workers=2) as cl,
         Client(cl) as c,
     ):
         p = cl.scheduler.plugins["daskjobs"]
@@ -226,11 +235,12 @@ def test_a_reranked_stage_held_by_one_worker_is_spread_by_its_estimates():
 
 
 def test_a_stage_without_parameters_is_reranked_but_not_moved():
-    """The same graph without ``params``: its stage's estimates move (the default, then
-    the median measured), and the re-rank reaches the worker, but no parameter model ranks
-    it, so nothing moves: a graph of a user who asked for nothing keeps dask's placement
-    (worker 1 stays idle with dask's balancing off)."""
-    with two_workers() as (c, p, first, name):
+    """The same graph without ``params`` and with ``estimates.arguments`` off (so that its
+    tasks' arguments are not parameters either): its stage's estimates move (the default,
+    then the median measured), and the re-rank reaches the worker, but no parameter model
+    ranks it, so nothing moves: a graph whose stage has no parameters keeps dask's
+    placement (worker 1 stays idle with dask's balancing off)."""
+    with two_workers(arguments=False) as (c, p, first, name):
         with dask.annotate(workers=[first]):
             feat = [dask.delayed(where)(-1 - k, 0.0, dask_key_name=f"feat-{k}") for k in range(5)]
         parts = []

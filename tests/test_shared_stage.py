@@ -1,5 +1,6 @@
 """Who pays for a shared stage: a task two teams' graphs want is split equally among them
-while it runs (docs/plugin.md, "Fair share and quotas"), in the simulator and live."""
+while it runs (docs/how-to/load-the-plugin.md, "Fair share and quotas"), in the simulator and
+live."""
 
 from __future__ import annotations
 

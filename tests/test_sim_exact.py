@@ -439,6 +439,20 @@ def test_a_periodic_check_sees_a_late_attempt_at_the_first_check_past_its_deadli
     assert simulate(tasks, cluster, FIFO(), spec=Speculation(late_factor=2.0)).makespan == 30.0
 
 
+def test_a_periodic_check_places_a_copy_only_at_a_check_as_live():
+    # t on node 0 (10x slow) is late at 20, seen at the check of 21; node 1 is busy with
+    # b until 23. Judged at once, the copy takes node 1 as it frees (23, wins at 33);
+    # judged every 7 s, it is placed where the plugin places it: at the next check with a
+    # free slot, 28 (wins at 38). Not ahead of queued work: FIFO knows no horizon.
+    tasks = [Task("t", 10.0), Task("b", 23.0)]
+    cluster = Cluster(2, 1, slow={0: 10.0})
+    once = simulate(tasks, cluster, FIFO(), spec=Speculation(late_factor=2.0))
+    assert [(a.task.tid, a.start) for a in once.attempts if a.backup] == [("t", 23.0)]
+    ticked = simulate(tasks, cluster, FIFO(), spec=Speculation(late_factor=2.0, interval=7.0))
+    assert [(a.task.tid, a.start) for a in ticked.attempts if a.backup] == [("t", 28.0)]
+    assert ticked.makespan == 38.0 and ticked.backups_won == 1
+
+
 class _UrgentEarly(FIFO):
     """Asks for a copy of ``t`` while the clock is before 5 s."""
 

@@ -1,8 +1,9 @@
 """The engine's fast path against its slow reference path, event for event.
 
-The event loop inlines the plain ``Speculation.deadline`` and the end of an attempt,
-and skips the hooks a policy leaves as the base class has them (``speed``,
-``urgent``, ``started``, ``ended``); ``simulate(..., reference=True)`` calls the
+The engine's kernel inlines the end of an attempt (it asks the policy's own
+``Speculation.deadline`` when a primary starts), and skips the hooks a policy leaves
+as the base class has them (``speed``, ``urgent``, ``started``, ``ended``);
+``simulate(..., reference=True)`` calls the
 policy's methods and the engine's helper instead. Both must give the same schedule:
 every attempt (task, node, cores, start, end, outcome, backup flag) in start order,
 the same event count and copies, and, through a policy that logs its hooks, the same

@@ -1,9 +1,18 @@
-"""Sweeps as Dask graphs: shape, annotations, caching across runs, failures, the example."""
+"""Sweeps as Dask graphs: shape, annotations, caching across runs, failures, the example.
+
+A stage whose function cannot be named asks for ``name=``; one that cannot be sent to the
+workers (a lock it closes over or reaches through globals, a parameter that cannot be
+pickled) is named before anything is submitted; a failed stage is logged once; and the
+clusters ``run`` starts close without a heartbeat traceback.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -18,6 +27,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs import Sweep, cases, grid, run
 from daskjobs.cache.store import ResultStore
@@ -228,6 +238,7 @@ def test_annotations_reach_the_scheduler(client: Client, tmp_path: Path) -> None
             "team": "quant",
             "cache": True,
             "speculate": True,
+            "sweep": f"test:{graph.run_id[:8]}",
         }
     for node in sweep.stages["crossover"]:
         assert ann[node.key] == {
@@ -238,6 +249,7 @@ def test_annotations_reach_the_scheduler(client: Client, tmp_path: Path) -> None
             "speculate": False,
             "resources": {"GPU": 1},
             "retries": 0,
+            "sweep": f"test:{graph.run_id[:8]}",
         }
     del futures
     _wait_forgotten(client, graph.keys)
@@ -304,9 +316,9 @@ def test_second_run_computes_only_changed_backtests(client: Client, tmp_path: Pa
     calls = CALLS.snapshot() - before
     assert calls == {"crossover": 6}  # only the new slow=100 backtests
     assert second.by_stage == {
-        "make_prices": {"computed": 0, "hits": 3},  # the backtests read prices too
-        "moving_averages": {"computed": 0, "hits": 3},
-        "crossover": {"computed": 6, "hits": 12},
+        "make_prices": {"computed": 0, "hits": 3, "in_memory": 0},  # backtests read prices too
+        "moving_averages": {"computed": 0, "hits": 3, "in_memory": 0},
+        "crossover": {"computed": 6, "hits": 12, "in_memory": 0},
     }
     assert second.computed == 6 and second.hits == 18 and second.pruned == 0
     old = {(r["slice"], r["fast"], r["slow"]): r["value"] for r in first.records}
@@ -437,12 +449,35 @@ def test_computed_counts_the_stages_that_ran(client: Client, tmp_path: Path) -> 
     assert 0 < broken < 6 and len(result.failures) == broken
     # The broken features raised and their backtests never ran: none of them is counted.
     assert result.by_stage == {
-        "make_prices": {"computed": 6, "hits": 0},
-        "features": {"computed": 6 - broken, "hits": 0},
-        "crossover": {"computed": 2 * (6 - broken), "hits": 0},
+        "make_prices": {"computed": 6, "hits": 0, "in_memory": 0},
+        "features": {"computed": 6 - broken, "hits": 0, "in_memory": 0},
+        "crossover": {"computed": 2 * (6 - broken), "hits": 0, "in_memory": 0},
     }
     assert result.computed == 6 + 3 * (6 - broken) and result.reruns == 0
     assert len(ResultStore(tmp_path / "store").keys()) == result.computed
+
+
+def test_a_rerun_of_results_the_cluster_holds_says_so(client: Client) -> None:
+    """Outputs whose futures are still held (by this or another client) are handed over by
+    dask without running anything: the summary says the cluster held them, not "computed 0,
+    loaded 0" alone."""
+    sweep = build(slow=[20], slices=2)
+    first = sweep.run(client, store=False, progress=False)
+    assert first.ok and first.in_memory == 0 and "already held" not in first.summary()
+    planned = sweep.to_dask(store=False)
+    held = client.get(planned.graph, planned.keys, sync=False)  # the outputs stay in memory
+    client.gather(held)
+    before = CALLS.snapshot()
+    again = sweep.run(client, store=False, progress=False)
+    assert CALLS.snapshot() - before == Counter()
+    assert again.ok and again.computed == 0 and again.hits == 0
+    assert again.in_memory == len(planned) == first.computed
+    assert {s: c["in_memory"] for s, c in again.by_stage.items()} == {
+        s: c["computed"] for s, c in first.by_stage.items()
+    }
+    assert f"{len(planned)} not run as the cluster already held results" in again.summary()
+    assert [r["value"] for r in again.records] == [r["value"] for r in first.records]
+    del held
 
 
 def flaky(marker: str) -> str:
@@ -451,6 +486,18 @@ def flaky(marker: str) -> str:
         path.write_text("failed once")
         raise OSError("transient")
     return "ok"
+
+
+@pytest.mark.parametrize("retries", [-1, 101, 11_429_141_488, 2.0, "3"])
+def test_retries_out_of_bounds_are_refused_where_the_stage_is_declared(retries: Any) -> None:
+    """A failing stage with 11,429,141,488 retries ran on for ever (the fuzz found it): the
+    stage refuses retries outside 0 to MAX_RETRIES, naming them; the bound itself is taken."""
+    from daskjobs.sweep.stages import MAX_RETRIES
+
+    with pytest.raises(ValueError, match=r"retries must be a whole number from 0 to 100, got"):
+        Sweep("r").stage(flaky, params={"marker": "m"}, retries=retries)
+    assert MAX_RETRIES == 100
+    Sweep("r").stage(flaky, params={"marker": "m"}, retries=MAX_RETRIES)
 
 
 def test_retries_annotation_is_honoured(client: Client, tmp_path: Path) -> None:
@@ -630,6 +677,9 @@ def test_example_table_is_aligned_and_best_is_the_best_mean_it_shows(tmp_path: P
     assert found, best
     point = (int(found[1]), int(found[2]), float(found[3]))
     assert cells[point] == float(found[4]) == max(cells.values())
+    # the summary's words for what the sweep's own summary calls it (one name per idea)
+    (counts,) = [line for line in lines if line.startswith("computed ")]
+    assert "0 upstream stages skipped" in counts, counts
 
 
 def test_a_connection_broken_while_gathering_is_an_interrupted_sweep(
@@ -674,3 +724,378 @@ def test_a_stage_of_interactive_work_is_annotated_for_the_plugin() -> None:
     assert classes == {"quick": "te", "long": None}  # "be" is the default, not written
     with pytest.raises(ValueError, match=r"job_class must be 'te' .* got 'urgent'"):
         Sweep("bad").stage(_ident, over=grid(a=[1]), job_class="urgent")
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+
+#: A script that runs a sweep on the cluster ``run`` starts (12 quick stages, one that waits
+#: for a gate file), with dask's progress bar, as a user runs one from a terminal.
+_CTRL_C = """
+import sys
+sys.path.insert(0, {tests!r})
+import realtasks_sweep
+from daskjobs import Sweep, grid
+
+if __name__ == "__main__":
+    marks, store = sys.argv[1], sys.argv[2]
+    sweep = Sweep("ctrl-c")
+    sweep.stage(realtasks_sweep.short, over=grid(x=range(12)), params={{"marks": marks}})
+    sweep.stage(realtasks_sweep.long, params={{"marks": marks}})
+    result = sweep.run(store=store, progress=True, cluster_kwargs={{"n_workers": 2}})
+    print("computed", result.computed, "loaded", result.hits)
+"""
+
+
+def _ctrl_c_sweep(tmp_path: Path) -> tuple[list[str], Path, Path]:
+    script = tmp_path / "ctrl_c_sweep.py"
+    script.write_text(_CTRL_C.format(tests=str(ROOT / "tests")))
+    marks, store = tmp_path / "marks", tmp_path / "store"
+    marks.mkdir()
+    return [sys.executable, str(script), str(marks), str(store)], marks, store
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_sweep_says_what_is_stored_once_and_a_rerun_loads_it(tmp_path: Path) -> None:
+    """SIGINT to a process in ``sweep.run`` (its own cluster, the progress bar showing):
+    one SweepKeyboardInterrupt saying how many stages are in the store and that a rerun
+    loads them; no traceback of the progress bar or of gather, no warning of dask's about
+    results lost as the cluster closes. The next run loads those stages."""
+    import os
+    import signal
+
+    from realtasks_sweep import wait_for
+
+    cmd, marks, store = _ctrl_c_sweep(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for(marks / "long-started", timeout=120)  # the long stage runs ...
+        for x in range(12):  # ... and every quick one finished
+            wait_for(marks / f"short-{x}-0", timeout=120)
+        deadline = time.monotonic() + 60
+        while len(ResultStore(store).keys()) < 12:  # ... and stored its result
+            assert time.monotonic() < deadline, "the quick stages were never stored"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    said = [ln for ln in err.splitlines() if "SweepKeyboardInterrupt:" in ln]
+    assert len(said) == 1, err
+    assert "interrupted (Ctrl-C): 12 of its 13 stages are in the store" in said[0], err
+    assert "run the sweep again and it loads them (1 still to compute)" in said[0], err
+    assert err.count("Traceback") == 1, err  # the interrupt's own, three frames of daskjobs
+    for noise in ("progressbar", "client.py", "During handling", "lose already computed"):
+        assert noise not in err, err
+    assert not [ln for ln in err.splitlines() if " - WARNING - " in ln or " - ERROR - " in ln]
+    # the rerun loads what was stored and computes the one stage left
+    (marks / "long-gate").touch()
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "computed 1 loaded 12" in rerun.stdout
+
+
+@pytest.fixture
+def _python_ctrl_c() -> Iterator[None]:
+    """Python's own SIGINT handler for the test (a Ctrl-C raises KeyboardInterrupt): importing
+    dask_jobqueue 0.9.0, as other tests of this process may, replaces it with one that raises
+    SystemExit (dask/dask-jobqueue#696)."""
+    import signal
+
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
+@pytest.mark.usefixtures("_python_ctrl_c")
+def test_ctrl_c_with_a_client_releases_the_runs_futures(client: Client, tmp_path: Path) -> None:
+    """Ctrl-C (an interrupt of the main thread, as SIGINT's handler raises it) while
+    ``sweep.run`` waits on a cluster of the user's: the run's futures are cancelled and
+    released (the client holds none, the scheduler forgets them), and the error says how
+    many stages are in the store."""
+    import _thread
+
+    import realtasks_sweep
+    from realtasks_sweep import wait_for
+
+    from daskjobs.sweep import SweepInterrupted, SweepKeyboardInterrupt
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sweep = Sweep("ctrl-c-client")
+    sweep.stage(realtasks_sweep.short, over=grid(x=range(4)), params={"marks": str(marks)})
+    sweep.stage(realtasks_sweep.long, params={"marks": str(marks)})
+    graph = sweep.to_dask(store=tmp_path / "store")
+
+    def interrupt() -> None:
+        wait_for(marks / "long-started", timeout=60)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(SweepKeyboardInterrupt) as info:
+        run(graph, client, progress=False)
+    err = info.value
+    assert isinstance(err, SweepInterrupted) and isinstance(err, KeyboardInterrupt)
+    assert not isinstance(err, Exception)  # `except Exception` does not swallow a Ctrl-C
+    assert err.stages == 5 and err.stored is not None and err.stored <= 4
+    assert err.__cause__ is None and err.__suppress_context__
+    del info, err
+    assert not set(graph.keys) & set(client.futures)
+    (marks / "long-gate").touch()  # the long stage's thread ends; its result is released
+    _wait_forgotten(client, graph.keys)
+
+
+def test_a_plan_lists_its_stages_in_declaration_order_whatever_the_hash_seed() -> None:
+    """A run's summary lists its stages as the sweep declares them, every run (the plan
+    walked a set of keys, whose order follows the interpreter's string hash seed)."""
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); from test_sweep import build; "
+        "print(list(build(slow=[20, 50]).to_dask(store=False).by_stage))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    seen = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen.add(out.stdout.strip())
+    assert seen == {"['make_prices', 'moving_averages', 'crossover']"}
+
+
+def test_every_task_of_a_run_names_its_sweep_and_run() -> None:
+    """The ``sweep`` annotation (``name:run``) on every layer of a planned run: what the
+    scheduler's snapshot groups a forecast by; two plans are two runs."""
+    sweep = build(slow=[20])
+    first, second = sweep.to_dask(store=False), sweep.to_dask(store=False)
+    for planned in (first, second):
+        labels = {layer.annotations["sweep"] for layer in planned.__dask_graph__().layers.values()}
+        assert labels == {f"test:{planned.run_id[:8]}"}
+    assert first.run_id != second.run_id
+
+
+# -- stages that cannot be named or sent, a failure logged once ----------------------------------
+
+
+def _same(x: int) -> int:
+    return x
+
+
+class Scorer:
+    def __call__(self, x: int) -> int:
+        return x
+
+
+@pytest.mark.parametrize(
+    ("func", "called"),
+    [
+        (lambda x: x, "a lambda"),
+        (functools.partial(_same), "a functools.partial object"),
+        (Scorer(), f"a {__name__}.Scorer object"),
+    ],
+)
+def test_a_stage_without_a_usable_name_asks_for_name(func: Any, called: str) -> None:
+    sweep = Sweep("s")
+    with pytest.raises(ValueError, match="pass name=") as info:
+        sweep.stage(func, over=grid(x=[1]))
+    assert f"this stage's function is {called}, which does not name a stage" in str(info.value)
+    assert sweep.stage(func, over=grid(x=[1]), name="plus").name == "plus"
+
+
+def test_a_stage_that_is_not_callable_says_so() -> None:
+    with pytest.raises(TypeError, match=r"sweep 's': 3 is not callable"):
+        Sweep("s").stage(3)  # type: ignore[arg-type]
+
+
+def _main_function(source: str, name: str) -> Any:
+    """A function defined as if in a script's ``__main__`` (pickled by value)."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(source, namespace)
+    return namespace[name]
+
+
+@pytest.fixture(scope="module")
+def tcp_client(dashboard_cluster: Any) -> Any:
+    from distributed import Client
+
+    with Client(dashboard_cluster) as c:
+        yield c
+
+
+def _submitted(client: Any) -> int:
+    return int(client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)))
+
+
+def test_a_stage_closing_over_a_lock_is_named_before_anything_is_submitted(tcp_client: Any) -> None:
+    lock = threading.Lock()
+
+    def guarded(x: int) -> int:
+        with lock:
+            return x
+
+    sweep = Sweep("s")
+    sweep.stage(guarded, over=grid(x=[1, 2]))
+    with pytest.raises(TypeError) as info:
+        sweep.run(tcp_client, store=False, progress=False)
+    message = str(info.value)
+    assert message.startswith("stage 'guarded' cannot be sent to the workers: its function ")
+    assert "refers to the variable 'lock' it closes over (a _thread.lock)" in message
+    assert "cannot pickle '_thread.lock' object" in message
+    assert "distributed.Lock('name')" in message and "inside the function" in message
+    assert "HLGExpr" not in message
+    assert _submitted(tcp_client) == 0
+
+
+def test_a_script_stage_using_a_global_lock_names_the_global_and_why_it_travels() -> None:
+    guarded = _main_function(
+        "import threading\nlock = threading.Lock()\n"
+        "def guarded(x):\n    with lock:\n        return x\n",
+        "guarded",
+    )
+    sweep = Sweep("s")
+    sweep.stage(guarded, over=grid(x=[1]))
+    start = time.perf_counter()
+    with pytest.raises(TypeError) as info:
+        run(sweep, store=False, progress=False)  # no client: raised before a cluster starts
+    assert time.perf_counter() - start < 2
+    message = str(info.value)
+    assert "its function guarded refers to the global 'lock' (a _thread.lock)" in message
+    assert "pickled by value" in message and "__main__" in message
+
+
+def test_a_helper_holding_a_lock_is_followed_to_the_lock() -> None:
+    stage = _main_function(
+        "import threading\nlock = threading.Lock()\n"
+        "def helper(x):\n    with lock:\n        return x\n"
+        "def stage(x):\n    return helper(x)\n",
+        "stage",
+    )
+    sweep = Sweep("s")
+    sweep.stage(stage, over=grid(x=[1]))
+    with pytest.raises(TypeError) as info:
+        run(sweep, store=False, progress=False)
+    assert (
+        "refers to the global 'helper' (a function), which refers to the global 'lock' "
+        "(a _thread.lock)" in str(info.value)
+    )
+
+
+class Handle:
+    """Tokenizes (so the stage can be keyed) but cannot be pickled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __dask_tokenize__(self) -> str:
+        return "handle"
+
+
+def test_a_parameter_that_cannot_be_pickled_is_named(tcp_client: Any) -> None:
+    sweep = Sweep("s")
+    sweep.stage(_same, over=grid(x=[1]), params={"conn": Handle()}, name="with_conn")
+    with pytest.raises(TypeError) as info:
+        sweep.run(tcp_client, store=False, progress=False)
+    message = str(info.value)
+    assert "stage 'with_conn' cannot be sent to the workers: its parameter 'conn' " in message
+    assert f"(a {__name__}.Handle) cannot be pickled" in message
+    assert _submitted(tcp_client) == 0
+
+
+def _fails_on_two(x: int) -> int:
+    if x == 2:
+        raise ValueError("two is not allowed")
+    return x
+
+
+def test_a_failed_stage_is_logged_once_and_listed_once(
+    tcp_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sweep = Sweep("s")
+    sweep.stage(_fails_on_two, over=grid(x=[1, 2, 3]))
+    with caplog.at_level(logging.INFO):
+        result = sweep.run(tcp_client, store=False, progress=False)
+    told = [r for r in caplog.records if "two is not allowed" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in told]  # was 2: the worker's, then run()'s
+    # the one record (dask's worker log) shows where the stage function raised
+    assert 'in _fails_on_two\\n    raise ValueError("two is not allowed")' in told[0].getMessage()
+    summary = result.summary()
+    assert summary.count("two is not allowed") == 1
+    assert "FAILED _fails_on_two(x=2): ValueError: two is not allowed" in summary
+    assert "raise ValueError" in result.failures[0].traceback
+
+
+# -- closing a cluster: no heartbeat traceback ---------------------------------------------------
+
+
+class SlowHeartbeats(SchedulerPlugin):
+    """A scheduler that takes a second to answer a worker's heartbeat (a loaded machine)."""
+
+    name = "slow-heartbeats"
+
+    async def start(self, scheduler: Any) -> None:
+        answer = scheduler.handlers["heartbeat_worker"]
+
+        async def slowly(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(1.0)
+            return answer(*args, **kwargs)
+
+        scheduler.handlers["heartbeat_worker"] = slowly
+
+
+_BEATING: list[Any] = []
+
+
+async def _beat(dask_worker: Any) -> None:
+    _BEATING.append(asyncio.ensure_future(dask_worker.heartbeat()))  # in flight for a second
+
+
+def _close_with_a_heartbeat_in_flight(quiet: bool, caplog: pytest.LogCaptureFixture) -> list[str]:
+    from distributed import Client, LocalCluster
+
+    from daskjobs.sweep import quiet_workers
+
+    with (
+        caplog.at_level(logging.ERROR, logger="distributed.worker"),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            protocol="tcp://",
+            dashboard_address=":0",
+            scheduler_kwargs={"plugins": [SlowHeartbeats()]},
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        c.run(_beat)
+        if quiet:
+            quiet_workers(c)
+    return [r.getMessage() for r in caplog.records if "during heartbeat" in r.getMessage()]
+
+
+def test_a_worker_closing_under_its_own_heartbeat_logs_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cause, shown: distributed's Worker.close aborts its own heartbeat in flight."""
+    said = _close_with_a_heartbeat_in_flight(False, caplog)
+    assert said and all("Failed to communicate with scheduler during heartbeat" in m for m in said)
+
+
+def test_quiet_workers_closes_a_cluster_without_the_heartbeat_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert _close_with_a_heartbeat_in_flight(True, caplog) == []
+
+
+def test_run_quiets_the_workers_of_the_cluster_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import daskjobs.sweep.running
+
+    quieted: list[Any] = []
+    monkeypatch.setattr(daskjobs.sweep.running, "quiet_workers", quieted.append)
+    sweep = Sweep("s")
+    sweep.stage(_same, over=grid(x=[1]))
+    result = run(sweep, store=False, progress=False, cluster_kwargs={"processes": False})
+    assert result.ok and len(quieted) == 1

@@ -1,5 +1,6 @@
-"""The trust model (docs/plugin.md#trust): the operator's configuration wins, recordings stay
-in their directory, and the plugin's own records come only from the plugin and its workers.
+"""The trust model (docs/how-to/load-the-plugin.md#trust): the operator's configuration wins,
+recordings stay in their directory, and the plugin's own records come only from the plugin and its
+workers.
 
 Every dask client can run code on the scheduler, so none of this is a sandbox: it keeps an
 honest mistake or a stray event from changing what the operator set up."""
@@ -154,3 +155,17 @@ def test_a_clients_keywords_cannot_widen_the_trust_settings(tmp_path):
             daskjobs.record(c, "/etc/daskjobs-test.jsonl"),
         ):
             pass
+
+
+def test_a_clients_plugin_forecasts_as_often_as_the_operator_allows():
+    """The scheduler's forecast spends the scheduler's CPU: a client's plugin takes
+    daskjobs.forecast from the scheduler's config, not from its keywords."""
+    with (
+        dask.config.set({"daskjobs.forecast.interval": None}),
+        plugin_cluster(None) as cl,
+        Client(cl) as c,
+    ):
+        c.register_plugin(JobsPlugin(policy="lpt", forecast={"interval": "1s", "draws": 500}))
+        plugin = cl.scheduler.plugins["daskjobs"]
+        assert plugin.from_client and plugin.settings.forecast.interval is None
+        assert plugin.settings.forecast.draws == 10  # the scheduler's default

@@ -5,7 +5,7 @@ Two example policies live in this module (as they would in a user's package): a
 :class:`~daskjobs.policies.HeapPolicy` (shortest estimate first, which the plugin
 turns into dask priorities) and a plain :class:`~daskjobs.policies.Policy`
 (teams take turns, which the plugin runs as a "popper": it holds dask's queued
-root tasks and releases the one ``pop`` chooses, slot by slot). docs/policies.md
+root tasks and releases the one ``pop`` chooses, slot by slot). docs/how-to/write-a-policy.md
 shows the same two.
 
 The workload: twelve independent tasks of three teams with distinct estimates, on
@@ -304,13 +304,16 @@ def test_work_stealing_runs_in_the_simulator_only() -> None:
 
 
 def test_the_example_of_the_docs_is_this_one() -> None:
-    """docs/policies.md's walk-through registers the same two policies, which decide alike."""
+    """docs/how-to/write-a-policy.md's walk-through registers the same two policies, which decide
+    alike."""
     import re
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "policies.md").read_text()
+    doc = (
+        Path(__file__).resolve().parent.parent / "docs" / "how-to" / "write-a-policy.md"
+    ).read_text()
     code = re.findall(r"```python\n(.*?)```", doc.split("## A walk-through")[1], re.S)[0]
     namespace: dict[str, Any] = {"__name__": "mypolicies"}
-    exec(compile(code, "docs/policies.md", "exec"), namespace)
+    exec(compile(code, "docs/how-to/write-a-policy.md", "exec"), namespace)
     try:
         assert registry.get("team-round-robin").settings == {"order": ()}
         assert registry.get("team-round-robin").description == "teams take turns"

@@ -8,7 +8,7 @@
 * :mod:`daskjobs.cache.cli`: the ``daskjobs cache`` command (``ls``, ``info``, ``gc``,
   ``verify``).
 
-See ``docs/cache.md`` for the rules, the limits and the trust model of a shared store.
+See ``docs/explanation/cache.md`` for the rules, the limits and the trust model of a shared store.
 Names are imported on first use, so ``daskjobs cache --help`` does not import dask.
 """
 

@@ -1,8 +1,9 @@
 """``daskjobs cache``: look into a result store and keep it tidy.
 
-``ls`` lists entries (and the claims of keys a cluster computes now, with owner and
-expiry: docs/cache.md), ``info KEY`` prints one manifest, ``gc`` removes entries by age and by
-total size (and abandoned uncommitted payloads), ``verify`` re-reads every payload and checks
+``ls`` lists entries with their parameters, filtered by stage and parameter values (and the
+claims of keys a cluster computes now, with owner and expiry: docs/explanation/cache.md), ``info
+KEY`` prints one manifest, ``gc`` removes expired entries, entries by age and by total size (and
+abandoned uncommitted payloads), ``verify`` re-reads every payload and checks
 its checksum, removing the corrupt ones. Every subcommand takes ``--store URL`` (default:
 ``$DASKJOBS_STORE``, the dask config key ``daskjobs.store``, then ``./.daskjobs-cache``) and
 ``--json`` for one JSON object on stdout.
@@ -22,13 +23,14 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
 import click
 
+from daskjobs._options import json_option
 from daskjobs._text import table
 
 
@@ -62,7 +64,6 @@ store_option = click.option(
     default=None,
     help="Store directory or fsspec URL [default: $DASKJOBS_STORE or ./.daskjobs-cache].",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 
 def _size(n: float) -> str:
@@ -85,16 +86,88 @@ def cache() -> None:
     """Inspect and tidy the result store (content-keyed stage results)."""
 
 
+#: Longest text of one value, and of all parameters, in the params column of ``cache ls``.
+_VALUE_TEXT = 24
+_PARAMS_TEXT = 60
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _params_text(params: Mapping[str, Any]) -> str:
+    """An entry's parameters in one compact cell: ``slice=0 fast=5 name=ma``."""
+    cells = []
+    for name, value in params.items():
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if isinstance(value, bool) or value is None:
+            text = repr(value)
+        elif isinstance(value, list):
+            text = ", ".join(json.dumps(v, default=str) for v in value).join("[]")
+        cells.append(f"{name}={_short(text, _VALUE_TEXT)}")
+    return _short(" ".join(cells), _PARAMS_TEXT) or "-"
+
+
+def _param_filter(
+    ctx: click.Context, param: click.Parameter, given: tuple[str, ...]
+) -> list[tuple[str, Any]]:
+    """``--param NAME=VALUE``: the value as JSON where it reads as JSON (``5``, ``1.5``,
+    ``[5, 10]``, ``true``), True/False/None as Python writes them, else the text."""
+    out = []
+    for item in given:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE (e.g. slice=0)", ctx, param)
+        value: Any
+        if text in ("True", "False", "None"):
+            value = {"True": True, "False": False, "None": None}[text]
+        else:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                value = text
+        out.append((name.strip(), value))
+    return out
+
+
+def _matches(params: Mapping[str, Any], wanted: list[tuple[str, Any]]) -> bool:
+    """Whether an entry's recorded parameters have every wanted value (a text value also
+    matches a recorded one that reads the same: an object recorded as its repr)."""
+    for name, value in wanted:
+        if name not in params:
+            return False
+        have = params[name]
+        same = have == value and isinstance(have, bool) == isinstance(value, bool)
+        if not same and not (isinstance(value, str) and str(have) == value):
+            return False
+    return True
+
+
 @cache.command("ls")
 @store_option
 @click.option("--stage", default=None, metavar="NAME", help="Only entries of this stage.")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="NAME=VALUE",
+    callback=_param_filter,
+    help="Only entries computed with this parameter value (e.g. slice=0); repeat for several.",
+)
 @json_option
-def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
-    """List the entries of a store, oldest first (changes nothing, even if some are corrupt)."""
+def ls_command(
+    url: str | None, stage: str | None, params: list[tuple[str, Any]], as_json: bool
+) -> None:
+    """List the entries of a store, oldest first, with their parameters (changes nothing,
+    even if some are corrupt)."""
     store = _store(url)
     with _errors():
         found, corrupt = store.scan()
-    entries = [e for e in found if stage is None or e.stage == stage]
+    entries = [
+        e
+        for e in found
+        if (stage is None or e.stage == stage) and (not params or _matches(e.params, params))
+    ]
     total = sum(e.nbytes for e in entries)
     now = time.time()
     claims = _claims(store, now)
@@ -115,13 +188,15 @@ def ls_command(url: str | None, stage: str | None, as_json: bool) -> None:
             _size(e.nbytes),
             _age(now - e.created),
             f"{e.compute_seconds:.2f}s",
+            _params_text(e.params),
             str(e.writer),
         ]
         for e in entries
     ]
     # columns as wide as their widest cell: a long key or stage never shifts the others
-    click.echo(table(["key", "stage", "size", "age", "compute", "writer"], rows, "llrrrl"))
-    click.echo(f"{len(entries)} entries, {_size(total)} in {store.url}")
+    header = ["key", "stage", "size", "age", "compute", "params", "writer"]
+    click.echo(table(header, rows, "llrrrll"))
+    click.echo(f"{_entries(len(entries))}, {_size(total)} in {store.url}")
     if claims:
         live = sum(1 for c in claims if c["state"] == "live")
         click.echo(f"claims ({live} live: a cluster computes that key now; others wait for it):")
@@ -216,7 +291,8 @@ def gc_command(
     verbose: bool,
     as_json: bool,
 ) -> None:
-    """Remove old entries, then the oldest ones above a total size, and abandoned writes.
+    """Remove expired entries (older than the max_age their stage gave them), old entries,
+    then the oldest ones above a total size, and abandoned writes.
 
     Prints what was (or, with --dry-run, would be) removed: counts by reason, bytes freed;
     --verbose lists each entry, --json gives every removed key.

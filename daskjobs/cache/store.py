@@ -22,6 +22,14 @@ Writing an entry
    and copied into place (a copy is atomic on object stores and in memory); two writers racing
    there both leave complete entries and the later copy is the visible one.
 
+``put(..., replace=True)`` (a forced or expired recompute) overwrites instead: the new
+manifest is renamed over the old one (local) or copied over it, so a reader sees one entry or
+the other, and the old payload is left for a reader holding the old manifest, until
+:meth:`ResultStore.gc` collects it after the grace period. A manifest also records the
+parameters the key left out (``ignored``) and the entry's ``max_age``; ``gc`` removes the
+entries past it. Manifests written before those fields read as ignoring nothing and never
+expiring.
+
 Until the manifest exists the entry does not exist, so a writer that dies between payload and
 commit leaves only an orphan payload, which :meth:`ResultStore.gc` removes later. Removing an
 entry removes its manifest, then only the payload that manifest names: a writer putting the same
@@ -54,6 +62,7 @@ import getpass
 import hashlib
 import json
 import logging
+import math
 import os
 import pickle
 import re
@@ -147,6 +156,20 @@ class EntryInfo:
     writer: str
     checksum: str
     payload: str
+    #: parameters the stage left out of the key (``ignore=``); () in manifests before them
+    ignored: tuple[str, ...] = ()
+    #: seconds after ``created`` at which the entry expires (``max_age=``), None for never
+    max_age: float | None = None
+
+    @property
+    def expires(self) -> float | None:
+        """When the entry expires (a ``time.time()``), or None if it never does."""
+        return None if self.max_age is None else self.created + self.max_age
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the entry is older than the ``max_age`` it was written with."""
+        expires = self.expires
+        return expires is not None and (time.time() if now is None else now) > expires
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,6 +184,8 @@ class EntryInfo:
             "writer": self.writer,
             "checksum": self.checksum,
             "payload": self.payload,
+            "ignored": list(self.ignored),
+            "max_age": self.max_age,
         }
 
     @classmethod
@@ -178,6 +203,8 @@ class EntryInfo:
             writer=str(data["writer"]),
             checksum=str(data["checksum"]),
             payload=str(data["payload"]),
+            ignored=tuple(str(name) for name in data.get("ignored") or ()),
+            max_age=_max_age(data.get("max_age")),
         )
         if isinstance(info.nbytes, bool) or not isinstance(info.nbytes, int) or info.nbytes < 0:
             raise ValueError(f"nbytes must be a whole number >= 0, got {info.nbytes!r}")
@@ -186,6 +213,26 @@ class EntryInfo:
         if not info.payload.startswith(prefix) or not _PAYLOAD_NAME.fullmatch(name):
             raise ValueError(f"payload {info.payload!r} is not a file under {prefix}")
         return info
+
+
+def _max_age(value: Any) -> float | None:
+    """A manifest's or a caller's ``max_age``: seconds > 0 and finite, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"max_age must be a number of seconds > 0 or None, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"max_age must be a number of seconds > 0 or None, got {value!r}")
+    return float(value)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as one whole unit where it divides evenly (``"7d"``, ``"1h"``,
+    ``"90s"``): how ``cache gc`` names an entry's max_age."""
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span and seconds % span == 0:
+            return f"{seconds / span:g}{unit}"
+    return f"{seconds:g}s"
 
 
 @dataclass(frozen=True)
@@ -416,6 +463,30 @@ class ResultStore:
             raise CorruptEntryError(key, problem or "unreadable manifest")
         return info
 
+    def infos(self, keys: Iterable[str]) -> dict[str, EntryInfo]:
+        """The manifests of ``keys`` that are stored and readable, fetched together (one
+        request per key, concurrent on object stores). Missing and unreadable ones are left
+        out: a read of the value finds and reports those."""
+        paths = {self._manifest_path(k): k for k in dict.fromkeys(keys)}
+        if not paths:
+            return {}
+        try:
+            found = self.fs.cat(list(paths), on_error="omit")
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for path, raw in found.items():
+            key = paths.get(path) or paths.get(self.fs._strip_protocol(path))
+            if key is None:
+                continue
+            try:
+                info = EntryInfo.from_json(json.loads(raw))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if info.key == key:
+                out[key] = info
+        return out
+
     def get(self, key: str) -> Any:
         """The value stored under ``key``.
 
@@ -449,15 +520,32 @@ class ResultStore:
         params: Mapping[str, Any] | None = None,
         code_hash: str = "",
         compute_seconds: float = 0.0,
+        ignored: Iterable[str] = (),
+        max_age: float | None = None,
+        replace: bool = False,
     ) -> bool:
         """Store ``value`` under ``key``; True if this call committed the visible entry.
 
         False means an entry already existed (another writer won); this writer's payload is
-        removed and the existing entry is left untouched.
+        removed and the existing entry is left untouched. With ``replace`` an existing entry
+        is overwritten instead, atomically: the new manifest takes the old one's place in
+        one step, and the old payload stays (for a reader that read the old manifest just
+        before) until :meth:`gc` collects it after its grace period.
+
+        ``ignored`` names the parameters the key left out; ``max_age`` (seconds > 0) is
+        when the entry expires, which :meth:`gc` honours.
         """
         manifest = self._manifest_path(key)
+        meta = {
+            "stage": stage,
+            "params": params,
+            "code_hash": code_hash,
+            "compute_seconds": compute_seconds,
+            "ignored": tuple(str(name) for name in ignored),
+            "max_age": _max_age(max_age),
+        }
         try:
-            return self._put(manifest, key, value, stage, params, code_hash, compute_seconds)
+            return self._put(manifest, key, value, meta, replace)
         except OSError as err:
             raise StoreAccessError(
                 f"cannot write to the daskjobs store {self.url}: {type(err).__name__}: {err}"
@@ -465,16 +553,9 @@ class ResultStore:
             ) from err
 
     def _put(
-        self,
-        manifest: str,
-        key: str,
-        value: object,
-        stage: str,
-        params: Mapping[str, Any] | None,
-        code_hash: str,
-        compute_seconds: float,
+        self, manifest: str, key: str, value: object, meta: Mapping[str, Any], replace: bool
     ) -> bool:
-        if self.fs.exists(manifest):
+        if not replace and self.fs.exists(manifest):
             return False
         chunks = serialize(value)
         hasher = hashlib.blake2b(digest_size=32)
@@ -500,18 +581,20 @@ class ResultStore:
                     raise
         info = EntryInfo(
             key=key,
-            stage=stage,
-            params={str(k): _jsonable(v) for k, v in (params or {}).items()},
-            code_hash=code_hash,
-            compute_seconds=float(compute_seconds),
+            stage=meta["stage"],
+            params={str(k): _jsonable(v) for k, v in (meta["params"] or {}).items()},
+            code_hash=meta["code_hash"],
+            compute_seconds=float(meta["compute_seconds"]),
             nbytes=nbytes,
             created=time.time(),
             writer=_writer(),
             checksum="blake2b:" + hasher.hexdigest(),
             payload=payload_rel,
+            ignored=meta["ignored"],
+            max_age=meta["max_age"],
         )
         body = json.dumps(info.to_json(), indent=1, sort_keys=True).encode()
-        won = self._commit(manifest, body, nonce)
+        won = self._commit(manifest, body, nonce, replace)
         if not won:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(payload)
@@ -604,9 +687,10 @@ class ResultStore:
         dry_run: bool = False,
         now: float | None = None,
     ) -> GCReport:
-        """Remove entries created more than ``older_than`` seconds ago, then the oldest ones
-        until the store holds at most ``max_bytes``; also removes abandoned uncommitted payloads
-        (older than an hour) and stale temporary files.
+        """Remove expired entries (older than the ``max_age`` they were written with), entries
+        created more than ``older_than`` seconds ago, then the oldest ones until the store
+        holds at most ``max_bytes``; also removes abandoned uncommitted payloads and payloads
+        replaced by a newer entry (older than an hour) and stale temporary files.
 
         ``dry_run`` reports and removes nothing. Entries that look corrupt (see :meth:`scan`)
         are left alone and not counted towards ``max_bytes``: a manifest claiming a huge size
@@ -616,9 +700,12 @@ class ResultStore:
         now = time.time() if now is None else now
         entries, suspect = self.scan()
         reasons: dict[str, str] = {}
+        for e in entries:
+            if e.max_age is not None and e.expired(now):
+                reasons[e.key] = f"expired (max_age {duration_text(e.max_age)})"
         if older_than is not None:
             for e in entries:
-                if now - e.created > older_than:
+                if e.key not in reasons and now - e.created > older_than:
                     reasons[e.key] = f"older than {older_than:g}s"
         if max_bytes is not None:
             total = sum(e.nbytes for e in entries if e.key not in reasons)
@@ -724,13 +811,21 @@ class ResultStore:
             return None, problem
         return info, self._payload(info)[1]
 
-    def _commit(self, manifest: str, body: bytes, nonce: str) -> bool:
+    def _commit(self, manifest: str, body: bytes, nonce: str, replace: bool = False) -> bool:
         if self._local:
             tmp_dir = f"{self.root}/tmp"
             os.makedirs(tmp_dir, exist_ok=True)
             os.makedirs(os.path.dirname(manifest), exist_ok=True)
             tmp = f"{tmp_dir}/{nonce}.json"
             _write_new(tmp, [body])
+            if replace:  # a rename over the old manifest: readers see one or the other
+                try:
+                    os.replace(tmp, manifest)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                    raise
+                return True
             try:
                 os.link(tmp, manifest)  # atomic, and fails if the entry exists
                 return True
@@ -743,7 +838,7 @@ class ResultStore:
         self.fs.makedirs(f"{self.root}/entries", exist_ok=True)
         self.fs.pipe_file(tmp, body)
         try:
-            if self.fs.exists(manifest):
+            if not replace and self.fs.exists(manifest):
                 return False
             self.fs.copy(tmp, manifest)
             return True

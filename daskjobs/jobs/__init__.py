@@ -3,7 +3,7 @@
 :mod:`daskjobs.jobs.model` holds the immutable job specification and the state
 machines; :mod:`daskjobs.jobs.ledger` keeps jobs, attempts, committed outputs and
 every transition in a database (SQLite by default, PostgreSQL for shared clusters).
-See docs/jobs.md.
+See docs/explanation/jobs.md.
 
 The ledger and the model are imported here; the names that need ``distributed`` (the
 client API, the runner, the service, sweeps as jobs) are imported on first use (module
@@ -28,6 +28,7 @@ from daskjobs.jobs.model import (
     JobInfo,
     JobRecord,
     JobSpec,
+    JobSpecError,
     Progress,
     StaleTransition,
     next_step,
@@ -78,6 +79,7 @@ __all__ = [
     "JobInfo",
     "JobRecord",
     "JobSpec",
+    "JobSpecError",
     "JobsService",
     "Ledger",
     "LedgerError",

@@ -24,6 +24,7 @@ from daskjobs.jobs.model import AttemptRecord as AttemptRecord
 from daskjobs.jobs.model import JobInfo as JobInfo
 from daskjobs.jobs.model import JobRecord as JobRecord
 from daskjobs.jobs.model import JobSpec as JobSpec
+from daskjobs.jobs.model import JobSpecError as JobSpecError
 from daskjobs.jobs.model import Progress as Progress
 from daskjobs.jobs.model import StaleTransition as StaleTransition
 from daskjobs.jobs.model import next_step as next_step

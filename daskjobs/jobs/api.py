@@ -16,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 
-from daskjobs.jobs.model import JobInfo, JobSpec, Progress
+from daskjobs.jobs.model import JobInfo, JobSpec, JobSpecError, Progress
 from daskjobs.jobs.runner import INLINE
 from daskjobs.jobs.service import REFUSED
 
@@ -78,7 +78,9 @@ def submit(
     """Submit a job and return its handle.
 
     ``spec`` is a :class:`JobSpec` or a job name (then ``spec_kwargs`` are the rest of
-    the spec: ``kind=``, ``parts=``, ``params=``, ``team=``, ``retries=``, ...). What runs
+    the spec: ``kind=``, ``parts=``, ``params=``, ``team=``, ``retries=``, ...); a job that
+    names no team is its client's (the team it stated, or its certificate's where teams are
+    bound to identity: docs/how-to/teams.md). What runs
     is ``function`` (pickled into the store; the job then depends on this pickle) or the
     spec's ``target`` (``"module:function"``, importable on the workers: resubmitting
     from a new session gives the same job). It is called as
@@ -88,22 +90,83 @@ def submit(
     ``ledger`` and ``store`` apply when this call registers the service.
     """
     if isinstance(spec, str):
-        spec = JobSpec(spec, **spec_kwargs)
+        spec = JobSpec.from_json({"name": spec, **spec_kwargs})  # a field it lacks: named
+    elif not isinstance(spec, JobSpec):
+        raise JobSpecError(
+            "name",
+            f"JobSpec.name: expected a job name (a string) or a JobSpec, got {type(spec).__name__}",
+        )
     elif spec_kwargs:
         raise TypeError("give either a JobSpec or a name with keywords, not both")
-    if not isinstance(spec, JobSpec):
-        raise TypeError(f"expected a JobSpec or a job name, got {type(spec).__name__}")
     if function is None and not spec.target:
-        raise ValueError(
+        raise JobSpecError(
+            "target",
             f"daskjobs job {spec.name!r}: nothing to run (give a function or "
-            "target='module:function')"
+            "target='module:function')",
         )
     if function is not None and not callable(function):
         raise TypeError(f"daskjobs job {spec.name!r}: {function!r} is not callable")
+    if function is None:
+        _check_target(client, spec)  # before the ledger records anything
     _ensure_service(client, ledger, store)
     payload = cloudpickle.dumps(function) if function is not None else None
-    record = _call(client, "submit", spec=spec.to_json(), function=payload)
+    # the client's id: a job that names no team is its client's (the scheduler decides)
+    record = _call(client, "submit", spec=spec.to_json(), function=payload, client_id=client.id)
     return Job(client, record["job_id"])
+
+
+#: (scheduler id, target) pairs whose function the cluster was found to have: asked once
+#: per scheduler and target, not once per submission
+_resolved: set[tuple[str, str]] = set()
+
+
+def _resolvable(target: str) -> str | None:
+    """Run where the job will run: why ``target`` cannot be called there, or None."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    try:
+        fn: Any = importlib.import_module(module)
+        for attr in name.split("."):
+            fn = getattr(fn, attr)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None if callable(fn) else f"{name} is a {type(fn).__name__}, not a function"
+
+
+def _check_target(client: Any, spec: JobSpec) -> None:
+    """Refuse a ``module:function`` target the cluster cannot call (its module does not
+    import, or has no such function) before the job is recorded, as a sweep's stage
+    modules are checked: asked of every worker, where attempts run. With no worker
+    connected yet (a cluster that scales up) nothing is asked: the scheduler need not
+    import the target, and a target no worker can call fails its attempts, naming why."""
+    target = spec.target
+    if target.startswith("store:"):
+        return
+    scheduler_id = str(client.scheduler_info().get("id", ""))
+    if (scheduler_id, target) in _resolved:
+        return
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    if not workers:
+        return
+    names = {addr: str(w.get("name", addr)) for addr, w in workers.items()}
+    found = client.run(_resolvable, target, on_error="return")
+    failed = {
+        names.get(addr, addr): (f"{type(r).__name__}: {r}" if isinstance(r, BaseException) else r)
+        for addr, r in found.items()
+        if r is not None
+    }
+    if failed:
+        where = sorted(failed)
+        raise JobSpecError(
+            "target",
+            f"JobSpec.target: {target!r} cannot be called on this cluster ({failed[where[0]]} "
+            f"on {', '.join(where[:5])}{' and others' if len(where) > 5 else ''}); nothing "
+            "was recorded. Install its module where the workers run (the same environment "
+            "as this client), or pass the function itself: jobs.submit(client, name, function)",
+        )
+    if scheduler_id:
+        _resolved.add((scheduler_id, target))
 
 
 def list_jobs(client: Any, *, team: str | None = None, state: str | None = None) -> list[JobInfo]:

@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from daskjobs._options import json_option
+
 __all__ = ["jobs_command"]
 
 _LEDGER = click.option(
@@ -98,17 +100,17 @@ def _find(ledger: Any, job: str) -> Any:
 
 @click.group("ledger", cls=_LedgerCommands)
 def jobs_command() -> None:
-    """Jobs in the ledger: list, show, cancel, retry, migrate (docs/jobs.md).
+    """Jobs in the ledger: list, show, cancel, retry, migrate (docs/explanation/jobs.md).
 
-    ``daskjobs ledger ls`` (``dask jobs ledger ls`` as part of dask); the old name
-    ``daskjobs jobs`` still works, with a deprecation message."""
+    "daskjobs ledger ls" ("dask jobs ledger ls" as part of dask); the old name
+    "daskjobs jobs" still works, with a deprecation message."""
 
 
 @jobs_command.command("ls")
 @_LEDGER
 @click.option("--team", default=None, help="only this team's jobs")
 @click.option("--state", default=None, help="only jobs in this state (queued, running, ...)")
-@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@json_option
 def ls(url: str | None, team: str | None, state: str | None, as_json: bool) -> None:
     """List the ledger's jobs, oldest first."""
     from daskjobs._text import table
@@ -157,7 +159,7 @@ def ls(url: str | None, team: str | None, state: str | None, as_json: bool) -> N
 @jobs_command.command("show")
 @_LEDGER
 @click.argument("job")
-@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@json_option
 def show(url: str | None, job: str, as_json: bool) -> None:
     """A job's spec, attempts and history (JOB: its id, a prefix of it, or its name)."""
     ledger = _open(url)

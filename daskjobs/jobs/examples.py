@@ -1,7 +1,7 @@
-"""The three job shapes of docs/jobs.md, importable on every worker.
+"""The three job shapes of docs/explanation/jobs.md, importable on every worker.
 
 A job names its function as ``"module:function"`` so that any worker can import it and a
-resubmission from a new session is the same job (docs/jobs.md). These are small but
+resubmission from a new session is the same job (docs/explanation/jobs.md). These are small but
 real: a model trained by gradient descent with checkpoints, a batch of partitions
 scored with it, and an evaluation that stops when asked.
 """

@@ -32,6 +32,7 @@ right to write (a newer scheduler epoch, or a newer attempt of its part).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,6 +40,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+from daskjobs._text import shown
+from daskjobs.errors import SubmissionRefused
 
 __all__ = [
     "ATTEMPT_MOVES",
@@ -50,6 +54,7 @@ __all__ = [
     "JobInfo",
     "JobRecord",
     "JobSpec",
+    "JobSpecError",
     "Progress",
     "StaleTransition",
     "may_expire",
@@ -132,7 +137,9 @@ class JobSpec:
 
     name: str
     kind: str = "evaluation"
-    team: str = "default"
+    #: None: the team of the client that submits it (its certificate's, or the team it
+    #: stated, else ``daskjobs.teams.default``), decided by the scheduler at submission
+    team: str | None = None
     parts: int = 1
     target: str = ""
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -142,61 +149,19 @@ class JobSpec:
     retries: int = 2
     checkpoint_every: float | None = None  # seconds of work between checkpoints
     #: "te": interactive work a person waits for (the plugin's preemption serves it first,
-    #: docs/preemption.md); "be": best-effort, the default
+    #: docs/explanation/preemption.md); "be": best-effort, the default
     job_class: str = "be"
-    #: what each attempt's worker must have (docs/resources.md; placed by the plugin when
-    #: ``daskjobs.resources.enabled``): an accelerator type or list of types, memory per
+    #: what each attempt's worker must have (docs/explanation/resources.md; placed by the plugin
+    #: when ``daskjobs.resources.enabled``): an accelerator type or list of types, memory per
     #: device (``"40GB"``), a constraint over the worker's inventory
     accelerator: str | tuple[str, ...] | None = None
     gpu_memory: str | float | None = None
     constraint: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
-            raise ValueError(f"JobSpec.name: expected a non-empty name, got {self.name!r}")
-        if self.kind not in KINDS:
-            raise ValueError(f"JobSpec.kind: expected one of {', '.join(KINDS)}, got {self.kind!r}")
-        if not isinstance(self.team, str) or not self.team:
-            raise ValueError(f"JobSpec.team: expected a team name, got {self.team!r}")
-        if isinstance(self.parts, bool) or not isinstance(self.parts, int) or self.parts < 1:
-            raise ValueError(f"JobSpec.parts: expected an integer >= 1, got {self.parts!r}")
-        if self.kind != "inference" and self.parts != 1:
-            raise ValueError(f"JobSpec.parts: a {self.kind} job has one part, got {self.parts}")
-        if self.job_class not in ("te", "be"):
-            raise ValueError(
-                f"JobSpec.job_class: expected 'te' (interactive) or 'be' (best-effort), "
-                f"got {self.job_class!r}"
-            )
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"JobSpec.retries: expected an integer >= 0, got {self.retries!r}")
-        for name, value in (
-            ("deadline", self.deadline),
-            ("checkpoint_every", self.checkpoint_every),
-        ):
-            if value is not None and not (
-                isinstance(value, int | float) and math.isfinite(value) and value > 0
-            ):
-                raise ValueError(
-                    f"JobSpec.{name}: expected a positive number or None, got {value!r}"
-                )
-        for key, amount in self.resources.items():
-            if not (isinstance(amount, int | float) and math.isfinite(amount) and amount >= 0):
-                raise ValueError(
-                    f"JobSpec.resources[{key!r}]: expected a number >= 0, got {amount!r}"
-                )
         if isinstance(self.accelerator, list):
             object.__setattr__(self, "accelerator", tuple(self.accelerator))
-        if self.placement():
-            from daskjobs.policies.resources import Request, RequestError
-
-            try:
-                Request.from_annotations(self.placement(), what="JobSpec")
-            except RequestError as e:
-                raise ValueError(str(e)) from None
-        try:
-            json.dumps(dict(self.params), sort_keys=True)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"JobSpec.params: expected JSON-able values ({e})") from None
+        _check_spec(self)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -232,7 +197,37 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
-        return cls(**dict(data))
+        """The spec of :meth:`to_json`'s dict, checked as a new one is (a field it does
+        not know is a :class:`JobSpecError` too)."""
+        if not isinstance(data, Mapping):
+            raise JobSpecError("spec", f"JobSpec: expected a mapping of fields, got {_show(data)}")
+        unknown = sorted(str(k) for k in data if k not in _FIELDS)
+        if unknown:
+            raise JobSpecError(
+                unknown[0],
+                f"JobSpec: unknown field(s) {', '.join(map(_show, unknown))} (its fields: "
+                f"{', '.join(_FIELDS)})",
+            )
+        return cls(**{str(k): v for k, v in data.items()})
+
+    @classmethod
+    def from_record(cls, data: Mapping[str, Any]) -> JobSpec:
+        """The spec of a job the ledger holds, as recorded: checked as :meth:`from_json`
+        does, else (a job recorded by an earlier daskjobs, whose checks were looser) read
+        as it is, so that listing a ledger never fails on an old record."""
+        try:
+            return cls.from_json(data)
+        except JobSpecError:
+            spec = object.__new__(cls)
+            for f in dataclasses.fields(cls):
+                if f.name in data:
+                    value = data[f.name]
+                elif f.default is not dataclasses.MISSING:
+                    value = f.default
+                else:
+                    value = f.default_factory()  # type: ignore[operator]
+                object.__setattr__(spec, f.name, value)
+            return spec
 
     @property
     def job_id(self) -> str:
@@ -241,6 +236,157 @@ class JobSpec:
             json.dumps(self.to_json(), sort_keys=True).encode(), digest_size=8
         ).hexdigest()
         return f"{self.name}-{digest}"
+
+
+class JobSpecError(SubmissionRefused):
+    """A field of a :class:`JobSpec` that cannot be used: its message names the field
+    (``field``), the value given and what is expected. Raised where the spec is made (on
+    the client) and again by the scheduler's jobs service, before the ledger records
+    anything."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled to the client by the jobs service
+        return (type(self), (self.field, str(self)))
+
+
+#: The longest name and team (the ledger's columns hold 200 characters).
+MAX_NAME = 200
+#: The ledger's integer columns (parts, priority) hold 32-bit signed integers.
+MAX_INT32 = 2**31 - 1
+#: The most retries a part may have: each is an attempt recorded in the ledger.
+MAX_RETRIES = 1000
+#: The longest target text (``module:function``, ``store:KEY``).
+MAX_TARGET = 1000
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, shortened: a bad field can be huge."""
+    return shown(value, 60)
+
+
+def _bad(name: str, expected: str, value: Any) -> JobSpecError:
+    return JobSpecError(name, f"JobSpec.{name}: expected {expected}, got {_show(value)}")
+
+
+def _text(name: str, value: Any, longest: int) -> None:
+    """A non-empty printable string of at most ``longest`` characters."""
+    if not (isinstance(value, str) and value and len(value) <= longest and value.isprintable()):
+        raise _bad(name, f"a non-empty printable string of at most {longest} characters", value)
+
+
+def _integer(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _bad(name, f"an integer from {lo} to {hi}", value)
+
+
+def _positive_or_none(name: str, value: Any) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and value > 0):
+        raise _bad(name, "a positive number of seconds or None", value)
+
+
+def _is_dotted(text: str) -> bool:
+    return all(part.isidentifier() for part in text.split("."))
+
+
+def _check_target(target: Any) -> None:
+    """``""`` (a function is given instead), ``module:function`` (dotted names) or a
+    function kept in the store (``store:KEY``, what the service records for one)."""
+    if target == "":
+        return
+    if not isinstance(target, str) or len(target) > MAX_TARGET:
+        raise _bad("target", "a 'module:function' string", target)
+    module, sep, name = target.partition(":")
+    if module == "store" and sep and name.startswith("daskjobs-fn-") and name.isprintable():
+        return
+    if not (sep and _is_dotted(module) and _is_dotted(name)):
+        raise _bad("target", "a 'module:function' string (dotted Python names)", target)
+
+
+def _check_params(params: Any) -> None:
+    if not isinstance(params, Mapping):
+        raise _bad("params", "a mapping of argument names to JSON-able values", params)
+    for key in params:
+        if not (isinstance(key, str) and key):
+            raise _bad("params", "argument names as non-empty strings", key)
+    try:
+        json.dumps(dict(params), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise JobSpecError(
+            "params", f"JobSpec.params: expected JSON-able values, finite numbers ({e})"
+        ) from None
+
+
+def _check_resources(resources: Any) -> None:
+    if not isinstance(resources, Mapping):
+        raise _bad("resources", "a mapping such as {'GPU': 1}", resources)
+    for key, amount in resources.items():
+        if not (isinstance(key, str) and key and key.isprintable()):
+            raise _bad("resources", "resource names as non-empty strings", key)
+        ok = isinstance(amount, int | float) and not isinstance(amount, bool)
+        if not (ok and math.isfinite(amount) and amount >= 0):
+            raise JobSpecError(
+                "resources",
+                f"JobSpec.resources[{key!r}]: expected a number >= 0, got {_show(amount)}",
+            )
+
+
+def _check_spec(spec: JobSpec) -> None:
+    """Every field of ``spec``, type and range: a :class:`JobSpecError` naming the first
+    one that cannot be used (nothing else reaches the ledger or the scheduler)."""
+    _text("name", spec.name, MAX_NAME)
+    if not (isinstance(spec.kind, str) and spec.kind in KINDS):
+        raise _bad("kind", f"one of {', '.join(KINDS)}", spec.kind)
+    if spec.team is not None:  # None: the submitting client's team (the scheduler decides)
+        _text("team", spec.team, MAX_NAME)
+    _integer("parts", spec.parts, 1, MAX_INT32)
+    if spec.kind != "inference" and spec.parts != 1:
+        raise JobSpecError(
+            "parts", f"JobSpec.parts: a {spec.kind} job has one part, got {spec.parts}"
+        )
+    _check_target(spec.target)
+    _check_params(spec.params)
+    _check_resources(spec.resources)
+    _integer("priority", spec.priority, -MAX_INT32 - 1, MAX_INT32)
+    _positive_or_none("deadline", spec.deadline)
+    _integer("retries", spec.retries, 0, MAX_RETRIES)
+    _positive_or_none("checkpoint_every", spec.checkpoint_every)
+    if not (isinstance(spec.job_class, str) and spec.job_class in ("te", "be")):
+        raise JobSpecError(
+            "job_class",
+            "JobSpec.job_class: expected 'te' (interactive) or 'be' (best-effort), "
+            f"got {_show(spec.job_class)}",
+        )
+    acc = spec.accelerator
+    if acc is not None and not (
+        (isinstance(acc, str) and acc)
+        or (isinstance(acc, tuple) and acc and all(isinstance(a, str) and a for a in acc))
+    ):
+        raise _bad("accelerator", "a type such as 'A100', a list of types, or None", acc)
+    mem = spec.gpu_memory
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, str | int | float)):
+        raise _bad("gpu_memory", "a size such as '40GB', a number of bytes, or None", mem)
+    if spec.constraint is not None and not isinstance(spec.constraint, str):
+        raise _bad(
+            "constraint", "an expression over the worker's inventory, or None", spec.constraint
+        )
+    if spec.placement():
+        from daskjobs.policies.resources import Request, RequestError
+
+        for name, value in spec.placement().items():  # each alone: the error names it
+            try:
+                Request.from_annotations({name: value}, what="JobSpec")
+            except RequestError as e:
+                raise JobSpecError(name, str(e)) from None
+
+
+#: A spec's fields, in order (what :meth:`JobSpec.from_json` knows).
+_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 
 
 @dataclass(frozen=True)
@@ -274,11 +420,11 @@ class JobInfo:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> JobInfo:
         """From the service's JSON of a job (epoch seconds, the spec as JSON)."""
-        spec = JobSpec.from_json(d["spec"])
+        spec = JobSpec.from_record(d["spec"])
         return cls(
             job_id=str(d["job_id"]),
             name=spec.name,
-            team=spec.team,
+            team=spec.team or "",
             kind=spec.kind,
             parts=spec.parts,
             state=str(d["state"]),

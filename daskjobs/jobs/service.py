@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import hashlib
+import json
 import logging
 import pickle
 import time
@@ -46,8 +48,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs.cache.store import ResultStore, default_store_url
 from daskjobs.config import JobsSettings, jobs_settings
-from daskjobs.errors import SubmissionRefused
-from daskjobs.jobs.ledger import Ledger, LedgerError, default_url, reason, safe_url
+from daskjobs.errors import SubmissionRefused, over_limit
+from daskjobs.jobs.ledger import Fenced, Ledger, LedgerError, default_url, reason, safe_url
 from daskjobs.jobs.model import (
     AttemptRecord,
     JobSpec,
@@ -57,7 +59,7 @@ from daskjobs.jobs.model import (
     responsive,
 )
 from daskjobs.jobs.runner import Order, Prepare, run_attempt
-from daskjobs.plugin._internals import install_worker_plugin
+from daskjobs.plugin._internals import install_worker_plugin, peer_names
 from daskjobs.plugin.ranking import UnknownTeam
 
 __all__ = ["JobsService", "attempt_key"]
@@ -84,6 +86,9 @@ class _Plan:
     drop: list[str] = field(default_factory=list)  # keys of attempts the ledger ended
     more: bool = False  # parts left to start: another start pass once dask wants them
 
+
+#: The operations that write to the ledger: refused once the service is fenced.
+WRITES = frozenset({"submit", "cancel", "retry"})
 
 #: Submissions within this many seconds share one start pass (the first of a burst
 #: wakes one at once; the rest share the next, this long after).
@@ -144,6 +149,9 @@ class JobsService(SchedulerPlugin):
         self._events: collections.deque[tuple[str, str, str]] = collections.deque()
         self.dropped = 0
         self.unreachable_since: float | None = None
+        #: set once a newer scheduler took the ledger (:meth:`_fence`): what the service
+        #: says about it (its status, its refusals); the service then stops ticking
+        self.fenced: dict[str, Any] | None = None
         self.last_error = ""
         self.launched = 0
         self.ticks = 0
@@ -171,6 +179,9 @@ class JobsService(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
+        # the admission limits are the scheduler's: a client that registers the service
+        # does not bring its own
+        self.settings = dataclasses.replace(self.settings, admission=jobs_settings().admission)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="daskjobs-ledger")
         # the ledger opened and this scheduler's epoch taken before anything is served: a
         # ledger that cannot be used stops the scheduler, naming the setting (an outage
@@ -194,12 +205,36 @@ class JobsService(SchedulerPlugin):
             if self.ledger is None:
                 self.ledger = Ledger(url, busy_timeout=5.0)
             if self.epoch is None:
-                self.epoch = self.ledger.acquire_epoch(f"scheduler {self.scheduler.address}")
+                before = self.ledger.holder()
+                self.epoch = self.ledger.acquire_epoch(self._owner())
+                self._tell_takeover(before)
                 self._reconcile_start(self.ledger, self.epoch)
         except LedgerError:
             raise
         except (sa.exc.SQLAlchemyError, OSError) as e:
             raise LedgerError(f"cannot use the jobs ledger {_safe(url)}: {reason(e)}") from e
+
+    def _owner(self) -> str:
+        return f"scheduler {self.scheduler.address}"
+
+    def _tell_takeover(self, before: Any) -> None:
+        """Say at start whose epoch this scheduler took: a scheduler still running on the
+        ledger (heard from within a lease) is fenced now and says so in its own log."""
+        if not before.epoch:
+            return
+        now = time.time()
+        recent = before.seen is not None and now - before.seen < self.settings.lease
+        (logger.warning if recent else logger.info)(
+            "daskjobs jobs service took over the ledger %s at epoch %d from %s%s",
+            _safe(self.url),
+            self.epoch,
+            before.describe(now),
+            ": that scheduler still ran a moment ago; it is fenced now, stops launching "
+            "jobs and says so in its log (two schedulers on one ledger: the last one "
+            "started owns it)"
+            if recent
+            else "",
+        )
 
     def _setting(self) -> str:
         """The setting that chose the ledger, as the operator wrote it."""
@@ -261,6 +296,8 @@ class JobsService(SchedulerPlugin):
             logger.exception("daskjobs jobs: transition of %r", key)
 
     def _queue(self, kind: str, key: str, detail: str) -> None:
+        if self.fenced is not None:  # the ledger's holder reconciles them
+            return
         if len(self._events) >= self.settings.backlog:
             self._events.popleft()
             self.dropped += 1
@@ -277,12 +314,50 @@ class JobsService(SchedulerPlugin):
                 await self._tick()
             except asyncio.CancelledError:
                 raise
+            except Fenced as e:  # a newer scheduler took the ledger: said once, then stop
+                await self._fence(e)
+                return
             except Exception as e:  # never fatal to the scheduler
                 self.last_error = f"{type(e).__name__}: {e}"
                 logger.exception("daskjobs jobs service: tick failed")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.interval)
             self._wake.clear()
+
+    async def _fence(self, e: Fenced) -> None:
+        """A newer scheduler took the ledger (``e``): log one ERROR naming its epoch and
+        holder, and stop. From here the service neither launches nor renews nor expires
+        (the holder does), :meth:`status` says ``fenced`` and every submission, cancel
+        and retry is refused with the same message. Idempotent."""
+        if self.fenced is not None:
+            return
+        holder = None
+        with contextlib.suppress(Exception):  # the message names what it can
+            assert self.ledger is not None
+            holder = await self._ledger_call(self.ledger.holder)
+        now = time.time()
+        newer = holder.describe(now) if holder is not None else f"epoch {e.current}"
+        message = (
+            f"daskjobs jobs service on this scheduler is fenced: the ledger {_safe(self.url)} "
+            f"was taken over by a newer scheduler ({newer}; this one held epoch {e.epoch}). "
+            "It no longer launches, renews or expires attempts and refuses submissions, "
+            "cancels and retries: the scheduler that holds the ledger runs its jobs. Restart "
+            "this scheduler to take the ledger back (it then fences the other)."
+        )
+        self.fenced = {
+            "epoch": e.epoch,
+            "by_epoch": holder.epoch if holder is not None else e.current,
+            "holder": holder.holder if holder is not None else None,
+            "since": now,
+            "message": message,
+        }
+        self.last_error = message
+        self._events.clear()
+        logger.error("%s", message)
+
+    def _refusal(self) -> Fenced:
+        assert self.fenced is not None
+        return Fenced(self.fenced["epoch"], self.fenced["by_epoch"], self.fenced["message"])
 
     async def _ledger_call(self, fn: Any, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -295,6 +370,11 @@ class JobsService(SchedulerPlugin):
             self.client = await Client(
                 self.scheduler.address, asynchronous=True, name="daskjobs-jobs"
             )
+            # the service's own client launches attempts of jobs whose team was decided at
+            # submission: the plugin takes their team annotations as they are
+            teams = getattr(self.scheduler.plugins.get("daskjobs"), "identities", None)
+            if teams is not None:
+                teams.trust(self.client.id)
         tasks = self.scheduler.tasks
         workers = self.scheduler.workers
         # every tick applies dask's reports, probes the database and expires leases; the
@@ -416,7 +496,8 @@ class JobsService(SchedulerPlugin):
             # (and its class: an interactive job's attempts take resources back from
             # best-effort tasks when the plugin's preemption is on)
             # (and what their workers must have: the plugin's resource placement)
-            with dask.annotate(team=spec.team, job_class=spec.job_class, **spec.placement()):
+            team = {"team": spec.team} if spec.team is not None else {}
+            with dask.annotate(**team, job_class=spec.job_class, **spec.placement()):
                 futures = self.client.map(
                     run_attempt,
                     orders,
@@ -444,7 +525,7 @@ class JobsService(SchedulerPlugin):
             self.ledger = Ledger(self.url, busy_timeout=5.0)
         ledger = self.ledger
         if self.epoch is None:
-            self.epoch = ledger.acquire_epoch(f"scheduler {self.scheduler.address}")
+            self.epoch = ledger.acquire_epoch(self._owner())
             self._reconcile_start(ledger, self.epoch)
         epoch = self.epoch
         plan = _Plan()
@@ -569,20 +650,32 @@ class JobsService(SchedulerPlugin):
                     )
 
     # -- the RPC ------------------------------------------------------------------------------
-    async def _rpc(self, action: str, **kw: Any) -> Any:
+    async def _rpc(self, comm: Any, action: str, **kw: Any) -> Any:
         op = action
         if op == "status":
             return self.status()
         fn = getattr(self, f"_op_{op}", None)
         if fn is None:
             raise ValueError(f"daskjobs jobs: unknown operation {op!r}")
+        if self.fenced is not None and op in WRITES:
+            return {REFUSED: pickle.dumps(self._refusal())}
         try:
+            if op == "submit":  # its team, decided here, where the plugin is
+                kw = self._decide_team(comm, kw)
             result = await self._ledger_call(self._with_ledger, fn, kw)
-        except ValueError as e:
-            # the client's own input (a refused job, a bad spec): its error, not a traceback
-            # in the scheduler's log (dask logs what an RPC handler raises)
+        except Fenced as e:
+            await self._fence(e)
+            return {REFUSED: pickle.dumps(self._refusal())}
+        except (ValueError, TypeError, LedgerError) as e:
+            # the client's own input (a refused job, a bad spec, an unknown job): its error,
+            # not a traceback in the scheduler's log (dask logs what an RPC handler raises)
             logger.info("daskjobs jobs: %s refused: %s", op, e)
             return {REFUSED: pickle.dumps(e)}
+        except sa.exc.SQLAlchemyError as e:
+            # never the database's own error and SQL text: one line naming the ledger
+            logger.warning("daskjobs jobs: %s failed in the ledger: %s", op, reason(e))
+            error = LedgerError(f"daskjobs ledger {_safe(self.url)}: {op} failed: {reason(e)}")
+            return {REFUSED: pickle.dumps(error)}
         if op in ("submit", "retry", "cancel") and self._wake is not None:
             self._dirty = True
             if op == "cancel":  # release its attempts' tasks at once: a full pass
@@ -598,6 +691,32 @@ class JobsService(SchedulerPlugin):
                 self._soon = True
                 asyncio.get_running_loop().call_later(SUBMIT_WINDOW, self._wake_soon)
         return result
+
+    def _decide_team(self, comm: Any, kw: dict[str, Any]) -> dict[str, Any]:
+        """``kw`` of a submission with its job's team decided: the team it names, else its
+        client's (``client_id``: the submitting client's id), as the scheduler's daskjobs plugin
+        sees it (teams bound to certificates: the request's connection decides, and a job
+        naming another team is refused: :meth:`ClientTeams.job_team
+        <daskjobs.plugin.identity.ClientTeams.job_team>`); ``by``: the identity that
+        submitted it."""
+        kw = dict(kw)
+        client = kw.pop("client_id", None)
+        spec = dict(kw["spec"])
+        teams = getattr(self.scheduler.plugins.get("daskjobs"), "identities", None)
+        names = peer_names(comm)
+        if teams is not None:
+            name = str(spec.get("name"))
+            spec["team"] = teams.job_team(client, names, spec.get("team"), name)
+            identity = teams.whose(names)[0]
+        else:
+            identity = names[0] if names else None
+        if spec.get("team") is None:
+            from daskjobs.jobs.ledger.jobs import _default_team
+
+            spec["team"] = _default_team()
+        kw["spec"] = spec
+        kw["by"] = identity
+        return kw
 
     def _wake_soon(self) -> None:
         self._soon = False
@@ -616,8 +735,20 @@ class JobsService(SchedulerPlugin):
         spec: dict[str, Any],
         function: bytes | None = None,
         attach: list[Any] | None = None,
+        by: str | None = None,
     ) -> Any:
-        job = JobSpec.from_json(spec)
+        self._admit(spec, function, attach)
+        job = JobSpec.from_json(spec)  # every field checked, before anything is stored
+        limit = self.settings.admission.job_parts
+        if limit is not None and job.parts > limit:
+            raise over_limit(
+                f"job {job.name!r}'s parts",
+                job.parts,
+                "daskjobs.admission.job-parts",
+                limit,
+                "parts",
+                "Submit it as several jobs of fewer parts, or ask the operator to raise the limit.",
+            )
         if attach is not None:
             # a submitted sweep's pickle (daskjobs.jobs.sweeps), under a key naming its
             # content: the first one of that content is kept
@@ -659,8 +790,33 @@ class JobsService(SchedulerPlugin):
                 )
             except SubmissionRefused as e:
                 raise type(e)(f"daskjobs job {job.name!r}: its attempts are refused: {e}") from None
-        record = ledger.submit(job, self.epoch)
+        record = ledger.submit(job, self.epoch, by=by)
         return _job_json(record)
+
+    def _admit(self, spec: Any, function: Any, attach: Any) -> None:
+        """The submission's bytes against ``daskjobs.admission.job-bytes`` (its spec as
+        JSON, its pickled function, a sweep's pickle), before anything is read from it."""
+        limit = self.settings.admission.job_bytes
+        if limit is None:
+            return
+        try:
+            size = len(json.dumps(spec, default=str))
+        except (TypeError, ValueError, RecursionError):
+            size = 0  # not JSON: JobSpec.from_json names the field
+        for blob in (function, *(attach or ())[1:2]):
+            if isinstance(blob, bytes | bytearray | memoryview):
+                size += len(blob)
+        if size > limit:
+            name = spec.get("name") if isinstance(spec, dict) else None
+            raise over_limit(
+                f"job {name!r}'s submission (its spec as JSON and its pickled function or sweep)",
+                size,
+                "daskjobs.admission.job-bytes",
+                limit,
+                "bytes",
+                "Pass large inputs through the store or a file the job reads, not as "
+                "parameters or in the function's closure.",
+            )
 
     def _op_job(self, ledger: Ledger, job_id: str) -> Any:
         status = ledger.job_status(job_id)
@@ -704,7 +860,15 @@ class JobsService(SchedulerPlugin):
         return ledger.metrics()
 
     def status(self) -> dict[str, Any]:
+        if self.fenced is not None:
+            state = "fenced"
+        elif self.unreachable_since is not None or self.ledger is None:
+            state = "unreachable"
+        else:
+            state = "serving"
         return {
+            "state": state,
+            "fenced": dict(self.fenced) if self.fenced is not None else None,
             "ledger": _safe(self.url),
             "store": self.store_url,
             "epoch": self.epoch,

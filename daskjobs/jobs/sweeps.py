@@ -94,7 +94,13 @@ def submit_sweep(
         **spec_kwargs,
     )
     _ensure_service(client, ledger, job_store)
-    record = _call(client, "submit", spec=spec.to_json(), attach=[key, cloudpickle.dumps(sweep)])
+    record = _call(
+        client,
+        "submit",
+        spec=spec.to_json(),
+        attach=[key, cloudpickle.dumps(sweep)],
+        client_id=client.id,
+    )
     return Job(client, record["job_id"])
 
 

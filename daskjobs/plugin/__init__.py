@@ -1,6 +1,6 @@
 """The daskjobs scheduler plugin (imports ``distributed``; the policies do not).
 
-``JobsPlugin`` and ``UnknownTeam`` are imported on first use (PEP 562), so that
+``JobsPlugin``, ``UnknownTeam`` and ``TeamRefused`` are imported on first use (PEP 562), so that
 ``daskjobs.plugin.cli`` and ``daskjobs --help`` do not load ``distributed``.
 """
 
@@ -9,16 +9,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from daskjobs.plugin.identity import TeamRefused
     from daskjobs.plugin.plugin import JobsPlugin, UnknownTeam
 
-__all__ = ["JobsPlugin", "UnknownTeam"]
+__all__ = ["JobsPlugin", "TeamRefused", "UnknownTeam"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from daskjobs.plugin import plugin
+        import importlib
 
-        value = getattr(plugin, name)
+        home = "identity" if name == "TeamRefused" else "plugin"
+        value = getattr(importlib.import_module(f"daskjobs.plugin.{home}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'daskjobs.plugin' has no attribute {name!r}")

@@ -21,8 +21,16 @@ it does to dask and each with a small behavioural self-check that
 stand-in, its own heap on two probes, its own slot count on a worker it makes), so a
 release that changes what a verb relies on is named at start, with the verb:
 
-* :func:`wrap_priorities` / :func:`unwrap_priorities` / :func:`set_priority` - ranking;
+* :func:`wrap_priorities` / :func:`unwrap_priorities` / :func:`set_priority` - ranking (and
+  which client sent each graph: :class:`NewGraph`);
+* :func:`watch_clients` / :func:`unwatch_clients` and :func:`peer_names` - each client's
+  certificate, read as it connects, where teams are bound to identity (checked at start only
+  there: :func:`check_identity_verbs`);
+* :func:`task_call` and :func:`references` - what a task calls (``TaskState.run_spec``'s
+  function, arguments and keywords, read only), the stage and parameters of a plain task;
 * :func:`wrap_stream_handler` / :func:`unwrap_stream_handler` - the start reports;
+* :func:`wrap_graph_handler` and :func:`refuse_unread` - admission limits: a client's graph
+  weighed before dask reads it, and refused without being read;
 * :func:`reprioritize` - re-ranking a stage's waiting tasks as its estimates improve, in
   dask's queue and (through the worker plugin and its sibling module
   :mod:`daskjobs.plugin._worker_internals`, whose verbs a worker checks at setup) in the
@@ -31,16 +39,23 @@ release that changes what a verb relies on is named at start, with the verb:
   :func:`withhold_slots`, :func:`restore_slots` - the release gate;
 * :func:`fail_tasks` - a refused submission's tasks err with the refusal;
 * :func:`ensure_client`, :func:`has_worker_plugin`, :func:`install_worker_plugin`,
-  :func:`remove_worker_plugin`, :func:`http_router` - clients, worker plugins, pages;
+  :func:`remove_worker_plugin`, :func:`closing`, :func:`http_router` - clients, worker plugins,
+  pages;
 * :func:`add_copy` and :func:`redirect` - speculation (below).
 
-What is used, and why (see docs/plugin.md and the research notes):
+What is used, and why (see docs/how-to/load-the-plugin.md and the research notes):
 
 * ``Scheduler._set_priorities(*, internal_priority, submitting_task, user_priority,
   fifo_timeout, start, tasks)`` - wrapped on the instance so that estimate-based
   priorities are in place *before* the scheduler sorts the first recommendations
   of a new graph; a rewrite in the public ``update_graph`` hook comes too late for
-  the first slots.
+  the first slots. ``Scheduler._create_taskstate_from_graph(*, client, ...)``, which calls
+  it synchronously, is wrapped too, to know the graph's client there.
+* ``Scheduler.handlers["register-client"]`` (``add_client(comm, client, versions)``, which
+  serves the client's stream while it is connected) - wrapped where teams are bound to
+  certificates: the connection's ``extra_info["peercert"]`` is read as the client connects,
+  and the connection's ``read`` is wrapped so that an ``update-graph`` message names the
+  stream's own client (dask's ``handle_stream`` lets a message's keys override the stream's).
 * ``TaskState.priority`` - a tuple of numbers, lower runs first; dask's own is
   ``(-user_priority, generation, order)``. The plugin makes it
   ``(-user_priority, policy_key, generation, order)``.
@@ -96,6 +111,7 @@ restricting it to the chosen worker and recommending ``processing`` through
 
 from __future__ import annotations
 
+import functools
 import heapq
 import inspect
 import math
@@ -114,12 +130,15 @@ __all__ = [
     "REQUIRED_SCHEDULER_ATTRS",
     "SELF_CHECKS",
     "DaskInternalsError",
+    "NewGraph",
     "Pinned",
     "add_copy",
     "ask_to_yield",
+    "check_identity_verbs",
     "check_preemption_verbs",
     "check_scheduler",
     "check_versions",
+    "closing",
     "compute_seconds",
     "ensure_client",
     "fail_tasks",
@@ -129,6 +148,7 @@ __all__ = [
     "http_router",
     "idle_workers",
     "install_worker_plugin",
+    "peer_names",
     "pending_count",
     "pin",
     "pinned",
@@ -137,16 +157,23 @@ __all__ = [
     "promote",
     "queued_tasks",
     "redirect",
+    "references",
+    "refuse_unread",
     "release",
     "remove_worker_plugin",
     "reprioritize",
     "restore_slots",
     "set_priority",
+    "state_count",
     "steal_in_order",
+    "task_call",
     "unpin",
+    "unwatch_clients",
     "unwrap_priorities",
     "unwrap_stream_handler",
+    "watch_clients",
     "withhold_slots",
+    "wrap_graph_handler",
     "wrap_priorities",
     "wrap_stream_handler",
 ]
@@ -177,6 +204,7 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "extensions": "speculation: move tasks off a worker whose thread a zombie holds",
     "stream_comms": "preemption and gangs: ask running tasks to yield; re-ranking on workers",
     "register_worker_plugin": "the start and inventory reporters on every worker",
+    "client_comms": "admission: tell a client its graph was refused unread",
 }
 
 #: TaskState attributes read or written by add_copy / redirect.
@@ -221,10 +249,11 @@ def check_versions(dask_version: str, distributed_version: str) -> list[str]:
     ]
 
 
-def check_scheduler(scheduler: Any) -> None:
+def check_scheduler(scheduler: Any, identities: bool = False) -> None:
     """Raise :class:`DaskInternalsError` if the installed dask or distributed is older than
     :data:`LOWEST_SUPPORTED` or lacks anything the plugin uses, naming the installed
-    versions, the lowest supported one and each missing attribute."""
+    versions, the lowest supported one and each missing attribute. ``identities``: the
+    identity verbs too (teams bound to certificates: :func:`check_identity_verbs`)."""
     import dask
     import distributed
 
@@ -256,6 +285,8 @@ def check_scheduler(scheduler: Any) -> None:
         # every attribute is there: does each verb still behave as it relies on?
         missing += _self_check(scheduler)
         missing += check_preemption_verbs(scheduler)
+        if identities:
+            missing += check_identity_verbs(scheduler)
     if not (too_old or missing):
         return
     from daskjobs import __version__
@@ -406,23 +437,48 @@ def _expect(ok: bool, what: str) -> None:
 # ---- ranking: estimate-based priorities before the first dispatch -----------------------------
 
 
-def wrap_priorities(sched: Scheduler, after: Callable[[Iterable[TaskState]], bool]) -> None:
-    """Call ``after(tasks)`` each time dask has given a new graph's tasks their priorities
-    (``Scheduler._set_priorities``), before it sorts their first recommendations.
+class NewGraph(NamedTuple):
+    """What :func:`wrap_priorities` tells of each new graph: the tasks dask just gave their
+    priorities, the id of the client that sent it (None if dask did not say), and the key
+    of the task that submitted it from a worker (``worker_client``), if any."""
+
+    tasks: Iterable[TaskState]
+    client: str | None
+    submitting_task: Key | None
+
+
+def wrap_priorities(sched: Scheduler, after: Callable[[NewGraph], bool]) -> None:
+    """Call ``after(graph)`` (a :class:`NewGraph`) each time dask has given a new graph's
+    tasks their priorities (``Scheduler._set_priorities``), before it sorts their first
+    recommendations. The graph's client is the ``client`` dask's
+    ``Scheduler._create_taskstate_from_graph`` was called with (synchronous: it calls
+    ``_set_priorities`` within the same call, and nothing else runs in between).
     ``after`` returning False unwraps (a plugin unregistered without ``close``). A wrap of
     an earlier registration is undone first. O(1) added per graph."""
     unwrap_priorities(sched)
     original = sched._set_priorities
+    create = sched._create_taskstate_from_graph
     signature = inspect.signature(original)
+    sending: list[str | None] = [None]  # the client of the graph dask is creating, innermost last
+
+    def _create_taskstate_from_graph(*args: Any, **kwargs: Any) -> Any:
+        sending.append(kwargs.get("client"))
+        try:
+            return create(*args, **kwargs)
+        finally:
+            sending.pop()
 
     def _set_priorities(*args: Any, **kwargs: Any) -> None:
         original(*args, **kwargs)
-        tasks = signature.bind(*args, **kwargs).arguments["tasks"]
-        if after(tasks) is False and sched._set_priorities is _set_priorities:
+        bound = signature.bind(*args, **kwargs).arguments
+        graph = NewGraph(bound["tasks"], sending[-1], bound.get("submitting_task"))
+        if after(graph) is False and sched._set_priorities is _set_priorities:
             unwrap_priorities(sched)
 
     sched._set_priorities = _set_priorities  # type: ignore[method-assign]
+    sched._create_taskstate_from_graph = _create_taskstate_from_graph  # type: ignore[method-assign]
     sched._daskjobs_wrapped = original  # type: ignore[attr-defined]
+    sched._daskjobs_wrapped_create = create  # type: ignore[attr-defined]
 
 
 def unwrap_priorities(sched: Scheduler) -> bool:
@@ -432,6 +488,10 @@ def unwrap_priorities(sched: Scheduler) -> bool:
         return False
     sched._set_priorities = original  # type: ignore[method-assign]
     sched._daskjobs_wrapped = None  # type: ignore[attr-defined]
+    create = getattr(sched, "_daskjobs_wrapped_create", None)
+    if create is not None:
+        sched._create_taskstate_from_graph = create  # type: ignore[method-assign]
+        sched._daskjobs_wrapped_create = None  # type: ignore[attr-defined]
     return True
 
 
@@ -449,13 +509,25 @@ def pending_count(sched: Scheduler, states: Iterable[str]) -> int:
     """How many of the scheduler's tasks are in one of ``states`` now, from the state
     counts dask keeps per task group (``TaskGroup.states``): O(task groups), never a
     scan of the tasks. -1 (matches no count) if this release keeps no such counts."""
-    groups = getattr(sched, "task_groups", None)
+    return _counted(getattr(sched, "task_groups", None), states)
+
+
+def state_count(sched: Scheduler, states: Iterable[str]) -> int:
+    """How many of the scheduler's tasks are in one of ``states`` now, from the state counts
+    dask keeps per task prefix (``TaskPrefix.states``, a function's name: a handful, where a
+    ``client.map`` makes a task group per task): O(prefixes). -1 if this release keeps none."""
+    return _counted(getattr(sched, "task_prefixes", None), states)
+
+
+def _counted(groups: Any, states: Iterable[str]) -> int:
+    """The sum of ``states``' counts over ``groups`` (task groups or prefixes, by name), or
+    -1 if there are none or one keeps no ``states`` counts."""
     if groups is None:
         return -1
     wanted = tuple(states)
     total = 0
-    for tg in list(groups.values()):
-        counts = getattr(tg, "states", None)
+    for group in list(groups.values()):
+        counts = getattr(group, "states", None)
         if counts is None:
             return -1
         for s in wanted:
@@ -510,6 +582,118 @@ def _check_priorities(sched: Any) -> None:
         isinstance(p, tuple) and len(p) == 3 and p[0] == -3 and p[2] == 7,
         f"a new task's priority is {p!r}, not (-user priority, generation, order)",
     )
+    _expect("submitting_task" in params, "Scheduler._set_priorities takes no 'submitting_task'")
+    _check_graph_client(sched)
+
+
+class _Reached(Exception):
+    """The stand-in's ``_set_priorities`` was called (with these keywords)."""
+
+
+class _GraphStub:
+    """What dask's ``_create_taskstate_from_graph`` reads of its scheduler before it sets
+    priorities, for the self-check: an idle scheduler that makes no tasks."""
+
+    def __init__(self) -> None:
+        self.is_idle = True
+        self.computations: list[Any] = []
+        self.extensions: dict[str, Any] = {}
+
+    def _generate_taskstates(self, **kwargs: Any) -> tuple[Any, ...]:
+        if "dependencies" in kwargs:  # releases before 2025.12: (runnable, touched, new, n)
+            return set(), set(), set(), 0
+        return set(), set(), 0
+
+    def _apply_annotations(self, **kwargs: Any) -> set[Any]:
+        return set()
+
+    def _set_priorities(self, **kwargs: Any) -> None:
+        raise _Reached(kwargs)
+
+
+def _check_graph_client(sched: Any) -> None:
+    # the graph's client is the keyword dask's own _create_taskstate_from_graph takes, and
+    # that method sets the new graph's priorities within the call (what the wrap relies on)
+    bound = getattr(sched, "_daskjobs_wrapped_create", None) or sched._create_taskstate_from_graph
+    method = getattr(bound, "__func__", None)
+    if method is None:
+        raise AssertionError("Scheduler._create_taskstate_from_graph is not a method")
+    client = inspect.signature(method).parameters.get("client")
+    _expect(
+        client is not None and client.kind == inspect.Parameter.KEYWORD_ONLY,
+        "Scheduler._create_taskstate_from_graph takes no keyword 'client'",
+    )
+    kwargs: dict[str, Any] = dict(
+        start=0.0,
+        dsk={},
+        keys=set(),
+        ordered={},
+        client="daskjobs-check",
+        annotations_by_type={},
+        global_annotations=None,
+        stimulus_id="daskjobs-check",
+        submitting_task="daskjobs-check-parent",
+        span_metadata={},
+    )
+    if "dependencies" in inspect.signature(method).parameters:  # (releases before 2025.12)
+        kwargs["dependencies"] = {}
+    try:
+        method(_GraphStub(), **kwargs)
+    except _Reached as e:
+        (given,) = e.args
+        _expect(
+            given.get("submitting_task") == "daskjobs-check-parent",
+            "the graph's submitting task does not reach _set_priorities",
+        )
+        return
+    raise AssertionError("Scheduler._create_taskstate_from_graph does not set priorities")
+
+
+# ---- ranking: what a task calls ----------------------------------------------------------------
+
+
+@functools.cache
+def references() -> tuple[type, ...]:
+    """The types that stand for another task's output (or a nested call) in the arguments
+    :func:`task_call` gives."""
+    from dask._task_spec import GraphNode, TaskRef
+
+    return (TaskRef, GraphNode)
+
+
+def task_call(ts: TaskState) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+    """``(function, args, kwargs)`` of the call ``ts`` runs, as the client wrote it (an
+    input that is another task's output appears as an instance of :func:`references`);
+    None for a task that calls nothing (an alias, data) or a run spec of another kind.
+    Read only, O(1): the arguments are dask's own objects, never copied."""
+    spec = getattr(ts, "run_spec", None)
+    func = getattr(spec, "func", None)
+    if func is None:
+        return None
+    args = getattr(spec, "args", ())
+    kwargs = getattr(spec, "kwargs", None)
+    return func, args if isinstance(args, tuple) else tuple(args), kwargs or {}
+
+
+@_checks("task_call")
+def _check_task_call(sched: Any) -> None:
+    from dask._task_spec import Alias, Task, TaskRef
+
+    def f(n: int, window: int = 1) -> int:
+        return n
+
+    probe: Any = _Probe("daskjobs-check")
+    probe.run_spec = Task("daskjobs-check", f, 5, TaskRef("other"), window=3)
+    got = task_call(probe)
+    _expect(got is not None, "a Task run spec has no func")
+    assert got is not None
+    func, args, kwargs = got
+    _expect(func is f, "Task.func is not the function")
+    _expect(args[0] == 5 and len(args) == 2, f"Task.args is {args!r}, not (5, TaskRef)")
+    _expect(isinstance(args[1], references()), "an input is not a TaskRef")
+    _expect(kwargs == {"window": 3}, f"Task.kwargs is {kwargs!r}, not {{'window': 3}}")
+    probe.run_spec = Alias("daskjobs-check", "other")
+    _expect(task_call(probe) is None, "an Alias calls a function")
 
 
 # ---- start reports: a worker stream handler, wrapped ------------------------------------------
@@ -547,6 +731,109 @@ def _check_stream_handler(sched: Any) -> None:
     handler = sched.stream_handlers.get("log-event")
     _expect(callable(handler), "no stream handler 'log-event'")
     inspect.signature(handler).bind(worker="tcp://w:1", topic="t", msg={})
+
+
+# ---- admission: a client's graph, before dask reads it ----------------------------------------
+
+#: A refused graph of at most this many keys fails each key's future with the refusal (one
+#: message a key, as dask reports a graph it cannot read); a larger one is cancelled in one
+#: message carrying the refusal's text (one message a key would cost as much as the graph).
+ERR_EACH = 1000
+
+
+def wrap_graph_handler(
+    sched: Scheduler, before: Callable[[str, int, int], BaseException | bool | None]
+) -> tuple[Any, Any, Any]:
+    """Wrap dask's handler of a client's ``update-graph`` message: ``before(client, keys,
+    nbytes)`` sees each graph before dask deserialises or builds it (``keys``: how many keys
+    the client asks for; ``nbytes``: the size of the graph as sent, pickled) and returns None
+    (dask goes on), False (step aside: unwrap) or the error that refuses the graph, which
+    dask then never reads: :func:`refuse_unread` tells the client. An exception ``before``
+    raises lets the graph through. O(1) per graph. Returns the handle for
+    :func:`unwrap_stream_handler`."""
+    name = "update-graph"
+    original = sched.stream_handlers[name]
+
+    async def handler(**msg: Any) -> Any:
+        client = msg.get("client")
+        keys = msg.get("keys") or ()
+        try:
+            verdict = before(str(client), len(keys), _graph_bytes(msg.get("expr_ser")))
+        except Exception:  # a failing check never stops dask taking graphs
+            verdict = None
+        if verdict is False:
+            if sched.stream_handlers.get(name) is handler:
+                sched.stream_handlers[name] = original
+        elif isinstance(verdict, BaseException):
+            refuse_unread(sched, str(client), keys, verdict)
+            return None
+        return await original(**msg)
+
+    handler.__wrapped__ = original  # type: ignore[attr-defined]  # its signature: dask's
+    sched.stream_handlers[name] = handler
+    return (name, original, handler)
+
+
+def _graph_bytes(expr_ser: Any) -> int:
+    """The size of a graph as the client sent it (dask's ``Serialized``: header, frames)."""
+    frames = getattr(expr_ser, "frames", None)
+    if not frames:
+        return 0
+    return sum(memoryview(f).nbytes for f in frames)
+
+
+def refuse_unread(sched: Scheduler, client: str, keys: Iterable[Key], error: BaseException) -> None:
+    """Tell ``client`` that its graph of ``keys`` was refused with ``error`` and never read:
+    each key's future raises ``error`` (up to :data:`ERR_EACH` keys; a larger graph's
+    futures are cancelled, their ``FutureCancelledError`` carrying the error's text). A key
+    the client already holds (a result it asked for again) is left as it is. Only that
+    client hears of it (dask's ``Scheduler.report`` would tell every client holding a key)."""
+    comm = sched.client_comms.get(client)
+    if comm is None:
+        return
+    cs = sched.clients.get(client)
+    held = {ts.key for ts in cs.wants_what} if cs is not None and cs.wants_what else set()
+    if isinstance(keys, set | frozenset | list | tuple) and len(keys) <= ERR_EACH:
+        from distributed.core import error_message
+
+        msg = error_message(error)
+        for key in keys:
+            if key not in held:
+                comm.send(
+                    {
+                        "op": "task-erred",
+                        "key": key,
+                        "exception": msg["exception"],
+                        "traceback": msg["traceback"],
+                    }
+                )
+        return
+    rest = [k for k in keys if k not in held] if held else list(keys)
+    from daskjobs.errors import REFUSED_REASON
+
+    reason = f"{REFUSED_REASON} ({type(error).__name__})"
+    comm.send({"op": "cancelled-keys", "keys": rest, "reason": reason, "msg": str(error)})
+
+
+@_checks("wrap_graph_handler", "refuse_unread")
+def _check_graph_handler(sched: Any) -> None:
+    handler = sched.stream_handlers.get("update-graph")
+    _expect(inspect.iscoroutinefunction(handler), "'update-graph' is not a coroutine handler")
+    params = inspect.signature(handler).parameters
+    for name in ("client", "expr_ser", "keys"):
+        _expect(name in params, f"dask's update-graph takes no {name!r}")
+    from distributed.protocol.serialize import Serialized
+
+    probe = Serialized({}, [b"ab", memoryview(b"cde")])
+    _expect(_graph_bytes(probe) == 5, "a Serialized graph has no frames")
+    _expect(isinstance(sched.client_comms, dict), "Scheduler.client_comms is not a dict")
+    _expect(isinstance(sched.clients, dict), "Scheduler.clients is not a dict")
+    from distributed.client import Client
+    from distributed.scheduler import ClientState
+
+    _expect(hasattr(ClientState("daskjobs-check"), "wants_what"), "ClientState has no wants_what")
+    inspect.signature(Client._handle_task_erred).bind(None, key="k", exception=None, traceback=None)
+    inspect.signature(Client._handle_cancelled_keys).bind(None, keys=[], reason="r", msg="m")
 
 
 # ---- the release gate: promotion in dask's queue, slots withheld ------------------------------
@@ -827,6 +1114,11 @@ def has_worker_plugin(sched: Scheduler, name: str) -> bool:
     return name in getattr(sched, "worker_plugins", {})
 
 
+def closing(sched: Scheduler) -> bool:
+    """Is the scheduler closing (or closed)? It takes its workers with it then."""
+    return getattr(getattr(sched, "status", None), "name", "") in ("closing", "closed")
+
+
 async def install_worker_plugin(sched: Scheduler, name: str, plugin: bytes) -> None:
     """Install the pickled worker plugin on every worker, now and joining later."""
     await sched.register_worker_plugin(None, plugin, name=name, idempotent=False)
@@ -836,15 +1128,228 @@ async def remove_worker_plugin(sched: Scheduler, name: str) -> None:
     await sched.unregister_worker_plugin(None, name)
 
 
-@_checks("ensure_client", "has_worker_plugin", "install_worker_plugin", "remove_worker_plugin")
+@_checks(
+    "ensure_client", "has_worker_plugin", "install_worker_plugin", "remove_worker_plugin", "closing"
+)
 def _check_clients(sched: Any) -> None:
+    from distributed.core import Status
     from distributed.scheduler import ClientState
+
+    _expect({"closing", "closed"} <= set(Status.__members__), "Status has no closing/closed")
+    _expect(isinstance(sched.status, Status), "Scheduler.status is not a distributed Status")
 
     _expect(isinstance(sched.clients, dict), "Scheduler.clients is not a dict")
     _expect(ClientState("daskjobs-check").client_key == "daskjobs-check", "ClientState changed")
     _expect(isinstance(sched.worker_plugins, dict), "Scheduler.worker_plugins is not a dict")
     inspect.signature(sched.register_worker_plugin).bind(None, b"", name="n", idempotent=False)
     inspect.signature(sched.unregister_worker_plugin).bind(None, "n")
+
+
+# ---- clients' identities: who sent a graph ------------------------------------------------------
+#
+# Teams bound to identity (daskjobs.plugin.identity) need the certificate of each client's
+# connection, which dask keeps on the connection only: ``Scheduler.add_client(comm, client,
+# versions)``, dask's handler of ``register-client``, has it and serves the client's stream for
+# as long as the client is connected; over TLS ``comm.extra_info["peercert"]`` is the peer's
+# certificate as :meth:`ssl.SSLSocket.getpeercert` gives it (distributed/comm/tcp.py, ``TLS``).
+# These verbs are checked only where the operator binds teams to identities
+# (:func:`check_identity_verbs`): a scheduler that does not runs without them.
+
+#: verb -> its self-check (raises AssertionError, saying what changed)
+IDENTITY_CHECKS: dict[str, Callable[[Any], None]] = {}
+
+
+def _identity_check(*verbs: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    return _registrar(IDENTITY_CHECKS, *verbs)
+
+
+def check_identity_verbs(scheduler: Any) -> list[str]:
+    """Run each identity verb's self-check once; a phrase per failing verb."""
+    return _run_checks(IDENTITY_CHECKS, scheduler)
+
+
+def peer_names(comm: Any) -> tuple[str, ...] | None:
+    """The names the peer certificate of connection ``comm`` gives: its subject common name,
+    then its subject alternative names (their values: ``alice@example.com``,
+    ``node-7.example.com``), in the certificate's order, each once; None for a connection
+    without a verified certificate (not TLS); ``()`` for a certificate whose names cannot be
+    read."""
+    extra = getattr(comm, "extra_info", None)
+    cert = extra.get("peercert") if isinstance(extra, dict) else None
+    if not cert or not isinstance(cert, dict):
+        return None
+    names: list[str] = []
+    try:
+        for rdn in cert.get("subject", ()):
+            for attr, value in rdn:
+                if attr == "commonName" and value:
+                    names.append(str(value))
+        for _kind, value in cert.get("subjectAltName", ()):
+            if value:
+                names.append(str(value))
+    except (TypeError, ValueError):  # a shape ssl does not give: no name to trust
+        return ()
+    return tuple(dict.fromkeys(names))
+
+
+def watch_clients(
+    sched: Scheduler,
+    connected: Callable[[str, tuple[str, ...] | None], bool],
+    left: Callable[[str], None],
+) -> tuple[Any, Any]:
+    """Wrap dask's ``register-client`` handler: ``connected(client, names)`` hears of each
+    client as it connects, with :func:`peer_names` of its connection, and ``left(client)``
+    once dask is done with its stream (neither may raise); ``connected`` returning False
+    refuses the client (its connection is closed before dask registers it). Each
+    client's stream then carries graphs of that client only: dask takes an
+    ``update-graph`` message's own ``client`` over the stream's, so such a message is
+    given the stream's client. O(messages) on clients' streams. Returns the handle for
+    :func:`unwatch_clients`."""
+    original = sched.handlers["register-client"]
+
+    async def register_client(
+        comm: Any, client: Any = None, versions: Any = None, **kwargs: Any
+    ) -> Any:
+        if connected(client, peer_names(comm)) is False:
+            await comm.close()
+            return None
+        if isinstance(client, str):
+            _pin_stream(comm, client)
+        try:
+            return await original(comm, client=client, versions=versions, **kwargs)
+        finally:
+            left(client)
+
+    sched.handlers["register-client"] = register_client
+    return original, register_client
+
+
+def unwatch_clients(sched: Scheduler, handle: tuple[Any, Any] | None) -> None:
+    """Undo :func:`watch_clients` (if the wrapper is still the handler). Clients connected
+    meanwhile keep their pinned streams."""
+    if handle is None:
+        return
+    original, wrapper = handle
+    if sched.handlers.get("register-client") is wrapper:
+        sched.handlers["register-client"] = original
+
+
+def _pin_stream(comm: Any, client: str) -> None:
+    """Each ``update-graph`` message read from ``comm`` names ``client``."""
+    read = comm.read
+
+    async def read_own(*args: Any, **kwargs: Any) -> Any:
+        msgs = await read(*args, **kwargs)
+        for msg in msgs if isinstance(msgs, list | tuple) else (msgs,):
+            if isinstance(msg, dict) and msg.get("op") == "update-graph":
+                msg["client"] = client
+        return msgs
+
+    comm.read = read_own
+
+
+class _StreamStub:
+    """A server whose ``update-graph`` stream handler notes the client it is given."""
+
+    def __init__(self) -> None:
+        self.stream_handlers = {"update-graph": self.graph}
+        self.clients: list[Any] = []
+
+    def graph(self, **msg: Any) -> None:
+        self.clients.append(msg.get("client"))
+
+
+class _CommStub:
+    """A connection that delivers one batch of messages, then is closed."""
+
+    peer_address = "daskjobs-check://client"
+
+    def __init__(self, msgs: list[dict[str, Any]]) -> None:
+        self._batches = [msgs]
+        self._closed = False
+
+    async def read(self, deserializers: Any = None) -> Any:
+        from distributed.comm.core import CommClosedError
+
+        if not self._batches:
+            raise CommClosedError("daskjobs-check")
+        return self._batches.pop()
+
+    async def close(self) -> None:
+        self._closed = True
+
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _drive(coro: Any, steps: int = 100) -> None:
+    """Run a coroutine that waits on nothing but ``asyncio.sleep(0)`` to its end."""
+    try:
+        for _ in range(steps):
+            coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise AssertionError("dask's handle_stream did not end once its connection closed")
+
+
+@_identity_check("watch_clients", "unwatch_clients")
+def _check_watch_clients(sched: Any) -> None:
+    import logging
+
+    from distributed.core import Server
+
+    handler = sched.handlers.get("register-client")
+    _expect(callable(handler), "no handler 'register-client'")
+    params = list(inspect.signature(handler).parameters)
+    _expect(
+        params[:1] == ["comm"] and {"client", "versions"} <= set(params),
+        f"the 'register-client' handler takes {params}, not (comm, client, versions)",
+    )
+    # dask's own stream loop on a stand-in: a pinned connection's update-graph reaches the
+    # handler with the stream's client, whatever client the message names
+    stub = _StreamStub()
+    comm = _CommStub([{"op": "update-graph", "client": "daskjobs-check-other"}])
+    _pin_stream(comm, "daskjobs-check")
+    quiet = logging.getLogger("distributed.core")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # its "established connection" lines are the check's
+    try:
+        stream = Server.handle_stream(
+            stub,  # type: ignore[arg-type]
+            comm=comm,  # type: ignore[arg-type]
+            extra={"client": "daskjobs-check"},
+        )
+        _drive(stream)
+    finally:
+        quiet.setLevel(level)
+    _expect(
+        stub.clients == ["daskjobs-check"],
+        f"a client's update-graph reached dask's handler as client {stub.clients!r}",
+    )
+
+
+@_identity_check("peer_names")
+def _check_peer_names(sched: Any) -> None:
+    from types import SimpleNamespace
+
+    from distributed.comm.tcp import TLS
+
+    cert = {
+        "subject": ((("organizationName", "daskjobs"),), (("commonName", "alice"),)),
+        "subjectAltName": (("email", "alice@example.com"), ("DNS", "alice")),
+    }
+    socket = SimpleNamespace(getpeercert=lambda: cert, cipher=lambda: ("c", "TLSv1.3", 256))
+    stand_in = SimpleNamespace(_extra={}, _peer_addr="tls://x:1", stream=SimpleNamespace())
+    stand_in.stream.socket = socket
+    TLS._read_extra(stand_in)  # type: ignore[arg-type]  # dask's own: what TLS keeps of its peer
+    extra = TLS.extra_info.fget(stand_in)  # type: ignore[attr-defined]
+    got = peer_names(SimpleNamespace(extra_info=extra))
+    _expect(
+        got == ("alice", "alice@example.com"),
+        f"a TLS connection's peer certificate gives the names {got!r}",
+    )
+    _expect(peer_names(SimpleNamespace(extra_info={})) is None, "a plain connection has names")
 
 
 def http_router(sched: Scheduler) -> Any:

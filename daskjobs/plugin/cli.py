@@ -2,28 +2,32 @@
 
 Connects a client to the scheduler, asks the plugin for its status (the
 ``daskjobs_status`` handler, as :func:`daskjobs.plugin.client.status` does) and
-prints the policy, the teams table (fair share), the measured stages, the
-counters and the errors the plugin swallowed. ``--json`` prints the status as
-one JSON object instead. Exits with status 1 and a one-line message naming the
-problem when the scheduler cannot be reached within ``--timeout`` or does not run
-the plugin, and with status 2 when ADDRESS is not a scheduler address: a bare
-word, a path, an unknown scheme, or the dashboard (its ``http://`` URL or its port:
-the message names the scheduler behind it when the dashboard answers). A refused
-connection is reported at once (dask's own connect retries it for the whole
-timeout), and a server that accepts but never sends dask's handshake is not waited
-for beyond ``--timeout``.
+prints the policy, the teams table (fair share), each team's expected end (a
+forecast made here from the plugin's snapshot: :func:`expected_ends`; not with
+``--no-forecast``), the measured stages, the counters and the errors the plugin
+swallowed. ``--json`` prints the status as one JSON object instead. Exits with
+status 1 and a one-line message naming the problem when the scheduler cannot be
+reached within ``--timeout`` or does not run the plugin, and with status 2 when
+ADDRESS is not a scheduler address: a bare word, a path, an unknown scheme, or the
+dashboard (its ``http://`` URL or its port: the message names the scheduler behind
+it when the dashboard answers). A refused connection is reported at once (dask's
+own connect retries it for the whole timeout), and a server that accepts but never
+sends dask's handshake is not waited for beyond ``--timeout``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
+from daskjobs._options import json_option, timeout_option
+
 # keys of plugin.status() printed in their own sections; any other is a counter
-_SECTIONS = ("policy", "teams", "workers", "stages", "errors", "settings")
+_SECTIONS = ("policy", "teams", "workers", "stages", "errors", "settings", "forecast")
 
 
 def _num(x: Any, fmt: str = ".3g") -> str:
@@ -223,19 +227,82 @@ def connect(address: str, timeout: str) -> tuple[Any, str]:
         ) from None
 
 
-def fetch_status(address: str, timeout: str) -> dict[str, Any]:
-    """The plugin's status on the scheduler at ``address``; a one-line
+def fetch_status(address: str, timeout: str, forecast: bool = False) -> dict[str, Any]:
+    """The plugin's status on the scheduler at ``address``, with each team's expected end
+    under ``"forecast"`` if asked (:func:`expected_ends`); a one-line
     :class:`click.ClickException` naming the problem if the address is not one (exit status
     2), it cannot be reached within ``timeout``, or its scheduler does not run the plugin."""
     from daskjobs.plugin.client import status
 
     client, target = connect(address, timeout)
     try:
-        return status(client)
+        st = status(client)
+        if forecast:
+            st["forecast"] = expected_ends(client, [row["team"] for row in st.get("teams") or []])
+        return st
     except RuntimeError as e:  # the plugin is not loaded
         raise click.ClickException(f"scheduler {target}: {e}") from None
     finally:
         client.close()
+
+
+#: Simulations ``daskjobs status`` draws for its expected ends, and the seconds it may
+#: spend on them (three draws at least): a status is asked often, a forecast is not.
+STATUS_DRAWS = 10
+STATUS_BUDGET = 2.0
+
+
+def expected_ends(client: Any, known: Sequence[str] = ()) -> dict[str, Any]:
+    """Each team's expected end and all the work's, from :func:`daskjobs.forecast`'s
+    simulation here, on this machine (:data:`STATUS_DRAWS` draws, at most
+    :data:`STATUS_BUDGET` seconds), of at most ``daskjobs.forecast.max-tasks`` unfinished
+    tasks (as the scheduler's own forecast). Plain data: ``state`` (``ok``; ``done``:
+    nothing unfinished; ``off`` or ``failed``, with ``why``), ``remaining`` and ``teams``
+    (``{"p10", "p50", "p90"}`` seconds from now; zeros for a team of ``known`` with nothing
+    unfinished), ``tasks``, ``running``, ``draws``, ``seconds_taken``, ``notes``."""
+    import time
+
+    from daskjobs.config import settings
+    from daskjobs.forecasting import PolicyNotInstalled, forecast_snapshot
+    from daskjobs.plugin.client import _call
+
+    out: dict[str, Any] = {"state": "failed", "why": "", "remaining": None, "teams": {}}
+    try:
+        limit = settings().forecast.max_tasks
+    except ValueError as e:  # this machine's daskjobs config
+        return {**out, "why": str(e)}
+    t0 = time.monotonic()
+    snap = _call(client, "daskjobs_snapshot", keys=None, limit=limit)
+    if "refused" in snap:
+        why = (
+            f"more than {limit} unfinished tasks (daskjobs.forecast.max-tasks): not forecast "
+            "here; `daskjobs forecast ADDRESS` forecasts them all"
+        )
+        return {**out, "state": "off", "why": why}
+    if "error" in snap:
+        return {**out, "why": str(snap["error"])}
+    try:
+        f = forecast_snapshot(snap, draws=STATUS_DRAWS, budget=STATUS_BUDGET)
+    except (PolicyNotInstalled, ValueError) as e:  # a policy not here; no workers
+        return {**out, "why": str(e)}
+    age = time.monotonic() - t0  # the answer is this much older than the snapshot
+
+    def q(r: Any) -> dict[str, float]:
+        return {p: max(0.0, getattr(r, p) - age) for p in ("p10", "p50", "p90")}
+
+    zero = {"p10": 0.0, "p50": 0.0, "p90": 0.0}
+    teams = {t: zero for t in known} | {t: q(r) for t, r in f.teams.items()}
+    return {
+        "state": "ok" if f.tasks else "done",
+        "why": "",
+        "remaining": q(f.remaining) if f.tasks else zero,
+        "teams": dict(sorted(teams.items())),
+        "tasks": f.tasks,
+        "running": f.running,
+        "draws": f.draws,
+        "seconds_taken": age,
+        "notes": list(f.notes),
+    }
 
 
 def _pairs(d: Any, prefix: str = "") -> list[str]:
@@ -280,6 +347,14 @@ def _settings_lines(settings: dict[str, Any]) -> list[str]:
             ("speculation.ahead", _num(sp.get("ahead"))),
             ("speculation.endgame", _num(sp.get("endgame"))),
         ]
+    fc = settings.get("forecast") or {}
+    if fc:
+        interval = fc.get("interval")
+        rows += [
+            ("forecast.interval", "null (off)" if interval is None else _seconds_text(interval)),
+            ("forecast.max-tasks", _num(fc.get("max_tasks"))),
+            ("forecast.draws", _num(fc.get("draws"))),
+        ]
     rows += [
         ("record", _num(settings.get("record"))),
         ("record-dir", _num(settings.get("record_dir"))),
@@ -308,6 +383,28 @@ def _speculation_lines(sp: dict[str, Any]) -> list[str]:
         "  copy waste: seconds the losing side of each race ran (a losing copy, or a primary",
         "  its copy beat); failed: attempts that failed or died with their worker, no copy.",
     ]
+    return lines
+
+
+def _forecast_lines(fc: dict[str, Any]) -> list[str]:
+    """Each team's expected end (:func:`expected_ends`), as a time from now."""
+    from daskjobs._text import ahead
+
+    state = fc.get("state")
+    if state not in ("ok", "done"):
+        return [f"expected end: - ({fc.get('why') or state})"]
+    lines = [
+        "expected end, from now: median (10th to 90th percentile)",
+        f"  {'all work':<20} {ahead(fc.get('remaining'))}",
+    ]
+    for team, q in (fc.get("teams") or {}).items():
+        lines.append(f"  {'team ' + team:<20} {ahead(q)}")
+    if state == "ok":
+        lines.append(
+            f"  ({fc['tasks']} unfinished task(s), {fc['running']} running; simulated here, "
+            f"{fc['draws']} draw(s) in {fc['seconds_taken']:.2f} s)"
+        )
+    lines.extend(f"  note: {n}" for n in fc.get("notes") or ())
     return lines
 
 
@@ -344,6 +441,9 @@ def render(st: dict[str, Any], address: str) -> str:
         ]
     else:
         lines.append("teams: none (fair share is off; policy orders tasks by estimate)")
+    fc = st.get("forecast")
+    if fc is not None:
+        lines += ["", *_forecast_lines(fc)]
     workers = st.get("workers") or []
     lines.append("")
     if workers:
@@ -399,31 +499,160 @@ def render(st: dict[str, Any], address: str) -> str:
     return "\n".join(lines)
 
 
-#: ``--timeout`` of the commands that connect to a scheduler.
-_timeout_option = click.option(
-    "--timeout",
-    default="10s",
-    show_default=True,
-    metavar="DURATION",
-    help="Give up connecting after this long.",
-)
-
-
 @click.command("status", short_help="What the daskjobs plugin on a scheduler is doing.")
 @click.argument("address")
-@_timeout_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def status_command(address: str, timeout: str, as_json: bool) -> None:
-    """Policy, teams, measured stages and counters of the daskjobs plugin on ADDRESS.
+@click.option(
+    "--no-forecast",
+    "no_forecast",
+    is_flag=True,
+    help="Leave out each team's expected end (a simulation of the unfinished work, here: "
+    "at most 2 s).",
+)
+@timeout_option
+@json_option
+def status_command(address: str, no_forecast: bool, timeout: str, as_json: bool) -> None:
+    """Policy, teams and their expected end, measured stages and counters of the daskjobs
+    plugin on ADDRESS.
 
     ADDRESS is the scheduler's address, e.g. tcp://10.0.0.5:8786 (HOST:PORT means
-    tcp://HOST:PORT); not the dashboard's http:// URL.
+    tcp://HOST:PORT); not the dashboard's http:// URL. The expected ends are a forecast
+    made here (daskjobs.forecast, 10 draws) of at most daskjobs.forecast.max-tasks
+    unfinished tasks; --no-forecast leaves it out.
     """
-    st = fetch_status(address, timeout)
+    st = fetch_status(address, timeout, forecast=not no_forecast)
     if as_json:
         click.echo(json.dumps({"address": address, **st}, sort_keys=True, default=str))
     else:
         click.echo(render(st, address))
+
+
+def _key(text: str) -> Any:
+    """A task key as typed: a tuple key as Python writes it (``"('x-1a2b', 0)"``), else
+    the text itself."""
+    import ast
+
+    if text.startswith("(") and text.endswith(")"):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+        if isinstance(value, tuple):
+            return value
+    return text
+
+
+@click.command("explain", short_help="Why a task waits, or where it ran, and its estimate.")
+@click.argument("address")
+@click.argument("key")
+@click.option(
+    "--forecast",
+    is_flag=True,
+    help="Also the expected start of a task that waits (a simulation of the rest, here).",
+)
+@timeout_option
+@json_option
+def explain_command(address: str, key: str, forecast: bool, timeout: str, as_json: bool) -> None:
+    """What the daskjobs plugin on ADDRESS knows of task KEY (daskjobs.explain): its
+    state, estimate and where it came from, priority, team and place in the queue.
+
+    ADDRESS is the scheduler's address, e.g. tcp://10.0.0.5:8786. KEY is the task's key as
+    dask shows it; a tuple key as Python writes it, e.g. "('x-1a2b', 0)".
+    """
+    from daskjobs.plugin.client import explain
+
+    client, target = connect(address, timeout)
+    try:
+        try:
+            info = explain(client, _key(key), forecast=forecast)
+        except RuntimeError as e:  # the plugin is not loaded
+            raise click.ClickException(f"scheduler {target}: {e}") from None
+    finally:
+        client.close()
+    if as_json:
+        click.echo(json.dumps(info, sort_keys=True, default=str))
+        return
+    for name, value in info.items():
+        click.echo(f"{name:<18} {value}")
+
+
+def _span(r: Any) -> str:
+    return f"{r.p50:.1f} s (p10 {r.p10:.1f} s, p90 {r.p90:.1f} s)"
+
+
+@click.command("forecast", short_help="When the work on a scheduler will be done.")
+@click.argument("address")
+@click.option(
+    "--workers",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="What if: N more nominal workers (negative: fewer).",
+)
+@click.option(
+    "--policy",
+    default=None,
+    metavar="NAME",
+    help="What if: under this registered policy (default: the one the scheduler runs).",
+)
+@click.option(
+    "--draws",
+    type=click.IntRange(min=0),
+    default=30,
+    show_default=True,
+    help="Simulations with durations drawn from their bands (0: one, estimates as they are).",
+)
+@click.option(
+    "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the draws."
+)
+@timeout_option
+@json_option
+def forecast_command(
+    address: str,
+    workers: int,
+    policy: str | None,
+    draws: int,
+    seed: int,
+    timeout: str,
+    as_json: bool,
+) -> None:
+    """When will the work on the scheduler at ADDRESS be done (daskjobs.forecast)? The
+    plugin hands over what is not finished, and this machine simulates the rest under the
+    policy in force: the remaining time as a median and a 10-90% band, overall and per team.
+
+    ADDRESS is the scheduler's address, e.g. tcp://10.0.0.5:8786.
+    """
+    from daskjobs.forecasting import PolicyNotInstalled, forecast
+
+    client, target = connect(address, timeout)
+    try:
+        try:
+            f = forecast(client, workers=workers, policy=policy, draws=draws, seed=seed)
+        except PolicyNotInstalled as e:
+            raise click.ClickException(str(e)) from None
+        except RuntimeError as e:  # the plugin is not loaded, or the snapshot was refused
+            raise click.ClickException(f"scheduler {target}: {e}") from None
+    finally:
+        client.close()
+    if as_json:
+        click.echo(json.dumps(f.as_dict(), sort_keys=True, default=str))
+        return
+    what_if = []
+    if workers:
+        what_if.append(f"{workers:+d} workers")
+    if policy:
+        what_if.append(f"policy {policy}")
+    head = f"forecast of {target}: {f.tasks} unfinished task(s), {f.running} running, "
+    head += f"{f.workers} worker(s), policy {f.policy}"
+    lines = [head + (f" (what if: {', '.join(what_if)})" if what_if else "")]
+    lines.append(f"{'remaining':<12} {_span(f.remaining)}")
+    for team, r in sorted(f.teams.items()):
+        lines.append(f"{'team ' + team:<12} {_span(r)}")
+    for sweep, r in sorted(f.sweeps.items()):
+        lines.append(f"{'sweep ' + sweep:<12} {_span(r)}")
+    lines.extend(f"note: {n}" for n in f.notes)
+    lines.append(f"({f.draws} draw(s), {f.seconds_taken:.2f} s on this machine)")
+    click.echo("\n".join(lines))
 
 
 @click.command("start-rate", short_help="How many tasks a second a scheduler starts.")
@@ -438,11 +667,11 @@ def status_command(address: str, timeout: str, as_json: bool) -> None:
     type=click.FloatRange(min=0),
     help="How long each task sleeps.",
 )
-@_timeout_option
+@timeout_option
 def start_rate_command(address: str, tasks: int, seconds: float, timeout: str) -> None:
     """Time TASKS tasks of SECONDS each on the cluster at ADDRESS: the tasks its scheduler
-    starts a second when every thread wants one (``daskjobs.start_rate``), and the node-aware
-    ``dispatch-rate`` setting to go with it (a little less).
+    starts a second when every thread wants one (daskjobs.start_rate), and the node-aware
+    dispatch-rate setting to go with it (a little less).
 
     ADDRESS is the scheduler's address, e.g. tcp://10.0.0.5:8786. The tasks run on the
     cluster's workers like any others: time it when the cluster is otherwise idle.

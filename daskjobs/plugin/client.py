@@ -1,13 +1,14 @@
-"""Client-side helpers: a laptop cluster with the plugin, explain, status."""
+"""Client-side helpers: a laptop cluster with the plugin, explain, status, a client's team."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from daskjobs.plugin.plugin import JobsPlugin
+if TYPE_CHECKING:  # imported where used: `daskjobs status` does not load the plugin
+    from daskjobs.plugin.plugin import JobsPlugin
 
-__all__ = ["explain", "local_cluster", "start_rate", "status"]
+__all__ = ["explain", "local_cluster", "set_team", "start_rate", "status"]
 
 
 def local_cluster(plugin: JobsPlugin | None = None, **cluster_kwargs: Any) -> Any:
@@ -17,13 +18,30 @@ def local_cluster(plugin: JobsPlugin | None = None, **cluster_kwargs: Any) -> An
     keyword arguments go to ``LocalCluster`` (``n_workers``, ``threads_per_worker``,
     ``processes``, ...). Use it as a context manager, like LocalCluster itself.
     """
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # a worker process dask started is importing the user's script again (the spawn
+        # start method): without a main guard, the script would start a cluster of its own
+        raise RuntimeError(MAIN_GUARD)
     from distributed import LocalCluster
+
+    from daskjobs.plugin.plugin import JobsPlugin
 
     scheduler_kwargs = dict(cluster_kwargs.pop("scheduler_kwargs", None) or {})
     plugins = list(scheduler_kwargs.pop("plugins", None) or [])
     plugins.append(plugin if plugin is not None else JobsPlugin())
     scheduler_kwargs["plugins"] = plugins
     return LocalCluster(scheduler_kwargs=scheduler_kwargs, **cluster_kwargs)
+
+
+#: What a script that starts a cluster without a main guard is told.
+MAIN_GUARD = (
+    "daskjobs.local_cluster() was called while one of its worker processes imported your "
+    "script: dask starts worker processes by importing the main module again. Put the code "
+    "that starts the cluster, and everything after it, under 'if __name__ == \"__main__\":' "
+    "(or pass processes=False to run the workers as threads of this process)"
+)
 
 
 _NOT_LOADED = (
@@ -49,15 +67,60 @@ def _call(client: Any, handler: str, **kwargs: Any) -> Any:
     return result
 
 
-def explain(client: Any, key: Hashable) -> dict[str, Any]:
+def explain(client: Any, key: Hashable, *, forecast: bool = False) -> dict[str, Any]:
     """Why is ``key`` waiting, or where did it run? Its estimate (and where the
-    estimate came from), priority, team and place in the queue."""
-    return _call(client, "daskjobs_explain", key=key)
+    estimate came from), priority, team and place in the queue.
+
+    With ``forecast=True``, a task that has not started also gets ``expected_start``:
+    ``{"p10", "p50", "p90"}`` seconds from now, from :func:`daskjobs.forecast` (a
+    simulation of the rest of the work, here on the client: about a second per 10^5
+    unfinished tasks)."""
+    info = _call(client, "daskjobs_explain", key=key)
+    if forecast and info.get("state") in ("released", "waiting", "queued", "no-worker"):
+        from daskjobs.forecasting import forecast as _forecast
+
+        starts = _forecast(client, keys=[key], draws=10).starts
+        r = starts.get(str(key))
+        if r is not None:
+            info["expected_start"] = {"p10": r.p10, "p50": r.p50, "p90": r.p90}
+    return info
 
 
 def status(client: Any) -> dict[str, Any]:
     """The plugin's policy, measured stages, counters and errors."""
     return _call(client, "daskjobs_status")
+
+
+def set_team(client: Any, team: str | None = None) -> dict[str, Any]:
+    """State ``client``'s team once: every graph it sends from now on without a ``team``
+    annotation is that team's (``compute``, ``persist``, ``submit``, ``map``, a ``Sweep``,
+    ``daskjobs.jobs.submit``, joblib), as long as the client stays connected.
+
+    ``team`` defaults to ``daskjobs.team`` of this process's dask config
+    (``DASK_DASKJOBS__TEAM=quant``). The client preload does this for every new client:
+    ``distributed.client.preload: [daskjobs.client_preload]``. Returns what the scheduler
+    makes of the client: its ``team``, its certificate ``identity`` (None without TLS),
+    whether it is an ``admin`` and where the team comes from (``source``: ``stated``,
+    ``certificate`` or ``default``).
+
+    Without client certificates the stated team is trusted. On a cluster whose operator
+    binds teams to certificates (``daskjobs.teams.identities``), the certificate decides:
+    stating another team raises :class:`~daskjobs.plugin.TeamRefused` naming the client's
+    identity and its team, unless the identity is an admin's (docs/how-to/teams.md).
+    """
+    from daskjobs.config import client_team
+    from daskjobs.plugin.identity import TeamRefused
+
+    stated = client_team(team)
+    if stated is None:
+        raise ValueError(
+            "daskjobs.set_team: no team given, and daskjobs.team is not set in dask's config "
+            "(DASK_DASKJOBS__TEAM=<team>, or set_team(client, '<team>'))"
+        )
+    answer = _call(client, "daskjobs_team", client_id=client.id, team=stated)
+    if "refused" in answer:
+        raise TeamRefused(answer["refused"])
+    return dict(answer)
 
 
 def _stamp(seconds: float) -> tuple[float, float]:
@@ -93,8 +156,8 @@ def start_rate(client: Any, tasks: int = 2000, seconds: float = 0.02) -> float:
     busy with short sleeps, as in a sweep, loads the workers' processes as a run does; a
     cluster with too few threads to ask for more starts than its scheduler makes reports
     about ``threads / seconds``. Set a little less as node-aware's ``dispatch-rate``
-    (docs/plugin.md): tasks shorter than ``threads / rate`` seconds are then paced over a
-    run instead of left to its end.
+    (docs/how-to/load-the-plugin.md): tasks shorter than ``threads / rate`` seconds are then paced
+    over a run instead of left to its end.
     """
     import uuid
 

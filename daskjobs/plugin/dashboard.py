@@ -8,7 +8,10 @@ of them are copies: never more than the threads that exist; see
 (running or waiting there: what fair share books), the core-seconds booked to it (a
 task several teams' graphs want split among them), tasks queued, the share of the
 threads it holds beside its target share, and its *queue delay* (the longest wait so
-far of a task of the team in dask's queue), now and over the last ten minutes. Backup
+far of a task of the team in dask's queue), now and over the last ten minutes, and its
+*expected end*: when its last unfinished task is expected to end, a median and a 10-90%
+band from now, from the scheduler's own forecast (:mod:`daskjobs.plugin.live_forecast`,
+refreshed every ``daskjobs.forecast.interval`` off the event loop), with its age. Backup
 copies launched, won, lost, and *copy waste*: the seconds the losing side of each race
 ran (a losing copy, or a primary its copy beat); attempts that failed or died with
 their worker are counted apart (failed seconds), never as copy waste. Each worker's
@@ -75,7 +78,10 @@ from html import escape
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from daskjobs._text import ahead
 from daskjobs.plugin import _internals as dask_internals
+from daskjobs.plugin.live_forecast import Reading
+from daskjobs.plugin.periodic import every
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -116,11 +122,12 @@ _missing_logged = False
 
 
 def _log_missing(reason: str) -> None:
-    """INFO once per process: the plugin runs, only the page is absent."""
+    """DEBUG once per process: the plugin runs, only the page is absent (a laptop without
+    the dashboard extra did not ask for it)."""
     global _missing_logged
     if not _missing_logged:
         _missing_logged = True
-        logger.info("daskjobs: no dashboard page: %s", reason)
+        logger.debug("daskjobs: no dashboard page: %s", reason)
 
 
 class QueueClock:
@@ -202,6 +209,14 @@ class Sample(NamedTuple):
     waste: float  # seconds run by the losing side of backup races, all teams
 
 
+#: The columns of a team row the plugin has not (a team only the queue or the forecast names).
+_NO_ROW = ("share", "usage", "running", "copies", "assigned", "booked", "queued", "quota")
+
+
+def _quantiles(r: tuple[float, float, float] | None) -> dict[str, float] | None:
+    return None if r is None else {"p10": r[0], "p50": r[1], "p90": r[2]}
+
+
 def _finite(x: Any) -> Any:
     """A JSON-safe number: NaN and infinities become None."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -268,22 +283,17 @@ class Dashboard:
         rows = [dict(r) for r in plugin.view.teams()]
         clock = self.clock
         seen = {r["team"] for r in rows}
-        # teams with queued tasks the policy does not know (no fair share: one team)
+        # teams with queued tasks the policy does not know (no fair share: one team), and
+        # teams with unfinished work the scheduler's forecast names
         for team in clock.entered:
             if team not in seen and clock.waiting(team):
-                rows.append(
-                    {
-                        "team": team,
-                        "share": None,
-                        "usage": None,
-                        "running": None,
-                        "copies": None,
-                        "assigned": None,
-                        "booked": None,
-                        "queued": clock.waiting(team),
-                        "quota": None,
-                    }
-                )
+                seen.add(team)
+                rows.append(dict.fromkeys(_NO_ROW) | {"team": team, "queued": clock.waiting(team)})
+        reading = plugin.view.forecast()
+        for team in reading.teams if reading is not None else ():
+            if team not in seen:
+                seen.add(team)
+                rows.append(dict.fromkeys(_NO_ROW) | {"team": team})
         total = sum(r["running"] or 0 for r in rows)
         sp = plugin.speculator
         st = sp.stats() if sp is not None else {}
@@ -308,9 +318,23 @@ class Dashboard:
                     "in_queue": clock.waiting(r["team"]),
                     "waste_seconds": float(waste.get(r["team"], 0.0)),
                     "failed_seconds": float(failed.get(r["team"], 0.0)),
+                    # the certificate identities of the clients charged to it (teams bound)
+                    "identities": list(r.get("identities") or ()),
+                    # seconds from now until its work ends (p10, p50, p90), from the
+                    # scheduler's forecast; zeros: nothing of it unfinished; None: none
+                    "expected_end": _quantiles(
+                        reading.remaining(now, r["team"]) if reading is not None else None
+                    ),
                 }
             )
         return out
+
+    def forecast(self, now: float) -> dict[str, Any]:
+        """The scheduler's forecast (:mod:`daskjobs.plugin.live_forecast`), aged to ``now``."""
+        reading = self.plugin.view.forecast()
+        if reading is None:
+            reading = Reading("off", "daskjobs.forecast.interval is null")
+        return reading.as_dict(now)
 
     def backups(self) -> dict[str, Any] | None:
         sp = self.plugin.speculator
@@ -422,6 +446,7 @@ class Dashboard:
             "workers": self.workers(),
             "events": self.events(),
             "errors": dict(plugin.errors),
+            "forecast": self.forecast(now),
             "interval": INTERVAL_MS / 1000,
             "history": history,
         }
@@ -501,10 +526,28 @@ _TEAM_NOTE = (
     "now (a worker holding more tasks than threads shares them out), never more than the "
     "threads that exist. Assigned: its tasks dask sent to workers, running or waiting "
     "there (what fair share books). Booked: core-seconds so far. A task several teams' "
-    "graphs want is split equally among them. Copy waste: seconds the losing side of "
-    "backup races ran. Failed: seconds of attempts that failed or died with their "
-    "worker.</p>"
+    "graphs want is split equally among them. Expected end: when the team's last "
+    "unfinished task is expected to end, from now, median (10th to 90th percentile), from "
+    "the scheduler's own forecast (made every daskjobs.forecast.interval); done: nothing of "
+    "it unfinished. Copy waste: seconds the losing side of backup races ran. Failed: "
+    "seconds of attempts that failed or died with their worker.</p>"
 )
+
+
+def _expected(forecast: dict[str, Any]) -> str:
+    """The header's line of the scheduler's forecast (:meth:`Dashboard.forecast`)."""
+    state, why = forecast["state"], forecast.get("why") or ""
+    if state == "ok":
+        return (
+            f"expected to end {ahead(forecast['remaining'])} (forecast {forecast['age']:.0f} s ago)"
+        )
+    if state == "done":
+        return "nothing unfinished"
+    if state == "waiting":
+        return "forecast to come" + (f" ({why})" if why else "")
+    return f"forecast {state}: {why}"
+
+
 #: What the workers table's figure is, under it.
 _SPEED_NOTE = (
     '<p class="note">Slow-down: run time / estimate of the tasks that finished there '
@@ -648,19 +691,21 @@ class _Page:
         backups = dash.backups()
         workers = dash.workers()
         clock = time.strftime("%H:%M:%S", time.localtime(now))
+        forecast = dash.forecast(now)
         _set(
             self.header,
             f"<p>policy <b>{escape(str(plugin.settings.policy))}</b> · {len(teams)} team(s) · "
             f"{len(workers)} worker(s) measured · {len(plugin.tasks)} task(s) tracked · "
-            f"{sum(plugin.errors.values())} hook error(s) · updated {clock}</p>",
+            f"{sum(plugin.errors.values())} hook error(s) · updated {clock}</p>"
+            f"<p>all work: <b>{escape(_expected(forecast))}</b></p>",
         )
-        self._teams(teams)
+        self._teams(teams, forecast)
         self._series()
         self._backups(backups)
         self._workers(workers)
         self._events(dash.events())
 
-    def _teams(self, teams: list[dict[str, Any]]) -> None:
+    def _teams(self, teams: list[dict[str, Any]], forecast: dict[str, Any]) -> None:
         rows = [
             [
                 f'<span class="swatch" style="background:{self.color(r["team"])}"></span>'
@@ -670,12 +715,14 @@ class _Page:
                 _num(r["assigned"]),
                 _num(r["booked"], "{:.1f}"),
                 _num(r["queued"]),
+                escape(ahead(r["expected_end"], "–")),
                 _num(r["share"]),
                 _num(r["target"]),
                 _num(r["quota"]),
                 _num(r["queue_delay"], "{:.1f}"),
                 _num(r["waste_seconds"], "{:.1f}"),
                 _num(r["failed_seconds"], "{:.1f}"),
+                escape(", ".join(r["identities"])) or "–",
             ]
             for r in teams
         ]
@@ -686,14 +733,17 @@ class _Page:
             "Assigned",
             "Booked (core-s)",
             "Queued",
+            "Expected end"
+            + (f" (forecast {forecast['age']:.0f} s ago)" if forecast["age"] is not None else ""),
             "Share now",
             "Target",
             "Quota",
             "Queue delay (s)",
             "Copy waste (s)",
             "Failed (s)",
+            "Identities",
         ]
-        _set(self.team_div, _table("Teams", head, rows, set(range(1, 12))) + _TEAM_NOTE)
+        _set(self.team_div, _table("Teams", head, rows, set(range(1, 13))) + _TEAM_NOTE)
         factors = [(r["team"], what) for r in teams for what in ("now", "target")]
         if list(self.share_fig.x_range.factors) != factors:
             self.share_fig.x_range.factors = factors
@@ -913,7 +963,7 @@ def install_dashboard(plugin: Any, scheduler: Scheduler) -> Dashboard | None:
         from distributed.dashboard.core import BokehApplication
         from distributed.dashboard.scheduler import template_variables
         from tornado import web
-        from tornado.ioloop import IOLoop, PeriodicCallback
+        from tornado.ioloop import IOLoop
 
         clock = QueueClock(plugin)
         dash = Dashboard(plugin, scheduler, clock)
@@ -944,10 +994,7 @@ def install_dashboard(plugin: Any, scheduler: Scheduler) -> Dashboard | None:
         if PAGE not in pages:
             pages.insert(pages.index("info") if "info" in pages else len(pages), PAGE)
         dash.sample()
-        pc = PeriodicCallback(dash.tick, INTERVAL_MS)
-        scheduler.periodic_callbacks[NAME] = pc
-        dash.sampler = pc
-        pc.start()
+        dash.sampler = every(scheduler, NAME, INTERVAL_MS / 1000, dash.tick)
         logger.info("daskjobs: dashboard page at %s%s", prefix, PAGE)
         return dash
     except Exception:
@@ -984,12 +1031,9 @@ def uninstall_dashboard(scheduler: Scheduler, plugin: Any = None) -> None:
 
 
 def _stop_sampler(dash: Dashboard) -> None:
-    pc = dash.sampler
+    pc, dash.sampler = dash.sampler, None
     if pc is not None:
         pc.stop()
-        if dash.scheduler.periodic_callbacks.get(NAME) is pc:
-            del dash.scheduler.periodic_callbacks[NAME]
-        dash.sampler = None
 
 
 def _remove_apps(dash: Dashboard) -> None:

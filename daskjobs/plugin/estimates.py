@@ -5,21 +5,24 @@ replay use too):
 
 1. the task's ``estimate`` annotation (seconds, or ``"10s"``); a bad one refuses the
    submission (:class:`BadEstimate`);
-2. the *duration model* of the task's stage over its ``params`` annotation (a sweep
-   passes each task's labels and parameters there): log-duration regressed on the
-   parameters, with a 10-90% band (:mod:`daskjobs.policies.durations`);
+2. the *duration model* of the task's stage over its parameters: its ``params`` annotation (a
+   sweep passes each task's labels and parameters there), else what its own call carries
+   (:mod:`daskjobs.plugin.features`: a plain ``client.map``/``submit``/``delayed`` task's
+   literal arguments); log-duration regressed on the parameters, with a 10-90% band
+   (:mod:`daskjobs.policies.durations`);
 3. the median of the stage's measured durations (``history``: the stage's tasks carry
    no parameters, or learning is off);
-4. the configured ``default-estimate``.
+4. ``prior``: nothing measured of the stage yet, the configured ``default-estimate`` scaled by
+   the task's size-like arguments;
+5. the configured ``default-estimate``.
 
-A task's *stage* is its ``stage`` annotation, else dask's key prefix
-(``"backtest-<hash>"`` is stage ``"backtest"``). What is learned is the compute time the
-worker reports for each finished task (``startstops``), taken as measured: a worker's
-speed figure (:mod:`daskjobs.plugin.speeds`) measures the worker and the estimates
-together, so dividing by it would feed the estimates back into themselves. The
-observations are saved as JSON where ``history.path`` is configured (version 2;
-version-1 files of durations per stage are read as parameter-less observations), so a
-restarted scheduler or the next sweep starts with them.
+A task's *stage* is its ``stage`` annotation, else the function it calls (``module.name``),
+else dask's key prefix (``"backtest-<hash>"`` is stage ``"backtest"``). What is learned is the
+compute time the worker reports for each finished task (``startstops``), taken as measured: a
+worker's speed figure (:mod:`daskjobs.plugin.speeds`) measures the worker and the estimates
+together, so dividing by it would feed the estimates back into themselves. The observations are
+kept in the history file (:mod:`daskjobs.history`; by default the user's cache directory's), so
+the next scheduler, the next ``LocalCluster`` and the next sweep start with them.
 
 Pure Python: nothing here imports ``distributed``.
 """
@@ -33,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from daskjobs.errors import SubmissionRefused
-from daskjobs.policies.durations import Estimate, Estimator, Prediction
+from daskjobs.policies.durations import MAX_STAGES, Estimate, Estimator, Prediction
 
 __all__ = [
     "BadEstimate",
@@ -89,20 +92,43 @@ class LiveEstimator(Estimator):
         return m.latest(params) if m is not None else None
 
 
-def make_estimator(default: float, samples: int, path: str | None, learn: bool) -> Estimator:
-    """The plugin's estimator. A history file that cannot be read does not stop the
-    scheduler: it is moved aside (``*.corrupt``) with a warning, and the plugin starts
-    with an empty history."""
+def make_estimator(
+    default: float,
+    samples: int,
+    path: str | None,
+    learn: bool,
+    max_stages: int = MAX_STAGES,
+) -> Estimator:
+    """The plugin's estimator, with the history file ``history.path`` names
+    (:func:`daskjobs.history.resolve`: ``auto`` is the user's cache directory's). A file
+    that cannot be used does not stop the scheduler: one of a newer daskjobs, or one it may
+    not read, is left as it is and the plugin keeps its measurements in memory; any other
+    (not JSON, another program's) is moved aside (``*.corrupt``); either way with a
+    warning, and the plugin starts with no history."""
+    from daskjobs import history
+
+    file = history.resolve(path)
     try:
-        return LiveEstimator(default, samples, path, learn=learn)
+        return LiveEstimator(default, samples, file, learn=learn, max_stages=max_stages)
+    except history.NewerHistory as e:
+        logger.warning("daskjobs: %s; measured durations are kept in memory only", e)
+        return LiveEstimator(default, samples, None, learn=learn, max_stages=max_stages)
+    except OSError as e:  # cannot be read at all (permissions): not ours to move
+        logger.warning(
+            "daskjobs: cannot read the history file %s (%s); measured durations are kept in "
+            "memory only",
+            file,
+            e,
+        )
+        return LiveEstimator(default, samples, None, learn=learn, max_stages=max_stages)
     except ValueError as e:
-        assert path is not None
-        bad = path + ".corrupt"
+        assert file is not None
+        bad = file + ".corrupt"
         logger.warning("daskjobs: %s; moved to %s, starting with no history", e, bad)
         with contextlib.suppress(OSError):
-            os.replace(path, bad)
-        keep = path if not os.path.exists(path) else None
-        return LiveEstimator(default, samples, keep, learn=learn)
+            os.replace(file, bad)
+        keep = file if not os.path.exists(file) else None
+        return LiveEstimator(default, samples, keep, learn=learn, max_stages=max_stages)
 
 
 def predict_stage(
@@ -115,17 +141,14 @@ def predict_stage(
     asked = params if estimator.learn else [None] * len(params)
     preds = estimator.models.predict_many(stage, asked)
     if preds is None:
-        d = estimator.default
-        return [Estimate(d, d, d, "default")] * len(params)
+        return [estimator.estimate(None)] * len(params)
     out: list[Estimate] = []
     last: Any = None
     e: Estimate | None = None
     for p in preds:
         if p is not last:  # a stage's median is one prediction shared by every task
             last = p
-            e = Estimate(
-                p.seconds, p.low, p.high, "model" if p.source == "model" else "history", p.samples
-            )
+            e = estimator.estimate(p)
         assert e is not None
         out.append(e)
     return out

@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from daskjobs._options import json_option, timeout_option
 from daskjobs._text import table
 
 __all__ = ["estimates_command", "stage_report"]
@@ -151,8 +152,8 @@ def _render_live(st: dict[str, Any], address: str) -> str:
 
 @click.command("estimates", short_help="What the duration models know, per stage (read only).")
 @click.argument("source", required=False, metavar="[HISTORY_FILE | SCHEDULER_ADDRESS]")
-@click.option("--timeout", default="10s", show_default=True, help="For a scheduler address.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@timeout_option
+@json_option
 def estimates_command(source: str | None, timeout: str, as_json: bool) -> None:
     """Per stage: the duration model's observations, its median, the parameters it reads,
     its share of predictions within 2x of the measured duration so far, and a few

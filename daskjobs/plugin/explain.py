@@ -16,12 +16,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from daskjobs.plugin import _internals as dask_internals
+from daskjobs.plugin.snapshot import snapshot, snapshot_async
 
 if TYPE_CHECKING:
     from dask.typing import Key
 
     from daskjobs.config import Settings
     from daskjobs.plugin.audit import Audit
+    from daskjobs.plugin.identity import ClientTeams
+    from daskjobs.plugin.live_forecast import Reading
     from daskjobs.plugin.parts import Part
     from daskjobs.plugin.ranking import Ranker
     from daskjobs.plugin.recorder import TraceRecorder
@@ -50,6 +53,7 @@ class Source(Protocol):
     recording: Recording
     speculator: Speculator | None
     parts: list[Part]
+    identities: ClientTeams
 
 
 def estimate_from(v: LiveTask, default: float) -> str:
@@ -69,6 +73,12 @@ def estimate_from(v: LiveTask, default: float) -> str:
         return (
             f"the median of the measured durations of stage {v.stage!r}: {v.estimate:.3g} s, "
             f"{band}, from {v.samples} observation(s)"
+        )
+    if src == "prior":
+        return (
+            f"the configured default ({default:.3g} s) scaled by its size-like arguments "
+            f"({v.estimate:.3g} s): nothing measured of stage {v.stage!r} yet, and a count or "
+            "size is assumed to grow the cost in proportion until measured"
         )
     return (
         f"the configured default ({default:.3g} s): nothing measured of stage {v.stage!r} yet; "
@@ -151,6 +161,8 @@ class PluginView:
             out["estimate_band"] = list(v.band) if v.band is not None else None
             out["estimate_samples"] = v.samples
             out["estimate_from"] = estimate_from(v, p.settings.default_estimate)
+            # what the stage's duration model reads of the task (params, or its arguments)
+            out["params"] = dict(v.params) if v.params else None
             # who pays for it: a task several teams' graphs want is split equally among them
             payers = v.teams or (v.team,)
             out["paid_by"] = {t: 1 / len(payers) for t in payers}
@@ -163,19 +175,12 @@ class PluginView:
             out["why"] = f"queued behind {ahead} task(s) of higher priority; no free slot yet"
             gate = p.gate
             if fair is not None and v is not None:
-                row = out["team_state"]
                 if gate is not None and key == gate.released:
                     out["why"] = "next in line: fair share chose it for the next free slot"
-                elif row["quota"] is not None and row["assigned"] >= row["quota"]:
-                    out["why"] = (
-                        f"team {v.team!r} holds {row['assigned']:g} slot(s), its quota; "
-                        "it runs when no team below its quota waits"
-                    )
-                else:
-                    out["why"] = (
-                        f"waiting for fair share: team {v.team!r} uses {row['usage']:.3g} "
-                        f"per share {row['share']:.3g}; teams further below their share go first"
-                    )
+                elif hasattr(fair, "why_waiting"):  # the policy's own rule says why
+                    out["why"] = fair.why_waiting(v.team, v.cores, time.time())
+                else:  # a policy of the user's that keeps team books and does not say
+                    out["why"] = f"waiting for fair share ({p.settings.policy}): team {v.team!r}"
         elif ts.state == "processing":
             out["worker"] = ts.processing_on.address if ts.processing_on else None
             out["why"] = "assigned to a worker"
@@ -277,12 +282,14 @@ class PluginView:
     def teams(self) -> list[dict[str, Any]]:
         """Per team: target share, usage, threads held now (copies included, at most the
         threads that exist), tasks assigned to workers, core-seconds booked, queued, quota
-        (:meth:`team_row`)."""
+        (:meth:`team_row`), and the certificate identities of the connected clients charged
+        to it (``identities``)."""
         fair = self.fair
         if fair is None:
             return []
         slots = self.running_slots()
-        return [self.team_row(t, slots) for t in fair.teams()]
+        ids = self._p.identities.identities_by_team()
+        return [{**self.team_row(t, slots), "identities": ids.get(t, [])} for t in fair.teams()]
 
     def worker_speeds(self) -> list[dict[str, Any]]:
         """Per worker: believed slow-down (1.0 nominal) and the attempts it rests on."""
@@ -291,6 +298,36 @@ class PluginView:
     def worker_speeds_by_address(self) -> dict[str, float]:
         speeds = self._p.speeds
         return {a: speeds.learner.speed(n) for a, n in speeds.nodes.items()}
+
+    # -- the forecast's snapshot --------------------------------------------------------
+    def snapshot(self, keys: Any = None, limit: Any = None) -> dict[str, Any]:
+        """What ``daskjobs.forecast`` simulates from (:mod:`daskjobs.plugin.snapshot`) in
+        one pass, or ``{"daskjobs": "removed"}`` once the plugin was unregistered (dask
+        keeps the handler); the ``daskjobs_snapshot`` RPC is :meth:`snapshot_async`."""
+        p = self._p
+        sched = p.scheduler
+        if sched is None or not any(q is p for q in sched.plugins.values()):
+            return {"daskjobs": "removed"}
+        return snapshot(p, keys, limit)
+
+    async def snapshot_async(self, keys: Any = None, limit: Any = None) -> dict[str, Any]:
+        """The RPC's handler: :meth:`snapshot` in slices that give the event loop back
+        (:func:`daskjobs.plugin.snapshot.snapshot_async`)."""
+        p = self._p
+        sched = p.scheduler
+        if sched is None or not any(q is p for q in sched.plugins.values()):
+            return {"daskjobs": "removed"}
+        return await snapshot_async(p, keys, limit)
+
+    def forecast(self) -> Reading | None:
+        """The scheduler's own latest forecast (:mod:`daskjobs.plugin.live_forecast`: each
+        team's expected end, for the page and the metrics); None when it is switched off
+        (``daskjobs.forecast.interval`` null when the plugin was made)."""
+        for part in self._p.parts:
+            reading = getattr(part, "reading", None)
+            if reading is not None:
+                return reading
+        return None
 
     # -- status -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

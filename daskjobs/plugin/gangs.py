@@ -1,4 +1,4 @@
-"""The live half of resources and gangs (docs/resources.md, "Live on dask").
+"""The live half of resources and gangs (docs/explanation/resources.md, "Live on dask").
 
 With ``daskjobs.resources.enabled`` the plugin places every task that asks for a worker
 resource (dask's ``resources={"GPU": 2}``), an accelerator type, GPU memory or a
@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from daskjobs.errors import SubmissionRefused
 from daskjobs.plugin._internals import ask_to_yield, hold, place
+from daskjobs.plugin.periodic import every
 from daskjobs.plugin.worker import PREEMPT_OP
 from daskjobs.policies.resources import (
     Allocation,
@@ -257,18 +258,12 @@ class Placer:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, scheduler: Scheduler) -> None:
-        from tornado.ioloop import PeriodicCallback
-
         self.scheduler = scheduler
-        self._pc = PeriodicCallback(self._tick, self.interval * 1000)
-        scheduler.periodic_callbacks["daskjobs-resources"] = self._pc
-        self._pc.start()
+        self._pc = every(scheduler, "daskjobs-resources", self.interval, self._tick)
 
     def close(self) -> None:
         if self._pc is not None:
             self._pc.stop()
-            if self.scheduler is not None:
-                self.scheduler.periodic_callbacks.pop("daskjobs-resources", None)
         self._pc = None
 
     # -- submission ------------------------------------------------------------------------

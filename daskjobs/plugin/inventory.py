@@ -1,4 +1,4 @@
-"""The worker half of resources: each worker reports what it has (docs/resources.md).
+"""The worker half of resources: each worker reports what it has (docs/explanation/resources.md).
 
 :class:`InventoryReporter` is a ``WorkerPlugin`` the scheduler plugin installs on every
 current and future worker when ``daskjobs.resources.enabled`` is on. At setup, and every

@@ -25,6 +25,10 @@ Metrics (with the default namespace):
   ``..._team_usage{team}`` (decayed slot-seconds, or assigned tasks without a
   half-life), ``..._team_queued_tasks{team}``, ``..._team_share{team}``,
   ``..._team_quota_slots{team}`` (teams with a quota) - fair share only;
+* ``dask_daskjobs_clients{team,identity,source}`` (the clients the plugin knows, by the team
+  their graphs are charged to, their certificate identity and whether the team comes from
+  the certificate, a statement or the default), ``dask_daskjobs_team_refusals_total`` and
+  ``dask_daskjobs_acted_for_total`` (teams from identity: docs/how-to/teams.md);
 * ``dask_daskjobs_ranked_graphs_total``, ``dask_daskjobs_ranked_tasks_total`` and
   ``dask_daskjobs_estimates_total{source}`` (annotation, history, default);
 * ``dask_daskjobs_tracked_tasks{source}``: tasks the plugin knows now, by the
@@ -36,6 +40,15 @@ Metrics (with the default namespace):
   race ran: a losing copy, or a primary its copy beat; nothing else) and
   ``dask_daskjobs_failed_attempt_seconds_total{team}`` (attempts that failed or died with
   their worker, no copy involved) - speculation only;
+* ``dask_daskjobs_forecast_remaining_seconds{team,quantile}`` (``quantile`` 0.1, 0.5,
+  0.9: seconds from now until the team's last unfinished task is expected to end; 0 for a
+  team with nothing unfinished), ``dask_daskjobs_forecast_overall_remaining_seconds
+  {quantile}`` (all the work), ``dask_daskjobs_forecast_age_seconds``,
+  ``dask_daskjobs_forecast_snapshot_seconds`` (the event loop's share of the last refresh)
+  and ``dask_daskjobs_forecast_cpu_seconds`` (its simulation's, in a thread): the
+  scheduler's own forecast (:mod:`daskjobs.plugin.live_forecast`), refreshed every
+  ``daskjobs.forecast.interval`` off the event loop, aged to the scrape; absent while
+  there is none (switched off, too many tasks, not made yet);
 * ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, per hook;
 * ``dask_daskjobs_queued_tasks{team}``, ``dask_daskjobs_queue_delay_seconds{team}``
   (longest wait) and ``dask_daskjobs_queue_delay_seconds_sum{team}`` (summed
@@ -46,7 +59,8 @@ Metrics (with the default namespace):
   ``dask_daskjobs_job_retries_total{team}``, ``dask_daskjobs_job_lease_expiries_total
   {team}``, ``dask_daskjobs_job_fenced_commits_total{team}``,
   ``dask_daskjobs_job_queue_delay_seconds{team}`` (mean, submission to a part's first
-  attempt) with ``..._count``, and ``dask_daskjobs_ledger_metrics_age_seconds``. They are
+  attempt) with ``..._count``, ``dask_daskjobs_ledger_metrics_age_seconds`` and
+  ``dask_daskjobs_jobs_service_fenced`` (1 once a newer scheduler took the ledger). They are
   :meth:`Ledger.metrics <daskjobs.jobs.Ledger.metrics>`, aggregates over the ledger's
   tables: read in a thread of their own at most every ``LEDGER_REFRESH`` seconds, never
   on the event loop; a scrape serves the latest reading (the first waits up to a second).
@@ -69,12 +83,14 @@ from typing import Any
 from distributed.http.prometheus import PrometheusCollector
 
 from daskjobs.plugin import _internals as dask_internals
+from daskjobs.policies.durations import SOURCES
 
 __all__ = ["JobsCollector", "install_metrics", "installed", "uninstall_metrics"]
 
 logger = logging.getLogger("daskjobs.plugin")
 
-_SOURCES = ("annotation", "model", "history", "default")
+_SOURCES = SOURCES
+_QUANTILES = ("0.1", "0.5", "0.9")
 _GONE = ("closing", "closed", "failed")
 
 
@@ -101,14 +117,23 @@ class JobsCollector(PrometheusCollector):
 
     def families(self) -> dict[str, _Family]:
         """Every daskjobs metric of this scheduler, by full name."""
-        plugin = self.plugin
-        sched = self.server
         out: dict[str, _Family] = {}
 
         def fam(name: str, kind: str, doc: str, *labels: str) -> _Family:
             f = out[self.build_name(name)] = _Family(kind, doc, labels)
             return f
 
+        self._forecast_families(fam, self._team_families(fam))
+        self._identity_families(fam)
+        self._ranking_families(fam)
+        self._speed_and_backup_families(fam)
+        self._error_and_queue_families(fam)
+        self._ledger_families(fam)
+        return out
+
+    def _team_families(self, fam: Any) -> list[str]:
+        """Fair share, one row per team; the teams' names."""
+        plugin = self.plugin
         # fair share: one row per team
         teams = plugin.view.teams()
         running = fam(
@@ -155,7 +180,43 @@ class JobsCollector(PrometheusCollector):
                 share.add([row["team"]], row["share"])
             if row["quota"] is not None:
                 quota.add([row["team"]], row["quota"])
+        return [row["team"] for row in teams]
 
+    def _identity_families(self, fam: Any) -> None:
+        """Each client's team, refusals and acts for another team."""
+        plugin = self.plugin
+        # each client's team (plugin/identity.py): connected clients by team, certificate
+        # identity and where the team comes from; refusals and acts for another team
+        ids = plugin.identities
+        clients = fam(
+            "clients",
+            "gauge",
+            "Clients the plugin knows, by the team their graphs are charged to, their "
+            "certificate identity and where the team comes from",
+            "team",
+            "identity",
+            "source",
+        )
+        counted: dict[tuple[str, str, str], int] = {}
+        for row in ids.rows():
+            k = (str(row["team"]), str(row["identity"] or ""), str(row["source"]))
+            counted[k] = counted.get(k, 0) + 1
+        for k, n in sorted(counted.items()):
+            clients.add(list(k), n)
+        fam(
+            "team_refusals",
+            "counter",
+            "Graphs, team statements, jobs and connections refused for their team or identity",
+        ).add([], ids.refused)
+        fam(
+            "acted_for",
+            "counter",
+            "Graphs, team statements and jobs of admin identities charged to another team",
+        ).add([], ids.acted_for)
+
+    def _ranking_families(self, fam: Any) -> None:
+        """The plugin's ranking totals and the estimates' sources."""
+        plugin = self.plugin
         # ranking: the plugin's own running totals
         fam("ranked_graphs", "counter", "Graphs ranked by the plugin").add(
             [], plugin.view.ranked_graphs
@@ -178,6 +239,9 @@ class JobsCollector(PrometheusCollector):
         for src, n in sorted(tracked.items()):
             tr.add([src], n)
 
+    def _speed_and_backup_families(self, fam: Any) -> None:
+        """Measured worker speeds; backup copies and their waste."""
+        plugin = self.plugin
         # worker speeds learned from finished attempts (1.0 = nominal)
         speed = fam(
             "worker_speed",
@@ -215,6 +279,10 @@ class JobsCollector(PrometheusCollector):
             for team, seconds in sorted(spec.get("failed_seconds", {}).items()):
                 failed.add([team], seconds)
 
+    def _error_and_queue_families(self, fam: Any) -> None:
+        """Errors swallowed by the parts; the tasks in dask's queue and their waits."""
+        plugin = self.plugin
+        sched = self.server
         # safety
         errs = fam("hook_errors", "counter", "Exceptions swallowed by a plugin hook", "hook")
         for hook, n in sorted(dict(plugin.errors).items()):
@@ -251,14 +319,60 @@ class JobsCollector(PrometheusCollector):
             qt.add([team], count[team])
             qd.add([team], oldest.get(team, 0.0))
             qs.add([team], total.get(team, 0.0))
-        self._ledger_families(fam)
-        return out
+
+    def _forecast_families(self, fam: Any, known: list[str]) -> None:
+        """The scheduler's forecast (plugin/live_forecast.py), aged to now: nothing while it
+        has none (off, failed, or not made yet); zeros for the teams with nothing left."""
+        reading = self.plugin.view.forecast()
+        if reading is None or reading.state not in ("ok", "done"):
+            return
+        now = time.time()
+        per_team = fam(
+            "forecast_remaining_seconds",
+            "gauge",
+            "Seconds from now until a team's last unfinished task is expected to end, by "
+            "quantile of the scheduler's forecast (0 when nothing of it is unfinished)",
+            "team",
+            "quantile",
+        )
+        overall = fam(
+            "forecast_overall_remaining_seconds",
+            "gauge",
+            "Seconds from now until the last unfinished task is expected to end, by quantile",
+            "quantile",
+        )
+        for team in sorted({*known, *reading.teams}):
+            for quantile, x in zip(_QUANTILES, reading.remaining(now, team) or (), strict=False):
+                per_team.add([team, quantile], x)
+        for quantile, x in zip(_QUANTILES, reading.remaining(now) or (), strict=False):
+            overall.add([quantile], x)
+        if reading.forecast is None:
+            return
+        fam("forecast_age_seconds", "gauge", "Seconds since the forecast's snapshot").add(
+            [], reading.age(now) or 0.0
+        )
+        fam(
+            "forecast_snapshot_seconds",
+            "gauge",
+            "Seconds the last forecast's snapshot held the scheduler's event loop",
+        ).add([], reading.snapshot_seconds)
+        fam(
+            "forecast_cpu_seconds",
+            "gauge",
+            "CPU seconds the last forecast's simulation took, in its own thread",
+        ).add([], reading.cpu_seconds)
 
     def _ledger_families(self, fam: Any) -> None:
         """The jobs ledger's metrics, from the latest reading (module docs)."""
-        ledger = _jobs_ledger(self.server)
-        if ledger is None:
+        service = _jobs_service(self.server)
+        if service is None:
             return
+        ledger = service.ledger
+        fam(
+            "jobs_service_fenced",
+            "gauge",
+            "1 once a newer scheduler took the jobs ledger and this one's service stopped",
+        ).add([], 1 if getattr(service, "fenced", None) else 0)
         reading = LEDGER_METRICS.get(ledger)
         if reading is None:
             return
@@ -320,13 +434,13 @@ class JobsCollector(PrometheusCollector):
 LEDGER_REFRESH = 10.0
 
 
-def _jobs_ledger(scheduler: Any) -> Any:
-    """The ledger of the jobs service running on ``scheduler``, if any (the plugin whose
-    ``ledger`` has ``metrics``: a capability, not a class)."""
+def _jobs_service(scheduler: Any) -> Any:
+    """The jobs service running on ``scheduler``, if any (the plugin whose ``ledger`` has
+    ``metrics``: a capability, not a class)."""
     for p in list(getattr(scheduler, "plugins", {}).values()):
         ledger = getattr(p, "ledger", None)
         if ledger is not None and callable(getattr(ledger, "metrics", None)):
-            return ledger
+            return p
     return None
 
 
@@ -453,7 +567,7 @@ def install_metrics(plugin: Any, scheduler: Any) -> JobsCollector | None:
     (a re-registered plugin), never adds a second collector. Never raises:
     metrics are never a reason for the plugin to fail. Without
     ``prometheus_client`` (dask's ``/metrics`` is then a stub as well) it logs at
-    INFO and returns None; any other failure is logged at WARNING.
+    DEBUG and returns None; any other failure is logged at WARNING.
     """
     try:
         reg = _registry()
@@ -464,8 +578,8 @@ def install_metrics(plugin: Any, scheduler: Any) -> JobsCollector | None:
             elif coll.plugin is not plugin:
                 coll.plugin = plugin  # a re-registered plugin: its counters start at 0
             return coll
-    except ModuleNotFoundError as e:
-        logger.info("daskjobs: no metrics: %s", e)
+    except ModuleNotFoundError as e:  # (the metrics extra, not installed: nobody asked)
+        logger.debug("daskjobs: no metrics: %s", e)
     except Exception:
         logger.warning("daskjobs: installing the metrics failed", exc_info=True)
     return None

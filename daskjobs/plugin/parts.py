@@ -9,7 +9,8 @@ per interested part):
 
 ====================  ===============================================================
 ``start``             the plugin starts on a scheduler (async)
-``check_graph(new)``  a new graph, before ranking: may refuse it (the client's error)
+``check_graph``       a new graph (``new``, and ``graph``: who sent it), before
+                      ranking: may refuse it (the client's error)
 ``graph(new)``        the same graph, once ranked
 ``transition(step)``  a task changed state (:class:`Step`; O(1) each)
 ``wants(start, end)`` whether ``transition`` acts on that pair (asked once per pair)
@@ -22,10 +23,14 @@ per interested part):
 ``close``             the plugin stops (async)
 ====================  ===============================================================
 
-Order: the transition order is the list's: recording first (it tells a trace the
-transition before speculation settles anything), then speculation (which marks a copy's or
-an alias's end as nothing to learn from: :attr:`Step.learn`), preemption,
-resources, the learner, the release gate, and ranking last (it forgets a forgotten task).
+Order: the admission limits first (:mod:`daskjobs.plugin.admission`: a graph over one is
+refused before any other part looks at it); then each graph's team is decided before any other
+check (:class:`~daskjobs.plugin.identity.IdentityPart`, after recording, acts on nothing else).
+The transition order is the list's: recording (it tells a trace the transition before
+speculation settles anything), then speculation (which marks a copy's or an alias's end as
+nothing to learn from: :attr:`Step.learn`), preemption, resources, the learner, the release
+gate, and ranking last (it forgets a forgotten task). The scheduler's forecast
+(:mod:`daskjobs.plugin.live_forecast`) is a part of no hook: it starts and stops with the rest.
 Where one part's answer feeds another, the link is made here, once: speculation tells
 recording which task a copy's start belongs to; recording asks speculation under which
 key a transition is recorded.
@@ -33,6 +38,7 @@ key a transition is recorded.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +48,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.inventory import INVENTORY_NAME, INVENTORY_TOPIC, inventory_bytes
+from daskjobs.plugin.periodic import every
 from daskjobs.plugin.ranking import PENDING
 from daskjobs.plugin.worker import (
     REORDER_OP,
@@ -59,7 +66,9 @@ if TYPE_CHECKING:
     from dask.typing import Key
 
     from daskjobs.config import Settings
+    from daskjobs.plugin.admission import AdmissionPart
     from daskjobs.plugin.gangs import Placer
+    from daskjobs.plugin.identity import ClientTeams
     from daskjobs.plugin.preemption import Preemptor
     from daskjobs.plugin.ranking import Ranker
     from daskjobs.plugin.recording import Recording
@@ -159,9 +168,10 @@ class Part:
     async def start(self, scheduler: Any) -> None:
         """The plugin starts on ``scheduler``."""
 
-    def check_graph(self, new: list[Any]) -> None:
-        """A new graph's tasks, before ranking; raising a ``ValueError`` of the client's
-        input refuses the submission."""
+    def check_graph(self, new: list[Any], graph: Any = None) -> None:
+        """A new graph's tasks, before ranking (``graph``: the graph as dask gave it, with
+        its client); raising a ``ValueError`` of the client's input refuses the
+        submission."""
 
     def graph(self, new: list[Any]) -> None:
         """A new graph's tasks, ranked."""
@@ -466,7 +476,7 @@ class ResourcesPart(Part):
         if self.preemption is not None:
             self.audit.event("preemption", **self.preemption)
 
-    def check_graph(self, new: list[Any]) -> None:
+    def check_graph(self, new: list[Any], graph: Any = None) -> None:
         """A malformed or impossible request fails the submission, naming it (as a bad
         estimate does), and leaves nothing behind."""
         self._placed = []
@@ -509,18 +519,34 @@ class ResourcesPart(Part):
         self.placer.close()
 
 
+def _write_history(job: Any) -> str:
+    """Write one save of the history file (in a thread): "ok", "busy" (another scheduler
+    held the file's lock), "newer" (a newer daskjobs wrote it) or "failed: <why>"."""
+    from daskjobs import history
+
+    try:
+        return "ok" if job.write() else "busy"
+    except history.NewerHistory as e:
+        logger.debug("daskjobs: %s", e)
+        return "newer"
+    except OSError as e:
+        return f"failed: {type(e).__name__}: {e}"
+
+
 class LearningPart(Part):
     """Estimates and worker speeds learnt from finished attempts; the history file; the
     worker plugin that takes a re-ranked stage's new priorities on the workers
     (:class:`~daskjobs.plugin.worker.Reorderer`, installed while the ranker re-ranks)."""
 
-    name = "speeds"
+    name = "learning"
 
     def __init__(self, ranker: Ranker, speeds: WorkerSpeeds, audit: Audit) -> None:
         self.ranker = ranker
         self.speeds = speeds
         self.audit = audit
         self._pc: Any = None
+        self._saving = False  # a save of the history file runs (in a thread)
+        self._warned = False  # a save failed and said so
         # who else keeps sums of estimates: told of each re-estimated batch
         # ((old view, new view, dask state) each)
         self.reestimated: list[Callable[[list[tuple[Any, Any, str]]], None]] = []
@@ -536,11 +562,7 @@ class LearningPart(Part):
             except Exception:
                 self.audit.failed("reorderer-install")
         if ranker.estimator.path:
-            from tornado.ioloop import PeriodicCallback
-
-            self._pc = PeriodicCallback(self.audit.guard("save-history", self.save), 30_000)
-            scheduler.periodic_callbacks["daskjobs-history"] = self._pc
-            self._pc.start()
+            self._pc = every(scheduler, "daskjobs-history", 30.0, self.save)
 
     def wants(self, start: str, finish: str) -> bool:
         return start == "processing" and finish == "memory"
@@ -554,7 +576,16 @@ class LearningPart(Part):
             kwargs = step.kwargs
             seconds = dask_internals.compute_seconds(kwargs.get("startstops", ()))
             if seconds is not None:
-                ranker.estimator.observe(v.stage, v.params, seconds)
+                # scored against the estimate the scheduler acted on, when the stage's model
+                # (or median) gave it: O(1), where asking the model again costs a prediction
+                modelled = v.source == "model" or v.source == "history"
+                ranker.estimator.observe(
+                    v.stage,
+                    v.params,
+                    seconds,
+                    score=modelled,
+                    predicted=v.estimate if modelled else None,
+                )
                 self.speeds.learn(v, kwargs.get("worker"), seconds)
                 changed = ranker.reestimate(v.stage, step.key)  # at the model's cadence
                 if changed:
@@ -577,35 +608,74 @@ class LearningPart(Part):
         self.speeds.forget(worker)
         self.ranker.reorders.discard(worker)
 
-    def save(self) -> None:
+    async def save(self) -> None:
+        """Merge the observations made since the last save into the history file
+        (:mod:`daskjobs.history`), in a thread: the file's lock, read and write never hold
+        the event loop. One save at a time; a file that cannot be written is a warning
+        once (the measurements stay in memory), one of a newer daskjobs stops the saves."""
+        if self._saving:
+            return
         est = self.ranker.estimator
-        if est.dirty:
-            est.save()
+        try:
+            job = est.pending()
+        except Exception:
+            self.audit.failed("save-history")
+            return
+        if job is None:
+            return
+        self._saving = True
+        try:
+            try:
+                outcome = await asyncio.to_thread(_write_history, job)
+            except RuntimeError as e:
+                # a script's cluster closed as the interpreter exits: no new threads then,
+                # and nothing else waits on the loop; written here, not lost
+                if "after shutdown" not in str(e) and "interpreter shutdown" not in str(e):
+                    raise
+                outcome = _write_history(job)
+        except Exception:
+            outcome = "failed"
+            self.audit.failed("save-history")
+        finally:
+            self._saving = False
+        est.saved(job, outcome == "ok")
+        if outcome == "newer":
+            est.path = None  # a newer daskjobs owns the file: never overwrite it
+        if outcome not in ("ok", "busy") and not self._warned:
+            self._warned = True
+            logger.warning(
+                "daskjobs: could not save measured durations to %s (%s); they are kept "
+                "in memory (daskjobs.history.path names the file)",
+                job.path,
+                "a newer daskjobs wrote it" if outcome == "newer" else outcome,
+            )
 
     async def close(self) -> None:
-        self.audit.guard("save-history", self.save)()
+        await self.save()
         ranker = self.ranker
         sched = self.speeds.scheduler
         if ranker.reorder_op and sched is not None:
             ranker.reorders.clear()  # no message from here on, before the handlers go
             ranker.reorder_op = ""
+            # a scheduler that is closing takes its workers with it (a batch system may be
+            # cancelling their jobs now): asking each to drop the reorderer then only logs
+            # failed broadcasts
             try:
-                if dask_internals.has_worker_plugin(sched, REORDERER_NAME):
+                if not dask_internals.closing(sched) and dask_internals.has_worker_plugin(
+                    sched, REORDERER_NAME
+                ):
                     await dask_internals.remove_worker_plugin(sched, REORDERER_NAME)
             except Exception:
                 logger.debug("daskjobs: removing the reorderer failed", exc_info=True)
         pc, self._pc = self._pc, None
         if pc is not None:
             pc.stop()
-            sched = self.speeds.scheduler
-            if sched is not None and sched.periodic_callbacks.get("daskjobs-history") is pc:
-                del sched.periodic_callbacks["daskjobs-history"]
 
 
 class GatePart(Part):
     """The release gate (:mod:`daskjobs.plugin.release`), under a policy that pops."""
 
-    name = "transition"
+    name = "release"
 
     def __init__(self, gate: ReleaseGate) -> None:
         self.gate = gate
@@ -626,7 +696,7 @@ class GatePart(Part):
 class RankingPart(Part):
     """The ranked tasks' views: a forgotten task is forgotten by the policy too."""
 
-    name = "transition"
+    name = "ranking"
 
     def __init__(self, ranker: Ranker) -> None:
         self.ranker = ranker
@@ -647,7 +717,8 @@ class RankingPart(Part):
 
 class SharePart(Part):
     """Tasks another team's graph brought and this graph wants too (a shared stage): their
-    cores are split among the teams that want them (docs/plugin.md). O(keys of the graph)."""
+    cores are split among the teams that want them (docs/how-to/load-the-plugin.md). O(keys of the
+    graph)."""
 
     name = "share"
 
@@ -677,6 +748,8 @@ class Composed(NamedTuple):
     speculator: Speculator | None
     preemptor: Preemptor | None
     placer: Placer | None
+    identities: ClientTeams
+    admission: AdmissionPart
 
 
 def compose(
@@ -688,8 +761,14 @@ def compose(
     gate: ReleaseGate | None,
 ) -> Composed:
     """The parts the settings switch on, in the order of the module docstring."""
+    from daskjobs.plugin.admission import AdmissionPart
+    from daskjobs.plugin.identity import ClientTeams, IdentityPart
+
+    # always there: a client's plugin takes the operator's limits at start (the trust model)
+    admission = AdmissionPart(settings.admission, audit)
+    identities = ClientTeams(settings.teams, audit)
     recorder = RecordingPart(recording)
-    parts: list[Part] = [recorder]
+    parts: list[Part] = [admission, recorder, IdentityPart(identities, ranker)]
     speculator = preemptor = placer = None
     if settings.speculation.enabled:
         from daskjobs.plugin.speculation import Speculator
@@ -738,7 +817,11 @@ def compose(
     parts.append(RankingPart(ranker))
     if ranker.fair is not None:  # who pays for a shared stage: the team books' question
         parts.append(SharePart(ranker, gate, audit))
-    return Composed(parts, speculator, preemptor, placer)
+    if settings.forecast.interval is not None:  # each team's expected end, for the pages
+        from daskjobs.plugin.live_forecast import ForecastPart
+
+        parts.append(ForecastPart(audit))
+    return Composed(parts, speculator, preemptor, placer, identities, admission)
 
 
 # -- the start reporter ----------------------------------------------------------------------

@@ -1,21 +1,21 @@
 """The daskjobs scheduler plugin: dask's scheduler, steered by the shared policy core.
 
-``JobsPlugin`` makes one decision of its own, each new graph's ``TaskState.priority``
-from the policy (:mod:`~daskjobs.plugin.ranking`, before anything is dispatched), and runs
-every other hook of dask's over its *parts* (:mod:`daskjobs.plugin.parts`: the trace,
-speculation, preemption, resources and gangs, learning, the release gate, shared stages;
-one concern each, behind one protocol, every call under one guard), composed from the
-settings and what the policy declares it does (:attr:`~daskjobs.policies.Policy.capabilities`).
-``explain``, ``status``, the dashboard page and the metrics read it through a read-only
-view (``plugin.view``, :mod:`~daskjobs.plugin.explain`). Every private piece of distributed
-the parts touch is a verb of :mod:`daskjobs.plugin._internals`, checked at start.
+``JobsPlugin`` makes one decision of its own, each new graph's ``TaskState.priority`` from the
+policy (:mod:`~daskjobs.plugin.ranking`, before anything is dispatched), and runs every other hook
+of dask's over its *parts* (:mod:`daskjobs.plugin.parts`: the admission limits, the trace,
+speculation, preemption, resources and gangs, learning, the release gate, shared stages; one
+concern each, behind one protocol, every call under one guard), composed from the settings and what
+the policy declares it does (:attr:`~daskjobs.policies.Policy.capabilities`). ``explain``,
+``status``, the dashboard page and the metrics read it through a read-only view (``plugin.view``,
+:mod:`~daskjobs.plugin.explain`). Every private piece of distributed the parts touch is a verb of
+:mod:`daskjobs.plugin._internals`, checked at start.
 
-Safety: the plugin runs inside a shared scheduler. An exception in a part's hook is
-logged at WARNING with the key, counted in ``plugin.errors`` under the part's name and
-swallowed; dask carries on with its own order. Hooks cost O(1) per transition and
-part; ranking a graph O(n log n) once per graph. The only errors that reach a client
-are about its own input (a bad ``estimate``, an unknown team when teams are strict, an
-impossible resource request). Trust: docs/plugin.md#trust.
+Safety: the plugin runs inside a shared scheduler. An exception in a part's hook is logged at
+WARNING with the key, counted in ``plugin.errors`` under the part's name and swallowed; dask
+carries on with its own order. Hooks cost O(1) per transition and part; ranking a graph O(n log n)
+once per graph. The only errors that reach a client are about its own input (a bad ``estimate``, a
+team it may not name, an impossible resource request, a graph over an admission limit). Trust:
+docs/how-to/load-the-plugin.md#trust; teams: plugin/identity.
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["JobsPlugin", "LiveAttempt", "LiveTask", "UnknownTeam"]
 
-#: What the RPC handlers answer once the plugin was unregistered (dask keeps handlers).
-_REMOVED = {"daskjobs": "removed"}
+_REMOVED = {"daskjobs": "removed"}  #: the handlers' answer once unregistered (dask keeps them)
 
 
 class JobsPlugin(SchedulerPlugin):
@@ -90,6 +89,9 @@ class JobsPlugin(SchedulerPlugin):
         self.speculator: Speculator | None = made.speculator
         self.preemptor: Preemptor | None = made.preemptor
         self.placer: Placer | None = made.placer
+        self.identities = made.identities  # each client's team (plugin/identity.py)
+        self.admission = made.admission
+        self.admission.registered = self._registered  # it steps aside once unregistered
         self.reporters = _parts.Reporters(self.parts, self.audit)
         self.recording.reporters_changed = self.reporters.refresh
         self.view = PluginView(self)
@@ -114,9 +116,10 @@ class JobsPlugin(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         self._starting = True
         try:
-            dask_internals.check_scheduler(scheduler)
             self.settings = apply_trust(self, scheduler, JobsPlugin)
-            self.recording.settings = self.settings
+            dask_internals.check_scheduler(scheduler, identities=self.settings.teams.bound)
+            self.admission.limits = self.settings.admission  # the scheduler's own
+            self.recording.settings = self.identities.settings = self.settings
             self.scheduler = scheduler  # and the objects the parts share, before any await
             for shared in (self.audit, self.recording, self.ranker, self.speeds, self.gate):
                 if shared is not None:
@@ -126,6 +129,7 @@ class JobsPlugin(SchedulerPlugin):
             dask_internals.steal_in_order(scheduler, still=self._registered)  # dask#8992
             for name in ("explain", "status", "record"):
                 scheduler.handlers[f"daskjobs_{name}"] = getattr(self, f"_rpc_{name}")
+            scheduler.handlers["daskjobs_snapshot"] = self.view.snapshot_async  # in slices
             self._log_event = dask_internals.wrap_stream_handler(
                 scheduler, "log-event", self._log_event_from_worker
             )
@@ -164,24 +168,24 @@ class JobsPlugin(SchedulerPlugin):
         return sched is not None and any(p is self for p in sched.plugins.values())
 
     # -- dask's hooks, over the parts ---------------------------------------------------
-    def _new_graph(self, tasks: Any) -> bool:
-        """A new graph, prioritised by dask: checked by the parts, ranked, told to the
-        parts; False steps aside (unregistered: dask does not call close() then)."""
+    def _new_graph(self, graph: dask_internals.NewGraph) -> bool:
+        """A new graph, prioritised by dask: checked by the parts (its team first), ranked,
+        told to the parts; False steps aside (unregistered: dask does not call close() then)."""
         if not self._registered():
             uninstall_metrics(self.scheduler, self)
             return False
-        new = self.ranker.unranked(tasks)
+        new = self.ranker.unranked(graph.tasks)
         try:
             for part in self._hooks["check_graph"]:
                 try:
-                    part.check_graph(new)
+                    part.check_graph(new, graph)
                 except part.refusals:
                     raise
                 except Exception:
                     self.audit.failed(part.name)
             self.ranker.rank(new)
         except SubmissionRefused as e:  # the client's own input: its new tasks err with it
-            self.ranker.refuse(tasks, e)
+            self.ranker.refuse(graph.tasks, e)
             return True
         self._each("graph", new)
         return True

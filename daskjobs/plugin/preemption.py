@@ -1,5 +1,5 @@
 """The live half of preemption: interactive (TE) tasks take resources back from
-best-effort (BE) ones that checkpoint (docs/preemption.md, "Live on dask").
+best-effort (BE) ones that checkpoint (docs/explanation/preemption.md, "Live on dask").
 
 Every decision is the preemption policy's, the object the job-level simulator runs:
 every ``interval`` this driver adapts dask's state into the policy's views and asks
@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin._internals import Pinned, ask_to_yield, pin, pinned, release, unpin
+from daskjobs.plugin.periodic import every
 from daskjobs.plugin.worker import PREEMPT_OP
 from daskjobs.policies.preemption import Placement
 
@@ -202,18 +203,12 @@ class Preemptor:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, scheduler: Any) -> None:
-        from tornado.ioloop import PeriodicCallback
-
         self.scheduler = scheduler
-        self._pc = PeriodicCallback(self._tick, self.interval * 1000)
-        scheduler.periodic_callbacks["daskjobs-preemption"] = self._pc
-        self._pc.start()
+        self._pc = every(scheduler, "daskjobs-preemption", self.interval, self._tick)
 
     def close(self) -> None:
         if self._pc is not None:
             self._pc.stop()
-            if self.scheduler is not None:
-                self.scheduler.periodic_callbacks.pop("daskjobs-preemption", None)
 
     # -- what the plugin tells it --------------------------------------------------------
     def _need(self, ts: Any) -> float:

@@ -18,7 +18,7 @@ first element is the policy layer's :func:`~daskjobs.policies.order.user_order`
 (interactive work ahead of best-effort work of its user priority, under a preemption
 policy that says so).
 
-Two more of dask's promises are kept (docs/dask-promises.md): a graph none of whose
+Two more of dask's promises are kept (docs/explanation/dask-promises.md): a graph none of whose
 tasks has an estimate (annotated or measured) gets one rank for all its tasks, so it
 runs in dask's own order; and every rank is offset by the seconds from the ranker's
 start to the first graph of its dask generation (graphs dask counts as submitted
@@ -69,7 +69,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings, policy_settings
@@ -84,11 +84,12 @@ from daskjobs.plugin.estimates import (
     params_of,
     predict_stage,
 )
+from daskjobs.plugin.features import read
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, Policy, TaskView, registry
 from daskjobs.policies.balance import Backlog, movable, rebalance
 from daskjobs.policies.base import SpeedLearner, TeamBooks
-from daskjobs.policies.durations import SOURCES
+from daskjobs.policies.durations import RERANK_MIN_SECONDS, SOURCES
 from daskjobs.policies.order import user_order
 
 if TYPE_CHECKING:
@@ -116,6 +117,11 @@ _WAITING = frozenset({"released", "waiting", "queued", "no-worker"})
 #: worker skips a re-ranked task that did).
 PENDING = _WAITING | {"processing"}
 
+#: A task's stage, its parameters (None: none usable), the size-like ones among them, and
+#: whether it is dask's own plumbing (a dask collection's task: a function of dask's or of the
+#: libraries its collections call, or no call at all).
+Described = tuple[str, Mapping[str, Any] | None, tuple[str, ...], bool]
+
 #: The estimate sources that give a band (the view's ``band``).
 _BANDED = ("model", "history")
 
@@ -130,7 +136,7 @@ def _holds(v: LiveTask, e: Estimate) -> bool:
     return band is None
 
 
-#: The job classes of docs/preemption.md: trial-and-error (interactive) and best-effort.
+#: The job classes of docs/explanation/preemption.md: trial-and-error (interactive) and best-effort.
 JOB_CLASSES = ("te", "be")
 
 
@@ -184,7 +190,7 @@ class Ranker:
         s = settings
         # The policy comes from the registry, by name, with the settings of its own
         # (policy-options; fair-share's from the teams section): the object the simulator
-        # and replay make (docs/policies.md).
+        # and replay make (docs/how-to/write-a-policy.md).
         made = registry.make(s.policy, **policy_settings(s))
         self.made: Policy = made  # the policy the settings name
         caps = made.capabilities
@@ -200,8 +206,14 @@ class Ranker:
                 "False) but has no key(task) to rank by: subclass HeapPolicy, or declare pops"
             )
         self.estimator = make_estimator(
-            s.default_estimate, s.history_samples, s.history_path, s.learn_estimates
+            s.default_estimate,
+            s.history_samples,
+            s.history_path,
+            s.learn_estimates,
+            s.history_max_stages,
         )
+        # read each task's own call for its stage and parameters (estimates.arguments)
+        self.arguments = s.learn_estimates and s.estimates_from_arguments
         self.tasks: dict[Key, LiveTask] = {}
         # TE tasks ahead of BE ones: the preemption policy's declaration
         # (PreemptionPolicy.te_first), ordered by the policy layer's user_order
@@ -214,6 +226,9 @@ class Ranker:
         self.estimate_sources = dict.fromkeys(SOURCES, 0)
         self.just_ranked: list[Key] = []  # the keys the latest graph brought (for share)
         self.client_teams: dict[str, frozenset[str]] = {}  # client -> its graphs' teams
+        # -- teams from identity (plugin/identity.py): the team of the graph being ranked's
+        # tasks without a ``team`` annotation, its client's; None: teams.default
+        self.graph_team: str | None = None
         # per stage, its ranked tasks without an ``estimate`` annotation that wait (not
         # assigned to a worker, not done): re-estimated as the stage's model learns, kept
         # in O(1) per transition (track). Only under a policy that ranks by a static key
@@ -236,21 +251,56 @@ class Ranker:
         self.lazy = True
         self.deferred: dict[str, Estimate] = {}
         self.deferrals = 0  # re-ranks deferred so far
+        self.short_skips = 0  # re-ranks of stages of very short tasks left out
         self._param_stages: set[str] = set()
 
-    def view(self, ts: Any, now: float, e: Estimate | None = None) -> LiveTask:
+    def describe(self, ts: Any) -> Described:
+        """``(stage, params, grows, own)`` of ``ts``: its ``stage`` and ``params``
+        annotations where it has them, else what its own call says
+        (:mod:`daskjobs.plugin.features`: the function's identity, its literal arguments,
+        the size-like ones among them), else its key prefix and no parameters; ``own``: a
+        task of dask's own functions (or of no call), whose graph keeps dask's order
+        (:meth:`_keep_dask_promises`). A sweep's load task (annotated ``load``) is stage
+        ``"<stage>:load"``: reading a result is not a sample of computing it."""
+        ann = ts.annotations
+        stage: Any = None
+        params = None
+        if ann:
+            stage = ann.get("stage")
+            params = params_of(ann)
+            if ann.get("load"):
+                return f"{stage if stage is not None else stage_of(ts)}:load", None, (), False
+        grows: tuple[str, ...] = ()
+        own = False
+        if params is None and self.arguments:
+            call = dask_internals.task_call(ts)
+            if call is None:
+                own = stage is None  # an alias, data: dask's plumbing
+            else:
+                refs = dask_internals.references()
+                named, params, grows = read(call[0], call[1], call[2], refs)
+                if stage is None:
+                    stage = named
+                    own = named is None
+        if stage is None:
+            stage = ts.prefix.name
+        return str(stage), params, grows, own
+
+    def view(
+        self, ts: Any, now: float, e: Estimate | None = None, d: Described | None = None
+    ) -> LiveTask:
         """The task view of ``ts``; ``e``: its estimate, if the caller predicted it already
-        (a graph's unannotated tasks are predicted per stage in one batch)."""
-        stage = stage_of(ts)
+        (a graph's unannotated tasks are predicted per stage in one batch); ``d``: what
+        :meth:`describe` said of it, if the caller asked already."""
+        stage, params, _, _ = self.describe(ts) if d is None else d
         ann = ts.annotations or {}
-        params = params_of(ann)
         if params is not None:
             self._param_stages.add(stage)
         if e is None:
             annotated = check_estimate(ts.key, ann["estimate"]) if "estimate" in ann else None
             e = self.estimator.predict(stage, params, annotated)
         teams = self.settings.teams
-        team = str(ann.get("team", teams.default))
+        team = str(ann.get("team", self.graph_team or teams.default))  # graph_team: __init__
         if teams.strict and team not in teams.targets:
             raise UnknownTeam(
                 f"task {ts.key!r} belongs to team {team!r}, which is not configured "
@@ -309,11 +359,17 @@ class Ranker:
         policy = self.policy
         now = time.time()
         new.sort(key=lambda ts: ts.priority[2])  # dask.order: dependencies first
-        predicted = self._predict_graph(new)
-        views = []
+        described = []
         for ts in new:
             try:
-                views.append(self.view(ts, now, predicted.get(ts.key)))
+                described.append(self.describe(ts))
+            except Exception as e:
+                raise _RankFailed(ts.key) from e
+        predicted = self._predict_graph(new, described)
+        views = []
+        for ts, d in zip(new, described, strict=True):
+            try:
+                views.append(self.view(ts, now, predicted.get(ts.key), d))
             except (BadEstimate, UnknownTeam, BadJobClass):
                 raise
             except Exception as e:
@@ -330,7 +386,7 @@ class Ranker:
                 for w in views:
                     policy.forget(w.tid)
                 raise _RankFailed(ts.key) from e
-        ranks = self._keep_dask_promises(new, views, ranks, now)
+        ranks = self._keep_dask_promises(new, views, ranks, now, [d[3] for d in described])
         sources = dict.fromkeys(SOURCES, 0)
         te_ahead = self.te_first
         for ts, v, rank in zip(new, views, ranks, strict=True):
@@ -350,28 +406,48 @@ class Ranker:
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
 
-    def _predict_graph(self, new: list[Any]) -> dict[Key, Estimate]:
+    def _predict_graph(self, new: list[Any], described: list[Described]) -> dict[Key, Estimate]:
         """The estimates of a graph's tasks without an ``estimate`` annotation, one batch
         per stage (one matrix product each: a sweep of 10,000 tasks is predicted in about
-        a tenth of the time task by task). Annotated tasks are left to :meth:`view`."""
-        by_stage: dict[str, list[Any]] = {}
-        for ts in new:
+        a tenth of the time task by task). Annotated tasks are left to :meth:`view`. The
+        size-like parameters of a stage's tasks are told to its model first
+        (:meth:`~daskjobs.policies.durations.Estimator.expect`)."""
+        by_stage: dict[str, tuple[list[Key], list[Any], set[str]]] = {}
+        for ts, (stage, params, grows, _) in zip(new, described, strict=True):
             ann = ts.annotations
             if not (ann and "estimate" in ann):
-                by_stage.setdefault(stage_of(ts), []).append(ts)
+                group = by_stage.get(stage)
+                if group is None:
+                    group = by_stage[stage] = ([], [], set())
+                group[0].append(ts.key)
+                group[1].append(params)
+                if grows:
+                    group[2].update(grows)
         out: dict[Key, Estimate] = {}
         est = self.estimator
-        for stage, group in by_stage.items():
-            preds = predict_stage(est, stage, [params_of(ts.annotations) for ts in group])
-            out.update(zip([ts.key for ts in group], preds, strict=True))
+        for stage, (keys, params_list, grows_all) in by_stage.items():
+            if grows_all:
+                est.expect(stage, frozenset(grows_all), params_list)
+            preds = predict_stage(est, stage, params_list)
+            out.update(zip(keys, preds, strict=True))
         return out
 
     def _keep_dask_promises(
-        self, new: list[Any], views: list[LiveTask], ranks: list[float], now: float
+        self,
+        new: list[Any],
+        views: list[LiveTask],
+        ranks: list[float],
+        now: float,
+        own: list[bool],
     ) -> list[float]:
-        """dask's order inside a graph without estimates (one rank for all its tasks),
-        and every rank aged by its generation's first submission (module docstring)."""
-        if all(v.source == "default" for v in views):
+        """dask's order inside a graph without estimates, or of dask's own tasks (a dask
+        collection's: ``own``, measured or not) without an ``estimate`` annotation: one rank
+        for all its tasks; and every rank aged by its generation's first submission (module
+        docstring)."""
+        if all(
+            v.source == "default" or (mine and v.source != "annotation")
+            for v, mine in zip(views, own, strict=True)
+        ):
             ranks = [0.0] * len(ranks)
         generation = new[0].priority[1]
         age = self._ages.get(generation)
@@ -408,7 +484,8 @@ class Ranker:
         if mine and client:
             self.client_teams[client] = mine
         elif not mine:
-            mine = self.client_teams.get(client or "") or frozenset({self.settings.teams.default})
+            fallback = self.graph_team or self.settings.teams.default  # the client's team
+            mine = self.client_teams.get(client or "") or frozenset({fallback})
         fresh = set(new)
         sched = self.scheduler
         grown = []
@@ -517,6 +594,12 @@ class Ranker:
         est.mark(stage)
         sched = self.scheduler
         if not keys or sched is None:
+            return []
+        if stage in self._param_stages and est.typical(stage) < RERANK_MIN_SECONDS:
+            # tasks this short (client.map(inc, range(n))) cannot move the end of a run by
+            # more than a few of them whatever their order: their re-rank is not worth its
+            # visits of every waiting task
+            self.short_skips += 1
             return []
         if self._alone(stage, len(keys) - (done in keys), sched):
             # every waiting task would move by one offset: nothing changes order

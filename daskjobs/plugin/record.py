@@ -10,7 +10,7 @@ The path is opened *by the scheduler*, on the scheduler's machine (a relative
 path is relative to the scheduler's working directory); ``path`` is the absolute
 path the scheduler wrote. The other two ways to record, for the whole life of a
 scheduler, are the ``daskjobs.record`` config key and ``JobsPlugin(record=...)``
-(see ``docs/trace.md``).
+(see ``docs/reference/trace-format.md``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ a file without a footer (and possibly one unterminated last line), which
 Serialisation happens in the writer thread: tuples become JSON arrays, values
 JSON cannot hold (sets, bytes, arbitrary objects) are written as their ``str``,
 non-finite floats as ``null``, and mapping keys that are not strings as their
-``str``. The schema is documented in ``docs/trace.md``.
+``str``. The schema is documented in ``docs/reference/trace-format.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ __all__ = ["TRACE_VERSION", "TraceRecorder", "jsonable"]
 
 logger = logging.getLogger("daskjobs.plugin.recorder")
 
-#: Version of the trace format written by this module (``docs/trace.md``).
+#: Version of the trace format written by this module (``docs/reference/trace-format.md``).
 TRACE_VERSION = 1
 
 #: Record types that are never dropped (see the module docs).

@@ -1,4 +1,4 @@
-"""Recording a run as a trace (schema: docs/trace.md).
+"""Recording a run as a trace (schema: docs/reference/trace-format.md).
 
 With ``record: run.jsonl`` in the config, ``JobsPlugin(record=...)`` or, for a
 while, :func:`daskjobs.record`, the plugin writes the graph, the workers and every
@@ -6,7 +6,7 @@ attempt as JSON Lines. The hooks only hand small dicts to a bounded queue
 (:class:`~daskjobs.plugin.recorder.TraceRecorder`); a thread writes them. True
 start times come from :class:`~daskjobs.plugin.worker.StartReporter`, the worker
 plugin the plugin installs. A recording a client asks for is confined to
-``daskjobs.record-dir`` (the trust model, docs/plugin.md#trust).
+``daskjobs.record-dir`` (the trust model, docs/how-to/load-the-plugin.md#trust).
 """
 
 from __future__ import annotations
@@ -176,6 +176,8 @@ class Recording:
                     "priority": list(p) if p else None,
                     "submit": v.submit if v else now,
                 }
+                if v is not None and v.params and "params" not in ann:
+                    r["params"] = dict(v.params)  # read from the task's own call
                 if existing:
                     r["existing"] = True
                     r["state"] = ts.state

@@ -165,7 +165,7 @@ class ReleaseGate:
         try:
             self._flush()
         except Exception:
-            self.audit.failed("transition")
+            self.audit.failed("release")
             self._schedule_reconcile()
 
     @property
@@ -350,7 +350,7 @@ class ReleaseGate:
         try:
             self._transition(key, start, finish)
         except Exception:
-            self.audit.failed("transition", key)
+            self.audit.failed("release", key)
             self._schedule_reconcile()
 
     def _transition(self, key: Key, start: str, finish: str) -> None:

@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 from daskjobs.plugin import _internals
 from daskjobs.plugin.audit import Audit
+from daskjobs.plugin.periodic import every
 from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import LiveAttempt, LiveTask
 from daskjobs.plugin.worker import COPY_PREFIX  # first element of a copy's key
@@ -219,12 +220,8 @@ class Speculator:
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, scheduler: Any) -> None:
-        from tornado.ioloop import PeriodicCallback
-
         self.scheduler = scheduler
-        self._pc = PeriodicCallback(self._tick, self.interval * 1000)
-        scheduler.periodic_callbacks["daskjobs-speculation"] = self._pc
-        self._pc.start()
+        self._pc = every(scheduler, "daskjobs-speculation", self.interval, self._tick)
 
     def close(self) -> None:
         sched = self.scheduler
@@ -232,7 +229,6 @@ class Speculator:
             return
         if self._pc is not None:
             self._pc.stop()
-            sched.periodic_callbacks.pop("daskjobs-speculation", None)
         for race in list(self.races.values()):
             if not race.redirected:
                 self._drop(race, "abandoned", "daskjobs-speculation-closed")
@@ -265,7 +261,8 @@ class Speculator:
         return race is not None and race.redirected
 
     def recorded_as(self, key: Key, start: str, finish: str) -> Key | None:
-        """The key a transition is recorded under in a trace (docs/trace.md), or None.
+        """The key a transition is recorded under in a trace (docs/reference/trace-format.md), or
+        None.
 
         The trace tells a race as it always has: the copy's start and, if it wins,
         its end, under the task's key; the redirect and the alias are bookkeeping

@@ -50,8 +50,9 @@ class LiveTask:
 
     @property
     def estimated(self) -> bool:
-        """A real estimate (annotation or measured history), not the configured default."""
-        return self.source != "default"
+        """A real estimate (annotation or measured history), not the configured default
+        (nor the default scaled by a size-like argument's prior)."""
+        return self.source != "default" and self.source != "prior"
 
     def reestimated(
         self, estimate: float, source: str, band: tuple[float, float] | None, samples: int

@@ -18,7 +18,7 @@ only needed to judge it late, and nothing is judged late before ``min-runtime``
 (the plugin keeps ``delay`` at most half of it). A backup copy's start is reported at
 once: the scheduler must know whether a copy it drops holds a thread. On a sweep of
 short tasks this takes one message a task off every worker's stream and off the
-scheduler's (docs/plugin.md: about a tenth of the scheduler's rate of starts).
+scheduler's (docs/how-to/load-the-plugin.md: about a tenth of the scheduler's rate of starts).
 
 Users never register it: :class:`~daskjobs.plugin.JobsPlugin` installs it on
 every current and future worker while recording is on (:func:`reporter_bytes`
@@ -202,7 +202,7 @@ class StartReporter(WorkerPlugin):
 
 class Reorderer(WorkerPlugin):
     """Take the scheduler's new priorities for tasks waiting on this worker (a re-ranked
-    stage, docs/estimates.md): the :data:`REORDER_OP` message, enacted by the verb
+    stage, docs/how-to/estimates.md): the :data:`REORDER_OP` message, enacted by the verb
     :func:`~daskjobs.plugin._worker_internals.reorder` (O(r log r) a message for the
     ``r`` tasks waiting here). At setup it runs the verb's self-check on this worker's
     dask; only if it passes does it take the message and tell the scheduler so

@@ -1,7 +1,7 @@
 """Scheduling policies: pure Python, shared by the simulator, the plugin and replay.
 
 Nothing here imports ``distributed`` (a test enforces it). See
-:mod:`daskjobs.policies.base` for the interface and docs/policies.md for writing
+:mod:`daskjobs.policies.base` for the interface and docs/how-to/write-a-policy.md for writing
 one. Policies are known by name through :mod:`daskjobs.policies.registry`; the
 built-in ones are registered here, a user's with :func:`register` or an entry point
 of group ``daskjobs.policies``.
@@ -61,7 +61,7 @@ for _name, _factory in (
     registry._builtin(_name, _factory)
 # Dealing tasks to per-core deques only means something where the policy decides which
 # core runs a task; live, dask picks the worker of a released task, and dask's own
-# work-stealing extension already does this (docs/policies.md#work-stealing).
+# work-stealing extension already does this (docs/how-to/write-a-policy.md#work-stealing).
 registry._builtin("work-stealing", WorkStealing, live=False)
 del _name, _factory
 

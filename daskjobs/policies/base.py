@@ -248,6 +248,7 @@ class TeamBooks(Protocol):
     def running(self, team: str) -> int: ...
     def queued(self, team: str) -> int: ...
     def booked(self, team: str, now: float | None = None) -> float: ...
+    def why_waiting(self, team: str, cores: float, now: float) -> str: ...
 
 
 class Policy:
@@ -314,7 +315,7 @@ class Policy:
 
     def reestimate(self, old: TaskView, new: TaskView) -> None:
         """A waiting task's estimate changed (``old`` and ``new`` are its views: the
-        driver learned a better one, docs/estimates.md); before the driver asks ``key``
+        driver learned a better one, docs/how-to/estimates.md); before the driver asks ``key``
         of ``new``. A policy whose key reads more than the task (critical path's
         remaining path) updates what it keeps; the default keeps nothing to update."""
 

@@ -78,8 +78,12 @@ import numpy as np
 
 __all__ = [
     "EXTRAPOLATE",
+    "MAX_STAGES",
+    "PRIOR_RANGE",
     "PRIOR_SIGMA",
+    "PRIOR_SLOPE_SD",
     "REFIT_EVERY",
+    "RERANK_MIN_SECONDS",
     "RERANK_VISITS",
     "SOURCES",
     "WINDOW",
@@ -107,6 +111,24 @@ REFIT_EVERY = WINDOW
 #: most once every ``w / RERANK_VISITS`` observations: at most this many visits per
 #: observation, amortised, however long the stage's queue.
 RERANK_VISITS = 16
+#: A size-like parameter's assumed effect (before measurements tell it apart) is limited to
+#: this factor either way of the value it was measured at.
+PRIOR_RANGE = 1000.0
+_PRIOR_LOG = math.log(PRIOR_RANGE)
+#: A size-like parameter's slope (log-duration over log-size) is assumed 1 (proportional
+#: cost) give or take this much, before measurements (a normal prior of this deviation).
+PRIOR_SLOPE_SD = 1.0
+#: The spread of log-durations around a stage's fit assumed before measurements say it (the
+#: SPEC's estimate noise, exp(0.3 z)), weighing as :data:`NOISE_PSEUDO` observations.
+PRIOR_NOISE = 0.3
+NOISE_PSEUDO = 2.0
+#: Stages kept in memory (the least recently observed is dropped past it).
+MAX_STAGES = 256
+#: A driver leaves out the re-ranks of a stage with parameters whose typical task (the
+#: median of its observations) is shorter than this: reordering tasks of a few milliseconds
+#: cannot move the end of a run by more than a few of them, and a re-rank visits every
+#: waiting task of the stage.
+RERANK_MIN_SECONDS = 0.005
 #: The band's quantiles of the residuals.
 BAND = (0.1, 0.9)
 _Z90 = 1.2815515655446004  # the standard normal's 90% quantile
@@ -170,12 +192,14 @@ def _category(v: Any) -> Hashable:
 class StageModel:
     """The duration model of one stage (see the module docstring)."""
 
-    __slots__ = ("_fit", "_obs", "_since_fit", "seen", "window")
+    __slots__ = ("_fit", "_obs", "_since_fit", "grows", "seen", "window")
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, grows: frozenset[str] = frozenset()) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
         self.window = window
+        #: parameters assumed to grow the cost in proportion until measured (the prior)
+        self.grows = grows
         self._obs: deque[tuple[Mapping[str, Any], float]] = deque(maxlen=window)
         self._fit: _Fit | None = None
         self._since_fit = 0
@@ -198,13 +222,23 @@ class StageModel:
     def observations(self) -> list[tuple[dict[str, Any], float]]:
         return [(dict(p), s) for p, s in self._obs]
 
+    def typical(self) -> float:
+        """The median of the durations kept (0.0 without any); O(window)."""
+        return float(np.median([s for _, s in self._obs])) if self._obs else 0.0
+
     def _current(self) -> _Fit | None:
         if not self._obs:
             return None
         if self._fit is None or self._since_fit:
-            self._fit = _Fit(self._obs)
+            self._fit = _Fit(self._obs, self.grows)
             self._since_fit = 0
         return self._fit
+
+    def expect(self, grows: frozenset[str]) -> None:
+        """Assume the parameters ``grows`` grow the cost too (the next fit reads them)."""
+        if not grows <= self.grows:
+            self.grows = self.grows | grows
+            self._fit = None
 
     def predict(self, params: Mapping[str, Any] | None) -> Prediction | None:
         """The predicted duration of a task with ``params``; None before any observation."""
@@ -219,7 +253,7 @@ class StageModel:
         fit = self._fit
         if fit is None:
             return None
-        return fit.shared() if not fit.columns else fit.predict([params or {}])[0]
+        return fit.shared() if fit.flat else fit.predict([params or {}])[0]
 
     def predict_many(self, params: Sequence[Mapping[str, Any] | None]) -> list[Prediction] | None:
         """:meth:`predict` for a batch, with one matrix product."""
@@ -232,9 +266,24 @@ class StageModel:
 class _Fit:
     """One ridge fit of a stage's observations (immutable once made)."""
 
-    __slots__ = ("_one", "beta", "center", "columns", "cut", "hi", "lo", "median", "n", "scale")
+    __slots__ = (
+        "_one",
+        "beta",
+        "center",
+        "columns",
+        "cut",
+        "flat",
+        "hi",
+        "lo",
+        "median",
+        "n",
+        "prior",
+        "scale",
+    )
 
-    def __init__(self, obs: Iterable[tuple[Mapping[str, Any], float]]) -> None:
+    def __init__(
+        self, obs: Iterable[tuple[Mapping[str, Any], float]], grows: frozenset[str] = frozenset()
+    ) -> None:
         rows = list(obs)
         self.n = n = len(rows)
         self._one: Prediction | None = None  # without columns: the one prediction, made once
@@ -260,15 +309,23 @@ class _Fit:
                 for value in sorted(cats[name], key=repr):
                     columns.append((name, "cat", value))
         raw = self._raw(columns, [p for p, _ in rows])
+        #: size-like parameters the observations cannot tell apart (one value seen):
+        #: (name, log of that value); the cost is assumed proportional to them
+        self.prior: list[tuple[str, float]] = []
         if columns:
             center = raw.mean(axis=0)
             scale = raw.std(axis=0)
             keep = scale > 1e-12 * np.maximum(1.0, np.abs(center))  # constant columns say nothing
+            for (name, kind, _), k, c in zip(columns, keep, center.tolist(), strict=True):
+                if not k and kind == "log" and name in grows and math.isfinite(c):
+                    self.prior.append((name, c))
             columns = [c for c, k in zip(columns, keep, strict=True) if k]
             raw, center, scale = raw[:, keep], center[keep], scale[keep]
         else:
             center = scale = np.zeros(0)
         self.columns = columns
+        #: every task of the stage gets one prediction (no column, no prior)
+        self.flat = not (columns or self.prior)
         self.center = center
         self.scale = scale
         yc = y - self.median
@@ -278,12 +335,21 @@ class _Fit:
             lo = x.min(axis=0)
             hi = x.max(axis=0)
             span = hi - lo
-            self.cut = (lo - EXTRAPOLATE * span, hi + EXTRAPOLATE * span)
+            beyond = EXTRAPOLATE * span
             width = x.shape[1]
-            gram = x.T @ x + SHRINK * np.eye(width)
             # the intercept is fitted too, shrunk toward the median like every effect
             offset = float(yc.mean()) * n / (n + SHRINK)
+            # every effect is shrunk toward 0 (the stage's median)
+            gram = x.T @ x + SHRINK * np.eye(width)
             self.beta = np.linalg.solve(gram, x.T @ (yc - offset))
+            sized = [
+                j for j, (name, kind, _) in enumerate(columns) if kind == "log" and name in grows
+            ]
+            if sized:
+                self.beta = self._sized(x, yc - offset, gram, sized, scale)
+                for j in sized:  # extrapolates along its fit, up to PRIOR_RANGE
+                    beyond[j] = max(beyond[j], _PRIOR_LOG / float(scale[j]))
+            self.cut = (lo - beyond, hi + beyond)
             self.median += offset
             resid = yc - offset - x @ self.beta
         else:
@@ -299,6 +365,33 @@ class _Fit:
         else:
             self.lo = -_Z90 * PRIOR_SIGMA
             self.hi = _Z90 * PRIOR_SIGMA
+
+    def _sized(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        gram: np.ndarray,
+        sized: list[int],
+        scale: np.ndarray,
+    ) -> np.ndarray:
+        """The fit again, a size-like parameter's slope shrunk toward 1 instead of 0: the
+        posterior mean under a normal prior of slope 1 give or take
+        :data:`PRIOR_SLOPE_SD`, with the noise of the first fit's residuals (and
+        :data:`PRIOR_NOISE` as :data:`NOISE_PSEUDO` observations). Over a narrow or noisy
+        range of sizes the prior holds; over a wide one, or where the measurements follow
+        the size closely, the measurements decide (cost falling as the size grows
+        included)."""
+        resid = y - x @ self.beta
+        n = len(y)
+        noise = (float(resid @ resid) + NOISE_PSEUDO * PRIOR_NOISE**2) / (n + NOISE_PSEUDO)
+        gram = gram.copy()
+        toward = np.zeros(x.shape[1])
+        for j in sized:
+            s_j = float(scale[j])
+            weight = noise / (PRIOR_SLOPE_SD * s_j) ** 2  # in standardised units
+            gram[j, j] += weight - SHRINK
+            toward[j] = weight * s_j  # a slope of 1 is s_j per standardised unit
+        return np.linalg.solve(gram, x.T @ y + toward)
 
     @staticmethod
     def _raw(
@@ -337,15 +430,19 @@ class _Fit:
 
     def predict(self, params: Sequence[Mapping[str, Any]]) -> list[Prediction]:
         k = len(params)
+        if self.flat:  # the stage's median for every task: one prediction, shared
+            return [self.shared()] * k
         if self.columns:
             x = (self._raw(self.columns, params) - self.center) / self.scale
             x = np.where(np.isnan(x), 0.0, x)  # centred: 0 is the observed mean
             # an unseen category is 0 already; limit extrapolation of numbers
             x = np.clip(x, self.cut[0], self.cut[1])
             logd = self.median + x @ self.beta
-            source = "model"
-        else:  # the stage's median for every task: one prediction, shared
-            return [self.shared()] * k
+        else:
+            logd = np.full(k, self.median)
+        if self.prior:
+            logd = logd + _growth(self.prior, params)
+        source = "model"
         out: list[Prediction] = []
         for v in logd.tolist():
             out.append(
@@ -360,6 +457,27 @@ class _Fit:
         return out
 
 
+def _growth(prior: Sequence[tuple[str, float]], params: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """The prior's term of each task's log-duration: for each size-like parameter, the log
+    of its value over the value it was measured at (proportional cost), limited to
+    :data:`PRIOR_RANGE` either way; 0 where a task lacks it."""
+    out = np.zeros(len(params))
+    for name, ref in prior:
+        for i, p in enumerate(params):
+            x = _log_size(p.get(name))
+            if x is not None:
+                out[i] += min(max(x - ref, -_PRIOR_LOG), _PRIOR_LOG)
+    return out
+
+
+def _log_size(v: Any) -> float | None:
+    """The log of ``v`` if it is a finite number > 0 (a size), else None."""
+    if not _is_number(v):
+        return None
+    f = float(v)
+    return math.log(f) if f > 0 and math.isfinite(f) else None
+
+
 class DurationModels:
     """Duration models by stage, with the re-ranking cadence and (de)serialisation.
 
@@ -369,10 +487,15 @@ class DurationModels:
     new estimates (then :meth:`mark` once it re-estimated them).
     """
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, max_stages: int = MAX_STAGES) -> None:
         self.window = window
+        self.max_stages = max_stages
+        # least recently observed first (an observation moves its stage to the end)
         self._stages: dict[str, StageModel] = {}
         self._marked: dict[str, int] = {}
+        # stage -> size-like parameter -> the log of its reference value (its median over
+        # the first tasks that named it): the prior of a stage not measured yet
+        self._refs: dict[str, dict[str, float]] = {}
 
     def __contains__(self, stage: object) -> bool:
         return stage in self._stages
@@ -380,24 +503,76 @@ class DurationModels:
     def stages(self) -> list[str]:
         return sorted(self._stages)
 
+    def items(self) -> list[tuple[str, StageModel]]:
+        """Each stage and its model, the least recently observed first."""
+        return list(self._stages.items())
+
     def model(self, stage: str) -> StageModel | None:
         return self._stages.get(stage)
 
-    def observe(self, stage: str, params: Mapping[str, Any] | None, seconds: float) -> None:
+    def expect(
+        self, stage: str, grows: frozenset[str], params: Sequence[Mapping[str, Any] | None]
+    ) -> None:
+        """Assume the cost of ``stage``'s tasks grows in proportion to their parameters
+        ``grows`` (size-like: a count, a length) until its measurements tell them apart;
+        ``params``: the tasks about to be predicted, whose median value of each new name is
+        the reference a task of the default estimate has. O(tasks x names), names new to
+        the stage only."""
+        if not grows:
+            return
+        refs = self._refs.get(stage)
+        if refs is None:
+            if len(self._refs) >= self.max_stages:
+                del self._refs[next(iter(self._refs))]
+            refs = self._refs[stage] = {}
+        for name in grows:
+            if name in refs:
+                continue
+            logs = [x for p in params if p and (x := _log_size(p.get(name))) is not None]
+            if logs:
+                refs[name] = float(np.median(logs))
         m = self._stages.get(stage)
+        if m is not None:
+            m.expect(frozenset(refs))
+
+    def observe(self, stage: str, params: Mapping[str, Any] | None, seconds: float) -> None:
+        stages = self._stages
+        m = stages.pop(stage, None)
         if m is None:
-            m = self._stages[stage] = StageModel(self.window)
+            refs = self._refs.get(stage)
+            m = StageModel(self.window, frozenset(refs) if refs else frozenset())
+            if len(stages) >= self.max_stages:  # the least recently observed goes
+                gone = next(iter(stages))
+                del stages[gone]
+                self._marked.pop(gone, None)
+                self._refs.pop(gone, None)
+        stages[stage] = m
         m.observe(params, seconds)
 
     def predict(self, stage: str, params: Mapping[str, Any] | None) -> Prediction | None:
         m = self._stages.get(stage)
-        return None if m is None else m.predict(params)
+        if m is None:
+            return self._prior(stage, [params])[0] if stage in self._refs else None
+        return m.predict(params)
 
     def predict_many(
         self, stage: str, params: Sequence[Mapping[str, Any] | None]
     ) -> list[Prediction] | None:
         m = self._stages.get(stage)
-        return None if m is None else m.predict_many(params)
+        if m is None:
+            return self._prior(stage, params) if stage in self._refs else None
+        return m.predict_many(params)
+
+    def _prior(self, stage: str, params: Sequence[Mapping[str, Any] | None]) -> list[Prediction]:
+        """Before any measurement of ``stage``: each task's duration relative to a task at
+        the reference values (1.0), by the prior alone (source ``"prior"``)."""
+        refs = self._refs[stage]
+        logs = _growth(list(refs.items()), [p or {} for p in params])
+        out: list[Prediction] = []
+        for v in logs.tolist():
+            r = math.exp(v)
+            out.append(Prediction(seconds=r, low=r, high=r, samples=0, source="prior"))
+        return out
 
     def due(self, stage: str, waiting: int = 0) -> bool:
         """Whether ``stage`` has gained enough observations since it was last
@@ -433,9 +608,12 @@ class DurationModels:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], window: int = WINDOW) -> DurationModels:
-        """The inverse of :meth:`to_dict`; raises ``ValueError`` naming what is malformed."""
-        models = cls(window)
+    def from_dict(
+        cls, data: Mapping[str, Any], window: int = WINDOW, max_stages: int = MAX_STAGES
+    ) -> DurationModels:
+        """The inverse of :meth:`to_dict`; raises ``ValueError`` naming what is malformed.
+        Past ``max_stages`` stages, the last ones in ``data`` are kept."""
+        models = cls(window, max_stages)
         if not isinstance(data, Mapping):
             raise ValueError(f"duration models: expected an object, got {type(data).__name__}")
         for stage, rows in data.items():
@@ -466,7 +644,8 @@ def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
 # -- where an estimate comes from ---------------------------------------------------------------
 
 #: The sources of an estimate, in the order they are tried.
-SOURCES = ("annotation", "model", "history", "default")
+SOURCES = ("annotation", "model", "history", "prior", "default")
+#: The history file's version (:data:`daskjobs.history.VERSION`).
 HISTORY_VERSION = 2
 
 
@@ -475,7 +654,9 @@ class Estimate:
     """A task's estimated duration, its band and where it came from: ``annotation`` (the
     user's ``estimate``; the band is the estimate itself), ``model`` (the stage's duration
     model over the task's parameters), ``history`` (the stage's median: no parameters
-    that explain anything yet), ``default`` (nothing measured: the configured default)."""
+    that explain anything yet), ``prior`` (nothing measured, but the task's size-like
+    parameters scale the configured default: :meth:`DurationModels.expect`), ``default``
+    (nothing measured: the configured default)."""
 
     seconds: float
     low: float
@@ -504,13 +685,16 @@ class Estimator:
         path: str | None = None,
         *,
         learn: bool = True,
+        max_stages: int = MAX_STAGES,
     ) -> None:
         self.default = float(default)
         self.samples = int(samples)
         self.path = path
         self.learn = learn
-        self.models = DurationModels(self.samples)
+        self.max_stages = max_stages
+        self.models = DurationModels(self.samples, max_stages)
         self._scored: dict[str, list[int]] = {}  # stage -> [within 2x, predictions scored]
+        self._saved: dict[str, int] = {}  # stage -> its observations ever made, at the last save
         self.dirty = False
         if path:
             self.load()
@@ -521,11 +705,25 @@ class Estimator:
         if annotated is not None:
             return Estimate(annotated, annotated, annotated, "annotation")
         p = self.models.predict(stage, params if self.learn else None)
+        return self.estimate(p)
+
+    def estimate(self, p: Prediction | None) -> Estimate:
+        """The estimate a model's prediction ``p`` gives (None: nothing measured)."""
         if p is None:
             d = self.default
             return Estimate(d, d, d, "default")
+        if p.source == "prior":  # relative to a task at the reference sizes
+            d = self.default * p.seconds
+            return Estimate(d, d, d, "prior")
         source = "model" if p.source == "model" else "history"
         return Estimate(p.seconds, p.low, p.high, source, p.samples)
+
+    def expect(
+        self, stage: str, grows: frozenset[str], params: Sequence[Mapping[str, Any] | None]
+    ) -> None:
+        """:meth:`DurationModels.expect` (nothing when learning is off)."""
+        if self.learn and grows:
+            self.models.expect(stage, grows, params)
 
     def observe(
         self,
@@ -534,18 +732,26 @@ class Estimator:
         seconds: float,
         *,
         score: bool = True,
+        predicted: float | None = None,
     ) -> None:
         """Learn that a task of ``stage`` with ``params`` computed for ``seconds``.
         ``score=False`` skips scoring the prediction made before learning it (scoring
         refits the stage's model, O(window x columns) a call: the simulator scores the
-        estimates its tasks started with instead)."""
+        estimates its tasks started with instead); ``predicted``: the model's prediction the
+        driver acted on, scored instead of asking the model again (O(1))."""
         if not (isinstance(seconds, _NUMBER) and math.isfinite(seconds) and seconds > 0):
             return
         if self.learn and score:
-            before = self._before(stage, params)
-            if before is not None:
-                tally = self._scored.setdefault(stage, [0, 0])
-                tally[0] += 0.5 <= before.seconds / seconds <= 2.0
+            if predicted is None:
+                before = self._before(stage, params)
+                predicted = before.seconds if before is not None else None
+            if predicted is not None:
+                scored = self._scored
+                if stage not in scored and len(scored) >= 2 * self.max_stages:
+                    for gone in [s for s in scored if s not in self.models]:
+                        del scored[gone]  # stages the models dropped
+                tally = scored.setdefault(stage, [0, 0])
+                tally[0] += 0.5 <= predicted / seconds <= 2.0
                 tally[1] += 1
         self.models.observe(stage, params if self.learn else None, seconds)
         self.dirty = True
@@ -562,6 +768,11 @@ class Estimator:
 
     def mark(self, stage: str) -> None:
         self.models.mark(stage)
+
+    def typical(self, stage: str) -> float:
+        """The median of ``stage``'s observations kept (0.0 without any); O(window)."""
+        m = self.models.model(stage)
+        return m.typical() if m is not None else 0.0
 
     def stages(self) -> dict[str, dict[str, Any]]:
         """Per stage: samples kept, their median, and the share of the model's predictions
@@ -580,69 +791,105 @@ class Estimator:
             }
         return out
 
-    # -- persistence ----------------------------------------------------------------------
+    # -- persistence (daskjobs.history: the file, its lock and its merge) ------------------
     def load(self) -> None:
-        """Read the history file: a missing file is an empty history; a broken one
-        raises ``ValueError`` naming the file and the problem (the caller decides what
-        to do with it)."""
+        """Read the history file: a missing file is an empty history; one that cannot be
+        used raises ``ValueError`` naming the file and the problem
+        (:class:`daskjobs.history.NewerHistory` for a newer version's), and the caller
+        decides what to do with it."""
         assert self.path
-        import json
+        from daskjobs import history
 
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
+        got = history.read(self.path)
+        if got is None:
             return
-        except (OSError, ValueError) as e:
-            raise ValueError(f"history file {self.path}: {e}") from None
-        if not isinstance(data, Mapping):
-            raise ValueError(f"history file {self.path}: not a JSON object")
-        version = data.get("version")
-        stages = data.get("stages")
-        if not isinstance(stages, Mapping):
-            raise ValueError(f"history file {self.path}: no 'stages' object")
-        if version == 1:  # durations only
-            rows = {}
-            for stage, values in stages.items():
-                if not isinstance(values, list):
-                    raise ValueError(f"history file {self.path}: stage {stage!r} is not a list")
-                rows[str(stage)] = [[{}, v] for v in values]
-            stages = rows
-        elif version != HISTORY_VERSION:
-            raise ValueError(f"history file {self.path}: unknown version {version!r}")
+        stages, touched = got
+        # least recently measured first: the order the models drop stages in
+        order = sorted(stages, key=lambda s: touched.get(s, 0.0))
         try:
-            models = DurationModels.from_dict(stages, self.samples)
+            models = DurationModels.from_dict(
+                {s: stages[s] for s in order}, self.samples, self.max_stages
+            )
         except ValueError as e:
             raise ValueError(f"history file {self.path}: {e}") from None
         if not self.learn:  # stage medians only: the parameters are not read
-            plain = DurationModels(self.samples)
-            for stage in models.stages():
+            plain = DurationModels(self.samples, self.max_stages)
+            for stage in order:
                 m = models.model(stage)
-                assert m is not None
+                if m is None:
+                    continue
                 for _, seconds in m.observations():
                     plain.observe(stage, None, seconds)
             models = plain
         self.models = models
+        self._saved = {stage: m.seen for stage, m in models.items()}
 
-    def save(self) -> None:
-        """Write the history atomically (a temporary file, then a rename)."""
-        if not self.path:
-            return
-        import contextlib
-        import json
-        import os
-        import tempfile
+    def pending(self) -> HistorySave | None:
+        """What a save would write now (the observations of each stage that gained some
+        since the last save), or None with nothing new; O(observations of those stages).
+        :meth:`HistorySave.write` writes it (in a thread, if the caller likes: it shares
+        nothing with this object), then :meth:`saved` records that it did."""
+        if not self.path or not self.dirty:
+            return None
+        rows: dict[str, list[list[Any]]] = {}
+        fresh: dict[str, int] = {}
+        seen: dict[str, int] = {}
+        for stage, m in self.models.items():
+            n = m.seen - self._saved.get(stage, 0)
+            if n > 0:
+                rows[stage] = [[_jsonable(p), s] for p, s in m.observations()]
+                fresh[stage] = min(n, len(rows[stage]))
+                seen[stage] = m.seen
+        self.dirty = False  # observations from here on make it dirty again
+        if not rows:
+            return None
+        return HistorySave(self.path, rows, fresh, seen, self.samples, self.max_stages)
 
-        data = {"version": HISTORY_VERSION, "stages": self.models.to_dict()}
-        folder = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".daskjobs-history-", dir=folder)
+    def saved(self, job: HistorySave, ok: bool) -> None:
+        """``job`` was written (``ok``), or not: then its observations are due again."""
+        if ok:
+            self._saved.update(job.seen)
+        else:
+            self.dirty = True
+
+    def save(self) -> bool:
+        """Merge the observations made since the last save into the history file, now
+        (:func:`daskjobs.history.write`); False if another scheduler held the file's lock
+        too long (they are saved next time)."""
+        job = self.pending()
+        if job is None:
+            return True
+        ok = False
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        self.dirty = False
+            ok = job.write()
+        finally:
+            self.saved(job, ok)
+        return ok
+
+
+class HistorySave:
+    """One save of the history file, made by :meth:`Estimator.pending`: a snapshot, so that
+    :meth:`write` may run in another thread while the scheduler keeps learning."""
+
+    __slots__ = ("fresh", "max_stages", "path", "rows", "seen", "window")
+
+    def __init__(
+        self,
+        path: str,
+        rows: dict[str, list[list[Any]]],
+        fresh: dict[str, int],
+        seen: dict[str, int],
+        window: int,
+        max_stages: int,
+    ) -> None:
+        self.path = path
+        self.rows = rows
+        self.fresh = fresh
+        self.seen = seen
+        self.window = window
+        self.max_stages = max_stages
+
+    def write(self) -> bool:
+        from daskjobs import history
+
+        return history.write(self.path, self.rows, self.fresh, self.window, self.max_stages)

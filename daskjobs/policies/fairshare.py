@@ -316,17 +316,15 @@ class FairShare(Policy):
             head = q.peek(free)
         return head
 
-    def pop(self, node: NodeView, now: float) -> TaskView | None:
-        if not self._n:
-            return None
-        solo = self._solo
-        # One team (under any quota: alone, it borrows every idle slot) whose usage is its
-        # running cores: the loop below would serve its queue's head
-        if solo is not None and not self._gone.get(self._solo_team):
-            task = solo.pop(node, now)
-            if task is not None:
-                self._n -= 1
-            return task
+    def _over_quota(self, team: str, cores: float) -> bool:
+        """The quota rule: one more task of ``cores`` would take ``team`` past its quota."""
+        quota = self.quotas.get(team)
+        return quota is not None and self._running[team] + cores > quota
+
+    def _choose(self, free: int, now: float) -> tuple[str | None, bool]:
+        """The team whose queue's head the next slot of ``free`` cores goes to, and whether
+        it borrows the slot over its quota (no team under its quota waits). The one rule:
+        :meth:`pop` acts on it, :meth:`why_waiting` explains it."""
         best_team = None
         best_score = math.inf
         borrower = None  # the best team at its quota, if no team below it waits
@@ -335,23 +333,67 @@ class FairShare(Policy):
             q = self._queues[team]
             if not q:
                 continue
-            head = self._head(team, node.free)
+            head = self._head(team, free)
             if head is None:
                 continue
             score = self.usage(team, now) / self._share[team]
-            quota = self.quotas.get(team)
-            if quota is not None and self._running[team] + head.cores > quota:
+            if self._over_quota(team, head.cores):
                 if score < borrower_score:
                     borrower, borrower_score = team, score
                 continue
             if score < best_score:
                 best_team, best_score = team, score
         if best_team is None:
-            best_team = borrower  # nobody below quota waits: borrow the idle slot
-        if best_team is None:
+            return borrower, borrower is not None  # nobody below quota waits: borrow
+        return best_team, False
+
+    def pop(self, node: NodeView, now: float) -> TaskView | None:
+        if not self._n:
+            return None
+        solo = self._solo
+        # One team (under any quota: alone, it borrows every idle slot) whose usage is its
+        # running cores: the loop in _choose would serve its queue's head
+        if solo is not None and not self._gone.get(self._solo_team):
+            task = solo.pop(node, now)
+            if task is not None:
+                self._n -= 1
+            return task
+        team, _ = self._choose(node.free, now)
+        if team is None:
             return None
         self._n -= 1
-        return self._queues[best_team].pop(node, now)
+        return self._queues[team].pop(node, now)
+
+    def why_waiting(self, team: str, cores: float, now: float) -> str:
+        """Why a waiting task of ``team`` that needs ``cores`` is not the next to start, in
+        plain words, by the rule :meth:`pop` applies (:meth:`_choose`): its team's quota,
+        another team further below its share, or its own team's tasks ahead of it."""
+        if team not in self._queues:
+            return f"team {team!r} has not been seen by fair share yet"
+        usage, share = self.usage(team, now), self._share[team]
+        chosen, borrowed = self._choose(1 << 30, now)
+        if chosen == team:
+            lend = " (lent an idle slot over its quota: no team under its quota waits)"
+            return (
+                f"team {team!r} is next by fair share{lend if borrowed else ''}; its tasks "
+                "ahead of this one in its queue start first"
+            )
+        if self._over_quota(team, cores):
+            held = f"team {team!r} holds {self._running[team]:g} core(s) and its quota is "
+            if borrowed:  # every team that waits is at its quota: the furthest below goes
+                return (
+                    f"{held}{self.quotas[team]:g}; no team under its quota waits, and the "
+                    f"idle slot is lent to team {chosen!r}, further below its share"
+                )
+            return (
+                f"{held}{self.quotas[team]:g}: it waits while a team under its quota has "
+                f"work (now {chosen!r}), and is lent idle slots when none has"
+            )
+        other = f"team {chosen!r}" if chosen is not None else "another team"
+        return (
+            f"waiting for fair share: team {team!r} uses {usage:.3g} per share {share:.3g}; "
+            f"{other} is further below its share and goes first"
+        )
 
     def started(self, attempt: AttemptView, now: float) -> None:
         task = attempt.task

@@ -306,6 +306,26 @@ class _Ladder:
         n = len(single) - single.bisect_right((-limit, math.inf)) if single else 0
         return n + max(bisect.bisect_left(self.est, limit, self.lo, self.hi) - self.lo, 0)
 
+    def find(self, task: TaskView) -> tuple[object, _Entry] | None:
+        """Where ``task`` is queued (what :meth:`take` needs), or None: a bisection on
+        its estimate, then a scan of the entries of that same estimate (ties)."""
+        e = task.estimate
+        if e != e:  # NaN: never found (nor bisected)
+            return None
+        est, skip, tasks = self.est, self.skip, self.tasks
+        j = bisect.bisect_left(est, e, self.lo, self.hi)
+        while j < self.hi and est[j] == e:
+            if tasks[j] is task and j not in skip:
+                return j, self.entry(j)
+            j += 1
+        single = self.single
+        k = single.bisect_left((-e, -1))  # push counters are >= 0
+        while k < len(single) and single[k][0] == -e:
+            if single[k][2] is task:
+                return single, single[k]
+            k += 1
+        return None
+
     def take(self, where: object, entry: _Entry) -> TaskView:
         if where is _TOP:
             self.hi -= 1
@@ -677,6 +697,18 @@ class NodeAware(Policy):
             return False
         bound = sum(q.count_below(limit) for q in self._queues.values())
         return self._demand * left < bound
+
+    def discard(self, task: TaskView) -> None:
+        """``task`` left the queue without being popped (a driver ran it where a record
+        says it ran: replay's recorded placement): its entry and its queued work go, so
+        that the horizon counts only what still waits. O(log n + tasks of equal
+        estimate); a task not queued is ignored."""
+        q = self._queues.get(task.cores)
+        if q is None:
+            return
+        found = q.find(task)
+        if found is not None:
+            self._take(q, *found)
 
     def __len__(self) -> int:
         return self._n

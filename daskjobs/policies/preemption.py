@@ -1,6 +1,6 @@
 """Preemption policies: which waiting job is placed first, and which running jobs make room.
 
-Interactive work first (docs/preemption.md): *trial-and-error* (``te``) jobs, short
+Interactive work first (docs/explanation/preemption.md): *trial-and-error* (``te``) jobs, short
 experiments a person waits for, should start at once; *best-effort* (``be``) jobs, long
 training runs that checkpoint, should pay as little as possible for it. A policy answers
 three questions, asked by a driver (today the job-level simulator,
@@ -453,7 +453,7 @@ class FitResume(TeFirst):
     """TE first; victims on one node whose GPUs, with the node's free ones, fit the TE
     job, losing the least GPU-seconds (work since their last checkpoints, restores),
     then with the least excess, then the fewest victims (least excess first lost 3-4x
-    more work on the documented workload, docs/preemption.md). A best-effort
+    more work on the documented workload, docs/explanation/preemption.md). A best-effort
     job is exempt for ``min_runtime`` seconds after it (re)starts and after
     ``max_preemptions`` preemptions; at most ``max_candidates`` jobs of a node are
     weighed (the longest-running first). With ``reservation`` (the default) the first

@@ -1,6 +1,6 @@
 """Resource vectors, accelerator types and gangs: feasibility first, then placement.
 
-docs/resources.md. Two rules, both made here and enacted by two drivers (the live
+docs/explanation/resources.md. Two rules, both made here and enacted by two drivers (the live
 plugin, :mod:`daskjobs.plugin.gangs`, and the simulator, :mod:`daskjobs.sim.gangs`):
 
 * **Feasibility** (:func:`why_not`): a worker that lacks what a task asks for (its
@@ -71,9 +71,12 @@ def parse_size(value: Any, what: str) -> float:
         from dask.utils import parse_bytes
 
         try:
-            return float(parse_bytes(value))
-        except (ValueError, TypeError):
+            size = float(parse_bytes(value))
+        except (ValueError, TypeError, OverflowError):
             raise RequestError(f"{what}: {value!r} is not a size such as '40GB'") from None
+        if not (math.isfinite(size) and size >= 0):  # "-5GB", "1e999GB"
+            raise RequestError(f"{what}: expected a size >= 0, got {value!r}")
+        return size
     raise RequestError(f"{what}: expected a size such as '40GB', got {type(value).__name__}")
 
 

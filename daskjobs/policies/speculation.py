@@ -681,20 +681,14 @@ class Speculation:
         # little beyond the records it returns: the records are built as the tuples they
         # are (``_tuple(Verdict, ...)``: what a NamedTuple's own constructor does, without
         # its Python-level call), and a decision with no copy and no move has nothing to
-        # check (SpeculationDecision's checks are on those).
+        # check (SpeculationDecision's checks are on those). The judging loop, which every
+        # call runs, stays inline; what only some calls need (losers, placing wanted
+        # copies, the end game) is a method of its own, one call where it is needed.
         taken: dict[int, list[int]] = {}  # node -> [slots taken, copies added]
         reclaims: tuple[Reclaim, ...] = ()
         holding: dict[int, int] | None = None  # node -> losers' threads still held there
         if losers:
-            holding = {}
-            losers = list(losers)
-            reclaims = tuple(self.reclaimed(losers, now))
-            gone = {id(r.loser) for r in reclaims}
-            for lo in losers:
-                if id(lo) not in gone:
-                    holding[lo.node] = holding.get(lo.node, 0) + 1
-            for node, n in holding.items():
-                taken[node] = [n, 0]  # a loser's thread is not free, whatever dask says
+            reclaims, holding = self._hold(losers, now, taken)
         verdicts: list[Verdict] = []
         wants: list[tuple[Any, str, bool]] = []  # (attempt, why, ahead), in order
         endgame = self.endgame and waiting == 0
@@ -737,6 +731,51 @@ class Speculation:
             if cap < 1:
                 cap = 1
         placed = 0
+        if wants:
+            placed = self._place(wants, copies, cap, running, candidates, policy, taken)
+        if spare:
+            self._endgame(spare, copies, cap, running, placed, candidates, policy, taken)
+        if holding is None and len(copies) == 1:  # the common answer: _checked, inlined
+            one = copies[0]
+            if one.target is None or one.target.index != one.attempt.node:
+                return _tuple(SpeculationDecision, (tuple(verdicts), (one,), reclaims, ()))
+        return _checked(
+            tuple(verdicts),
+            tuple(copies),
+            reclaims,
+            self._moves(holding, held, idle, policy, taken) if holding else (),
+        )
+
+    def _hold(
+        self, losers: Iterable[Loser], now: float, taken: dict[int, list[int]]
+    ) -> tuple[tuple[Reclaim, ...], dict[int, int]]:
+        """:meth:`decide`'s losers: those reclaimed by ``now``, and the threads the others
+        still hold, by node (``holding``), each taken in ``taken`` (not free)."""
+        holding: dict[int, int] = {}
+        losers = list(losers)
+        reclaims = tuple(self.reclaimed(losers, now))
+        gone = {id(r.loser) for r in reclaims}
+        for lo in losers:
+            if id(lo) not in gone:
+                holding[lo.node] = holding.get(lo.node, 0) + 1
+        for node, n in holding.items():
+            taken[node] = [n, 0]  # a loser's thread is not free, whatever dask says
+        return reclaims, holding
+
+    def _place(
+        self,
+        wants: list[tuple[Any, str, bool]],
+        copies: list[Copy],
+        cap: int | None,
+        running: int,
+        candidates: Sequence[C] | Callable[[Any], Sequence[C]],
+        policy: Any,
+        taken: dict[int, list[int]],
+    ) -> int:
+        """:meth:`decide`'s wanted copies (attempt, why, ahead), in order: each placed by
+        :meth:`_choose` within the cap or refused with its reason, appended to ``copies``;
+        a placed copy takes its slot in ``taken``. Answers how many were placed."""
+        placed = 0
         for a, why, ahead in wants:
             if cap is not None and running + placed >= cap:
                 copies.append(
@@ -762,56 +801,62 @@ class Speculation:
                 t[0] += cores
                 t[1] += 1
             copies.append(_tuple(Copy, (a, why, target, ahead, "", queued)))
-        if spare:
-            spare.sort()  # latest expected end first; the order given breaks ties
-            # the free slots left on shared candidates (a callable's differ per attempt)
-            room = None
-            if not callable(candidates):
-                room = 0
-                for c in candidates:
-                    t = taken.get(c.index)
-                    left = c.free - (t[0] if t is not None else 0)
-                    room += left if left > 0 else 0
-            refused: dict[tuple[int, int, int], Any] = {}
-            for _, _, a in spare:
-                if cap is not None and running + placed >= cap:
-                    break
-                if room is not None and room < a.task.cores:
-                    if room <= 0:
-                        break  # no idle slot left anywhere
-                    continue
-                cands = candidates(a) if callable(candidates) else candidates
-                # where a copy may go depends on the candidates, the primary's node and
-                # the cores: once refused, the same question is not asked again until a
-                # copy takes a slot (O(judged) a call, not O(judged x candidates))
-                same = (id(cands), a.node, a.task.cores)
-                if same in refused:
-                    continue
-                target, _ = self._choose(a, cands, policy, False, taken)
-                if target is None:
-                    refused[same] = cands  # kept alive: its id is not reused meanwhile
-                    continue
-                refused.clear()
-                placed += 1
-                t = taken.get(target.index)
-                if t is None:
-                    taken[target.index] = [a.task.cores, 1]
-                else:
-                    t[0] += a.task.cores
-                    t[1] += 1
-                if room is not None:
-                    room -= a.task.cores
-                copies.append(Copy(a, "endgame", target, False))
-        if holding is None and len(copies) == 1:  # the common answer: _checked, inlined
-            one = copies[0]
-            if one.target is None or one.target.index != one.attempt.node:
-                return _tuple(SpeculationDecision, (tuple(verdicts), (one,), reclaims, ()))
-        return _checked(
-            tuple(verdicts),
-            tuple(copies),
-            reclaims,
-            self._moves(holding, held, idle, policy, taken) if holding else (),
-        )
+        return placed
+
+    def _endgame(
+        self,
+        spare: list[tuple[float, int, Any]],
+        copies: list[Copy],
+        cap: int | None,
+        running: int,
+        placed: int,
+        candidates: Sequence[C] | Callable[[Any], Sequence[C]],
+        policy: Any,
+        taken: dict[int, list[int]],
+    ) -> None:
+        """:meth:`decide`'s end game: the ``spare`` attempts (-expected end, order,
+        attempt), latest expected end first, each take a free slot where :meth:`_choose`
+        places a copy (never a busy node), within the cap (``running`` and the ``placed``
+        of this call already count); appended to ``copies``, taken in ``taken``."""
+        spare.sort()  # latest expected end first; the order given breaks ties
+        # the free slots left on shared candidates (a callable's differ per attempt)
+        room = None
+        if not callable(candidates):
+            room = 0
+            for c in candidates:
+                t = taken.get(c.index)
+                left = c.free - (t[0] if t is not None else 0)
+                room += left if left > 0 else 0
+        refused: dict[tuple[int, int, int], Any] = {}
+        for _, _, a in spare:
+            if cap is not None and running + placed >= cap:
+                break
+            if room is not None and room < a.task.cores:
+                if room <= 0:
+                    break  # no idle slot left anywhere
+                continue
+            cands = candidates(a) if callable(candidates) else candidates
+            # where a copy may go depends on the candidates, the primary's node and
+            # the cores: once refused, the same question is not asked again until a
+            # copy takes a slot (O(judged) a call, not O(judged x candidates))
+            same = (id(cands), a.node, a.task.cores)
+            if same in refused:
+                continue
+            target, _ = self._choose(a, cands, policy, False, taken)
+            if target is None:
+                refused[same] = cands  # kept alive: its id is not reused meanwhile
+                continue
+            refused.clear()
+            placed += 1
+            t = taken.get(target.index)
+            if t is None:
+                taken[target.index] = [a.task.cores, 1]
+            else:
+                t[0] += a.task.cores
+                t[1] += 1
+            if room is not None:
+                room -= a.task.cores
+            copies.append(Copy(a, "endgame", target, False))
 
     def _moves(
         self,

@@ -1,11 +1,11 @@
 """Replay recorded runs in the simulator, calibrated against the recording.
 
-``load(trace)`` turns a trace written by the recording plugin (``docs/trace.md``)
+``load(trace)`` turns a trace written by the recording plugin (``docs/reference/trace-format.md``)
 into simulator tasks and a cluster, with what dask adds (per-task overhead,
 start-up latency, per-worker speed) fitted from the trace itself;
 ``replay(trace, policy=...)`` simulates it, as recorded or under a what-if;
 ``from_task_stream(records)`` loads a ``client.get_task_stream()`` dump instead.
-See ``docs/replay.md``. Nothing here imports ``distributed``.
+See ``docs/explanation/replay.md``. Nothing here imports ``distributed``.
 """
 
 from __future__ import annotations

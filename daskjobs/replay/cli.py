@@ -17,7 +17,7 @@ a traceback; so is a file that cannot be read.
 
 ``--policy`` takes any registered policy (``daskjobs.policies.registry``): the
 built-in ones, those of installed packages' ``daskjobs.policies`` entry points, and
-those a module or file given with ``--import`` registers (docs/policies.md).
+those a module or file given with ``--import`` registers (docs/how-to/write-a-policy.md).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import click
 
+from daskjobs._options import json_option, plot_option, seed_option
 from daskjobs.replay.run import POLICIES
 from daskjobs.sim.cli import IMPORT_OPTION, policy_names
 
@@ -72,8 +73,20 @@ def _speculation(value: str | None) -> float | None:
     metavar="FACTOR|off",
     help="Back up attempts late by FACTOR x their estimate in the what-ifs (default off).",
 )
-@click.option("--nodes", type=click.IntRange(min=1), default=None, metavar="N")
-@click.option("--cores-per-node", type=click.IntRange(min=1), default=None, metavar="C")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="What-if on N nodes (default: the recorded cluster's).",
+)
+@click.option(
+    "--cores-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="C",
+    help="What-if with C cores a node (default: the recorded cluster's).",
+)
 @click.option("--no-slow", is_flag=True, help="What-if without the slow workers.")
 @click.option(
     "--scale",
@@ -82,22 +95,15 @@ def _speculation(value: str | None) -> float | None:
     metavar="N",
     help="Also simulate a synthetic sweep of N tasks with the measured stage durations.",
 )
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, metavar="N")
+@seed_option("Seed of the replay's random draws (an integer >= 0).")
 @click.option(
     "--task-stream",
     "task_stream",
     is_flag=True,
     help="TRACE is a client.get_task_stream() dump (JSON), not a recorded trace.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
-@click.option(
-    "--plot",
-    "plot_dir",
-    type=click.Path(file_okay=False, dir_okay=True, writable=True, path_type=Path),
-    default=None,
-    metavar="DIR",
-    help='Write busy-slots and what-if figures into DIR (needs "daskjobs[plot]").',
-)
+@json_option
+@plot_option('Write busy-slots and what-if figures into DIR (needs "daskjobs[plot]").')
 def replay(
     trace: Path,
     policies: tuple[str, ...],
@@ -111,10 +117,10 @@ def replay(
     as_json: bool,
     plot_dir: Path | None,
 ) -> None:
-    """Replay TRACE (a trace written by the recording plugin, docs/trace.md).
+    """Replay TRACE (a trace written by the recording plugin, docs/reference/trace-format.md).
 
     The replay is calibrated: per-task overhead, start-up latency and worker
-    speeds are fitted from the trace (docs/replay.md). With --task-stream, TRACE
+    speeds are fitted from the trace (docs/explanation/replay.md). With --task-stream, TRACE
     is a client.get_task_stream() dump (no estimates, teams or submit times;
     dependencies only if the file gives them).
     """

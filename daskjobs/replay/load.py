@@ -1,4 +1,4 @@
-"""Turn a recorded trace (``docs/trace.md``) into simulator tasks and a cluster.
+"""Turn a recorded trace (``docs/reference/trace-format.md``) into simulator tasks and a cluster.
 
 What comes from where
 =====================
@@ -241,82 +241,20 @@ def load(
     if not isinstance(trace, Trace):
         trace = read_trace(trace)
     path = trace.path
-    notes: list[str] = []
-    if not trace.complete:
-        notes.append(
-            "the trace has no footer (the run crashed or was still recording): "
-            "replaying what it holds"
-        )
-    if trace.truncated:
-        notes.append("its last line was cut short and was skipped")
-    if trace.dropped:
-        notes.append(f"the recorder dropped {trace.dropped} records: some attempts may be missing")
-    notes += trace.notes
-    if trace.skipped:
-        kinds = ", ".join(f"{k!r} x{n}" for k, n in sorted(trace.skipped.items()))
-        notes.append(f"records of types this reader does not know were skipped: {kinds}")
+    notes = _trace_notes(trace)
     settings = _checked_settings(trace)
     default_estimate = float(settings.get("default_estimate") or 1.0)
     recorded_spec = _speculation(settings, notes)
 
     # -- backup copies: the winner's end to the winner, the loser apart ------------------
-    races = _races(trace)
-    losers: list[tuple[TraceAttempt, float]] = []
-    copies_started = 0
-    if races:
-        tasks = dict(trace.tasks)
-        for key, rs in races.items():
-            atts, lost_races, n = _split_races(tasks[key], rs)
-            tasks[key] = replace(tasks[key], attempts=atts)
-            losers += lost_races
-            copies_started += n
-        trace = replace(trace, tasks=tasks)
-        if recorded_spec is None:
-            notes.append(
-                "the trace has backup copies but no speculation settings: "
-                "replayed without speculation"
-            )
-
-    # -- the tasks that ended --------------------------------------------------------------
-    ended: list[tuple[TraceTask, TraceAttempt, float]] = []
-    unfinished: list[Hashable] = []
-    for t in trace.tasks.values():
-        if not t.attempts:
-            if not t.existing:
-                unfinished.append(t.key)
-            continue
-        a = _final(t)
-        d = _duration(a) if a is not None else None
-        if a is None or d is None:
-            unfinished.append(t.key)
-            continue
-        ended.append((t, a, d))
-    if not ended:
-        raise ReplayError(
-            f"{path}: no finished attempt with a measured duration in this trace "
-            f"({len(trace.tasks)} tasks, {sum(1 for _ in trace.attempts())} attempts): "
-            "nothing to replay"
-        )
-    # drop tasks whose inputs never finished (a crashed run), transitively
-    keep = {t.key for t, _, _ in ended}
-    known = set(trace.tasks)
-    lost = set(unfinished)
-    changed = True
-    while changed:
-        changed = False
-        for t, _, _ in ended:
-            if t.key in keep and any(d in lost for d in t.deps):
-                keep.discard(t.key)
-                lost.add(t.key)
-                changed = True
-    ended = [x for x in ended if x[0].key in keep]
-    _refuse_cycles(path, ended)
-    if unfinished:
+    trace, races, losers, copies_started = _split_copies(trace)
+    if races and recorded_spec is None:
         notes.append(
-            f"{len(unfinished)} task(s) never finished in the trace and are left out "
-            f"(e.g. {unfinished[0]!r})"
+            "the trace has backup copies but no speculation settings: replayed without speculation"
         )
 
+    # -- the tasks that ended, without those whose inputs never did --------------------------
+    ended, keep = _ended(path, trace, notes)
     stage_of: dict[Hashable, str] = {}
     for t, _, _ in ended:
         stage_of[t.key] = t.stage or _prefix(t.key)
@@ -326,99 +264,21 @@ def load(
     speed_of = {w.address: w.speed for w in workers}
 
     # -- the fit ---------------------------------------------------------------------------
-    submits: dict[float, float] = {}
-    for t in trace.tasks.values():
-        if t.submit is None or t.existing:
-            continue
-        for a in t.attempts:
-            if a.started is None:
-                continue
-            lag = a.started - t.submit
-            if lag >= 0 and lag < submits.get(t.submit, math.inf):
-                submits[t.submit] = lag
-            break
-    fitted_startup = _median(submits.values()) if submits else 0.0
-    if startup is None:
-        startup = fitted_startup
     slots = len(workers) * cpn  # the replayed cluster's slots
     losers = [(a, end) for a, end in losers if a.key in keep]
-    lost_s, computing = _lost_capacity(trace, ended, keep, float(startup), slots, losers)
-    fitted_overhead = lost_s / len(ended)
-    if overhead is None:
-        overhead = fitted_overhead
-    latency = _dep_latency(ended, threads, cpn)
-    transfers = [a.transfer for _, a, _ in ended if a.transfer]
-    fit = Fit(
-        float(overhead),
-        len(ended),
-        float(startup),
-        len(submits),
-        lost=lost_s,
-        compute_share=computing,
-        dep_latency=_median(latency),
-        dep_latency_samples=len(latency),
-        transfer=float(sum(transfers)),
-        transfer_tasks=len(transfers),
-    )
+    fit = _fit(trace, ended, keep, losers, slots, threads, cpn, overhead, startup)
 
     # -- the recorded run ------------------------------------------------------------------
     recorded = _recorded(trace, ended, keep, losers, races, copies_started)
     t0, n_att, n_fail = recorded.t0, recorded.attempts, recorded.failed_attempts
-
-    # -- where dask put each task: its first attempt's worker, and when it started there ---
-    node_of = {w.address: w.node for w in workers}
-    placement: dict[Hashable, tuple[int, float]] = {}
-    for t, a, _d in ended:
-        first = t.attempts[0] if t.attempts else a
-        node = node_of.get(first.worker or "")
-        when = first.started if first.started is not None else first.assigned
-        if node is not None and when is not None:
-            placement[t.key] = (node, when - t0)
+    placement = _placement(ended, workers, t0)
 
     # -- simulator tasks, in the order dask ran ties: the recorded priority ---------------
     ended.sort(key=_order_key)
-    sim_tasks: list[Task] = []
-    compute: dict[Hashable, float] = {}
-    annotated: set[Hashable] = set()
-    for t, a, d in ended:
-        sp = speed_of.get(a.worker or "", 1.0)
-        compute[t.key] = d / sp
-        dur = d / sp  # the cluster adds the overhead to every attempt, not slowed down
-        est = t.estimate if t.estimate is not None else default_estimate
-        sub = (t.submit - t0) if (t.submit is not None and not t.existing) else 0.0
-        spec = t.annotations.get("speculate", True)
-        sim_tasks.append(
-            Task(
-                t.key,
-                duration=dur,
-                estimate=float(est),
-                cores=min(_cores(t), cpn),
-                deps=tuple(x for x in t.deps if x in keep),
-                team=t.team or "default",
-                submit=max(0.0, sub) + fit.startup,
-                speculate=spec if isinstance(spec, bool) else True,
-                # a default estimate teaches no speed and gets no copy, as live
-                estimated=t.estimate is not None and t.estimate_source != "default",
-                stage=stage_of[t.key],
-                params=t.params,
-            )
-        )
-        if t.estimate_source == "annotation":
-            annotated.add(t.key)
-    missing_graph = sum(1 for t, _, _ in ended if not t.in_graph)
-    if missing_graph:
-        notes.append(
-            f"{missing_graph} task(s) ran without a graph record: estimate and team unknown"
-        )
-    dep_outside = sum(1 for t, _, _ in ended for x in t.deps if x not in known)
-    if dep_outside:
-        notes.append(f"{dep_outside} dependency(ies) on tasks outside the trace: taken as done")
-    longer = [t.key for t, _, d in ended if d > recorded.makespan + CLOCK_TOLERANCE]
-    if longer:
-        notes.append(
-            f"{len(longer)} task(s) computed longer than the recorded run (e.g. {longer[0]!r}): "
-            "they started before recording did"
-        )
+    sim_tasks, compute, annotated = _sim_tasks(
+        ended, keep, stage_of, speed_of, default_estimate, cpn, t0, fit.startup
+    )
+    _note_tasks(trace, ended, recorded.makespan, notes)
     failure_rate = min(0.5, n_fail / n_att) if n_att else 0.0
     cluster = Cluster(len(workers), cpn, slow or None, failure_rate, fit.overhead)
     return Loaded(
@@ -440,6 +300,224 @@ def load(
         check_phase=_check_phase(trace, recorded_spec, recorded.t0),
         copies={k: rs[-1].outcome or "unsettled" for k, rs in races.items()},
     )
+
+
+def _trace_notes(trace: Trace) -> list[str]:
+    """What the trace says of itself that a replay should say too: a missing footer, a
+    cut last line, records dropped or of unknown types, the reader's own notes."""
+    notes: list[str] = []
+    if not trace.complete:
+        notes.append(
+            "the trace has no footer (the run crashed or was still recording): "
+            "replaying what it holds"
+        )
+    if trace.truncated:
+        notes.append("its last line was cut short and was skipped")
+    if trace.dropped:
+        notes.append(f"the recorder dropped {trace.dropped} records: some attempts may be missing")
+    notes += trace.notes
+    if trace.skipped:
+        kinds = ", ".join(f"{k!r} x{n}" for k, n in sorted(trace.skipped.items()))
+        notes.append(f"records of types this reader does not know were skipped: {kinds}")
+    return notes
+
+
+def _split_copies(
+    trace: Trace,
+) -> tuple[Trace, dict[Hashable, list[_Race]], list[tuple[TraceAttempt, float]], int]:
+    """The backup copies' races told apart (:func:`_split_races`): the trace with each
+    raced task's attempts as replayed (the winner's end to the winner), the races by task,
+    the losing copies with the time they ended, and how many copies started."""
+    races = _races(trace)
+    losers: list[tuple[TraceAttempt, float]] = []
+    copies_started = 0
+    if races:
+        tasks = dict(trace.tasks)
+        for key, rs in races.items():
+            atts, lost_races, n = _split_races(tasks[key], rs)
+            tasks[key] = replace(tasks[key], attempts=atts)
+            losers += lost_races
+            copies_started += n
+        trace = replace(trace, tasks=tasks)
+    return trace, races, losers, copies_started
+
+
+def _ended(
+    path: str, trace: Trace, notes: list[str]
+) -> tuple[list[tuple[TraceTask, TraceAttempt, float]], set[Hashable]]:
+    """The tasks that ended, each with its final attempt and that attempt's duration, and
+    their keys, less those whose inputs never finished (a crashed run), transitively.
+    Raises :class:`ReplayError` if none ended, and refuses a cycle; the tasks left out
+    go to ``notes``."""
+    ended: list[tuple[TraceTask, TraceAttempt, float]] = []
+    unfinished: list[Hashable] = []
+    for t in trace.tasks.values():
+        if not t.attempts:
+            if not t.existing:
+                unfinished.append(t.key)
+            continue
+        a = _final(t)
+        d = _duration(a) if a is not None else None
+        if a is None or d is None:
+            unfinished.append(t.key)
+            continue
+        ended.append((t, a, d))
+    if not ended:
+        raise ReplayError(
+            f"{path}: no finished attempt with a measured duration in this trace "
+            f"({len(trace.tasks)} tasks, {sum(1 for _ in trace.attempts())} attempts): "
+            "nothing to replay"
+        )
+    # drop tasks whose inputs never finished (a crashed run), transitively
+    keep = {t.key for t, _, _ in ended}
+    lost = set(unfinished)
+    changed = True
+    while changed:
+        changed = False
+        for t, _, _ in ended:
+            if t.key in keep and any(d in lost for d in t.deps):
+                keep.discard(t.key)
+                lost.add(t.key)
+                changed = True
+    ended = [x for x in ended if x[0].key in keep]
+    _refuse_cycles(path, ended)
+    if unfinished:
+        notes.append(
+            f"{len(unfinished)} task(s) never finished in the trace and are left out "
+            f"(e.g. {unfinished[0]!r})"
+        )
+    return ended, keep
+
+
+def _fit(
+    trace: Trace,
+    ended: list[tuple[TraceTask, TraceAttempt, float]],
+    keep: set[Hashable],
+    losers: list[tuple[TraceAttempt, float]],
+    slots: int,
+    threads: dict[str, int],
+    cpn: int,
+    overhead: float | None,
+    startup: float | None,
+) -> Fit:
+    """What dask adds, fitted from the trace (module docstring) on a replayed cluster of
+    ``slots``; ``overhead`` and ``startup``, if given, instead of the fitted values."""
+    submits: dict[float, float] = {}
+    for t in trace.tasks.values():
+        if t.submit is None or t.existing:
+            continue
+        for a in t.attempts:
+            if a.started is None:
+                continue
+            lag = a.started - t.submit
+            if lag >= 0 and lag < submits.get(t.submit, math.inf):
+                submits[t.submit] = lag
+            break
+    fitted_startup = _median(submits.values()) if submits else 0.0
+    if startup is None:
+        startup = fitted_startup
+    lost_s, computing = _lost_capacity(trace, ended, keep, float(startup), slots, losers)
+    fitted_overhead = lost_s / len(ended)
+    if overhead is None:
+        overhead = fitted_overhead
+    latency = _dep_latency(ended, threads, cpn)
+    transfers = [a.transfer for _, a, _ in ended if a.transfer]
+    return Fit(
+        float(overhead),
+        len(ended),
+        float(startup),
+        len(submits),
+        lost=lost_s,
+        compute_share=computing,
+        dep_latency=_median(latency),
+        dep_latency_samples=len(latency),
+        transfer=float(sum(transfers)),
+        transfer_tasks=len(transfers),
+    )
+
+
+def _placement(
+    ended: list[tuple[TraceTask, TraceAttempt, float]], workers: list[WorkerInfo], t0: float
+) -> dict[Hashable, tuple[int, float]]:
+    """Where dask put each task: its first attempt's node, and when it started there
+    (seconds from the first submission ``t0``)."""
+    node_of = {w.address: w.node for w in workers}
+    placement: dict[Hashable, tuple[int, float]] = {}
+    for t, a, _d in ended:
+        first = t.attempts[0] if t.attempts else a
+        node = node_of.get(first.worker or "")
+        when = first.started if first.started is not None else first.assigned
+        if node is not None and when is not None:
+            placement[t.key] = (node, when - t0)
+    return placement
+
+
+def _sim_tasks(
+    ended: list[tuple[TraceTask, TraceAttempt, float]],
+    keep: set[Hashable],
+    stage_of: dict[Hashable, str],
+    speed_of: dict[str, float],
+    default_estimate: float,
+    cpn: int,
+    t0: float,
+    startup: float,
+) -> tuple[list[Task], dict[Hashable, float], set[Hashable]]:
+    """The simulator's tasks, in the order of ``ended`` (module docstring), with each
+    one's compute time on a nominal worker and the keys whose estimate was annotated."""
+    sim_tasks: list[Task] = []
+    compute: dict[Hashable, float] = {}
+    annotated: set[Hashable] = set()
+    for t, a, d in ended:
+        sp = speed_of.get(a.worker or "", 1.0)
+        compute[t.key] = d / sp
+        dur = d / sp  # the cluster adds the overhead to every attempt, not slowed down
+        est = t.estimate if t.estimate is not None else default_estimate
+        sub = (t.submit - t0) if (t.submit is not None and not t.existing) else 0.0
+        spec = t.annotations.get("speculate", True)
+        sim_tasks.append(
+            Task(
+                t.key,
+                duration=dur,
+                estimate=float(est),
+                cores=min(_cores(t), cpn),
+                deps=tuple(x for x in t.deps if x in keep),
+                team=t.team or "default",
+                submit=max(0.0, sub) + startup,
+                speculate=spec if isinstance(spec, bool) else True,
+                # a default estimate teaches no speed and gets no copy, as live
+                estimated=t.estimate is not None and t.estimate_source != "default",
+                stage=stage_of[t.key],
+                params=t.params,
+            )
+        )
+        if t.estimate_source == "annotation":
+            annotated.add(t.key)
+    return sim_tasks, compute, annotated
+
+
+def _note_tasks(
+    trace: Trace,
+    ended: list[tuple[TraceTask, TraceAttempt, float]],
+    makespan: float,
+    notes: list[str],
+) -> None:
+    """What the replayed tasks lack, to ``notes``: a graph record, inputs in the trace, a
+    start after recording did (a task that computed longer than the recorded run)."""
+    known = set(trace.tasks)
+    missing_graph = sum(1 for t, _, _ in ended if not t.in_graph)
+    if missing_graph:
+        notes.append(
+            f"{missing_graph} task(s) ran without a graph record: estimate and team unknown"
+        )
+    dep_outside = sum(1 for t, _, _ in ended for x in t.deps if x not in known)
+    if dep_outside:
+        notes.append(f"{dep_outside} dependency(ies) on tasks outside the trace: taken as done")
+    longer = [t.key for t, _, d in ended if d > makespan + CLOCK_TOLERANCE]
+    if longer:
+        notes.append(
+            f"{len(longer)} task(s) computed longer than the recorded run (e.g. {longer[0]!r}): "
+            "they started before recording did"
+        )
 
 
 def _workers(

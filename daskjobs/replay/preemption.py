@@ -1,7 +1,7 @@
 """Replay a recorded run with interactive and best-effort tasks under preemption policies.
 
-A run recorded with the plugin (``record=``; docs/trace.md) carries what the job-level
-simulator (:mod:`daskjobs.sim.preemption`) needs: each task's class (its ``job_class``
+A run recorded with the plugin (``record=``; docs/reference/trace-format.md) carries what the
+job-level simulator (:mod:`daskjobs.sim.preemption`) needs: each task's class (its ``job_class``
 annotation), its need of the managed resource (its ``resources`` annotation), its submission,
 its runs (a preempted run ends ``released``), the workers' resources, and the preemptions the
 plugin asked for (``preempt-requested`` audit events). :func:`workload_from_trace` turns those

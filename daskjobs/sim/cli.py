@@ -1,19 +1,20 @@
-"""``daskjobs simulate``: run the reference experiments (docs/chapter.md) from the shell.
+"""``daskjobs simulate``: run the reference experiments (docs/explanation/chapter.md) from the
+shell.
 
 Subcommands ``chapter``, ``fairshare`` and ``graph`` each run one experiment of
 :mod:`daskjobs.sim.report`, ``preemption`` the job-level preemption experiment of
-:mod:`daskjobs.sim.preemption` (docs/preemption.md), ``gangs`` the resource-vector and gang
-experiment of :mod:`daskjobs.sim.gangs` (docs/resources.md), ``estimates`` sweeps without
-estimates under stage medians, the learner and true estimates
-(:func:`daskjobs.sim.report.run_estimates`, docs/simulator.md); each prints an aligned table, with
-the published figures beside the measured ones where there are any (``--json``: exactly one JSON
-object on stdout instead). ``--plot DIR`` also writes PNG figures (needs the ``plot``
-extra). Progress goes to stderr, so stdout stays clean for pipes.
+:mod:`daskjobs.sim.preemption` (docs/explanation/preemption.md), ``gangs`` the resource-vector and
+gang experiment of :mod:`daskjobs.sim.gangs` (docs/explanation/resources.md), ``estimates`` sweeps
+without estimates under stage medians, the learner and true estimates
+(:func:`daskjobs.sim.report.run_estimates`, docs/explanation/simulator.md); each prints an aligned
+table, with the published figures beside the measured ones where there are any (``--json``:
+exactly one JSON object on stdout instead). ``--plot DIR`` also writes PNG figures (needs the
+``plot`` extra). Progress goes to stderr, so stdout stays clean for pipes.
 
 ``--policy NAME`` (repeat it) runs an experiment under those policies instead of
 the reference set: any name of the policy registry (:mod:`daskjobs.policies.registry`),
 including a user's, registered by an installed package's entry point or by a
-module given with ``daskjobs simulate --import MODULE|FILE`` (docs/policies.md).
+module given with ``daskjobs simulate --import MODULE|FILE`` (docs/how-to/write-a-policy.md).
 
 Follows dask's CLI conventions: click, ``-h/--help`` on every command, errors
 as click usage errors naming the bad option.
@@ -30,6 +31,14 @@ from typing import Any, TypeVar
 
 import click
 
+from daskjobs._options import (
+    hours_option,
+    json_option,
+    load_option,
+    plot_option,
+    seed_option,
+    seeds_option,
+)
 from daskjobs._text import table
 from daskjobs.policies.preemption import PREEMPTION_POLICIES
 
@@ -40,31 +49,15 @@ _LONG_SHARE = 40 / 10_000
 _N_FEATURES = 100
 
 
+_WORKLOAD_SEEDS = "Seeds of the synthetic workload: N, N-M, or a comma-separated list of them."
+
+
 def _common_options(f: F) -> F:
     """--seed, --json, --plot and the workload overrides shared by every subcommand."""
     options = [
-        click.option(
-            "--seed",
-            type=click.IntRange(min=0),
-            default=0,
-            show_default=True,
-            metavar="N",
-            help="Seed of the workload and of the failure draws (an integer >= 0).",
-        ),
-        click.option(
-            "--json",
-            "as_json",
-            is_flag=True,
-            help="Print exactly one JSON object on stdout instead of the table.",
-        ),
-        click.option(
-            "--plot",
-            "plot_dir",
-            type=click.Path(file_okay=False, dir_okay=True, writable=True, path_type=Path),
-            default=None,
-            metavar="DIR",
-            help='Also write PNG figures into DIR (needs: pip install "daskjobs[plot]").',
-        ),
+        seed_option("Seed of the workload and of the failure draws (an integer >= 0)."),
+        json_option,
+        plot_option('Also write PNG figures into DIR (needs: pip install "daskjobs[plot]").'),
         click.option(
             "--slow-node",
             type=click.IntRange(min=0),
@@ -270,7 +263,7 @@ def simulate() -> None:
 
     The reference workload is the sweep of a published book chapter on
     scheduling parameter sweeps: 10,000 backtests on 24 nodes x 16 cores, one
-    node 4x slower (docs/chapter.md, "The reference workload"). Every policy of
+    node 4x slower (docs/explanation/chapter.md, "The reference workload"). Every policy of
     an experiment runs on the same generated tasks and faces the same failures
     (common random numbers), so differences are the policies'. The chapter's
     published figures (one random draw) are shown beside ours.
@@ -618,27 +611,9 @@ def graph(
 
 
 @simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
-@click.option(
-    "--seeds",
-    default="0-4",
-    show_default=True,
-    metavar="LIST",
-    help="Seeds of the synthetic workload: N, N-M, or a comma-separated list of them.",
-)
-@click.option(
-    "--hours",
-    type=click.FloatRange(min=1.0),
-    default=168.0,
-    show_default=True,
-    help="Hours of arrivals.",
-)
-@click.option(
-    "--load",
-    type=click.FloatRange(min=0.05, max=2.0),
-    default=1.0,
-    show_default=True,
-    help="Offered GPU load (1.0: arrivals ask for the whole cluster on average).",
-)
+@seeds_option("0-4", _WORKLOAD_SEEDS)
+@hours_option(1.0, 168.0)
+@load_option(0.05, 2.0, 1.0)
 @click.option(
     "--policy",
     "policies",
@@ -646,15 +621,8 @@ def graph(
     type=click.Choice(list(PREEMPTION_POLICIES)),
     help="Run these policies (repeat the option; the first is the baseline of vs_fifo).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
-@click.option(
-    "--plot",
-    "plot_dir",
-    type=click.Path(file_okay=False, dir_okay=True, writable=True, path_type=Path),
-    default=None,
-    metavar="DIR",
-    help="Also write the slowdown CDFs per class and policy as a PNG into DIR.",
-)
+@json_option
+@plot_option("Also write the slowdown CDFs per class and policy as a PNG into DIR.")
 def preemption(
     seeds: str,
     hours: float,
@@ -664,7 +632,7 @@ def preemption(
     plot_dir: Path | None,
 ) -> None:
     """Trial-and-error (TE) jobs a person waits for, best-effort (BE) training runs
-    that checkpoint, on 8 nodes of 8 GPUs (docs/preemption.md): FIFO, TE first, naive
+    that checkpoint, on 8 nodes of 8 GPUs (docs/explanation/preemption.md): FIFO, TE first, naive
     preemption (the youngest BE jobs) and the fit- and resume-aware policy. Slowdown
     is (end - arrival) / run time alone; medians over the seeds, their range in the
     JSON. The published figures are FitGpp's against FIFO on its own workload (OpML
@@ -748,27 +716,9 @@ def preemption(
 
 
 @simulate.command(short_help="Gangs among 1-GPU tasks: reservation and backfill off and on.")
-@click.option(
-    "--seeds",
-    default="0-2",
-    show_default=True,
-    metavar="LIST",
-    help="Seeds of the synthetic workload: N, N-M, or a comma-separated list of them.",
-)
-@click.option(
-    "--hours",
-    type=click.FloatRange(min=0.5),
-    default=24.0,
-    show_default=True,
-    help="Hours of arrivals.",
-)
-@click.option(
-    "--load",
-    type=click.FloatRange(min=0.05, max=1.5),
-    default=0.9,
-    show_default=True,
-    help="Offered GPU load (1.0: arrivals ask for the whole cluster on average).",
-)
+@seeds_option("0-2", _WORKLOAD_SEEDS)
+@hours_option(0.5, 24.0)
+@load_option(0.05, 1.5, 0.9)
 @click.option(
     "--nodes",
     type=click.IntRange(min=2),
@@ -776,10 +726,10 @@ def preemption(
     show_default=True,
     help="Nodes of 8 GPUs: the first half A100 (80 GB), the rest V100 (32 GB).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@json_option
 def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> None:
     """Gangs (2-8 members x 1-8 GPUs, some A100 only) among a Poisson stream of 1- and
-    2-GPU tasks on 16 nodes x 8 GPUs of two accelerator types (docs/resources.md),
+    2-GPU tasks on 16 nodes x 8 GPUs of two accelerator types (docs/explanation/resources.md),
     under GangPolicy with its reservation off and on. Waits are from arrival to start;
     utilisation is GPU-seconds allocated over capacity x makespan (and over the hours of
     arrivals only); fragmentation is free GPUs that no waiting request fits, averaged
@@ -845,13 +795,7 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
 
 
 @simulate.command(short_help="Sweeps without estimates: stage medians, learned, true estimates.")
-@click.option(
-    "--seeds",
-    default="0-4",
-    show_default=True,
-    metavar="LIST",
-    help="Seeds of the workloads: N, N-M, or a comma-separated list of them.",
-)
+@seeds_option("0-4", "Seeds of the workloads: N, N-M, or a comma-separated list of them.")
 @click.option(
     "--workload",
     "names",
@@ -874,14 +818,14 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
     help="Run the learner beside stage medians and true estimates (--no-learn: the two "
     "baselines only).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@json_option
 def estimates(seeds: str, names: tuple[str, ...], policy: str, learn: bool, as_json: bool) -> None:
     """Sweeps whose durations follow their parameters (a lookback grid with a heavy tail,
     the chapter's shape with its long tasks at the largest sizes, features read by
-    backtests; docs/simulator.md), submitted without estimates, under one policy with
+    backtests; docs/explanation/simulator.md), submitted without estimates, under one policy with
     three kinds of estimates: the stage's median (today's plugin without duration models:
     one submission ranks every task alike), learned online from the durations measured so
-    far (``simulate(..., learn=True)``: the duration models of the live plugin, re-ranking
+    far (simulate(..., learn=True): the duration models of the live plugin, re-ranking
     a stage's waiting tasks as it learns), and the true durations. Medians over the seeds
     of the makespans, of the share of the gain true estimates give over stage medians that
     learning gets, and of the share of the learner's predictions within 2x of the truth

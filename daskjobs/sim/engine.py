@@ -59,11 +59,45 @@ when the policy pops it (the rule of :meth:`Policy.discard
 holds), so a policy needs nothing new to be re-ranked (critical path adds the
 tail a task's dependents gave it at ``add_graph`` to its new estimate). A
 task without a ``stage`` neither learns nor is learned. Learning off (the
-default) runs exactly the loop below without it.
+default) runs exactly the same loop without it.
 
 Everything random (failures) comes from ``numpy.random.default_rng(seed)``;
 the event order is total (time, kind,
 sequence number), so a run is reproducible bit for bit.
+
+The engine
+==========
+
+One run is one ``_Engine``: its state is attributes (per-task flat arrays, the
+event calendar, the books of copies), and its parts are methods named for what
+they do, each calling the policy's own methods:
+
+* ``submit``: the tasks submitted at a time join the policy's graph
+  (``add_graph``); ``ready`` pushes each whose inputs are done (``push``).
+* ``start``: an attempt takes a node's free cores, its fate (done or failed, and
+  when) is queued as its end event, and the policy is told (``started``);
+  ``judge_lateness`` gives a primary its deadline by the policy's rule
+  (``Speculation.deadline``), queues its check and asks ``urgent``.
+* ``finish``: an attempt ends (done, failed or killed): its cores return and the
+  policy is told (``ended``); once a task is done its other copies are killed
+  through it, ``fail`` retries a task, and ``rejudge`` re-judges a node's attempts
+  when the policy's belief of its speed moves.
+* ``release``: a held loser's thread returns, or the policy reclaims it.
+* ``tick``: the periodic check; ``check``, ``judge``, ``ask``, ``rescue``,
+  ``take_backup`` and ``spare``: the copies. Every copy decision is the policy's
+  one call, ``Speculation.decide``; the engine only notices when to ask it and
+  enacts its answer.
+* ``kernel``: the event loop, which calls all of the above.
+
+The kernel is the one long function, on purpose: it inlines the end of an
+attempt that is done, the start of a first run or a retry (its lateness judged
+with the policy's own ``Speculation.deadline``) and the calendar's ``post``, with
+the names they read bound to locals, because that code runs for nearly every
+event and every start, where a call and attribute reads would be a large share
+of a run's cost on CPython. ``reference=True`` runs the slow reference path
+instead: every attempt starts and ends through the named parts, and every hook of
+the policy is called (none skipped as the base class's);
+tests/test_sim_reference.py compares the two, event for event.
 
 Cost
 ====
@@ -76,9 +110,7 @@ heap (O(log b) a bucket for b buckets, ~64 events each), so that a cluster with
 tens of thousands of running attempts does not pay a cache miss per level of a
 heap of their times. The width changes no schedule
 (tests/test_sim_properties.py runs the same workloads at four widths). Nothing
-scans all tasks or all running attempts per decision. The loop below is long on
-purpose: hot names are bound to locals and the per-attempt bookkeeping
-is inlined, which roughly doubles its speed on CPython. Learning costs an O(1)
+scans all tasks or all running attempts per decision. Learning costs an O(1)
 observation per finished task and, at the cadence above, a prediction and a push
 per waiting task of the stage that became due (per-stage waiting sets; nothing
 else is scanned).
@@ -112,7 +144,8 @@ _DONE, _FAIL, _CHECK, _TICK, _RECLAIM = 0, 1, 2, 3, 4
 _SUSPECT = 1.25  # believed slow-down above which idle capacity re-judges a node's attempts
 
 
-_RUNS = itertools.count(1)  # run stamps, see _simulate
+_INF = math.inf
+_RUNS = itertools.count(1)  # run stamps, see _Engine._set_tasks
 _Event = tuple[float, int, int, Attempt]  # (time, kind, sequence number, attempt)
 _PER_BUCKET = 64  # events a bucket of the event calendar holds on a busy cluster (width)
 
@@ -257,7 +290,7 @@ def _records(
     return start, end, node, made.astype(np.int64), finished
 
 
-#: The slots of a Task, copied onto a re-estimated one (see ``estimate`` in _simulate).
+#: The slots of a Task, copied onto a re-estimated one (see _Engine.estimate).
 _TASK_SLOTS: tuple[str, ...] = tuple(Task.__slots__)
 _get_tid = attrgetter("tid")
 _get_submit = attrgetter("submit")
@@ -333,12 +366,14 @@ def simulate(
     failure draws. A policy object keeps state: pass a fresh one per run.
     With ``spec.interval`` > 0, running attempts are judged on a periodic
     check at ``check_phase + k * interval`` (as the plugin judges them; a
-    replay passes the recorded run's phase), not at once.
+    replay passes the recorded run's phase), not at once, and a copy that waits
+    for a free slot is placed at a check, as the plugin places it.
 
-    ``reference=True`` runs the slow reference path: where the loop inlines a
-    policy's method for speed (the plain ``Speculation.deadline``) or skips a hook
-    the policy leaves as the base class has it (``speed``, ``urgent``), it calls the
-    method instead. Same schedule, event for event (tests/test_sim_reference.py).
+    ``reference=True`` runs the slow reference path: where the engine's kernel inlines
+    the start and the end of an attempt for speed, or skips a hook the policy leaves as
+    the base class has it (``speed``, ``urgent``, ``started``, ``ended``), it calls the
+    engine's part and the hook instead. Same schedule, event for event
+    (tests/test_sim_reference.py).
 
     ``learn=True`` estimates the tasks without an estimate (``estimated=False``) from the
     durations the run measures, and re-ranks them as it learns (module docs, "Learning
@@ -378,481 +413,672 @@ def _simulate(
     seed = check_seed(seed)
     if spec is not None and not isinstance(spec, Speculation):
         raise TypeError(f"spec must be a Speculation or None, got {type(spec).__name__}")
-    _validate(tasks, cluster)
-    has_deps = any(map(_get_deps, tasks))
-    order = topological_order(tasks) if has_deps else tasks
-    cached_ids: set[Hashable] = set(cache) if cache else set()
-    pruned = _prune(order, cached_ids) if (cached_ids and has_deps) else set()
-    if pruned:
-        tasks = [t for t in tasks if t.tid not in pruned]
-        order = [t for t in order if t.tid not in pruned]
+    run = _Engine(tasks, cluster, policy, spec, cache, seed, check_phase, reference, learner)
+    run.kernel()
+    return run.result()
 
-    n = len(tasks)
-    # Each task also carries its position, so that the task a policy returns is
-    # found without a lookup in a million-entry dict (a cache miss per task when
-    # tasks come back in estimate order). The position is stamped with a number
-    # unique to this run: a stamp another simulation of the same Task objects
-    # wrote (another thread, an earlier run) falls outside this run's range and
-    # the dict answers instead.
-    stamp = next(_RUNS) << 32
-    if n >= 1 << 32:
-        raise ValueError(f"at most 2**32 - 1 tasks per simulation, got {n}")
-    setattr_ = object.__setattr__
-    # (the slot's own setter mapped over the tasks, consumed in C: no bytecode per task)
-    deque(map(_set_ti, tasks, range(stamp, stamp + n)), maxlen=0)
-    # Per-task state lives in flat arrays (8 bytes or 1 byte a task), not in
-    # lists of Python objects: a policy such as LPT returns tasks in an order
-    # unrelated to their index, and on a million tasks every pointer chased to
-    # a scattered float costs a cache miss. Flat arrays stay dense enough to
-    # be served from cache (docs/benchmarks.md: with the stamps above and the
-    # float event heap of the time, LPT ran 1.3x faster on a million tasks).
-    dur = array("d", [t.duration for t in tasks])
-    est = array("d", [t.estimate for t in tasks])
-    # ... and the two side by side, task i's at 2i and 2i + 1, for the start of an
-    # attempt, which reads both (with backups): one scattered read, not two
-    pair = np.empty((n, 2))
-    pair[:, 0] = np.frombuffer(dur, dtype=float, count=n)
-    pair[:, 1] = np.frombuffer(est, dtype=float, count=n)
-    dur_est = array("d", pair.tobytes())
-    del pair
-    is_cached = bytearray(t.tid in cached_ids for t in tasks) if cached_ids else bytearray(n)
-    waiting = array("q", bytes(8 * n))
-    dependents: list[Sequence[int]]
-    # {tid: position}: for the graph's edges, and for a task a policy returns that
-    # does not carry this run's stamp (built on first need)
-    index: dict[Hashable, int] | None = _positions(tasks) if has_deps else None
-    if has_deps:
-        assert index is not None
-        readers: list[list[int]] = [[] for _ in range(n)]
-        for i, t in enumerate(tasks):
-            if not is_cached[i]:
-                deps = set(t.deps)
-                waiting[i] = len(deps)
-                for d in deps:
-                    readers[index[d]].append(i)
-        dependents = list(readers)
-    else:
-        dependents = [()] * n
-    submitted = bytearray(n)
-    done = bytearray(n)
-    # the running attempts of the tasks that have (had) a backup, in start order: only
-    # copies run side by side, so the tasks without one need no entry at all (a
-    # million-entry array read at every start and end costs a cache miss each)
-    copies: dict[int, list[Attempt]] = {}
-    backup_asked = bytearray(n)
-    # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
-    if spec is None:
-        copyable = bytearray(n)
-    elif (
-        type(spec).may_copy is Speculation.may_copy
-        and all(map(_get_estimated, tasks))
-        and False not in set(map(_get_speculate, tasks))
-    ):  # the plain rule, and no task it refuses (asked in C: no call per task)
-        copyable = bytearray(b"\x01") * n
-    else:
-        copyable = bytearray(map(bool, map(spec.may_copy, tasks)))
-    copy_all = spec is not None and all(copyable)  # no need to read `copyable` per start
-    # every copy decision is the policy's one call (Speculation.decide): the loop below
-    # only notices when to ask it (a deadline reached, a speed belief changed, a
-    # periodic check, a free slot for a waiting copy) and enacts its answer
-    decide = spec.decide if spec is not None else None
-    speculating = spec is not None  # (a bool: the loop tests it for every attempt)
-    ahead: set[Attempt] = set()  # pending copies allowed ahead of queued work
-    # first start and end of the tasks that never run (cached); the others'
-    # come from the attempts once the run is over
-    t_start = array("d", [math.nan]) * n
-    t_end = array("d", [math.nan]) * n
-    # attempts started so far, of the tasks that may start again (a failure, or a
-    # copy past the first): a task absent has started none (or one, if a backup starts)
-    again: dict[int, int] = {}
 
-    # Learning estimates (module docs): the tasks the learner estimates (no estimate of
-    # their own, a stage, not cached), each one's stage, and per stage the learned tasks
-    # submitted and not started yet (insertion-ordered: submission order)
-    learned = bytearray(n)
-    stage_at: list[str | None] = []
-    waiting_of: dict[str, dict[int, None]] = {}
-    if learner is not None:
-        stage_at = [t.stage for t in tasks]
-        learned = bytearray(
-            not t.estimated and t.stage is not None and not is_cached[i]
-            for i, t in enumerate(tasks)
+class _Engine:
+    """One simulation: its state as attributes, its parts as methods (module docs,
+    "The engine"). Built once per run; :meth:`kernel` runs it, :meth:`result` reads it."""
+
+    def __init__(
+        self,
+        tasks: list[Task],
+        cluster: Cluster,
+        policy: Policy,
+        spec: Speculation | None,
+        cache: Collection[Hashable] | None,
+        seed: int,
+        check_phase: float,
+        reference: bool,
+        learner: Estimator | None,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.spec = spec
+        self.seed = seed
+        self.reference = reference
+        self.learner = learner
+        order = self._set_tasks(tasks, cluster, cache)
+        self._set_speculation(spec)
+        self._set_learning(learner)
+        self._set_submissions(order)
+        self._set_cluster(cluster, policy, seed)
+        self._set_calendar(cluster, spec, check_phase)
+        self._set_hooks(policy, spec, reference)
+
+    # -- set up ---------------------------------------------------------------------------
+    def _set_tasks(
+        self, tasks: list[Task], cluster: Cluster, cache: Collection[Hashable] | None
+    ) -> Sequence[Task]:
+        """The tasks as the run keeps them: cached hits and pruned tasks known, each
+        stamped with its position, durations and estimates in flat arrays, the graph as
+        counts of inputs and lists of readers. Returns the tasks in topological order."""
+        _validate(tasks, cluster)
+        self.has_deps = has_deps = any(map(_get_deps, tasks))
+        order = topological_order(tasks) if has_deps else tasks
+        self.cached_ids = cached_ids = set(cache) if cache else set()
+        self.pruned = pruned = _prune(order, cached_ids) if (cached_ids and has_deps) else set()
+        if pruned:
+            tasks = [t for t in tasks if t.tid not in pruned]
+            order = [t for t in order if t.tid not in pruned]
+        self.tasks = tasks
+        self.n = n = len(tasks)
+        # Each task also carries its position, so that the task a policy returns is
+        # found without a lookup in a million-entry dict (a cache miss per task when
+        # tasks come back in estimate order). The position is stamped with a number
+        # unique to this run: a stamp another simulation of the same Task objects
+        # wrote (another thread, an earlier run) falls outside this run's range and
+        # the dict answers instead.
+        self.stamp = stamp = next(_RUNS) << 32
+        if n >= 1 << 32:
+            raise ValueError(f"at most 2**32 - 1 tasks per simulation, got {n}")
+        # (the slot's own setter mapped over the tasks, consumed in C: no bytecode per task)
+        deque(map(_set_ti, tasks, range(stamp, stamp + n)), maxlen=0)
+        # Per-task state lives in flat arrays (8 bytes or 1 byte a task), not in
+        # lists of Python objects: a policy such as LPT returns tasks in an order
+        # unrelated to their index, and on a million tasks every pointer chased to
+        # a scattered float costs a cache miss. Flat arrays stay dense enough to
+        # be served from cache (docs/benchmarks.md: with the stamps above and the
+        # float event heap of the time, LPT ran 1.3x faster on a million tasks).
+        self.dur = dur = array("d", [t.duration for t in tasks])
+        self.est = est = array("d", [t.estimate for t in tasks])
+        # ... and the two side by side, task i's at 2i and 2i + 1, for the start of an
+        # attempt, which reads both (with backups): one scattered read, not two
+        pair = np.empty((n, 2))
+        pair[:, 0] = np.frombuffer(dur, dtype=float, count=n)
+        pair[:, 1] = np.frombuffer(est, dtype=float, count=n)
+        self.dur_est = array("d", pair.tobytes())
+        del pair
+        self.is_cached = is_cached = (
+            bytearray(t.tid in cached_ids for t in tasks) if cached_ids else bytearray(n)
         )
-
-    new_task = object.__new__
-
-    def estimate(stage: str, idx: Sequence[int]) -> list[int]:
-        """Estimate the learned tasks ``idx`` of ``stage`` afresh: their views in ``tasks``
-        (a new frozen Task each, carrying this run's stamp) and ``est`` are replaced;
-        returns those whose estimate changed."""
-        assert learner is not None
-        preds = _predict(learner, stage, [tasks[i].params for i in idx])
-        if preds is None:
-            return []
-        changed = []
-        for i, sec in zip(idx, preds, strict=True):
-            t = tasks[i]
-            if t.estimated and sec == t.estimate:
-                continue
-            # dataclasses.replace, without its keyword plumbing and checks (a model's
-            # estimate is a finite number > 0): a tenth of the cost, on every waiting task
-            v = new_task(Task)
-            for name in _TASK_SLOTS:
-                setattr_(v, name, getattr(t, name))
-            setattr_(v, "estimate", sec)
-            setattr_(v, "estimated", True)
-            setattr_(v, "_ti", stamp + i)
-            tasks[i] = v
-            est[i] = sec
-            dur_est[2 * i + 1] = sec
-            changed.append(i)
-        return changed
-
-    def submit_learned(batch: Sequence[int]) -> None:
-        """A submitted batch: its learned tasks get the estimates known now."""
-        by_stage: dict[str, list[int]] = {}
-        for i in batch:
-            if learned[i]:
-                st = stage_at[i]
-                assert st is not None
-                by_stage.setdefault(st, []).append(i)
-        for st, idx in by_stage.items():
-            estimate(st, idx)
-            waiting_of.setdefault(st, {}).update(dict.fromkeys(idx))
-
-    def unwait(i: int) -> None:
-        """Learned task ``i`` starts (its first attempt, popped from the queue): it waits
-        no longer, so it is never re-estimated."""
-        w = waiting_of.get(stage_at[i])  # type: ignore[arg-type]
-        if w:
-            w.pop(i, None)
-
-    def learn_from(i: int) -> None:
-        """Task ``i`` finished: its stage learns its true (nominal) duration; when the
-        stage is due, its waiting learned tasks are estimated afresh and the runnable
-        ones among them pushed again (their old entries are skipped when popped)."""
-        assert learner is not None
-        st = stage_at[i]
-        if st is None:
-            return
-        # not scored here (a refit per observation): Schedule.within scores the estimates
-        # the tasks started with
-        learner.observe(st, tasks[i].params, dur[i], score=False)
-        w = waiting_of.get(st)
-        if not learner.due(st, len(w) if w else 0):
-            return
-        learner.mark(st)
-        if not w:
-            return
-        changed = estimate(st, list(w))
-        runnable = [tasks[j] for j in changed if submitted[j] and not waiting[j]]
-        if runnable:
-            policy.push_many(runnable)
-
-    # submissions, in topological order within each submit time
-    first_submit = tasks[0].submit if n else 0.0
-    # (every submit time compared with the first in C: a million tasks, no bytecode each)
-    if not has_deps and all(map(eq, map(_get_submit, tasks), repeat(first_submit))):
-        subs: Sequence[int] = range(n)
-    else:
-        subs = sorted(range(n), key=lambda i: tasks[i].submit)
+        self.waiting = waiting = array("q", bytes(8 * n))
+        # {tid: position}: for the graph's edges, and for a task a policy returns that
+        # does not carry this run's stamp (built on first need)
+        self.index: dict[Hashable, int] | None = _positions(tasks) if has_deps else None
+        self.dependents: list[Sequence[int]]
         if has_deps:
-            pos = {t.tid: k for k, t in enumerate(order)}
-            subs.sort(key=lambda i: (tasks[i].submit, pos[tasks[i].tid]))
-    sub_ptr = 0
+            index = self.index
+            assert index is not None
+            readers: list[list[int]] = [[] for _ in range(n)]
+            for i, t in enumerate(tasks):
+                if not is_cached[i]:
+                    deps = set(t.deps)
+                    waiting[i] = len(deps)
+                    for d in deps:
+                        readers[index[d]].append(i)
+            self.dependents = list(readers)
+        else:
+            self.dependents = [()] * n
+        self.submitted = bytearray(n)
+        self.done = bytearray(n)
+        # first start and end of the tasks that never run (cached); the others'
+        # come from the attempts once the run is over
+        self.t_start = array("d", [math.nan]) * n
+        self.t_end = array("d", [math.nan]) * n
+        return order
 
-    # node.core kept as attempts start and end, for a policy that declares it reads it;
-    # any other policy reading it gets it worked out (the same value)
-    keep_core = "node.core" in policy.capabilities.reads
-    node_cls = _CoreNode if keep_core else _Node
-    nodes = [node_cls(k, cluster.cores_per_node) for k in range(cluster.nodes)]
-    speeds = cluster.speeds
-    overhead = cluster.overhead
-    # one dispatcher for the cluster: each start takes `gap` seconds of it, in turn
-    gap = 1.0 / cluster.dispatch_rate if cluster.dispatch_rate else 0.0
-    dispatcher_free = -math.inf
-    for nd in nodes:
-        policy.add_node(nd.index, nd.cores)
-    free_heap = list(range(cluster.nodes))  # nodes with free cores (lazy)
-    in_heap = [True] * cluster.nodes
+    def _set_speculation(self, spec: Speculation | None) -> None:
+        """Which tasks may ever get a copy, and the books of the copies asked for."""
+        n = self.n
+        tasks = self.tasks
+        # the running attempts of the tasks that have (had) a backup, in start order: only
+        # copies run side by side, so the tasks without one need no entry at all (a
+        # million-entry array read at every start and end costs a cache miss each)
+        self.copies: dict[int, list[Attempt]] = {}
+        self.backup_asked = bytearray(n)
+        # which tasks may ever get a copy: the policy's rule (Speculation.may_copy), once
+        if spec is None:
+            copyable = bytearray(n)
+        elif (
+            type(spec).may_copy is Speculation.may_copy
+            and all(map(_get_estimated, tasks))
+            and False not in set(map(_get_speculate, tasks))
+        ):  # the plain rule, and no task it refuses (asked in C: no call per task)
+            copyable = bytearray(b"\x01") * n
+        else:
+            copyable = bytearray(map(bool, map(spec.may_copy, tasks)))
+        self.copyable = copyable
+        self.copy_all = spec is not None and all(copyable)  # no need to read it per start
+        # every copy decision is the policy's one call (Speculation.decide): the engine
+        # only notices when to ask it (a deadline reached, a speed belief changed, a
+        # periodic check, a free slot for a waiting copy) and enacts its answer
+        self.decide = spec.decide if spec is not None else None
+        self.speculating = spec is not None  # (a bool: the kernel tests it for every attempt)
+        self.ahead: set[Attempt] = set()  # pending copies allowed ahead of queued work
+        # attempts started so far, of the tasks that may start again (a failure, or a
+        # copy past the first): a task absent has started none (or one, if a backup starts)
+        self.again: dict[int, int] = {}
 
-    rate = cluster.failure_rate
-    rng = np.random.default_rng(seed)
-    draws: list[float] = []
-    draw_ptr = 0
-    fails: list[dict[int, float]] = []
-    if rate:
-        # the fates of the first attempts of every task, up front (common random
-        # numbers); attempts past the first few (rare) draw in start order
-        fails = draw_fates(rng, n, rate)
-    first_fates = fails[0] if fails else {}  # of the first attempts
+    def _set_learning(self, learner: Estimator | None) -> None:
+        """Learning estimates (module docs): the tasks the learner estimates (no estimate
+        of their own, a stage, not cached), each one's stage, and per stage the learned
+        tasks submitted and not started yet (insertion-ordered: submission order)."""
+        self.learned = bytearray(self.n)
+        self.stage_at: list[str | None] = []
+        self.waiting_of: dict[str, dict[int, None]] = {}
+        if learner is not None:
+            is_cached = self.is_cached
+            self.stage_at = [t.stage for t in self.tasks]
+            self.learned = bytearray(
+                not t.estimated and t.stage is not None and not is_cached[i]
+                for i, t in enumerate(self.tasks)
+            )
 
-    # The event queue: a calendar of buckets of ``width`` seconds of simulated time.
-    # An event ``(time, kind, seq, attempt)`` goes into the list of its bucket
-    # (``int(time / width)``, a dict entry); a heap holds the buckets' numbers. The
-    # earliest bucket, once reached, is sorted (``cur``, latest first, popped from the
-    # end); an event posted into it or an earlier one (a time at or near ``now``) goes
-    # to the small heap ``soon``. Events run in (time, kind, seq) order, exactly as one
-    # heap of tuples would run them. The width holds about ``_PER_BUCKET`` events of a
-    # busy cluster: a bucket is sorted in C at once, and the heap of buckets is that
-    # many times smaller than a heap of every event (with 38,400 running attempts, a
-    # heap of their times costs a cache miss per level; docs/benchmarks.md).
-    mean_run = (float(np.frombuffer(dur, dtype=float).mean()) if n else 0.0) * (
-        sum(speeds) / len(speeds)
-    ) + overhead
-    width = _PER_BUCKET * mean_run / cluster.total_cores if mean_run > 0 else 1.0
-    if not math.isfinite(width):
-        width = 1.0
-    # at least a nanosecond: with tasks of subnormal length, a bucket's number for a
-    # time of seconds (time / width) would overflow a float
-    width = max(width, 1e-9)
-    inv_width = 1.0 / width
-    far: dict[int, list[_Event]] = {}  # bucket number -> its events, unsorted
-    buckets: list[int] = []  # heap of the numbers of the buckets in `far`
-    cur: list[_Event] = []  # the current bucket's events, sorted, latest first
-    cur_b = -(1 << 62)  # the current bucket's number
-    soon: list[_Event] = []  # heap: events posted into the current bucket or before
-    seq = 0
-    attempts: list[Attempt] = []
-    # each attempt's task position and start, in start order (for _records)
-    att_ti = array("q")
-    att_start = array("d")
-    ti_append = att_ti.append
-    start_append = att_start.append
-    pending: list[Attempt] = []  # primaries waiting for a backup slot
-    slots = cluster.total_cores
-    # losers that hold their cores (a cluster that cannot stop them, as dask cannot)
-    holds = not cluster.stops_losers
-    held: dict[Attempt, None] = {}
-    cap = spec.cap(slots) if spec else 0
-    backups_running = 0
-    backups_launched = 0
-    backups_won = 0
-    suspects: set[int] = set()
-    n_events = 0
-    # A periodic check (spec.interval > 0, as the plugin runs one): a late attempt is
-    # seen at the first check past its deadline, and urgency is judged at every check
-    # for the running primaries (``watch``, in start order), not at events.
-    interval = spec.interval if spec is not None else 0.0
-    if not math.isfinite(check_phase):
-        raise ValueError(f"check_phase must be a finite number of seconds, got {check_phase!r}")
-    tick_at = math.inf  # the next periodic check queued
-    watch: dict[Attempt, None] = {}
-    # The end game (Speculation.endgame): once no task waits to start (every task
-    # submitted and started once, the policy's queue empty), the idle nodes are offered to
-    # the policy for copies of the running primaries (``watch`` holds them, as it does
-    # for a periodic check): after every event, or with a periodic check at each check.
-    endgame = spec is not None and spec.endgame
-    # the live tasks made runnable so far (counted where they become so, not at each
-    # start): with all of them runnable and the policy's queue empty, every task has
-    # started at least once (what the queue held was popped, and what is popped starts)
-    n_ready = 0
-    n_live = n - is_cached.count(1)
-    ticked = False  # a periodic check ran at this time
-    # Each ask judges every running primary (O(running)), and in the end game nearly every
-    # event frees a core: asked after every event, a tail of R attempts would cost O(R^2)
-    # (38,400 cores: 10^9). So without a periodic check the end game is asked again only
-    # 1 + running / 64 events after the last ask: about 64 asks per halving of the running.
-    spared = -(1 << 62)  # n_events at the last ask
+    def _set_submissions(self, order: Sequence[Task]) -> None:
+        """The submissions, in topological order within each submit time."""
+        tasks = self.tasks
+        n = self.n
+        first_submit = tasks[0].submit if n else 0.0
+        # (every submit time compared with the first in C: a million tasks, no bytecode each)
+        if not self.has_deps and all(map(eq, map(_get_submit, tasks), repeat(first_submit))):
+            subs: Sequence[int] = range(n)
+        else:
+            subs = sorted(range(n), key=lambda i: tasks[i].submit)
+            if self.has_deps:
+                pos = {t.tid: k for k, t in enumerate(order)}
+                subs.sort(key=lambda i: (tasks[i].submit, pos[tasks[i].tid]))
+        self.subs = subs
+        self.sub_ptr = 0
+        self.t_sub = tasks[subs[0]].submit if n else _INF  # the next submission's time
+        # a sweep submitted at once, without inputs to wait for, nothing cached and nothing
+        # to learn: one batch of every task, built without a step per task
+        self.one_batch = type(subs) is range and not self.cached_ids and self.learner is None
 
-    def on_check(t: float) -> float:
-        """The time the driver sees ``t``: ``t`` itself, or the first periodic check at or
-        after it."""
-        if not interval:
-            return t
-        k = math.ceil((t - check_phase) / interval)
-        at = check_phase + k * interval
-        return at if at >= t else at + interval
+    def _set_cluster(self, cluster: Cluster, policy: Policy, seed: int) -> None:
+        """The nodes as the policy sees them, the dispatcher, and the fates of attempts."""
+        # node.core kept as attempts start and end, for a policy that declares it reads it;
+        # any other policy reading it gets it worked out (the same value)
+        self.keep_core = "node.core" in policy.capabilities.reads
+        node_cls = _CoreNode if self.keep_core else _Node
+        self.nodes = nodes = [node_cls(k, cluster.cores_per_node) for k in range(cluster.nodes)]
+        self.speeds = cluster.speeds
+        self.overhead = cluster.overhead
+        # one dispatcher for the cluster: each start takes `gap` seconds of it, in turn
+        self.gap = 1.0 / cluster.dispatch_rate if cluster.dispatch_rate else 0.0
+        self.dispatcher_free = -math.inf
+        for nd in nodes:
+            policy.add_node(nd.index, nd.cores)
+        self.free_heap = list(range(cluster.nodes))  # nodes with free cores (lazy)
+        self.in_heap = [True] * cluster.nodes
+        self.rate = rate = cluster.failure_rate
+        self.rng = rng = np.random.default_rng(seed)
+        self.draws: list[float] = []
+        self.draw_ptr = 0
+        self.fails: list[dict[int, float]] = []
+        if rate:
+            # the fates of the first attempts of every task, up front (common random
+            # numbers); attempts past the first few (rare) draw in start order
+            self.fails = draw_fates(rng, self.n, rate)
+        self.first_fates = self.fails[0] if self.fails else {}  # of the first attempts
 
-    push = policy.push
-    pop = policy.pop
-    qlen = policy.__len__
-    cls = type(policy)
-    started = policy.started if reference or cls.started is not Policy.started else None
-    ended = policy.ended if reference or cls.ended is not Policy.ended else None
-    # which attempts run on each node: only needed to re-judge them for backups at
-    # once (only a policy that learns speeds, through `ended`, ever re-judges them;
-    # with a periodic check, `watch` holds the running primaries instead)
-    track = ended is not None and spec is not None and not interval
-    # idle capacity rescues attempts on suspect nodes (judged at once: no periodic check)
-    rescues = spec is not None and not interval
-    # the attempt each core started last (with `track`): a node's running attempts are
-    # those of its cores without an outcome yet, as a core runs one attempt at a time (a
-    # store per start, not a set's add and discard per attempt)
-    on_core: list[Attempt | None] = [None] * cluster.total_cores if track else []
+    def _set_calendar(self, cluster: Cluster, spec: Speculation | None, check_phase: float) -> None:
+        """The event calendar, the attempts' records, and the books of copies, periodic
+        checks and the end game."""
+        # The event queue: a calendar of buckets of ``width`` seconds of simulated time.
+        # An event ``(time, kind, seq, attempt)`` goes into the list of its bucket
+        # (``int(time / width)``, a dict entry); a heap holds the buckets' numbers. The
+        # earliest bucket, once reached, is sorted (``cur``, latest first, popped from the
+        # end); an event posted into it or an earlier one (a time at or near ``now``) goes
+        # to the small heap ``soon``. Events run in (time, kind, seq) order, exactly as one
+        # heap of tuples would run them. The width holds about ``_PER_BUCKET`` events of a
+        # busy cluster: a bucket is sorted in C at once, and the heap of buckets is that
+        # many times smaller than a heap of every event (with 38,400 running attempts, a
+        # heap of their times costs a cache miss per level; docs/benchmarks.md).
+        n = self.n
+        speeds = self.speeds
+        mean_run = (float(np.frombuffer(self.dur, dtype=float).mean()) if n else 0.0) * (
+            sum(speeds) / len(speeds)
+        ) + self.overhead
+        width = _PER_BUCKET * mean_run / cluster.total_cores if mean_run > 0 else 1.0
+        if not math.isfinite(width):
+            width = 1.0
+        # at least a nanosecond: with tasks of subnormal length, a bucket's number for a
+        # time of seconds (time / width) would overflow a float
+        width = max(width, 1e-9)
+        self.inv_width = 1.0 / width
+        self.far: dict[int, list[_Event]] = {}  # bucket number -> its events, unsorted
+        self.buckets: list[int] = []  # heap of the numbers of the buckets in `far`
+        self.cur_b = -(1 << 62)  # the current bucket's number (the kernel holds the bucket)
+        self.soon: list[_Event] = []  # heap: events posted into the current bucket or before
+        self.seq = 0
+        self.attempts: list[Attempt] = []
+        # each attempt's task position and start, in start order (for _records)
+        self.att_ti = array("q")
+        self.att_start = array("d")
+        self.pending: list[Attempt] = []  # primaries waiting for a backup slot
+        self.slots = slots = cluster.total_cores
+        # losers that hold their cores (a cluster that cannot stop them, as dask cannot)
+        self.holds = not cluster.stops_losers
+        self.held: dict[Attempt, None] = {}
+        self.cap = spec.cap(slots) if spec else 0
+        self.backups_running = 0
+        self.backups_launched = 0
+        self.backups_won = 0
+        self.suspects: set[int] = set()
+        self.n_events = 0
+        # A periodic check (spec.interval > 0, as the plugin runs one): a late attempt is
+        # seen at the first check past its deadline, and urgency is judged at every check
+        # for the running primaries (``watch``, in start order), not at events.
+        self.interval = spec.interval if spec is not None else 0.0
+        if not math.isfinite(check_phase):
+            raise ValueError(f"check_phase must be a finite number of seconds, got {check_phase!r}")
+        self.check_phase = check_phase
+        self.tick_at = _INF  # the next periodic check queued
+        self.watch: dict[Attempt, None] = {}
+        # The end game (Speculation.endgame): once no task waits to start (every task
+        # submitted and started once, the policy's queue empty), the idle nodes are offered
+        # to the policy for copies of the running primaries (``watch`` holds them, as it
+        # does for a periodic check): after every event, or with a periodic check at each
+        # check.
+        self.endgame = spec is not None and spec.endgame
+        # the live tasks made runnable so far (counted where they become so, not at each
+        # start): with all of them runnable and the policy's queue empty, every task has
+        # started at least once (what the queue held was popped, and what is popped starts)
+        self.n_ready = 0
+        self.n_live = n - self.is_cached.count(1)
+        self.ticked = False  # a periodic check ran at this time
 
-    def running_on(k: int) -> list[Attempt]:
-        """The attempts running on node ``k`` (with ``track``), in start order."""
-        nd = nodes[k]
-        here = {a: None for a in on_core[nd.base : nd.base + nd.cores] if a is not None}
-        return sorted((a for a in here if a.outcome is None), key=_aid)
+    def _set_hooks(self, policy: Policy, spec: Speculation | None, reference: bool) -> None:
+        """The policy's hooks the engine calls, and which of them it may skip or inline
+        (none on the reference path)."""
+        self.push = policy.push
+        cls = type(policy)
+        self.started = policy.started if reference or cls.started is not Policy.started else None
+        self.ended = policy.ended if reference or cls.ended is not Policy.ended else None
+        interval = self.interval
+        # which attempts run on each node: only needed to re-judge them for backups at
+        # once (only a policy that learns speeds, through `ended`, ever re-judges them;
+        # with a periodic check, `watch` holds the running primaries instead)
+        self.track = self.ended is not None and spec is not None and not interval
+        # idle capacity rescues attempts on suspect nodes (judged at once: no periodic check)
+        self.rescues = spec is not None and not interval
+        # the attempt each core started last (with `track`): a node's running attempts are
+        # those of its cores without an outcome yet, as a core runs one attempt at a time (a
+        # store per start, not a set's add and discard per attempt)
+        self.on_core: list[Attempt | None] = [None] * self.cluster.total_cores if self.track else []
+        self.p_speed = p_speed = policy.speed
+        p_urgent = policy.urgent
+        # hooks a policy leaves as the base class has them are skipped in the hot path
+        self.urgent_hook = p_urgent if cls.urgent is not Policy.urgent else None
+        self.speed_hook = p_speed if cls.speed is not Policy.speed else None
+        # the policy's lateness rule (Speculation.deadline), called as it is by the kernel
+        # and by `judge_lateness`: the engine keeps no copy of it
+        self.deadline = spec.deadline if spec is not None else None
+        # an attempt that is done ends through `finish`, not the kernel's inlined copy of
+        # it, on the reference path and when learning (which then learns from it: not the
+        # benchmarked path, so its one test per attempt is not paid by every run)
+        self.slow_done = reference or self.learner is not None
+        # `started` answers the node's speed (not on the reference path, which asks `speed`)
+        self.started_speed = policy.capabilities.started_speed and self.speed_hook is not None
+        # below this believed slow-down of its node an attempt is not urgent (the policy's
+        # own bound, Policy.calm_below): the kernel asks `urgent` only at or above it
+        self.calm = policy.calm_below() if self.urgent_hook is not None else -math.inf
+        if reference:
+            self.urgent_hook = p_urgent
+            self.speed_hook = p_speed
+            self.started_speed = False
+            self.calm = -math.inf
 
-    p_speed = policy.speed
-    p_urgent = policy.urgent
-    # hooks a policy leaves as the base class has them are skipped in the hot path
-    urgent_hook = p_urgent if cls.urgent is not Policy.urgent else None
-    speed_hook = p_speed if cls.speed is not Policy.speed else None
-    # the plain Speculation deadline, inlined (a subclass keeps its own method); the
-    # reference path calls the policy's own methods everywhere (tests/test_sim_reference.py
-    # compares the two event for event)
-    plain_spec = type(spec) is Speculation and not reference
-    # an attempt that is done ends through the helper, not the loop's inlined copy of it,
-    # on the reference path and when learning (which then learns from it: not the
-    # benchmarked path, so its one test per attempt is not paid by every run)
-    slow_done = reference or learner is not None
-    # `started` answers the node's speed (not on the reference path, which asks `speed`)
-    started_speed = policy.capabilities.started_speed and speed_hook is not None
-    # below this believed slow-down of its node an attempt is not urgent (the policy's
-    # own bound, Policy.calm_below): the inlined start asks `urgent` only at or above it
-    calm = policy.calm_below() if urgent_hook is not None else -math.inf
-    if reference:
-        urgent_hook = p_urgent
-        speed_hook = p_speed
-        started_speed = False
-        calm = -math.inf
-    late_factor = spec.late_factor if spec is not None else 0.0
-    min_runtime = spec.min_runtime if spec is not None else 0.0
-    heappush = heapq.heappush
-    heappop = heapq.heappop
-
-    def post(when: float, e: _Event) -> None:
+    # -- events ---------------------------------------------------------------------------
+    def post(self, when: float, e: _Event) -> None:
         """Queue event ``e`` (its first item is ``when``) at ``when``; an event at
         infinity never runs (the loop ends first) and is not queued."""
-        if when == inf:
+        if when == _INF:
             return
-        b = int(when * inv_width)
-        if b > cur_b:
-            x = far.get(b)
+        b = int(when * self.inv_width)
+        if b > self.cur_b:
+            x = self.far.get(b)
             if x is None:
-                far[b] = [e]
-                heappush(buckets, b)
+                self.far[b] = [e]
+                heapq.heappush(self.buckets, b)
             else:
                 x.append(e)
         else:
-            heappush(soon, e)
+            heapq.heappush(self.soon, e)
 
-    def ready(i: int, now: float, batch: list[Task] | None = None) -> None:
+    def queue(self, when: float, kind: int, a: Attempt) -> None:
+        """Queue an event of ``kind`` for attempt ``a`` at ``when``, numbered in turn."""
+        self.seq += 1
+        self.post(when, (when, kind, self.seq, a))
+
+    def on_check(self, t: float) -> float:
+        """The time the driver sees ``t``: ``t`` itself, or the first periodic check at or
+        after it."""
+        interval = self.interval
+        if not interval:
+            return t
+        k = math.ceil((t - self.check_phase) / interval)
+        at = self.check_phase + k * interval
+        return at if at >= t else at + interval
+
+    def queue_tick(self, now: float, a: Attempt) -> None:
+        """A primary started at ``now`` with no periodic check queued: queue the next."""
+        tick_at = self.on_check(now)
+        if tick_at == now:
+            tick_at += self.interval  # this check ran before the start
+        self.tick_at = tick_at
+        self.queue(tick_at, _TICK, a)
+
+    # -- submit ---------------------------------------------------------------------------
+    def submit(self, now: float) -> float:
+        """The submissions at ``now``: added to the policy's graph, the runnable ones
+        pushed. Returns the time of the next submission."""
+        tasks = self.tasks
+        n = self.n
+        policy = self.policy
+        if self.one_batch:
+            self.sub_ptr = n
+            policy.add_graph(tasks[:])
+            self.submitted[:] = b"\x01" * n
+            self.n_ready += n
+            policy.push_many(tasks[:])
+        else:
+            subs = self.subs
+            sub_ptr = self.sub_ptr
+            batch = []
+            while sub_ptr < n and tasks[subs[sub_ptr]].submit == now:
+                batch.append(subs[sub_ptr])
+                sub_ptr += 1
+            self.sub_ptr = sub_ptr
+            if self.learner is not None:
+                self.submit_learned(batch)
+            is_cached = self.is_cached
+            policy.add_graph([tasks[i] for i in batch if not is_cached[i]])
+            runnable: list[Task] = []
+            submitted = self.submitted
+            waiting = self.waiting
+            for i in batch:
+                submitted[i] = 1
+                if not waiting[i]:
+                    self.ready(i, now, runnable)
+            self.n_ready += len(runnable)
+            policy.push_many(runnable)
+        sub_ptr = self.sub_ptr
+        return tasks[self.subs[sub_ptr]].submit if sub_ptr < n else _INF
+
+    def ready(self, i: int, now: float, batch: list[Task] | None = None) -> None:
         """Task ``i`` can run: push it (or add it to ``batch``), or complete it
         at once if cached."""
-        nonlocal n_ready
-        if is_cached[i]:
-            t_start[i] = now
-            t_end[i] = now
-            done[i] = 1
-            for j in dependents[i]:
+        if self.is_cached[i]:
+            self.t_start[i] = now
+            self.t_end[i] = now
+            self.done[i] = 1
+            waiting = self.waiting
+            submitted = self.submitted
+            for j in self.dependents[i]:
                 waiting[j] -= 1
                 if not waiting[j] and submitted[j]:
-                    ready(j, now, batch)
+                    self.ready(j, now, batch)
         elif batch is not None:
-            batch.append(tasks[i])  # counted with its batch
+            batch.append(self.tasks[i])  # counted with its batch
         else:
-            n_ready += 1
-            push(tasks[i])
+            self.n_ready += 1
+            self.push(self.tasks[i])
 
-    def ask(c: Copy) -> None:
+    def find(self, tv: Any) -> int:
+        """The position of a task a policy returned without this run's stamp."""
+        if self.index is None:
+            self.index = _positions(self.tasks)
+        return self.index[tv.tid]
+
+    # -- start ----------------------------------------------------------------------------
+    def dispatched(self, now: float) -> float:
+        """When an attempt asked to start at ``now`` starts: once the dispatcher has served
+        it (each start takes ``gap`` seconds of it, in turn); its slot is held meanwhile."""
+        t = (now if now > self.dispatcher_free else self.dispatcher_free) + self.gap
+        self.dispatcher_free = t
+        return t
+
+    def draw_fate(self) -> float | None:
+        """The fate of an attempt past the first ``FATES`` of its task, drawn now (in start
+        order): the fraction of its run at which it fails, or None."""
+        if self.draw_ptr + 2 > len(self.draws):
+            self.draws = self.rng.random(4096).tolist()
+            self.draw_ptr = 0
+        p = self.draw_ptr
+        self.draw_ptr = p + 2
+        draws = self.draws
+        return draws[p + 1] if draws[p] < self.rate else None
+
+    def start(self, i: int, task: Task, nd: _Node, now: float, primary: Attempt | None) -> None:
+        """Start an attempt of task ``i`` on ``nd``: a backup of ``primary``, or (None)
+        a first run or a retry (on the reference path; the kernel inlines it)."""
+        backup = primary is not None
+        if self.gap:
+            now = self.dispatched(now)
+        c = task.cores
+        stack = nd.freeheap
+        if c == 1:
+            cores: tuple[int, ...] = (stack.pop(),)
+        else:
+            cores = tuple(stack.pop() for _ in range(c))
+        nd.free -= c
+        if self.keep_core:
+            nd.core = stack[-1] if stack else -1  # type: ignore[misc]
+        a = Attempt(len(self.attempts), task, nd.index, cores, now, backup, i)
+        self.attempts.append(a)
+        self.att_ti.append(i)
+        self.att_start.append(now)
+        if self.track:
+            for x in cores:
+                self.on_core[x] = a
+        copies = self.copies
+        if primary is not None:  # copies of one task only run side by side with a backup
+            r = copies.get(i)
+            if r is None:
+                copies[i] = [primary, a]
+            else:
+                r.append(a)
+        elif copies:
+            r = copies.get(i)
+            if r is not None:
+                r.append(a)
+        actual = self.dur[i] * self.speeds[nd.index] + self.overhead
+        kind = _DONE
+        when = now + actual
+        if self.rate:
+            again = self.again
+            # attempt k of task i: a backup's primary was (at least) the first
+            k = again.get(i, 1 if backup else 0) if (again or backup) else 0
+            # common random numbers: the fate of attempt k of task i drawn up front
+            frac = self.fails[k].get(i) if k < FATES else self.draw_fate()
+            if frac is not None:
+                kind = _FAIL
+                when = now + actual * frac
+            if kind or k:  # it may start again: after this failure, or as another copy
+                again[i] = k + 1
+        self.queue(when, kind, a)
+        if backup:
+            self.backups_running += 1
+            self.backups_launched += 1
+        at_speed = self.started(a, now) if self.started is not None else None
+        if self.speculating and not backup and (self.copy_all or self.copyable[i]):
+            if at_speed is None or not self.started_speed:
+                at_speed = self.speed_hook(nd.index) if self.speed_hook is not None else 1.0
+            self.judge_lateness(a, now, when, at_speed)
+
+    def judge_lateness(self, a: Attempt, now: float, when: float, speed: float) -> None:
+        """Primary ``a`` started at ``now`` on a node believed ``speed`` times slow, to end
+        (or fail) at ``when``: its deadline is the policy's (``Speculation.deadline``);
+        it is watched for a periodic check or the end game, its deadline's check queued
+        if it still runs then, and the policy asked whether it is urgent."""
+        assert self.deadline is not None
+        a.check_at = self.deadline(now, self.est[a.ti], speed)
+        interval = self.interval
+        if self.endgame and not interval:  # a candidate for the end game's copies
+            self.watch[a] = None
+        if interval:  # judged at every periodic check, as live (no deadline event)
+            self.watch[a] = None
+            if self.tick_at == _INF:
+                self.queue_tick(now, a)
+        elif when > a.check_at:
+            # Only an attempt still running at its deadline needs the check: one
+            # that ends (or fails) first would find it a no-op, so the event is not
+            # queued at all. No policy sees this; it only spares the event queue.
+            # (A deadline moved earlier by a new speed belief is queued afresh.)
+            self.queue(a.check_at, _CHECK, a)
+        if self.urgent_hook is not None and not interval and self.urgent_hook(a, now):
+            self.judge((a,), now)  # the policy wants a copy at once (if it may have one)
+
+    # -- finish, fail, release ------------------------------------------------------------
+    def free_cores(self, a: Attempt) -> None:
+        """Give ``a``'s cores back to its node."""
+        nd = self.nodes[a.node]
+        stack = nd.freeheap
+        stack.extend(a.cores)
+        nd.free += len(a.cores)
+        if self.keep_core:
+            nd.core = stack[-1]  # type: ignore[misc]
+        k = nd.index
+        if not self.in_heap[k]:
+            self.in_heap[k] = True
+            heapq.heappush(self.free_heap, k)
+
+    def finish(self, a: Attempt, now: float, outcome: str, hold: bool = False) -> None:
+        """End attempt ``a`` (the kernel inlines this for an attempt that is done).
+        With ``hold`` (a loser on a cluster that cannot stop it) its cores stay taken
+        until it would have ended, or until the policy reclaims its thread."""
+        a.end = now
+        a.outcome = outcome
+        if hold:
+            self.held[a] = None
+            assert self.spec is not None
+            self.queue(self.spec.reclaim_at(now, self.est[a.ti]), _RECLAIM, a)
+        else:
+            self.free_cores(a)
+        if self.watch:
+            self.watch.pop(a, None)
+        if a.backup:
+            self.backups_running -= 1
+        if self.ended is not None and self.ended(a, now):
+            self.rejudge(a.node, now)
+
+    def fail(self, a: Attempt, now: float) -> None:
+        """Attempt ``a`` failed: its task is retried from the start, unless another copy
+        runs on."""
+        self.finish(a, now, "failed")
+        if not self.speculating:
+            self.push(a.task)  # retry from the start
+            return
+        i = a.ti
+        copies = self.copies
+        r = copies.get(i) if copies else None
+        if r is not None:
+            r.remove(a)  # another copy may run on
+            if not r:
+                del copies[i]
+        if not r:
+            self.backup_asked[i] = 0
+            self.push(a.task)  # retry from the start
+
+    def release(self, a: Attempt, now: float, reclaim: bool) -> None:
+        """A held loser's thread returns (its natural end), or (``reclaim``) the policy
+        is asked whether to take it for returned now (``Speculation.decide``)."""
+        if reclaim:
+            assert self.decide is not None
+            view = _Loser(a.node, a.task.tid, a.end, self.est[a.ti])
+            if not self.decide(now, self.policy, losers=(view,)).reclaimed:
+                return
+        del self.held[a]
+        a.end = now  # the core-time it held counts as waste
+        self.free_cores(a)
+
+    # -- copies ---------------------------------------------------------------------------
+    def ask(self, c: Copy) -> None:
         """Enact a copy the policy wants (``Speculation.decide``): it waits for a slot,
         ahead of queued work if the decision says so (otherwise it takes a slot no
         queued task wants). Where it goes is decided again when a slot frees."""
         a = c.attempt
-        backup_asked[a.ti] = 1
+        self.backup_asked[a.ti] = 1
         if c.ahead:
-            ahead.add(a)
-        pending.append(a)
+            self.ahead.add(a)
+        self.pending.append(a)
 
-    def judge(batch: Sequence[Attempt], now: float) -> SpeculationDecision:
+    def judge(self, batch: Sequence[Attempt], now: float) -> SpeculationDecision:
         """Ask the policy about the running primaries ``batch`` (none asked for a copy
         yet), and enact: a copy asked for each it wants one for."""
-        assert decide is not None
-        d = decide(now, policy, judge=batch)
+        assert self.decide is not None
+        d = self.decide(now, self.policy, judge=batch)
         for c in d.copies:
-            ask(c)
+            self.ask(c)
         return d
 
-    def rejudge(node: int, now: float) -> None:
+    def check(self, a: Attempt, now: float) -> None:
+        """Primary ``a``'s deadline: the policy judges it (late: a copy asked for)."""
+        i = a.ti
+        if a.check_at != now or self.done[i] or self.backup_asked[i]:
+            return  # a stale check
+        (v,) = self.judge((a,), now).verdicts
+        if v.why is None:  # its deadline moved (a new speed belief): check then
+            a.check_at = d = v.deadline
+            self.queue(d, _CHECK, a)
+
+    def running_on(self, k: int) -> list[Attempt]:
+        """The attempts running on node ``k`` (with ``track``), in start order."""
+        nd = self.nodes[k]
+        here = {a: None for a in self.on_core[nd.base : nd.base + nd.cores] if a is not None}
+        return sorted((a for a in here if a.outcome is None), key=_aid)
+
+    def rejudge(self, node: int, now: float) -> None:
         """The policy's belief of ``node``'s speed changed: re-judge its attempts."""
-        nonlocal seq
-        s = p_speed(node)
+        s = self.p_speed(node)
         if s >= _SUSPECT:
-            suspects.add(node)
+            self.suspects.add(node)
         else:
-            suspects.discard(node)
-        if spec is None or interval:  # with a periodic check: judged at the next one
+            self.suspects.discard(node)
+        if self.spec is None or self.interval:  # with a periodic check: judged at the next
             return
+        copyable, backup_asked, done = self.copyable, self.backup_asked, self.done
         judged = [
             b
-            for b in running_on(node)
+            for b in self.running_on(node)
             if not b.backup and copyable[b.ti] and not backup_asked[b.ti] and not done[b.ti]
         ]
         if not judged:
             return
-        for v in judge(judged, now).verdicts:
+        for v in self.judge(judged, now).verdicts:
             b = v.attempt
             if v.why is None and v.deadline < b.check_at:  # sooner now: checked then
                 b.check_at = v.deadline
-                seq += 1
-                post(b.check_at, (b.check_at, _CHECK, seq, b))
+                self.queue(b.check_at, _CHECK, b)
 
-    def free_cores(a: Attempt) -> None:
-        """Give ``a``'s cores back to its node."""
-        nd = nodes[a.node]
-        stack = nd.freeheap
-        cores = a.cores
-        if len(cores) == 1:
-            stack.append(cores[0])
-            nd.free += 1
-        else:
-            for c in cores:
-                stack.append(c)
-            nd.free += len(cores)
-        if keep_core:
-            nd.core = stack[-1]  # type: ignore[misc]
-        k = nd.index
-        if not in_heap[k]:
-            in_heap[k] = True
-            heappush(free_heap, k)
+    def rescue(self, now: float) -> None:
+        """Idle capacity and nothing queued: the policy judges the attempts running on the
+        nodes it suspects slow."""
+        copyable, backup_asked = self.copyable, self.backup_asked
+        for k in sorted(self.suspects):
+            judged = [
+                b
+                for b in self.running_on(k)
+                if not b.backup and copyable[b.ti] and not backup_asked[b.ti]
+            ]
+            if judged:
+                self.judge(judged, now)
 
-    def finish(a: Attempt, now: float, outcome: str, hold: bool = False) -> None:
-        """End attempt ``a`` (the main loop inlines this for an attempt that is done).
-        With ``hold`` (a loser on a cluster that cannot stop it) its cores stay taken
-        until it would have ended, or until the policy reclaims its thread."""
-        nonlocal backups_running, seq
-        a.end = now
-        a.outcome = outcome
-        if hold:
-            held[a] = None
-            assert spec is not None
-            at = spec.reclaim_at(now, est[a.ti])
-            seq += 1
-            post(at, (at, _RECLAIM, seq, a))
-        else:
-            free_cores(a)
-        if watch:
-            watch.pop(a, None)
-        if a.backup:
-            backups_running -= 1
-        if ended is not None and ended(a, now):
-            rejudge(a.node, now)
-
-    def release(a: Attempt, now: float, reclaim: bool) -> None:
-        """A held loser's thread returns (its natural end), or (``reclaim``) the policy
-        is asked whether to take it for returned now (``Speculation.decide``)."""
-        if reclaim:
-            assert decide is not None
-            view = _Loser(a.node, a.task.tid, a.end, est[a.ti])
-            if not decide(now, policy, losers=(view,)).reclaimed:
-                return
-        del held[a]
-        a.end = now  # the core-time it held counts as waste
-        free_cores(a)
-
-    def take_backup(nd: _Node, ahead_only: bool, now: float) -> Attempt | None:
+    def take_backup(self, nd: _Node, ahead_only: bool, now: float) -> Attempt | None:
         """A pending backup request that may run on ``nd``: the oldest one for which
         the policy's placement rule (``Speculation.choose``) accepts the node; with
-        ``ahead_only`` (queued work wants the slot) only one allowed ahead of it."""
-        if backups_running >= cap or (ahead_only and not ahead):
+        ``ahead_only`` (queued work wants the slot) only one allowed ahead of it.
+
+        With a periodic check, as live: a copy that may not go ahead of queued work is
+        placed only at a check (the plugin places copies when it checks, on the slots
+        free then; a slot that frees between two checks waits for the next one); one
+        allowed ahead was placed at its check on a busy node, and takes its slot there
+        when one frees."""
+        ahead = self.ahead
+        if self.backups_running >= self.cap or (ahead_only and not ahead):
             return None
+        if self.interval and not self.ticked:
+            if not ahead:
+                return None
+            ahead_only = True
+        decide = self.decide
         assert decide is not None
         offer = (_Offer(nd.index, nd.free, nd.cores),)
+        pending, done, backup_asked = self.pending, self.done, self.backup_asked
         k = 0
         while k < len(pending):
             p = pending[k]
@@ -864,7 +1090,12 @@ def _simulate(
                     backup_asked[i] = 0  # primary failed: it is retried, not backed up
                 continue
             if (not ahead_only or p in ahead) and decide(
-                now, policy, asked=(p,), candidates=offer, running=backups_running, slots=slots
+                now,
+                self.policy,
+                asked=(p,),
+                candidates=offer,
+                running=self.backups_running,
+                slots=self.slots,
             ).placed:
                 pending.pop(k)
                 ahead.discard(p)
@@ -872,535 +1103,508 @@ def _simulate(
             k += 1
         return None
 
-    def spare(now: float) -> bool:
+    # -- tick -----------------------------------------------------------------------------
+    def tick(self, now: float, a: Attempt) -> None:
+        """The periodic check, as the plugin runs it: every running primary is judged
+        afresh (late? urgent?), and a copy that found no place yet is asked for again or
+        withdrawn, and may go ahead of queued work only if the policy says so now (the
+        horizon has moved since it was asked)."""
+        self.tick_at = _INF
+        self.ticked = True
+        assert self.decide is not None
+        done, backup_asked, pending, ahead = self.done, self.backup_asked, self.pending, self.ahead
+        watch = self.watch
+        judged = [b for b in watch if not done[b.ti] and (not backup_asked[b.ti] or b in pending)]
+        dec = self.decide(now, self.policy, judge=judged)
+        wanted = {w.attempt: w for w in dec.copies}
+        for b in judged:
+            want = wanted.get(b)
+            if not backup_asked[b.ti]:
+                if want is not None:
+                    self.ask(want)
+            elif want is None:  # asked, not placed yet, and no longer wanted
+                pending.remove(b)
+                ahead.discard(b)
+                backup_asked[b.ti] = 0
+            elif want.ahead:  # ahead of queued work only if the policy says so now
+                ahead.add(b)
+            else:
+                ahead.discard(b)
+        if watch:
+            self.tick_at = now + self.interval
+            self.queue(self.tick_at, _TICK, a)
+
+    def spare(self, now: float) -> bool:
         """The end game: nothing waits to start, and nodes are idle. Ask the policy
         (``Speculation.decide`` with ``waiting=0``) about the running primaries without a
         copy, with the idle nodes as candidates, and enact: each copy placed on an idle
         node starts there now; one wanted elsewhere (an urgent or late attempt) is asked
         for as any copy is."""
-        assert decide is not None
+        assert self.decide is not None
+        nodes = self.nodes
         offers = [
             _Offer(k, nodes[k].free, nodes[k].cores)
-            for k in sorted(set(free_heap))
+            for k in sorted(set(self.free_heap))
             if nodes[k].free
         ]
         if not offers:
             return False
-        judged = [b for b in watch if not done[b.ti] and not backup_asked[b.ti]]
+        done, backup_asked = self.done, self.backup_asked
+        judged = [b for b in self.watch if not done[b.ti] and not backup_asked[b.ti]]
         if not judged:
             return False
-        d = decide(
+        d = self.decide(
             now,
-            policy,
+            self.policy,
             judge=judged,
             candidates=offers,
-            running=backups_running,
-            slots=slots,
+            running=self.backups_running,
+            slots=self.slots,
             waiting=0,
         )
         for c in d.copies:
             b = c.attempt
             if c.target is None or c.queued:
-                ask(c)
+                self.ask(c)
             else:
                 backup_asked[b.ti] = 1
-                start(b.ti, b.task, nodes[c.target.index], now, b)
+                self.start(b.ti, b.task, nodes[c.target.index], now, b)
         return True
 
-    def start(i: int, task: Task, nd: _Node, now: float, primary: Attempt | None) -> None:
-        """Start an attempt of task ``i`` on ``nd``: a backup of ``primary``, or (None)
-        a first run or a retry."""
-        nonlocal seq, draw_ptr, draws, backups_running, backups_launched, tick_at
-        nonlocal dispatcher_free
-        backup = primary is not None
-        if gap:  # the attempt starts once the dispatcher has served it; its slot is held
-            now = (now if now > dispatcher_free else dispatcher_free) + gap
-            dispatcher_free = now
-        c = task.cores
-        stack = nd.freeheap
-        if c == 1:
-            cores: tuple[int, ...] = (stack.pop(),)
-        else:
-            cores = tuple(stack.pop() for _ in range(c))
-        nd.free -= c
-        if keep_core:
-            nd.core = stack[-1] if stack else -1  # type: ignore[misc]
-        a = Attempt(len(attempts), task, nd.index, cores, now, backup, i)
-        attempts.append(a)
-        ti_append(i)
-        start_append(now)
-        if track:
-            if c == 1:
-                on_core[cores[0]] = a
-            else:
-                for x in cores:
-                    on_core[x] = a
-        if primary is not None:  # copies of one task only run side by side with a backup
-            r = copies.get(i)
-            if r is None:
-                copies[i] = [primary, a]
-            else:
-                r.append(a)
-        elif copies:
-            r = copies.get(i)
-            if r is not None:
-                r.append(a)
-        actual = dur[i] * speeds[nd.index] + overhead
-        kind = _DONE
-        when = now + actual
-        if rate:
-            # attempt k of task i: a backup's primary was (at least) the first
-            k = again.get(i, 1 if backup else 0) if (again or backup) else 0
-            if k < FATES:  # common random numbers: the fate of attempt k of task i
-                frac = fails[k].get(i)
-                if frac is not None:
-                    kind = _FAIL
-                    when = now + actual * frac
-            else:
-                if draw_ptr + 2 > len(draws):
-                    draws = rng.random(4096).tolist()
-                    draw_ptr = 0
-                if draws[draw_ptr] < rate:
-                    kind = _FAIL
-                    when = now + actual * draws[draw_ptr + 1]
-                draw_ptr += 2
-            if kind or k:  # it may start again: after this failure, or as another copy
-                again[i] = k + 1
-        seq += 1
-        e = (when, kind, seq, a)
-        b = int(when * inv_width)  # post(when, e), inlined: once per attempt
-        if b > cur_b:
-            bucket = far.get(b)
-            if bucket is None:
-                far[b] = [e]
-                heappush(buckets, b)
-            else:
-                bucket.append(e)
-        else:
-            heappush(soon, e)
-        if backup:
-            backups_running += 1
-            backups_launched += 1
-        at_speed = started(a, now) if started is not None else None
-        if speculating and not backup and (copy_all or copyable[i]):
-            if at_speed is None or not started_speed:
-                at_speed = speed_hook(nd.index) if speed_hook is not None else 1.0
-            speed = at_speed
-            if plain_spec:
-                late = late_factor * est[i] * speed
-                a.check_at = now + (late if late > min_runtime else min_runtime)
-            else:
-                a.check_at = spec.deadline(now, est[i], speed)  # type: ignore[union-attr]
-            if endgame and not interval:  # a candidate for the end game's copies
-                watch[a] = None
-            if interval:  # judged at every periodic check, as live (no deadline event)
-                watch[a] = None
-                if tick_at == inf:
-                    tick_at = on_check(now)
-                    if tick_at == now:
-                        tick_at += interval  # this check ran before the start
-                    seq += 1
-                    post(tick_at, (tick_at, _TICK, seq, a))
-            elif when > a.check_at:
-                # Only an attempt still running at its deadline needs the check: one
-                # that ends (or fails) first would find it a no-op, so the event is not
-                # queued at all. No policy sees this; it only spares the event queue.
-                # (A deadline moved earlier by a new speed belief is queued afresh.)
-                seq += 1
-                post(a.check_at, (a.check_at, _CHECK, seq, a))
-            if urgent_hook is not None and not interval and urgent_hook(a, now):
-                judge((a,), now)  # the policy wants a copy at once (if it may have one)
+    def endgame_due(self, n_events: int, spared: int) -> bool:
+        """May the end game be asked now? Nothing waits to start (every task submitted
+        and started, the policy's queue empty), nodes are idle, copies may run, and (without
+        a periodic check) enough events have passed since the last ask: each ask judges
+        every running primary, and in the end game nearly every event frees a core, so a
+        tail of R attempts asked after every event would cost O(R^2) (38,400 cores: 10^9);
+        asked again only ``1 + running / 64`` events after the last, it costs about 64 asks
+        per halving of the running."""
+        interval = self.interval
+        return bool(
+            (self.ticked or not interval)
+            and self.free_heap
+            and self.backups_running < self.cap
+            and self.sub_ptr >= self.n
+            and self.n_ready == self.n_live
+            and not len(self.policy)
+            and (interval or n_events - spared >= 1 + (len(self.watch) >> 6))
+        )
 
-    inf = math.inf
-    t_sub = tasks[subs[0]].submit if n else inf  # the next submission's time
-    # a sweep submitted at once, without inputs to wait for, nothing cached and nothing to
-    # learn: one batch of every task, built without a step per task
-    one_batch = type(subs) is range and not cached_ids and learner is None
-    while True:
-        if cur and not soon:  # the common case: the current bucket's next event
-            t_ev = cur[-1][0]
-        else:
-            if not cur and not soon and buckets:  # the next bucket becomes the current one
-                cur_b = heappop(buckets)
-                cur = far.pop(cur_b)
-                cur.sort(reverse=True)
-            if soon and (not cur or soon[0] < cur[-1]):
-                t_ev = soon[0][0]
-            else:
-                t_ev = cur[-1][0] if cur else inf
-        if t_ev < t_sub:
-            now = t_ev
-        elif t_sub == inf:
-            break  # no event and no submission left
-        else:  # the submissions at `now`, before its events
-            now = t_sub
-            if one_batch:
-                sub_ptr = n
-                policy.add_graph(tasks[:])
-                submitted[:] = b"\x01" * n
-                n_ready += n
-                policy.push_many(tasks[:])
-            else:
-                batch = []
-                while sub_ptr < n and tasks[subs[sub_ptr]].submit == now:
-                    batch.append(subs[sub_ptr])
-                    sub_ptr += 1
-                if learner is not None:
-                    submit_learned(batch)
-                policy.add_graph([tasks[i] for i in batch if not is_cached[i]])
-                runnable: list[Task] = []
-                for i in batch:
-                    submitted[i] = 1
-                    if not waiting[i]:
-                        ready(i, now, runnable)
-                n_ready += len(runnable)
-                policy.push_many(runnable)
-            t_sub = tasks[subs[sub_ptr]].submit if sub_ptr < n else inf
-        while True:  # the events at `now`, in (time, kind, seq) order
-            if soon:
-                if cur and cur[-1] < soon[0]:
-                    if cur[-1][0] != now:
-                        break
-                    _, kind, _, a = cur.pop()
-                else:
-                    if soon[0][0] != now:
-                        break
-                    _, kind, _, a = heappop(soon)
-            elif cur:
-                x = cur[-1]
-                if x[0] != now:
-                    break
-                cur.pop()
-                _, kind, _, a = x
-            elif buckets:
-                cur_b = heappop(buckets)
-                cur = far.pop(cur_b)
-                cur.sort(reverse=True)
+    # -- learning -------------------------------------------------------------------------
+    def estimate(self, stage: str, idx: Sequence[int]) -> list[int]:
+        """Estimate the learned tasks ``idx`` of ``stage`` afresh: their views in ``tasks``
+        (a new frozen Task each, carrying this run's stamp) and ``est`` are replaced;
+        returns those whose estimate changed."""
+        assert self.learner is not None
+        tasks = self.tasks
+        preds = _predict(self.learner, stage, [tasks[i].params for i in idx])
+        if preds is None:
+            return []
+        changed = []
+        setattr_ = object.__setattr__
+        for i, sec in zip(idx, preds, strict=True):
+            t = tasks[i]
+            if t.estimated and sec == t.estimate:
                 continue
-            else:
-                break
-            n_events += 1
-            if kind == _TICK:
-                # The periodic check, as the plugin runs it: every running primary is
-                # judged afresh (late? urgent?), and a copy that found no place yet is
-                # asked for again or withdrawn, and may go ahead of queued work only if
-                # the policy says so now (the horizon has moved since it was asked).
-                tick_at = inf
-                ticked = True
-                assert decide is not None
-                judged = [
-                    b for b in watch if not done[b.ti] and (not backup_asked[b.ti] or b in pending)
-                ]
-                dec = decide(now, policy, judge=judged)
-                wanted = {w.attempt: w for w in dec.copies}
-                for b in judged:
-                    want = wanted.get(b)
-                    if not backup_asked[b.ti]:
-                        if want is not None:
-                            ask(want)
-                    elif want is None:  # asked, not placed yet, and no longer wanted
-                        pending.remove(b)
-                        ahead.discard(b)
-                        backup_asked[b.ti] = 0
-                    elif want.ahead:  # ahead of queued work only if the policy says so now
-                        ahead.add(b)
-                    else:
-                        ahead.discard(b)
-                if watch:
-                    tick_at = now + interval
-                    seq += 1
-                    post(tick_at, (tick_at, _TICK, seq, a))
-                continue
-            if a.outcome is not None:
-                if held and kind != _CHECK and a in held:  # a held loser's thread
-                    release(a, now, kind == _RECLAIM)
-                continue  # killed earlier, or a stale check
-            i = a.ti
-            if kind == _DONE:
-                if slow_done:  # the reference path, or learning: the helper inlined below
-                    finish(a, now, "done")
-                    if learner is not None:
-                        learn_from(i)
-                else:
-                    # finish(a, now, "done"), inlined: the end of nearly every attempt
-                    a.end = now
-                    a.outcome = "done"
-                    k = a.node
-                    nd = nodes[k]
-                    stack = nd.freeheap
-                    stack.extend(a.cores)
-                    nd.free = len(stack)
-                    if keep_core:
-                        nd.core = stack[-1]  # type: ignore[misc]
-                    if watch:
-                        watch.pop(a, None)
-                    if not in_heap[k]:
-                        in_heap[k] = True
-                        heappush(free_heap, k)
-                    if a.backup:
-                        backups_running -= 1
-                    if ended is not None and ended(a, now):
-                        rejudge(k, now)
-                if speculating:
-                    done[i] = 1
-                    if a.backup:
-                        backups_won += 1
-                    if copies:
-                        r = copies.pop(i, None)
-                        if r is not None:
-                            for b in r:
-                                if b is not a and b.outcome is None:
-                                    finish(b, now, "killed", holds)
-                if has_deps:
-                    for j in dependents[i]:
-                        waiting[j] -= 1
-                        if not waiting[j] and submitted[j]:
-                            ready(j, now)
-            elif kind == _FAIL:
-                finish(a, now, "failed")
-                if not speculating:
-                    push(a.task)  # retry from the start
-                    continue
-                r = copies.get(i) if copies else None
-                if r is not None:
-                    r.remove(a)  # another copy may run on
-                    if not r:
-                        del copies[i]
-                if not r:
-                    backup_asked[i] = 0
-                    push(a.task)  # retry from the start
-            else:  # _CHECK
-                if a.check_at != now or done[i] or backup_asked[i]:
-                    continue
-                (v,) = judge((a,), now).verdicts
-                if v.why is None:  # its deadline moved (a new speed belief): check then
-                    a.check_at = d = v.deadline
-                    seq += 1
-                    post(d, (d, _CHECK, seq, a))
-        # Dispatch: offer the free nodes, lowest index first, to waiting copies and to
-        # the policy; if capacity is still idle with nothing queued, rescue attempts on
-        # suspect nodes and dispatch once more. (Inlined: it runs after every event.)
-        rescued = False
+            # dataclasses.replace, without its keyword plumbing and checks (a model's
+            # estimate is a finite number > 0): a tenth of the cost, on every waiting task
+            v = object.__new__(Task)
+            for name in _TASK_SLOTS:
+                setattr_(v, name, getattr(t, name))
+            setattr_(v, "estimate", sec)
+            setattr_(v, "estimated", True)
+            setattr_(v, "_ti", self.stamp + i)
+            tasks[i] = v
+            self.est[i] = sec
+            self.dur_est[2 * i + 1] = sec
+            changed.append(i)
+        return changed
+
+    def submit_learned(self, batch: Sequence[int]) -> None:
+        """A submitted batch: its learned tasks get the estimates known now."""
+        by_stage: dict[str, list[int]] = {}
+        for i in batch:
+            if self.learned[i]:
+                st = self.stage_at[i]
+                assert st is not None
+                by_stage.setdefault(st, []).append(i)
+        for st, idx in by_stage.items():
+            self.estimate(st, idx)
+            self.waiting_of.setdefault(st, {}).update(dict.fromkeys(idx))
+
+    def unwait(self, i: int) -> None:
+        """Learned task ``i`` starts (its first attempt, popped from the queue): it waits
+        no longer, so it is never re-estimated."""
+        w = self.waiting_of.get(self.stage_at[i])  # type: ignore[arg-type]
+        if w:
+            w.pop(i, None)
+
+    def learn_from(self, i: int) -> None:
+        """Task ``i`` finished: its stage learns its true (nominal) duration; when the
+        stage is due, its waiting learned tasks are estimated afresh and the runnable
+        ones among them pushed again (their old entries are skipped when popped)."""
+        learner = self.learner
+        assert learner is not None
+        st = self.stage_at[i]
+        if st is None:
+            return
+        # not scored here (a refit per observation): Schedule.within scores the estimates
+        # the tasks started with
+        learner.observe(st, self.tasks[i].params, self.dur[i], score=False)
+        w = self.waiting_of.get(st)
+        if not learner.due(st, len(w) if w else 0):
+            return
+        learner.mark(st)
+        if not w:
+            return
+        changed = self.estimate(st, list(w))
+        tasks, submitted, waiting = self.tasks, self.submitted, self.waiting
+        runnable = [tasks[j] for j in changed if submitted[j] and not waiting[j]]
+        if runnable:
+            self.policy.push_many(runnable)
+
+    # -- the kernel -----------------------------------------------------------------------
+    def kernel(self) -> None:
+        """The event loop: the one long function of the engine, on purpose.
+
+        It runs the events in (time, kind, sequence) order and, after each time's events,
+        offers the free nodes to waiting copies and to the policy. Inlined here, with the
+        names they read bound to locals: the end of an attempt that is done, the start of
+        a first run or a retry (its lateness judged with the policy's own
+        ``Speculation.deadline``) and the calendar's ``post``. They run for nearly every
+        event and every start, where a call and attribute reads would be a large share of
+        a run's cost on CPython. Everything else is a call to a named part. The reference
+        path (``reference=True``) starts and ends every attempt through the parts
+        (:meth:`start`, :meth:`finish`) and calls every hook of the policy instead;
+        tests/test_sim_reference.py compares the two, event for event."""
+        # hot names bound to locals (a local is one load; `self.x` several steps)
+        tasks, n, stamp, nodes = self.tasks, self.n, self.stamp, self.nodes
+        far, buckets, soon = self.far, self.buckets, self.soon
+        cur: list[_Event] = []  # the current bucket's events, sorted, latest first
+        cur_b = self.cur_b  # (kept equal to self.cur_b, which `post` reads)
+        inv_width = self.inv_width
+        attempts, ti_append, start_append = (
+            self.attempts,
+            self.att_ti.append,
+            self.att_start.append,
+        )
+        dur_est, speeds, overhead = self.dur_est, self.speeds, self.overhead
+        done, waiting, submitted, dependents = (
+            self.done,
+            self.waiting,
+            self.submitted,
+            self.dependents,
+        )
+        has_deps, copies, copyable, copy_all = (
+            self.has_deps,
+            self.copies,
+            self.copyable,
+            self.copy_all,
+        )
+        pending, held, watch, holds = self.pending, self.held, self.watch, self.holds
+        free_heap, in_heap, on_core = self.free_heap, self.in_heap, self.on_core
+        rate, again, first_fates, fails = self.rate, self.again, self.first_fates, self.fails
+        gap, keep_core, track = self.gap, self.keep_core, self.track
+        learner, learned, reference = self.learner, self.learned, self.reference
+        speculating, slow_done, endgame = self.speculating, self.slow_done, self.endgame
+        interval, cap, rescues, suspects = self.interval, self.cap, self.rescues, self.suspects
+        deadline = self.deadline
+        started, ended, started_speed = self.started, self.ended, self.started_speed
+        speed_hook, urgent_hook, calm = self.speed_hook, self.urgent_hook, self.calm
+        policy = self.policy
+        pop, qlen = policy.pop, policy.__len__
+        finish, rejudge, ready, judge = self.finish, self.rejudge, self.ready, self.judge
+        take_backup, start = self.take_backup, self.start
+        heappush, heappop = heapq.heappush, heapq.heappop
+        inf = _INF
+        n_events = 0
+        spared = -(1 << 62)  # n_events at the end game's last ask
+        t_sub = self.t_sub  # the next submission's time
         while True:
-            declined: list[int] | None = None
-            while free_heap:
-                if pending:
-                    queued = qlen()
-                    if not queued and backups_running >= cap:
-                        break
-                k = free_heap[0]
-                nd = nodes[k]
-                if not nd.free:
-                    heappop(free_heap)
-                    in_heap[k] = False
-                    continue
-                if pending:
-                    p = take_backup(nd, queued > 0, now)
-                    if p is not None:
-                        start(p.ti, p.task, nd, now, p)
-                        continue
-                    tv = pop(nd, now) if queued else None
+            if cur and not soon:  # the common case: the current bucket's next event
+                t_ev = cur[-1][0]
+            else:
+                if not cur and not soon and buckets:  # the next bucket becomes the current one
+                    cur_b = self.cur_b = heappop(buckets)
+                    cur = far.pop(cur_b)
+                    cur.sort(reverse=True)
+                if soon and (not cur or soon[0] < cur[-1]):
+                    t_ev = soon[0][0]
                 else:
-                    # no copy waits: the policy is asked first, its queue's length only
-                    # when it has nothing for the slot (an empty queue answers None too):
-                    # one call per start fewer on the loop's commonest path
-                    tv = pop(nd, now)
-                    if tv is None:
-                        queued = qlen()
-                        if not queued:
+                    t_ev = cur[-1][0] if cur else inf
+            if t_ev < t_sub:
+                now = t_ev
+            elif t_sub == inf:
+                break  # no event and no submission left
+            else:  # the submissions at `now`, before its events
+                now = t_sub
+                t_sub = self.submit(now)
+            while True:  # the events at `now`, in (time, kind, seq) order
+                if soon:
+                    if cur and cur[-1] < soon[0]:
+                        if cur[-1][0] != now:
                             break
-                if tv is None:
-                    if queued and pending:  # a slot no queued task wants: a copy may take it
-                        p = take_backup(nd, False, now)
+                        _, kind, _, a = cur.pop()
+                    else:
+                        if soon[0][0] != now:
+                            break
+                        _, kind, _, a = heappop(soon)
+                elif cur:
+                    x = cur[-1]
+                    if x[0] != now:
+                        break
+                    cur.pop()
+                    _, kind, _, a = x
+                elif buckets:
+                    cur_b = self.cur_b = heappop(buckets)
+                    cur = far.pop(cur_b)
+                    cur.sort(reverse=True)
+                    continue
+                else:
+                    break
+                n_events += 1
+                if kind == _TICK:
+                    self.tick(now, a)
+                    continue
+                if a.outcome is not None:
+                    if held and kind != _CHECK and a in held:  # a held loser's thread
+                        self.release(a, now, kind == _RECLAIM)
+                    continue  # killed earlier, or a stale check
+                i = a.ti
+                if kind == _DONE:
+                    if slow_done:  # the reference path, or learning: the part inlined below
+                        finish(a, now, "done")
+                        if learner is not None:
+                            self.learn_from(i)
+                    else:
+                        # finish(a, now, "done"), inlined: the end of nearly every attempt
+                        a.end = now
+                        a.outcome = "done"
+                        k = a.node
+                        nd = nodes[k]
+                        stack = nd.freeheap
+                        stack.extend(a.cores)
+                        nd.free = len(stack)
+                        if keep_core:
+                            nd.core = stack[-1]  # type: ignore[misc]
+                        if watch:
+                            watch.pop(a, None)
+                        if not in_heap[k]:
+                            in_heap[k] = True
+                            heappush(free_heap, k)
+                        if a.backup:
+                            self.backups_running -= 1
+                        if ended is not None and ended(a, now):
+                            rejudge(k, now)
+                    if speculating:  # the race: a backup won, the other copies lose
+                        done[i] = 1
+                        if a.backup:
+                            self.backups_won += 1
+                        if copies:
+                            r = copies.pop(i, None)
+                            if r is not None:
+                                for b in r:
+                                    if b is not a and b.outcome is None:
+                                        finish(b, now, "killed", holds)
+                    if has_deps:
+                        for j in dependents[i]:
+                            waiting[j] -= 1
+                            if not waiting[j] and submitted[j]:
+                                ready(j, now)
+                elif kind == _FAIL:
+                    self.fail(a, now)
+                else:  # _CHECK
+                    self.check(a, now)
+            # Dispatch: offer the free nodes, lowest index first, to waiting copies and to
+            # the policy; if capacity is still idle with nothing queued, rescue attempts on
+            # suspect nodes and dispatch once more.
+            rescued = False
+            while True:
+                declined: list[int] | None = None
+                while free_heap:
+                    if pending:
+                        queued = qlen()
+                        if not queued and self.backups_running >= cap:
+                            break
+                    k = free_heap[0]
+                    nd = nodes[k]
+                    if not nd.free:
+                        heappop(free_heap)
+                        in_heap[k] = False
+                        continue
+                    if pending:
+                        p = take_backup(nd, queued > 0, now)
                         if p is not None:
                             start(p.ti, p.task, nd, now, p)
                             continue
-                    heappop(free_heap)
-                    if declined is None:
-                        declined = [k]
+                        tv = pop(nd, now) if queued else None
                     else:
-                        declined.append(k)
-                    continue
-                try:
-                    ti = tv._ti - stamp  # type: ignore[attr-defined]
-                except AttributeError:
-                    ti = -1
-                if not 0 <= ti < n:  # not stamped by this run: found by its id
-                    if index is None:
-                        index = _positions(tasks)
-                    ti = index[tv.tid]
-                    tv = tasks[ti]
-                    if learner is not None and learned[ti]:
-                        unwait(ti)
-                elif learner is not None:
-                    if tasks[ti] is not tv:
-                        continue  # an entry re-ranking left behind: skipped
-                    if learned[ti]:
-                        unwait(ti)
-                if reference:
-                    start(ti, tv, nd, now, None)  # type: ignore[arg-type]
-                    continue
-                # start(ti, tv, nd, now, None), inlined: the start of nearly every attempt
-                # (a first run or a retry; copies start through the helper). The same
-                # steps in the same order; `t0` is `now` once the dispatcher served it.
-                t0 = now
-                if gap:
-                    t0 = (now if now > dispatcher_free else dispatcher_free) + gap
-                    dispatcher_free = t0
-                c = tv.cores
-                stack = nd.freeheap
-                if c == 1:
-                    cores: tuple[int, ...] = (stack.pop(),)
-                else:
-                    cores = tuple([stack.pop() for _ in range(c)])
-                nd.free -= c
-                if keep_core:
-                    nd.core = stack[-1] if stack else -1  # type: ignore[misc]
-                a = Attempt(len(attempts), tv, k, cores, t0, False, ti)  # type: ignore[arg-type]
-                attempts.append(a)
-                ti_append(ti)
-                start_append(t0)
-                if track:
+                        # no copy waits: the policy is asked first, its queue's length only
+                        # when it has nothing for the slot (an empty queue answers None too):
+                        # one call per start fewer on the loop's commonest path
+                        tv = pop(nd, now)
+                        if tv is None:
+                            queued = qlen()
+                            if not queued:
+                                break
+                    if tv is None:
+                        if queued and pending:  # a slot no queued task wants: a copy may
+                            p = take_backup(nd, False, now)
+                            if p is not None:
+                                start(p.ti, p.task, nd, now, p)
+                                continue
+                        heappop(free_heap)
+                        if declined is None:
+                            declined = [k]
+                        else:
+                            declined.append(k)
+                        continue
+                    try:
+                        ti = tv._ti - stamp  # type: ignore[attr-defined]
+                    except AttributeError:
+                        ti = -1
+                    if not 0 <= ti < n:  # not stamped by this run: found by its id
+                        ti = self.find(tv)
+                        tv = tasks[ti]
+                        if learner is not None and learned[ti]:
+                            self.unwait(ti)
+                    elif learner is not None:
+                        if tasks[ti] is not tv:
+                            continue  # an entry re-ranking left behind: skipped
+                        if learned[ti]:
+                            self.unwait(ti)
+                    if reference:
+                        start(ti, tv, nd, now, None)  # type: ignore[arg-type]
+                        continue
+                    # start(ti, tv, nd, now, None), inlined: the start of nearly every
+                    # attempt (a first run or a retry; copies start through the part). The
+                    # same steps in the same order; `t0` is `now` once dispatched.
+                    t0 = self.dispatched(now) if gap else now
+                    c = tv.cores
+                    stack = nd.freeheap
                     if c == 1:
-                        on_core[cores[0]] = a
+                        cores: tuple[int, ...] = (stack.pop(),)
                     else:
+                        cores = tuple([stack.pop() for _ in range(c)])
+                    nd.free -= c
+                    if keep_core:
+                        nd.core = stack[-1] if stack else -1  # type: ignore[misc]
+                    a = Attempt(len(attempts), tv, k, cores, t0, False, ti)  # type: ignore[arg-type]
+                    attempts.append(a)
+                    ti_append(ti)
+                    start_append(t0)
+                    if track:
                         for cx in cores:
                             on_core[cx] = a
-                if copies:
-                    r = copies.get(ti)
-                    if r is not None:
-                        r.append(a)
-                ti2 = ti + ti  # (dur_est: its duration, then its estimate)
-                actual = dur_est[ti2] * speeds[k] + overhead
-                kind = _DONE
-                when = t0 + actual
-                if rate:
-                    nth = again.get(ti, 0)  # this attempt's number
-                    if not nth:  # the first: its fate drawn up front (common random numbers)
-                        frac = first_fates.get(ti)
+                    if copies:
+                        r = copies.get(ti)
+                        if r is not None:
+                            r.append(a)
+                    ti2 = ti + ti  # (dur_est: its duration, then its estimate)
+                    actual = dur_est[ti2] * speeds[k] + overhead
+                    kind = _DONE
+                    when = t0 + actual
+                    if rate:
+                        nth = again.get(ti, 0)  # this attempt's number
+                        if not nth:  # the first: its fate drawn up front (common random numbers)
+                            frac = first_fates.get(ti)
+                        elif nth < FATES:  # ... and the next few attempts' likewise
+                            frac = fails[nth].get(ti)
+                        else:
+                            frac = self.draw_fate()
                         if frac is not None:
                             kind = _FAIL
                             when = t0 + actual * frac
-                    elif nth < FATES:  # ... and the next few attempts' likewise
-                        frac = fails[nth].get(ti)
-                        if frac is not None:
-                            kind = _FAIL
-                            when = t0 + actual * frac
+                        if kind or nth:  # it may start again
+                            again[ti] = nth + 1
+                    seq = self.seq + 1
+                    self.seq = seq
+                    e = (when, kind, seq, a)
+                    bn = int(when * inv_width)  # post(when, e), inlined
+                    if bn > cur_b:
+                        bucket = far.get(bn)
+                        if bucket is None:
+                            far[bn] = [e]
+                            heappush(buckets, bn)
+                        else:
+                            bucket.append(e)
                     else:
-                        if draw_ptr + 2 > len(draws):
-                            draws = rng.random(4096).tolist()
-                            draw_ptr = 0
-                        if draws[draw_ptr] < rate:
-                            kind = _FAIL
-                            when = t0 + actual * draws[draw_ptr + 1]
-                        draw_ptr += 2
-                    if kind or nth:  # it may start again
-                        again[ti] = nth + 1
-                seq += 1
-                e = (when, kind, seq, a)
-                bn = int(when * inv_width)  # post(when, e), inlined
-                if bn > cur_b:
-                    bucket = far.get(bn)
-                    if bucket is None:
-                        far[bn] = [e]
-                        heappush(buckets, bn)
-                    else:
-                        bucket.append(e)
-                else:
-                    heappush(soon, e)
-                at_speed = started(a, t0) if started is not None else None
-                if speculating and (copy_all or copyable[ti]):
-                    # the node's speed as `started` answered it (a policy declaring
-                    # `started_speed`: one call, not two), else asked
-                    if at_speed is None or not started_speed:
-                        at_speed = speed_hook(k) if speed_hook is not None else 1.0
-                    speed = at_speed
-                    if plain_spec:
-                        late = late_factor * dur_est[ti2 + 1] * speed
-                        a.check_at = t0 + (late if late > min_runtime else min_runtime)
-                    else:
-                        a.check_at = spec.deadline(t0, est[ti], speed)  # type: ignore[union-attr]
-                    if endgame and not interval:  # a candidate for the end game's copies
-                        watch[a] = None
-                    if interval:  # judged at every periodic check (no deadline event)
-                        watch[a] = None
-                        if tick_at == inf:
-                            tick_at = on_check(t0)
-                            if tick_at == t0:
-                                tick_at += interval  # this check ran before the start
-                            seq += 1
-                            post(tick_at, (tick_at, _TICK, seq, a))
-                    elif when > a.check_at:  # a check only for an attempt still running then
-                        seq += 1
-                        post(a.check_at, (a.check_at, _CHECK, seq, a))
-                    if (
-                        not speed < calm  # (below: not urgent, the policy says)
-                        and urgent_hook is not None
-                        and not interval
-                        and urgent_hook(a, t0)
-                    ):
-                        judge((a,), t0)  # the policy wants a copy at once
-                if not nd.free and not pending:  # the node is full: off the heap now
-                    heappop(free_heap)
-                    in_heap[k] = False
-            if declined is not None:
-                for k in declined:
-                    heappush(free_heap, k)  # still free: offer again after the next event
-            if rescued or not free_heap or not (rescues and suspects and not len(policy)):
-                break
-            for k in sorted(suspects):  # idle capacity: rescue attempts on slow nodes
-                judged = [
-                    b
-                    for b in running_on(k)
-                    if not b.backup and copyable[b.ti] and not backup_asked[b.ti]
-                ]
-                if judged:
-                    judge(judged, now)
-            if not pending:
-                break
-            rescued = True
-        if endgame:
-            if (
-                (ticked or not interval)
-                and free_heap
-                and backups_running < cap
-                and sub_ptr >= n
-                and n_ready == n_live
-                and not len(policy)
-                and (interval or n_events - spared >= 1 + (len(watch) >> 6))
-                and spare(now)
-            ):
+                        heappush(soon, e)
+                    at_speed = started(a, t0) if started is not None else None
+                    if speculating and (copy_all or copyable[ti]):
+                        # judge_lateness(a, t0, when, speed), inlined: the speed as `started`
+                        # answered it (a policy declaring `started_speed`: one call, not
+                        # two), else asked
+                        if at_speed is None or not started_speed:
+                            at_speed = speed_hook(k) if speed_hook is not None else 1.0
+                        speed = at_speed
+                        a.check_at = deadline(t0, dur_est[ti2 + 1], speed)  # type: ignore[misc]
+                        if endgame and not interval:  # a candidate for the end game's copies
+                            watch[a] = None
+                        if interval:  # judged at every periodic check (no deadline event)
+                            watch[a] = None
+                            if self.tick_at == inf:
+                                self.queue_tick(t0, a)
+                        elif when > a.check_at:  # a check only for an attempt still running
+                            self.queue(a.check_at, _CHECK, a)
+                        if (
+                            not speed < calm  # (below: not urgent, the policy says)
+                            and urgent_hook is not None
+                            and not interval
+                            and urgent_hook(a, t0)
+                        ):
+                            judge((a,), t0)  # the policy wants a copy at once
+                    if not nd.free and not pending:  # the node is full: off the heap now
+                        heappop(free_heap)
+                        in_heap[k] = False
+                if declined is not None:
+                    for k in declined:
+                        heappush(free_heap, k)  # still free: offer again after the next event
+                if rescued or not free_heap or not (rescues and suspects and not len(policy)):
+                    break
+                self.rescue(now)  # idle capacity: rescue attempts on slow nodes
+                if not pending:
+                    break
+                rescued = True
+            if endgame and self.endgame_due(n_events, spared) and self.spare(now):
                 spared = n_events
-            ticked = False
+            self.ticked = False  # (read by the end game above and by take_backup)
+        self.n_events = n_events
 
-    start_, end_, node_, n_attempts, finished = _records(
-        attempts, n, t_start, t_end, att_ti, att_start
-    )
-    finished |= np.frombuffer(is_cached, dtype=np.uint8).astype(bool)
-    never = n - int(np.count_nonzero(finished))
-    if never:
-        stuck = [tasks[i].tid for i in np.flatnonzero(~finished)[:5].tolist()]
-        raise RuntimeError(
-            f"simulation ended with {never} tasks never run (e.g. {stuck}); "
-            f"policy {policy.name!r} left runnable work unscheduled"
+    # -- the result -----------------------------------------------------------------------
+    def result(self) -> Schedule:
+        """The schedule of the run (an error if the policy left runnable work)."""
+        n, tasks = self.n, self.tasks
+        start_, end_, node_, n_attempts, finished = _records(
+            self.attempts, n, self.t_start, self.t_end, self.att_ti, self.att_start
         )
-    return Schedule(
-        tasks=tasks,
-        cluster=cluster,
-        policy=policy.name,
-        attempts=attempts,
-        start=start_,
-        end=end_,
-        node=node_,
-        n_attempts=n_attempts,
-        cached=np.frombuffer(is_cached, dtype=np.uint8).astype(bool),
-        pruned=[t for t in pruned],
-        backups_launched=backups_launched,
-        backups_won=backups_won,
-        events=n_events,
-        seed=seed,
-        estimator=learner,
-        learned=np.frombuffer(learned, dtype=np.uint8).astype(bool)
-        if learner is not None
-        else None,
-    )
+        cached = np.frombuffer(self.is_cached, dtype=np.uint8).astype(bool)
+        finished |= cached
+        never = n - int(np.count_nonzero(finished))
+        if never:
+            stuck = [tasks[i].tid for i in np.flatnonzero(~finished)[:5].tolist()]
+            raise RuntimeError(
+                f"simulation ended with {never} tasks never run (e.g. {stuck}); "
+                f"policy {self.policy.name!r} left runnable work unscheduled"
+            )
+        learner = self.learner
+        return Schedule(
+            tasks=tasks,
+            cluster=self.cluster,
+            policy=self.policy.name,
+            attempts=self.attempts,
+            start=start_,
+            end=end_,
+            node=node_,
+            n_attempts=n_attempts,
+            cached=np.frombuffer(self.is_cached, dtype=np.uint8).astype(bool),
+            pruned=[t for t in self.pruned],
+            backups_launched=self.backups_launched,
+            backups_won=self.backups_won,
+            events=self.n_events,
+            seed=self.seed,
+            estimator=learner,
+            learned=np.frombuffer(self.learned, dtype=np.uint8).astype(bool)
+            if learner is not None
+            else None,
+        )

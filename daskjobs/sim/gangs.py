@@ -1,4 +1,4 @@
-"""A discrete-event simulator of resource vectors and gangs (docs/resources.md).
+"""A discrete-event simulator of resource vectors and gangs (docs/explanation/resources.md).
 
 What it models
 --------------
@@ -382,7 +382,7 @@ def synthetic_gangs(
     a100_share: float = 0.4,
     estimate_sigma: float = 0.3,
 ) -> GangWorkload:
-    """The mixed workload of docs/resources.md, from a seed.
+    """The mixed workload of docs/explanation/resources.md, from a seed.
 
     ``nodes`` nodes of ``gpus_per_node`` GPUs, the first half A100 (80 GB per device),
     the rest V100 (32 GB), one node per host. Two Poisson streams over ``hours``, whose

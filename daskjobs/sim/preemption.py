@@ -1,4 +1,4 @@
-"""A job-level cluster simulator for preemption (docs/preemption.md).
+"""A job-level cluster simulator for preemption (docs/explanation/preemption.md).
 
 Jobs hold ``gpus`` GPUs of one node for their run: *trial-and-error* (``te``) jobs are
 short and small, *best-effort* (``be``) jobs long, checkpointing every
@@ -98,7 +98,7 @@ def synthetic(
     grace: float = 30.0,
     restore: float = 60.0,
 ) -> Workload:
-    """The synthetic workload of docs/preemption.md, in the spirit of FitGpp's: Poisson
+    """The synthetic workload of docs/explanation/preemption.md, in the spirit of FitGpp's: Poisson
     arrivals over ``hours``; best-effort jobs of 1, 2 or 4 GPUs (probabilities 0.4,
     0.35, 0.25), log-normal run times (median ``be_median``, ``be_sigma``),
     checkpointing every ``checkpoint`` seconds; trial-and-error jobs of 1 or 2 GPUs

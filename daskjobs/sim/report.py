@@ -1,4 +1,5 @@
-"""The reference experiments (docs/chapter.md, "The reference workload"), as plain dicts.
+"""The reference experiments (docs/explanation/chapter.md, "The reference workload"), as plain
+dicts.
 
 Each ``*_report`` function generates a reference workload from a seed, runs it
 under the policies the published chapter compares, and returns a JSON-able dict of hours,
@@ -78,9 +79,10 @@ GRAPH_RUNS: tuple[tuple[str, str], ...] = tuple(
     for policy in ("lpt", "critical-path", "node-aware")
 )
 
-#: The published chapter table (hours; node-hours; backups launched); docs/chapter.md.
+#: The published chapter table (hours; node-hours; backups launched); docs/explanation/chapter.md.
 PUBLISHED_CHAPTER: dict[str, Any] = {
-    "source": "the reference workload's book chapter, one random draw (docs/chapter.md)",
+    "source": "the reference workload's book chapter, one random draw "
+    "(docs/explanation/chapter.md)",
     "work_core_h": 3649.0,
     "lower_bound_h": 9.50,
     "speed_bound_h": 9.81,
@@ -140,14 +142,16 @@ PUBLISHED_CHAPTER: dict[str, Any] = {
 
 #: The published fair-share figures: hours from submission; team a's last end.
 PUBLISHED_FAIRSHARE: dict[str, Any] = {
-    "source": "the reference workload's book chapter, one random draw (docs/chapter.md)",
+    "source": "the reference workload's book chapter, one random draw "
+    "(docs/explanation/chapter.md)",
     "fifo": {"b_median_wait_h": 8.28, "b_max_wait_h": 11.4, "a_end_h": 19.79},
     "fair-share": {"b_median_wait_h": 0.59, "b_max_wait_h": 2.64, "a_end_h": 16.68},
 }
 
 #: The published task-graph and cache figures (per mode; the chapter names no policy).
 PUBLISHED_GRAPH: dict[str, Any] = {
-    "source": "the reference workload's book chapter, one random draw (docs/chapter.md)",
+    "source": "the reference workload's book chapter, one random draw "
+    "(docs/explanation/chapter.md)",
     "recompute": {"core_h": 6922.0, "makespan_h": 19.3},
     "graph": {"core_h": 3514.0, "makespan_h": 11.4},
     "cached": {"core_h": 3475.0, "makespan_h": 10.3},
@@ -269,7 +273,7 @@ def chapter_seeds_report(
 
     The published table is one random draw; a single seed of ours is another.
     Whether a 7.5 h task lands on the slow node or fails late decides much of
-    a row (docs/chapter.md), so this runs :func:`run_chapter` for every seed
+    a row (docs/explanation/chapter.md), so this runs :func:`run_chapter` for every seed
     and gives, per row, the median, minimum and maximum of the makespan and of
     its ratios to the speed bound and to the failure bound, and on how many
     seeds the ratio to each bound is within 1.2%. ``progress`` is called once
@@ -456,7 +460,7 @@ def graph_report(seed: int = 0, **workload_kwargs: Any) -> dict[str, Any]:
     return run_graph(seed, **workload_kwargs)[0]
 
 
-# -- estimates nobody writes: learning them within a sweep (docs/simulator.md) ---------------
+# -- estimates nobody writes: learning them within a sweep (docs/explanation/simulator.md) -------
 
 #: The sweeps whose durations follow their parameters, by the name the CLI takes.
 ESTIMATE_WORKLOADS: dict[str, Callable[..., workloads.Workload]] = {

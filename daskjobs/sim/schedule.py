@@ -184,6 +184,22 @@ class Schedule:
             )
         ]
 
+    @property
+    def ends(self) -> np.ndarray:
+        """Each simulated task's end (seconds), in the order of ``task_list``: what
+        :attr:`tasks` holds, without a record per task (a read-only view)."""
+        out = self._end.view()
+        out.flags.writeable = False
+        return out
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Each simulated task's start (seconds: its first attempt's), in the order of
+        ``task_list`` (a read-only view, as :attr:`ends`)."""
+        out = self._start.view()
+        out.flags.writeable = False
+        return out
+
     def record(self, tid: Hashable) -> TaskRecord:
         for r in self.tasks:
             if r.tid == tid:
@@ -310,7 +326,7 @@ def failure_bound(tasks: Sequence[Task], cluster: Cluster, seed: int = 0) -> flo
     cluster's core-equivalents. The bound is the largest of those and
     :func:`speed_bound`.
 
-    Two caveats, both documented in docs/simulator.md: a backup copy that is
+    Two caveats, both documented in docs/explanation/simulator.md: a backup copy that is
     running when its primary fails saves the restart, so with backups this is
     a yardstick rather than a strict bound; and attempts beyond the first
     :data:`~daskjobs.sim.fates.FATES` draw their fate in start order, so a

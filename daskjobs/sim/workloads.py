@@ -1,4 +1,4 @@
-"""Reference workloads (docs/chapter.md), each generated from a seed.
+"""Reference workloads (docs/explanation/chapter.md), each generated from a seed.
 
 * :func:`chapter` - the chapter sweep: 10,000 backtests on 24 nodes x 16
   cores, log-normal durations (median 15 min, sigma of log 0.76), the 40
@@ -10,9 +10,9 @@
   backtests, in three forms: features recomputed inside every backtest, the
   graph, and the graph with the features cached.
 
-Choices the workloads' descriptions leave open, fixed here and documented in docs/simulator.md:
-every task is submitted at time zero in grid order (so FIFO runs the long ones
-last); the slow node is the *last* node (first-fit dispatch fills low nodes
+Choices the workloads' descriptions leave open, fixed here and documented in
+docs/explanation/simulator.md: every task is submitted at time zero in grid order (so FIFO runs the
+long ones last); the slow node is the *last* node (first-fit dispatch fills low nodes
 first, as the published runs evidently did; pass ``slow_node=0`` for the
 adversarial case where the slow node is offered work first); an attempt fails
 with probability 1% at a uniform point of its run.
@@ -173,7 +173,7 @@ def feature_graph(
     return Workload(mode, tasks, base.cluster, base.spec, cache=cache, seed=seed)
 
 
-# -- sweeps whose durations follow their parameters (docs/estimates.md) -----------------------
+# -- sweeps whose durations follow their parameters (docs/how-to/estimates.md) ---------------------
 
 
 def _task(

@@ -63,6 +63,11 @@ recomputes the value itself (loading or recomputing its inputs the same way), so
 costs time, never a wrong or missing result. In a store the workers cannot write, a corrupt
 entry is recomputed all the same and not written back.
 
+Three controls change what a lookup finds (docs/explanation/cache.md): a stage's ``ignore=`` leaves
+parameters out of its key; its ``max_age=`` makes an older entry a miss; ``refresh=`` (a stage
+option, or for one run) recomputes stored results. An entry recomputed for either reason is
+overwritten atomically, and so is every entry that reads it (its key did not change).
+
 A store that cannot be written never fails a stage: the value is returned, the worker logs the
 first failure (later ones at DEBUG), and :func:`run` warns once per sweep with the count
 (:attr:`SweepResult.store_errors`).
@@ -95,7 +100,12 @@ can), :mod:`~daskjobs.sweep.planning` (cache hits become loads) and
 
 from __future__ import annotations
 
-from daskjobs.sweep.diagnosis import StageFailure, SweepInterrupted
+from daskjobs.sweep.diagnosis import (
+    StageFailure,
+    SweepCancelled,
+    SweepInterrupted,
+    SweepKeyboardInterrupt,
+)
 from daskjobs.sweep.graph import SweepGraph
 from daskjobs.sweep.grids import Grid, cases, grid
 from daskjobs.sweep.running import SweepResult, quiet_workers, run
@@ -111,8 +121,10 @@ __all__ = [
     "StageError",
     "StageFailure",
     "Sweep",
+    "SweepCancelled",
     "SweepGraph",
     "SweepInterrupted",
+    "SweepKeyboardInterrupt",
     "SweepResult",
     "cases",
     "grid",

@@ -6,7 +6,9 @@ output, :func:`_failure_of` the failure of an erred or cancelled output).
 :func:`_raise_rejected` turns a rejection into :class:`~daskjobs.SubmissionRefused` or
 :class:`~daskjobs.sweep.shipping.ClusterImportError` naming the modules behind it.
 :func:`_warn_missing_resources` warns of a stage asking for resources no worker offers;
-:class:`SweepInterrupted` is raised when outputs were cancelled before they finished.
+:class:`SweepInterrupted` is raised when a run stops before its outputs finished: its outputs
+were cancelled (:class:`SweepCancelled`) or Ctrl-C interrupted it
+(:class:`SweepKeyboardInterrupt`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import time
 import traceback
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from daskjobs.errors import SubmissionRefused
+from daskjobs.errors import SubmissionRefused, refusal_of
 from daskjobs.sweep.graph import SweepGraph
 from daskjobs.sweep.shipping import (
     ClusterImportError,
@@ -130,15 +133,37 @@ def _failure_of(node: Node, fut: Any) -> tuple[StageFailure, BaseException | Non
     return StageFailure(node.stage, node.key, dict(node.labels), error, tb), exc
 
 
-class SweepInterrupted(RuntimeError):
+class SweepInterrupted(BaseException):
+    """A sweep run stopped before its outputs finished; every stage that finished was
+    committed to the store, so running the sweep again loads it. ``except SweepInterrupted``
+    catches both of its kinds: :class:`SweepCancelled` (the scheduler was lost, or the
+    futures cancelled: a ``RuntimeError``) and :class:`SweepKeyboardInterrupt` (Ctrl-C: a
+    ``KeyboardInterrupt``, which ``except Exception`` does not swallow)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class SweepCancelled(SweepInterrupted, RuntimeError):
     """Outputs of the sweep were cancelled before they finished: the scheduler was lost
     (killed, restarted, the client's connection dropped) or someone cancelled the
-    futures. ``partial`` is the :class:`SweepResult` of what was gathered; every stage
-    that finished was committed to the store, so running the sweep again loads it."""
+    futures. ``partial`` is the :class:`SweepResult` of what was gathered."""
 
     def __init__(self, message: str, partial: SweepResult) -> None:
         super().__init__(message)
         self.partial = partial
+
+
+class SweepKeyboardInterrupt(SweepInterrupted, KeyboardInterrupt):
+    """:func:`~daskjobs.run` was interrupted by Ctrl-C (a ``KeyboardInterrupt``): its
+    outputs were cancelled and released; ``stored`` of its ``stages`` are in the store
+    (None if it has none, or it could not be read), and the message says so. Raised once,
+    in place of the interrupt (not on top of dask's progress bar)."""
+
+    def __init__(self, message: str, stored: int | None = None, stages: int = 0) -> None:
+        super().__init__(message)
+        self.stored = stored
+        self.stages = stages
 
 
 def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | None:
@@ -168,6 +193,13 @@ def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | N
     if first.status == "error":
         exc = first.exception()
         return exc if _rejected(exc) else None
+    if first.status == "cancelled":  # a large graph refused unread: cancelled, with the refusal
+        try:
+            first.result(timeout=_REPORT_PATIENCE)
+        except CancelledError as e:
+            return refusal_of(e)
+        except Exception:  # any other outcome is read with the outputs
+            return None
     return None
 
 

@@ -22,9 +22,13 @@ if TYPE_CHECKING:
     from daskjobs.sweep.stages import Node, Stage
 
 
-def _annotations(stage: Stage, nodes: Sequence[Node], load: bool) -> dict[str, Any]:
+def _annotations(
+    stage: Stage, nodes: Sequence[Node], load: bool, sweep: str | None = None
+) -> dict[str, Any]:
     opts = stage.options
     ann: dict[str, Any] = {"stage": stage.name, "cache": opts.cache, "speculate": opts.speculate}
+    if sweep is not None:  # which run a task is of: daskjobs.forecast groups by it
+        ann["sweep"] = sweep
     if opts.team is not None:
         ann["team"] = opts.team
     if opts.resources:
@@ -56,18 +60,23 @@ _MODEL_TEXT = 64
 def _model_params(node: Node) -> dict[str, Any]:
     """What the scheduler's duration model (daskjobs.policies.durations) learns from: the
     node's labels and parameters, numbers, strings, bools and None as they are, anything
-    else as a short text; at most :data:`_MODEL_PARAMS` of them."""
+    else as a short text; at most :data:`_MODEL_PARAMS` of them. Each is a value dask can
+    send to a worker with the task (an integer within 64 bits, text that is UTF-8)."""
     out: dict[str, Any] = {}
     for name, value in itertools.chain(node.labels.items(), node.params.items()):
         if len(out) >= _MODEL_PARAMS:
             break
-        if value is None or isinstance(value, bool | int | str):
-            v: Any = value if not isinstance(value, str) else value[:_MODEL_TEXT]
+        if value is None or isinstance(value, bool):
+            v: Any = value
+        elif isinstance(value, int):
+            v = value if -(2**63) <= value < 2**63 else repr(value)[:_MODEL_TEXT]
+        elif isinstance(value, str):
+            v = value[:_MODEL_TEXT].encode("utf-8", "backslashreplace").decode("utf-8")
         elif isinstance(value, float):
             v = value if math.isfinite(value) else repr(value)
         else:
             v = repr(value)[:_MODEL_TEXT]
-        out[str(name)] = v
+        out[str(name).encode("utf-8", "backslashreplace").decode("utf-8")] = v
     return out
 
 
@@ -85,7 +94,9 @@ class SweepGraph:
     """A planned sweep as a Dask collection; computing it gives the outputs' values in order.
 
     ``keys`` are the output keys; ``computed`` and ``loaded`` the keys planned to run and to be
-    loaded from the store; ``pruned`` counts nodes left out because only loads needed them;
+    loaded from the store; ``replace`` maps the stored keys this run recomputes and
+    overwrites to why (``"refresh"``, ``"expired"``, or ``"input"``: it reads one of those);
+    ``pruned`` counts nodes left out because only loads needed them;
     ``modules`` maps each module the cluster must import (stage functions pickled by
     reference) to the stages that need it.
     """
@@ -103,6 +114,8 @@ class SweepGraph:
         run_id: str,
         calls: tuple[_Call, ...] = (),
         modules: Mapping[str, Sequence[str]] | None = None,
+        replace: Mapping[str, str] | None = None,
+        label: str | None = None,
     ) -> None:
         self.graph = graph
         self.output_nodes = output_nodes
@@ -114,6 +127,9 @@ class SweepGraph:
         self.store = store
         self.run_id = run_id
         self.modules = {m: list(stages) for m, stages in (modules or {}).items()}
+        self.replace = dict(replace or {})
+        #: the ``sweep`` annotation of every task of this run (``name:run``)
+        self.label = label
         self._calls = calls
 
     def __repr__(self) -> str:

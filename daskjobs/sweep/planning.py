@@ -8,8 +8,9 @@ for each stage whether its function and parameters travel by value
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.sweep.graph import SweepGraph, _annotations
@@ -17,10 +18,16 @@ from daskjobs.sweep.shipping import _module_by_reference
 from daskjobs.sweep.worker import _Call, _compute_stage, _Context, _load_stage, _Recipe
 
 if TYPE_CHECKING:
+    from daskjobs.cache.store import ResultStore
     from daskjobs.sweep.stages import Node, Sweep
 
 
-def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
+def _plan(
+    sweep: Sweep,
+    out_nodes: Sequence[Node],
+    ctx: _Context,
+    refresh: frozenset[str] = frozenset(),
+) -> SweepGraph:
     from dask._task_spec import Task, TaskRef
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
@@ -44,6 +51,9 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
                 RuntimeWarning,
                 stacklevel=4,
             )
+
+    replace = _forced(sweep, reachable, stored, store, refresh)
+    stored.difference_update(replace)
 
     import cloudpickle
 
@@ -69,6 +79,10 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
                 code=stage.code,
                 cache=stage.options.cache,
                 by_value=ship_func[node.stage] or (registry and bool(node.params)),
+                ignored=stage.options.ignore,
+                hide_ignored=stage.options.ignore_labels,
+                max_age=stage.options.max_age,
+                replace=replace.get(node.key, ""),
             )
         return calls[node.key]
 
@@ -97,6 +111,7 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
     layers: dict[str, Any] = {}
     deps: dict[str, set[str]] = {}
     layer_of: dict[str, str] = {}
+    run_label = f"{sweep.name}:{ctx.run_id[:8]}"  # the sweep's name and its run
     for stage in sweep.stages.values():  # declaration order is a topological order
         for kind, chosen in (("compute", computed), ("load", loaded)):
             stage_nodes = [n for n in stage.nodes if n.key in chosen]
@@ -113,7 +128,7 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
                 layer_of[n.key] = name
             load = kind == "load"
             layers[name] = MaterializedLayer(
-                tasks, annotations=_annotations(stage, stage_nodes, load)
+                tasks, annotations=_annotations(stage, stage_nodes, load, run_label)
             )
             deps[name] = {layer_of[k] for n in stage_nodes if not load for k in n.inputs.values()}
     graph = HighLevelGraph(layers, deps)
@@ -122,7 +137,12 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
         module = _module_by_reference(stage.func)
         if module is not None and any(n.key in computed or n.key in loaded for n in stage.nodes):
             modules.setdefault(module, []).append(stage.name)
-    by_stage: dict[str, dict[str, int]] = {}
+    # the stages in declaration order (a summary lists them the same way every run)
+    by_stage: dict[str, dict[str, int]] = {
+        name: {"computed": 0, "hits": 0}
+        for name, stage in sweep.stages.items()
+        if any(n.key in computed or n.key in loaded for n in stage.nodes)
+    }
     for kind, chosen in (("computed", computed), ("hits", loaded)):
         for key in chosen:
             entry = by_stage.setdefault(nodes[key].stage, {"computed": 0, "hits": 0})
@@ -138,4 +158,50 @@ def _plan(sweep: Sweep, out_nodes: Sequence[Node], ctx: _Context) -> SweepGraph:
         run_id=ctx.run_id,
         calls=tuple(calls.values()),
         modules=modules,
+        replace=replace,
+        label=run_label,
     )
+
+
+def _forced(
+    sweep: Sweep,
+    reachable: Mapping[str, None],
+    stored: set[str],
+    store: ResultStore | None,
+    refresh: frozenset[str],
+) -> dict[str, str]:
+    """The stored nodes this run recomputes and overwrites, each with its reason:
+    ``"refresh"`` (its stage is refreshed), ``"expired"`` (its entry is older than its
+    stage's ``max_age``) or ``"input"`` (it reads a node recomputed for one of these
+    reasons, whose new value its entry would otherwise hide: its key did not change).
+
+    One manifest read per stored node of a stage with ``max_age``; none otherwise."""
+    nodes = sweep.nodes
+    aged = [k for k in reachable if k in stored and sweep.stages[nodes[k].stage].options.max_age]
+    if not refresh and not aged:
+        return {}
+    expired: set[str] = set()
+    if aged and store is not None:
+        now = time.time()
+        for key, info in store.infos(aged).items():
+            max_age = sweep.stages[nodes[key].stage].options.max_age
+            if max_age is not None and now - info.created > max_age:
+                expired.add(key)
+    forced: set[str] = set()
+    out: dict[str, str] = {}
+    for stage in sweep.stages.values():  # declaration order is a topological order
+        for node in stage.nodes:
+            if node.key not in reachable:
+                continue
+            if stage.name in refresh:
+                why = "refresh"
+            elif node.key in expired:
+                why = "expired"
+            elif any(k in forced for k in node.inputs.values()):
+                why = "input"
+            else:
+                continue
+            forced.add(node.key)
+            if node.key in stored:
+                out[node.key] = why
+    return out

@@ -9,12 +9,16 @@ and :meth:`Sweep.run` runs it (:mod:`daskjobs.sweep.running`).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from daskjobs._text import shown
 from daskjobs.cache.claims import Claims
 from daskjobs.cache.keys import code_hash, stage_key, tokenize_param, validate_stage_name
 from daskjobs.cache.store import ResultStore
@@ -26,6 +30,9 @@ from daskjobs.sweep.worker import _Context
 
 if TYPE_CHECKING:
     from distributed import Client
+
+#: The most retries a stage may ask for: beyond it a failing stage would retry for hours.
+MAX_RETRIES = 100
 
 
 # -- the graph's nodes --------------------------------------------------------------------------
@@ -56,6 +63,14 @@ class StageOptions:
     speculate: bool = True
     version: str | None = None
     job_class: str = "be"
+    #: parameters left out of the content key (``ignore=``)
+    ignore: tuple[str, ...] = ()
+    #: the ignored parameters are left out of the labels and the entry's parameters too
+    ignore_labels: bool = False
+    #: seconds after which a stored result is not loaded but recomputed (``max_age=``)
+    max_age: float | None = None
+    #: every run recomputes this stage (and what reads it), overwriting its entries
+    refresh: bool = False
 
 
 class Stage:
@@ -127,6 +142,10 @@ class Sweep:
         version: str | None = None,
         track: Iterable[Callable[..., Any]] = (),
         job_class: str = "be",
+        ignore: Iterable[str] = (),
+        ignore_labels: bool = False,
+        max_age: float | str | timedelta | None = None,
+        refresh: bool = False,
     ) -> Stage:
         """Declare a stage: ``func`` called once per point of ``over`` and combination of inputs.
 
@@ -140,8 +159,79 @@ class Sweep:
         key, so a second copy is harmless and the store keeps exactly one entry); pass False for
         a stage with side effects. ``job_class="te"`` marks the stage's tasks interactive:
         with the plugin's preemption on they take a worker resource back from best-effort
-        tasks (docs/preemption.md); the default is ``"be"``.
+        tasks (docs/explanation/preemption.md); the default is ``"be"``.
+
+        Cache controls (docs/explanation/cache.md): ``ignore`` names parameters left out of the
+        content key (a ``verbose`` flag, a log path): they are still passed, recorded in the stored
+        entry and, if swept, kept as labels, unless ``ignore_labels=True`` leaves them out
+        of the labels and of the entry too. ``max_age`` (a duration: ``"7d"``, ``3600``) is
+        how old a stored result may be and still be loaded; an older one is recomputed and
+        overwritten, and ``daskjobs cache gc`` removes it. ``refresh=True`` recomputes the
+        stage on every run (and what reads it), overwriting its entries; :meth:`run`'s
+        ``refresh=`` does that for one run.
         """
+        stage_name = self._stage_name(func, name)
+        inputs = self._stage_inputs(stage_name, inputs)
+        points = _as_grid(over)
+        fixed = dict(params or {})
+        swept = set(points.names)
+        twice = (swept & set(fixed)) | (swept & set(inputs)) | (set(fixed) & set(inputs))
+        if twice:
+            raise ValueError(
+                f"stage {stage_name!r}: {sorted(twice)[0]!r} is given twice "
+                "(among over=, params= and inputs=)"
+            )
+        if retries is not None and (
+            not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES
+        ):
+            raise ValueError(
+                f"stage {stage_name!r}: retries must be a whole number from 0 to "
+                f"{MAX_RETRIES}, got {shown(retries)} (a stage that fails more often than "
+                "that needs a fix, not more tries: its run would not end)"
+            )
+        if job_class not in ("te", "be"):
+            raise ValueError(
+                f"stage {stage_name!r}: job_class must be 'te' (interactive) or 'be' "
+                f"(best-effort), got {job_class!r}"
+            )
+        ignored = _check_ignore(stage_name, func, ignore, set(fixed) | swept, inputs)
+        hidden = frozenset(ignored) if ignore_labels else frozenset()
+        expiry = _check_max_age(stage_name, max_age)
+        for flag, value in (("ignore_labels", ignore_labels), ("refresh", refresh)):
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"stage {stage_name!r}: {flag} must be True or False, got {value!r}"
+                )
+        options = StageOptions(
+            estimate=estimate,
+            team=team if team is not None else self.team,
+            resources=dict(resources) if resources else None,
+            retries=retries,
+            cache=cache,
+            speculate=speculate,
+            version=version,
+            job_class=job_class,
+            ignore=ignored,
+            ignore_labels=ignore_labels,
+            max_age=expiry,
+            refresh=refresh,
+        )
+        code = code_hash(func, version=version, track=track)
+        # an ignored parameter is never tokenized for the key: it may have no token at all
+        fixed_tokens = {
+            k: tokenize_param(stage_name, k, v) for k, v in fixed.items() if k not in ignored
+        }
+        nodes = _expand(
+            stage_name, code, inputs, points, fixed, fixed_tokens, ignored, hidden, estimate
+        )
+        stage = Stage(stage_name, func, code, options, inputs, list(nodes.values()))
+        self.stages[stage_name] = stage
+        self.nodes.update(nodes)
+        return stage
+
+    def _stage_name(self, func: Callable[..., Any], name: str | None) -> str:
+        """The name of a stage of ``func`` (``name``, else the function's), checked and not
+        taken yet in this sweep; ``func`` checked callable first, to name it in the error."""
         if not callable(func):
             where = f"stage {name!r}" if name else f"sweep {self.name!r}"
             raise TypeError(f"{where}: {func!r} is not callable")
@@ -153,6 +243,13 @@ class Sweep:
                 f"sweep {self.name!r} already has a stage named {stage_name!r}; "
                 "pass name=... to tell them apart"
             )
+        return stage_name
+
+    def _stage_inputs(
+        self, stage_name: str, inputs: Mapping[str, Stage] | Stage | None
+    ) -> dict[str, Stage]:
+        """A stage's ``inputs`` as {argument: upstream stage}, each a stage of this sweep
+        (a single :class:`Stage` is passed under its own name)."""
         if isinstance(inputs, Stage):
             inputs = {inputs.name: inputs}
         inputs = dict(inputs or {})
@@ -161,74 +258,7 @@ class Sweep:
                 raise ValueError(
                     f"input {arg!r} of stage {stage_name!r} is not a stage of sweep {self.name!r}"
                 )
-        points = _as_grid(over)
-        fixed = dict(params or {})
-        swept = set(points.names)
-        twice = (swept & set(fixed)) | (swept & set(inputs)) | (set(fixed) & set(inputs))
-        if twice:
-            raise ValueError(
-                f"stage {stage_name!r}: {sorted(twice)[0]!r} is given twice "
-                "(among over=, params= and inputs=)"
-            )
-        if retries is not None and (not isinstance(retries, int) or retries < 0):
-            raise ValueError(f"stage {stage_name!r}: retries must be a whole number >= 0")
-        if job_class not in ("te", "be"):
-            raise ValueError(
-                f"stage {stage_name!r}: job_class must be 'te' (interactive) or 'be' "
-                f"(best-effort), got {job_class!r}"
-            )
-        options = StageOptions(
-            estimate=estimate,
-            team=team if team is not None else self.team,
-            resources=dict(resources) if resources else None,
-            retries=retries,
-            cache=cache,
-            speculate=speculate,
-            version=version,
-            job_class=job_class,
-        )
-        code = code_hash(func, version=version, track=track)
-        fixed_tokens = {k: tokenize_param(stage_name, k, v) for k, v in fixed.items()}
-
-        nodes: dict[str, Node] = {}
-        for combo in _join_inputs(stage_name, inputs):
-            up_labels: dict[str, Any] = {}
-            up_tokens: dict[str, str] = {}
-            for node in combo.values():
-                up_labels.update(node.labels)
-                up_tokens.update(node.label_tokens)
-            for point in points:
-                clash = set(point) & set(up_labels)
-                if clash:
-                    name_ = sorted(clash)[0]
-                    raise ValueError(
-                        f"parameter {name_!r} of stage {stage_name!r} has the same name as a "
-                        "label of an upstream stage; rename one of them"
-                    )
-                point_tokens = {k: tokenize_param(stage_name, k, v) for k, v in point.items()}
-                key = stage_key(
-                    stage_name,
-                    code,
-                    {**fixed_tokens, **point_tokens},
-                    {arg: n.key for arg, n in combo.items()},
-                )
-                if key in nodes:
-                    continue
-                labels = {**up_labels, **point}
-                all_params = {**fixed, **point}
-                nodes[key] = Node(
-                    key=key,
-                    stage=stage_name,
-                    labels=labels,
-                    params=all_params,
-                    inputs={arg: n.key for arg, n in combo.items()},
-                    label_tokens={**up_tokens, **point_tokens},
-                    estimate=_estimate(stage_name, estimate, {**labels, **all_params}),
-                )
-        stage = Stage(stage_name, func, code, options, inputs, list(nodes.values()))
-        self.stages[stage_name] = stage
-        self.nodes.update(nodes)
-        return stage
+        return inputs
 
     @property
     def outputs(self) -> list[Stage]:
@@ -242,12 +272,16 @@ class Sweep:
         outputs: Iterable[Stage] | None = None,
         *,
         run_id: str | None = None,
+        refresh: bool | str | Stage | Iterable[str | Stage] | None = None,
     ) -> SweepGraph:
         """The sweep as a Dask collection, with stored results replaced by loads.
 
         ``store``: a :class:`ResultStore` or URL; ``None`` or ``True`` for the default store;
-        ``False`` to neither load nor store anything.
+        ``False`` to neither load nor store anything. ``refresh``: ``True`` for every stage,
+        or stage names (or :class:`Stage` objects) whose stored results are recomputed and
+        overwritten, with every stage that reads them (see docs/explanation/cache.md).
         """
+        refreshed = _refresh_stages(self, refresh)
         if store is False:
             result_store = None
         elif store is None or store is True:
@@ -269,7 +303,7 @@ class Sweep:
             if cs.enabled:
                 claims = Claims(result_store, cs.lease, cs.max_wait)
         ctx = _Context(result_store, run_id or uuid.uuid4().hex, claims)
-        return _plan(self, out_nodes, ctx)
+        return _plan(self, out_nodes, ctx, refreshed)
 
     def run(
         self,
@@ -279,6 +313,7 @@ class Sweep:
         outputs: Iterable[Stage] | None = None,
         progress: bool = True,
         cluster_kwargs: Mapping[str, Any] | None = None,
+        refresh: bool | str | Stage | Iterable[str | Stage] | None = None,
     ) -> SweepResult:
         """Compute the sweep; see :func:`run`."""
         return run(
@@ -288,6 +323,7 @@ class Sweep:
             outputs=outputs,
             progress=progress,
             cluster_kwargs=cluster_kwargs,
+            refresh=refresh,
         )
 
 
@@ -315,6 +351,140 @@ def _default_stage_name(func: Callable[..., Any]) -> str:
     )
 
 
+def _meant(given: str, choices: list[str]) -> str | None:
+    """The near miss among ``choices`` that ``given`` was probably meant to be."""
+    from daskjobs.config import _meant as meant
+
+    return meant(given, choices)
+
+
+def _check_ignore(
+    stage: str,
+    func: Callable[..., Any],
+    ignore: Iterable[str],
+    given: set[str],
+    inputs: Mapping[str, Stage],
+) -> tuple[str, ...]:
+    """The names of ``ignore=``, each one a parameter the stage is given or its function
+    takes; ``ValueError`` (``TypeError`` for a wrong type) naming the problem otherwise."""
+    if isinstance(ignore, (str, bytes)) or not isinstance(ignore, Iterable):
+        raise TypeError(
+            f"stage {stage!r}: ignore= takes parameter names, e.g. ignore=('verbose',); "
+            f"got {ignore!r}"
+        )
+    names = tuple(dict.fromkeys(ignore))
+    try:
+        signature: inspect.Signature | None = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin, say: only the given parameters are known
+        signature = None
+    takes: list[str] = []
+    anything = signature is None
+    for p in signature.parameters.values() if signature is not None else ():
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            takes.append(p.name)
+        elif p.kind is p.VAR_KEYWORD:
+            anything = True
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"stage {stage!r}: ignore= takes parameter names, got {name!r}")
+        if name in inputs:
+            raise ValueError(
+                f"stage {stage!r}: {name!r} is an input, which enters the key by its own "
+                "content key; ignore= names parameters (of over= or params=)"
+            )
+        if name in given or (name in takes and name not in inputs):
+            continue
+        choices = sorted(given | set(takes) - set(inputs))
+        meant = _meant(name, choices)
+        guess = f"; did you mean {meant!r}?" if meant is not None else ""
+        if anything:
+            raise ValueError(
+                f"stage {stage!r}: ignore= names {name!r}, which is not a parameter of the "
+                f"stage (over= and params= give {', '.join(sorted(given)) or 'none'}){guess}"
+            )
+        fname = getattr(func, "__name__", "the stage's function")
+        raise ValueError(
+            f"stage {stage!r}: ignore= names {name!r}, which {fname}() does not take "
+            f"(it takes {', '.join(takes) or 'no keyword arguments'}){guess}"
+        )
+    return names
+
+
+def _check_max_age(stage: str, value: float | str | timedelta | None) -> float | None:
+    """``max_age=`` in seconds (> 0), read as the configuration reads durations."""
+    from daskjobs.config import duration_seconds
+
+    if value is None:
+        return None
+    seconds = None
+    if not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
+            seconds = duration_seconds(f"max_age of stage {stage!r}", value)
+    if seconds is None or seconds <= 0:
+        raise ValueError(
+            f"max_age of stage {stage!r} must be a duration above 0: seconds (3600) or a "
+            f"string with a unit ('7d', '12h'), got {value!r}"
+        )
+    return seconds
+
+
+def _check_shared_key(
+    stage: str, node: Node, shown: Mapping[str, Any], label_tokens: Mapping[str, str]
+) -> None:
+    """Two points of a stage share a key only when they differ in ignored parameters: with
+    those kept as labels, one result would stand under two labels. Say which."""
+    if dict(node.label_tokens) == dict(label_tokens):
+        return
+    name = next(k for k in shown if node.label_tokens.get(k) != label_tokens.get(k))
+    raise ValueError(
+        f"stage {stage!r}: the points {name}={node.labels[name]!r} and {name}={shown[name]!r} "
+        f"differ only in the ignored parameter {name!r}, so they share one key and one "
+        "result; pass ignore_labels=True to leave it out of the labels too (one result "
+        "stands for both), or stop ignoring it"
+    )
+
+
+def _refresh_stages(
+    sweep: Sweep, refresh: bool | str | Stage | Iterable[str | Stage] | None
+) -> frozenset[str]:
+    """The names of the stages a run recomputes: ``refresh=`` and the stages declared with
+    ``refresh=True``. An unknown stage is a ``ValueError``, before anything is planned."""
+    declared = {name for name, s in sweep.stages.items() if s.options.refresh}
+    if refresh is None or refresh is False:
+        return frozenset(declared)
+    if refresh is True:
+        return frozenset(sweep.stages)
+    wrong = TypeError(
+        "refresh= takes True, a stage name, a Stage or a list of them (the stages whose "
+        f"stored results this run recomputes); got {refresh!r}"
+    )
+    if isinstance(refresh, (str, Stage)):
+        items: list[Any] = [refresh]
+    elif isinstance(refresh, Iterable):
+        items = list(refresh)
+    else:
+        raise wrong
+    for item in items:
+        if isinstance(item, Stage):
+            if sweep.stages.get(item.name) is not item:
+                raise ValueError(
+                    f"refresh names {item!r}, which is not a stage of sweep {sweep.name!r}"
+                )
+            declared.add(item.name)
+        elif isinstance(item, str):
+            if item not in sweep.stages:
+                meant = _meant(item, list(sweep.stages))
+                guess = f"; did you mean {meant!r}?" if meant is not None else ""
+                raise ValueError(
+                    f"refresh names stage {item!r}, which sweep {sweep.name!r} does not have "
+                    f"(its stages: {', '.join(sweep.stages) or 'none'}){guess}"
+                )
+            declared.add(item)
+        else:
+            raise wrong
+    return frozenset(declared)
+
+
 def _estimate(
     stage: str,
     estimate: float | str | Callable[[Mapping[str, Any]], float | str] | None,
@@ -333,6 +503,66 @@ def _estimate(
             f"estimate of stage {stage!r} must be a duration: seconds >= 0 (2.5) or a string "
             f"with a unit ('10s', '2 minutes'), got {value!r}"
         ) from None
+
+
+def _expand(
+    stage_name: str,
+    code: str,
+    inputs: Mapping[str, Stage],
+    points: Grid,
+    fixed: Mapping[str, Any],
+    fixed_tokens: Mapping[str, str],
+    ignored: tuple[str, ...],
+    hidden: frozenset[str],
+    estimate: float | str | Callable[[Mapping[str, Any]], float | str] | None,
+) -> dict[str, Node]:
+    """A stage's nodes by content key: the upstream nodes joined on their labels
+    (:func:`_join_inputs`), crossed with the stage's own grid ``points``; ``fixed`` are its
+    ``params=`` (``fixed_tokens`` their tokens, the ``ignored`` left out), ``hidden`` the
+    parameters left out of the labels. Points that share a key are one node
+    (:func:`_check_shared_key`)."""
+    nodes: dict[str, Node] = {}
+    for combo in _join_inputs(stage_name, inputs):
+        up_labels: dict[str, Any] = {}
+        up_tokens: dict[str, str] = {}
+        for node in combo.values():
+            up_labels.update(node.labels)
+            up_tokens.update(node.label_tokens)
+        for point in points:
+            clash = set(point) & set(up_labels)
+            if clash:
+                name_ = sorted(clash)[0]
+                raise ValueError(
+                    f"parameter {name_!r} of stage {stage_name!r} has the same name as a "
+                    "label of an upstream stage; rename one of them"
+                )
+            shown = {k: v for k, v in point.items() if k not in hidden}
+            point_tokens = {k: tokenize_param(stage_name, k, v) for k, v in shown.items()}
+            key = stage_key(
+                stage_name,
+                code,
+                {
+                    **fixed_tokens,
+                    **{k: t for k, t in point_tokens.items() if k not in ignored},
+                },
+                {arg: n.key for arg, n in combo.items()},
+            )
+            label_tokens = {**up_tokens, **point_tokens}
+            if key in nodes:
+                _check_shared_key(stage_name, nodes[key], shown, label_tokens)
+                continue
+            labels = {**up_labels, **shown}
+            all_params = {**fixed, **point}
+            nodes[key] = Node(
+                key=key,
+                stage=stage_name,
+                labels=labels,
+                params=all_params,
+                inputs={arg: n.key for arg, n in combo.items()},
+                label_tokens=label_tokens,
+                estimate=_estimate(stage_name, estimate, {**labels, **all_params}),
+            )
+    return nodes
 
 
 def _join_inputs(stage: str, inputs: Mapping[str, Stage]) -> list[dict[str, Node]]:

@@ -72,6 +72,14 @@ class _Call:
     code: str
     cache: bool
     by_value: bool = False
+    #: parameters the key leaves out, recorded in the entry (``ignore=``)
+    ignored: tuple[str, ...] = ()
+    #: the ignored parameters are left out of the entry's parameters (``ignore_labels=``)
+    hide_ignored: bool = False
+    #: the stage's ``max_age`` in seconds, recorded in the entry
+    max_age: float | None = None
+    #: why a stored entry is recomputed and overwritten ("refresh", "expired", "input"), or ""
+    replace: str = ""
 
     def __reduce__(self) -> tuple[Any, ...]:
         func: Any = self.func
@@ -80,7 +88,17 @@ class _Call:
             func = _shipped(func)
             params = _ByValue(_cloudpickle_dumps(dict(params))) if params else params
         fields = (self.key, self.stage, func, params, self.labels, self.input_names)
-        return (_Call, (*fields, self.code, self.cache, self.by_value))
+        cache = (self.ignored, self.hide_ignored, self.max_age, self.replace)
+        return (_Call, (*fields, self.code, self.cache, self.by_value, *cache))
+
+    def recorded_params(self) -> dict[str, Any]:
+        """The parameters the stored entry records: labels and parameters, less the
+        ignored ones with ``ignore_labels``."""
+        params = {**self.labels, **self.params}
+        if self.hide_ignored:
+            for name in self.ignored:
+                params.pop(name, None)
+        return params
 
 
 @dataclass(frozen=True)
@@ -101,7 +119,9 @@ class _Context:
 
 def _event(ctx: _Context, kind: str, call: _Call, detail: str = "") -> None:
     """Tell the client what this task did (kinds: ``computed``, ``loaded``, ``fenced``,
-    ``recomputed``, ``recomputed-input``, ``store-error``); :class:`_RunLog` collects them."""
+    ``recomputed``, ``recomputed-input``, ``store-error``); :class:`_RunLog` collects them.
+    A ``computed`` event's detail is why a stored entry was recomputed, if it was
+    (``refresh``, ``expired``, ``input``)."""
     msg = {"run": ctx.run_id, "kind": kind, "key": call.key, "stage": call.stage, "detail": detail}
     try:
         from distributed import get_worker
@@ -144,8 +164,12 @@ def _claim(call: _Call, ctx: _Context) -> tuple[bool, Any, Any]:
     if ctx.claims is None or ctx.store is None or not call.cache:
         return False, None, None
     store = ctx.store
+
+    def stored() -> bool:  # an entry recomputed on purpose does not count as stored
+        return not call.replace and store.contains(call.key)
+
     try:
-        state, claim = ctx.claims.acquire(call.key, lambda: store.contains(call.key))
+        state, claim = ctx.claims.acquire(call.key, stored)
     except Exception as err:  # a store that cannot hold claims computes as before
         logger.debug("no claim on %s in %s: %r", call.key, store.url, err)
         return False, None, None
@@ -181,7 +205,7 @@ def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
                 traceback.format_exc(),
             ).with_traceback(err.__traceback__) from err
         seconds = time.perf_counter() - start
-        _event(ctx, "computed", call)
+        _event(ctx, "computed", call, call.replace)
         if ctx.store is not None and call.cache:
             if claim is not None and claim.lost:
                 # fenced: our claim expired and another cluster took it over; its commit
@@ -198,9 +222,12 @@ def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
                         call.key,
                         value,
                         stage=call.stage,
-                        params={**call.labels, **call.params},
+                        params=call.recorded_params(),
                         code_hash=call.code,
                         compute_seconds=seconds,
+                        ignored=call.ignored,
+                        max_age=call.max_age,
+                        replace=bool(call.replace),  # atomically over the old entry
                     )
                     committed = True
                 except Exception as err:  # a full disk must not lose the computed value

@@ -34,9 +34,10 @@ NULL_TYPES = {
     "store": "path or fsspec URL, or null",
     "inventory": "mapping or null",
     "ledger.url": "SQLAlchemy URL or null",
+    "team": "team name or null",
 }
 #: Keys whose value is a mapping the user fills in (not a section of further keys).
-MAPPINGS = {"policy-options", "teams.targets", "teams.quotas", "inventory"}
+MAPPINGS = {"policy-options", "teams.targets", "teams.quotas", "teams.identities", "inventory"}
 
 _DURATION = re.compile(r"^\d+(\.\d+)?\s*(us|ms|s|m|h|d)$")
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[a-z][a-z0-9-]*):(?P<rest>.*)$")
@@ -103,6 +104,8 @@ def _type(path: str, value: Any) -> str:
         return "mapping"
     if isinstance(value, str):
         return "duration" if _DURATION.match(value) else "string"
+    if isinstance(value, list):
+        return "list"
     raise ValueError(f"daskjobs.{path}: a default of type {type(value).__name__}")
 
 

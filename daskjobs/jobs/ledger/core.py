@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -25,6 +26,27 @@ from daskjobs.jobs.ledger.schema import (
     meta_t,
     transitions_t,
 )
+
+
+class EpochHolder(NamedTuple):
+    """The scheduler that holds a ledger's epoch (:meth:`LedgerCore.holder`): its
+    ``epoch``, its name (``"scheduler tcp://host:port"``, None if never recorded), when it
+    took the epoch and when the ledger last heard from it (seconds since the epoch, or
+    None)."""
+
+    epoch: int
+    holder: str | None
+    taken: float | None
+    seen: float | None
+
+    def describe(self, now: float) -> str:
+        """``epoch 3, held by scheduler tcp://...:8786 since 12.0s ago (last seen 0.4s ago)``."""
+        text = f"epoch {self.epoch}, held by {self.holder or 'an unnamed scheduler'}"
+        if self.taken is not None:
+            text += f" since {max(0.0, now - self.taken):.1f}s ago"
+        if self.seen is not None:
+            text += f" (last seen {max(0.0, now - self.seen):.1f}s ago)"
+        return text
 
 
 class LedgerCore:
@@ -77,12 +99,48 @@ class LedgerCore:
         return time.monotonic() - began
 
     def acquire_epoch(self, owner: str = "") -> int:
-        """Take the next scheduler epoch: every writer holding an older one is fenced."""
+        """Take the next scheduler epoch: every writer holding an older one is fenced.
+        ``owner`` (``"scheduler tcp://..."``) is kept as the epoch's holder
+        (:meth:`holder`)."""
         with self._write() as conn:
             new = _epoch(conn, exclusive=True) + 1
             conn.execute(meta_t.update().where(meta_t.c.key == "epoch").values(value=str(new)))
+            _put_meta(conn, "epoch_holder", owner or "scheduler")
+            _put_meta(conn, "epoch_taken", repr(self.clock()))
             self._log(conn, "epoch", owner or "scheduler", None, str(new), "took over", new)
             return new
+
+    def holder(self) -> EpochHolder:
+        """Who holds the ledger's scheduler epoch now, since when, and when it last
+        wrote (:meth:`touch`). A ledger whose epoch was taken by an earlier daskjobs
+        names its holder from the transition log."""
+        with self.engine.connect() as conn:
+            epoch = _epoch(conn)
+            meta = {
+                r.key: r.value
+                for r in conn.execute(
+                    sa.select(meta_t.c.key, meta_t.c.value).where(
+                        meta_t.c.key.in_(("epoch_holder", "epoch_taken", "service_seen"))
+                    )
+                )
+            }
+            name, taken = meta.get("epoch_holder"), meta.get("epoch_taken")
+            if name is None and epoch:  # once, when a service is fenced or starts
+                row = conn.execute(
+                    sa.select(transitions_t.c.ref, transitions_t.c.at)
+                    .where(transitions_t.c.kind == "epoch", transitions_t.c.to_state == str(epoch))
+                    .order_by(transitions_t.c.id.desc())
+                    .limit(1)
+                ).first()
+                if row is not None:
+                    name, taken = row.ref, repr(row.at)
+        seen = meta.get("service_seen")
+        return EpochHolder(
+            epoch,
+            name,
+            float(taken) if taken is not None else None,
+            float(seen) if seen is not None else None,
+        )
 
     @contextmanager
     def _write(self, epoch: int | None = None) -> Iterator[Connection]:

@@ -25,12 +25,24 @@ from daskjobs.jobs.model import (
 )
 
 
+def _default_team() -> str:
+    """``daskjobs.teams.default`` of dask's config."""
+    import dask.config
+
+    import daskjobs.config  # noqa: F401 - registers the defaults
+
+    return str(dask.config.get("daskjobs.teams.default"))
+
+
 class JobMoves(LedgerCore):
     """Writes that move jobs (module docs)."""
 
-    def submit(self, spec: JobSpec, epoch: int | None) -> JobRecord:
+    def submit(self, spec: JobSpec, epoch: int | None, by: str | None = None) -> JobRecord:
         """Record ``spec`` as a queued job, or return the job already recorded under its
-        identity (submitting the same job twice is one job)."""
+        identity (submitting the same job twice is one job). A spec that names no team is
+        listed under ``daskjobs.teams.default`` (the jobs service decides a submitted job's
+        team before it gets here). ``by``: who submitted it (a client's certificate
+        identity), written in the job's first transition."""
         now = self.clock()
         job_id = spec.job_id
         with self._write(epoch) as conn:
@@ -40,7 +52,7 @@ class JobMoves(LedgerCore):
                     jobs_t.insert().values(
                         job_id=job_id,
                         name=spec.name,
-                        team=spec.team,
+                        team=spec.team or _default_team(),
                         kind=spec.kind,
                         priority=spec.priority,
                         spec=json.dumps(spec.to_json(), sort_keys=True),
@@ -55,7 +67,8 @@ class JobMoves(LedgerCore):
                     parts_t,
                     [{"job_id": job_id, "part": p, "token": 0} for p in range(spec.parts)],
                 )
-                self._log(conn, "job", job_id, None, "queued", "submitted", epoch or 0)
+                reason = "submitted" if by is None else f"submitted by {by}"
+                self._log(conn, "job", job_id, None, "queued", reason, epoch or 0)
                 row = conn.execute(sa.select(jobs_t).where(jobs_t.c.job_id == job_id)).one()
         return _job(row)
 

@@ -92,7 +92,7 @@ def _chunks(items: Sequence[Any], size: int = 300) -> Iterator[Sequence[Any]]:
 def _job(row: Any) -> JobRecord:
     return JobRecord(
         job_id=row.job_id,
-        spec=JobSpec.from_json(json.loads(row.spec)),
+        spec=JobSpec.from_record(json.loads(row.spec)),
         state=row.state,
         submitted=row.submitted,
         updated=row.updated,
