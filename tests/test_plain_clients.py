@@ -99,7 +99,9 @@ def test_a_submit_loop_is_ordered_like_one_graph(tmp_path):
         Client(cl) as c,
     ):
         held = c.submit(gate, "loop-gate", key="gate")
-        futs = [c.submit(realtasks.work, n, 0.02) for n in GRID]  # one graph per task
+        # one graph per task; units far apart, so that the first two measurements cannot
+        # invert the fit under load (a sleep overshoots by tens of ms at load 10)
+        futs = [c.submit(realtasks.work, n, 0.1) for n in GRID]
         known(c, [f.key for f in futs])
         # dask sends a task of a small group straight to a worker, before the rest of the
         # loop exists (only a larger group waits in the scheduler's queue)
