@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 from daskjobs.errors import SubmissionRefused
 from daskjobs.plugin._internals import ask_to_yield, hold, place
 from daskjobs.plugin.periodic import every
+from daskjobs.plugin.preemption import _Job, _Run, _Waiting
+from daskjobs.plugin.preemption import _Node as _Units
 from daskjobs.plugin.worker import PREEMPT_OP
 from daskjobs.policies.resources import (
     Allocation,
@@ -127,61 +129,6 @@ class _Node:
     inventory: Inventory
     free: dict[str, float]
     address: str
-
-
-@dataclass(frozen=True, slots=True)
-class _PJob:
-    """A task as the preemption policy sees a job."""
-
-    jid: Any
-    cls: str
-    gpus: float
-    arrival: float
-
-
-@dataclass(frozen=True, slots=True)
-class _PWait:
-    """An interactive demand that did not start, as the preemption policy's waiting job."""
-
-    jid: Any
-    cls: str
-    gpus: float
-    arrival: float
-    preemptions: int
-    promised: int | None
-    where: frozenset[int]
-    node: None = None
-
-    def end_at(self, t: float) -> float:
-        return math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class _PNode:
-    index: int
-    gpus: float
-    free: float
-    promised: float
-
-    @property
-    def available(self) -> float:
-        return self.free - self.promised
-
-
-@dataclass(frozen=True, slots=True)
-class _PRun:
-    """A best-effort placed task as the preemption policy sees a running job."""
-
-    job: _PJob
-    node: int
-    started: float
-    preemptions: int
-    lost: float  # resource-seconds lost if it yielded now (its whole gang's, for a member)
-    group: str | None  # its gang: a victim's gang yields whole
-    end: float = math.inf
-
-    def lost_at(self, t: float) -> float:
-        return self.lost
 
 
 @dataclass
@@ -668,7 +615,7 @@ class Placer:
         for idx, gpus, _, _ in self.promised.values():
             promised_on[idx] = promised_on.get(idx, 0.0) + gpus
         pnodes = [
-            _PNode(
+            _Units(
                 n.index,
                 n.inventory.resources.get(res, 0.0),
                 n.free.get(res, 0.0),
@@ -686,16 +633,18 @@ class Placer:
                 continue
             promise = self.promised.get(d.did)
             te.append(
-                _PWait(
+                _Waiting(
                     key,
                     "te",
                     d.requests[0].resources[res],
                     d.arrival,
                     self.preemptions.get(key, 0),
                     promise[0] if promise is not None else None,
+                    None,  # the placer queues nothing on a worker
                     frozenset(
                         n.index for n in nodes if why_not(d.requests[0], n.inventory) is None
                     ),
+                    None,  # no expected end: the victims' policy does not read it here
                 )
             )
         if not te:
@@ -723,11 +672,11 @@ class Placer:
             if decisions.isEnabledFor(logging.DEBUG):
                 decisions.debug("%s: %s", key, act.reason)
 
-    def _victim_views(self, index: Mapping[str, int], now: float) -> list[_PRun]:
+    def _victim_views(self, index: Mapping[str, int], now: float) -> list[_Run]:
         """Best-effort placed tasks as the preemption policy sees running jobs; a gang
         member loses its whole gang's work since their checkpoints."""
         res = self.preempt_resource
-        runs: list[_PRun] = []
+        runs: list[_Run] = []
         gang_loss: dict[str, float] = {}
         for t in self.holding.values():
             if t.gang is not None and t.worker is not None:
@@ -748,15 +697,18 @@ class Placer:
             ):
                 continue
             last = max(self.checkpoints.get(t.key, t.started), t.started)
-            lost = gang_loss[t.gang] if t.gang is not None else max(now - last, 0.0) * gpus
             runs.append(
-                _PRun(
-                    _PJob(t.key, "be", gpus, t.arrival),
+                _Run(
+                    _Job(t.key, "be", gpus, t.arrival),
                     index[t.worker],
+                    t.worker,
                     t.started,
+                    0,
                     self.preemptions.get(t.key, 0),
-                    lost,
+                    last,
+                    math.inf,
                     t.gang,
+                    gang_loss[t.gang] if t.gang is not None else None,
                 )
             )
         return runs

@@ -124,10 +124,14 @@ class _Run:
     preemptions: int
     last: float  # its last checkpoint (or its start)
     end: float = math.inf  # its expected end (start + estimate)
-    group: Any = None
+    group: Any = None  # its gang: a victim's gang yields whole
+    lost: float | None = None  # what yielding loses, when more than its own work (a gang's)
 
     def lost_at(self, t: float) -> float:
-        """Resource-seconds lost if it yielded at ``t``: the work since its checkpoint."""
+        """Resource-seconds lost if it yielded at ``t``: the work since its checkpoint (for
+        a gang member, ``lost``: the whole gang's)."""
+        if self.lost is not None:
+            return self.lost
         return max(t - self.last, 0.0) * self.job.gpus
 
 
