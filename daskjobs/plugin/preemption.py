@@ -265,11 +265,12 @@ class Enactor:
 
     # -- what happens to the victims --------------------------------------------------------
     def left(self, key: Key, finish: str, stimulus_id: str) -> None:
-        """``key`` left ``processing`` for ``finish``: if it was asked to yield, how."""
+        """``key`` left ``processing`` for ``finish``: if it was asked to yield, how. A run
+        that ignored the request is not asked again; once it ends, a new run may be."""
+        self.ignoring.discard(key)
         asked = self.asked.pop(key, None)
         if asked is None:
             return
-        self.ignoring.discard(key)
         if finish in ("released", "waiting") and not stimulus_id.startswith("reschedule"):
             self.stats.lost_with_worker += 1  # its worker went first: not a yield
         elif finish in ("released", "waiting"):  # rescheduled: it raised Preempted
