@@ -39,6 +39,12 @@ through the verbs of :mod:`daskjobs.plugin._internals`:
 Each decision's reasons are kept for ``explain()`` (:meth:`Preemptor.why`) and go to the
 audit trail with the events (``preempt-requested``, ``preempt-hold``). Hooks are O(1)
 per transition; the decision runs on a periodic callback, off dask's transition loop.
+
+The call of the policy and the enactment of its preemptions (the promises, the victims
+asked, the grace, the counts and the audit) are one :class:`Enactor`, which this driver
+extends with dask's own state and the placements; with resources on, the placer
+(:mod:`daskjobs.plugin.gangs`) places every resource task itself and hands each decision's
+preemptions to an :class:`Enactor` of its own, over the same views.
 """
 
 from __future__ import annotations
@@ -154,6 +160,7 @@ class PreemptionStats:
     lost_with_worker: int = 0  # ... whose worker left before they yielded
     moved: int = 0  # waiting tasks sent to the worker the policy placed them on
     holds: int = 0  # best-effort tasks pinned to the worker held for them
+    gangs_preempted: int = 0  # gangs a victim belonged to (each yields whole)
     lost_seconds: float = 0.0  # resource-seconds of work since the victims' checkpoints
     preemptions: dict[str, int] = field(default_factory=dict)  # task -> times preempted
 
@@ -166,6 +173,7 @@ class PreemptionStats:
             "lost_with_worker": self.lost_with_worker,
             "moved": self.moved,
             "holds": self.holds,
+            "gangs_preempted": self.gangs_preempted,
             "lost_seconds": round(self.lost_seconds, 3),
             "max_per_task": max(self.preemptions.values(), default=0),
         }
