@@ -645,9 +645,7 @@ class Placer:
         address = {n.index: n.address for n in nodes}
         decision = en.decide(te, self._victim_views(index, now), pnodes, now)
         for act in decision.preemptions:
-            victims = [r.job.jid for r in (*act.victims, *act.group)]
-            en.stats.gangs_preempted += len({r.group for r in act.victims if r.group})
-            keys = self._whole_gangs(victims)
+            keys = self._whole_gangs([r.job.jid for r in (*act.victims, *act.group)])
             en.ask(act, address[act.node], keys, act.job.gpus, self._placed_on, now)
 
     def _victim_views(self, index: Mapping[str, int], now: float) -> list[_Run]:

@@ -254,6 +254,7 @@ class Enactor:
         st = self.stats
         st.requested += len(keys)
         st.lost_seconds += act.lost
+        st.gangs_preempted += len({v.group for v in act.victims if v.group is not None})
         by_worker: dict[str, list[Key]] = {}
         for k in keys:
             at = where(k)
@@ -530,6 +531,8 @@ class Preemptor(Enactor):
 
     def _ask(self, act: Preemption, ws: Any, now: float) -> None:
         keys = [v.job.jid for v in (*act.victims, *act.group)]
+        # promised: what the victims free (the placer, as the simulator, promises what the
+        # task needs; they differ where the victims free more)
         freed = sum(v.job.gpus for v in act.victims)
         # (a victim placed earlier in this round has not started: nothing to tell; only a
         # policy that offers best-effort jobs a place before interactive ones can choose one)
