@@ -732,3 +732,41 @@ def test_an_ignored_request_is_counted_and_audited_as_without_resources() -> Non
     assert [e["key"] for e in requested] == ["probe-0", "probe-0"]
     assert sorted(v for e in ignored for v in e["victims"]) == ["stubborn-0", "stubborn-1"]
     assert all(e["key"] == "probe-0" and e["grace"] == 0.2 for e in ignored)
+
+
+@pytest.mark.slow
+def test_a_victim_whose_worker_leaves_is_counted_as_lost_with_it_not_as_a_yield() -> None:
+    """With resources on, as without: a victim asked to yield whose worker leaves before it
+    does is counted ``lost_with_worker`` (it did not yield, and its task's preemptions do
+    not grow); every victim asked is accounted for once, and every task still runs."""
+    plugin = JobsPlugin(
+        policy="fifo",
+        resources=RESOURCES,
+        preemption={"enabled": True, "min_runtime": 0, "grace": "10s", "interval": "20ms"},
+    )
+    with _gpu_client(plugin) as c:
+        with dask.annotate(resources={"GPU": 2}):
+            be = [c.submit(stubborn, 3.0, key=f"stubborn-{i}") for i in range(2)]
+        deadline = time.time() + 30
+        while c.run_on_scheduler(_started) < 2:
+            assert time.time() < deadline, "the best-effort tasks did not both start"
+            time.sleep(0.02)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = c.submit(span, 0.0, key="probe-0")
+        while not (asked := status(c)["preemption"]["asked"]):
+            assert time.time() < deadline, "no victim was asked"
+            time.sleep(0.01)
+        doomed = c.run_on_scheduler(
+            lambda dask_scheduler, key: dask_scheduler.tasks[key].processing_on.address,
+            key=asked[0],
+        )
+        c.sync(c.cluster.scheduler.remove_worker, address=doomed, stimulus_id="test-kill")
+        te.result(timeout=60)
+        c.gather(be)
+        st = status(c)
+    assert st["errors"] == {}
+    pre = st["preemption"]
+    assert pre["lost_with_worker"] == 1 and pre["yielded"] == 0, pre
+    assert pre["max_per_task"] == 0, pre
+    settled = pre["yielded"] + pre["finished_first"] + pre["ignored"] + pre["lost_with_worker"]
+    assert pre["requested"] == settled and pre["asked"] == [], pre
