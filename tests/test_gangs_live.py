@@ -672,11 +672,101 @@ def test_an_interactive_task_preempts_a_best_effort_gang_whole(store: Path) -> N
         te_end = te.result(timeout=60)[1]
         results = c.gather(fs)
         st = _placer_status(c)
+        pre = status(c)["preemption"]
         assert _errors(c) == {}
     g = st["gangs"]["bg"]
     assert g["starts"] == 2 and g["restarts"] == 1, g
-    assert st["preempt_requested"] == 4 and st["preempt_yielded"] == 4, st
-    assert st["gangs_preempted"] == 1
+    assert pre["requested"] == 4 and pre["yielded"] == 4, pre
+    assert pre["gangs_preempted"] == 1
     assert all(r["step"] == 40 and r["runs"] == 2 for r in results), results
     assert all(r["resumed_at"][-1] > 0 for r in results), results
     assert te_end < min(r["end"] for r in results)
+
+
+def stubborn(seconds: float) -> float:
+    """A best-effort task that never asks whether it is preempted."""
+    time.sleep(seconds)
+    return time.time()
+
+
+def _started(dask_scheduler: Any) -> int:
+    """Placed tasks whose start the placer knows."""
+    placer = dask_scheduler.plugins["daskjobs"].placer
+    return sum(t.started is not None for t in placer.holding.values())
+
+
+def test_an_ignored_request_is_counted_and_audited_as_without_resources() -> None:
+    """With resources on the placer enacts preemption through the enactor that runs without
+    them: two best-effort tasks that never check hold every GPU; each asked to yield for an
+    interactive task keeps its GPUs past the grace, and is counted and audited
+    (``preempt-requested``, ``preempt-ignored``) in ``status()["preemption"]``, the schema
+    of tests/test_preemption_live.py's twin; the interactive task waits for a GPU."""
+    plugin = JobsPlugin(
+        policy="fifo",
+        resources=RESOURCES,
+        preemption={"enabled": True, "min_runtime": 0, "grace": "200ms", "interval": "20ms"},
+    )
+    with _gpu_client(plugin) as c:
+        with dask.annotate(resources={"GPU": 2}):
+            be = [c.submit(stubborn, 1.5, key=f"stubborn-{i}") for i in range(2)]
+        deadline = time.time() + 30
+        while c.run_on_scheduler(_started) < 2:
+            assert time.time() < deadline, "the best-effort tasks did not both start"
+            time.sleep(0.02)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = c.submit(span, 0.0, key="probe-0")
+        started = te.result(timeout=60)[0]
+        ends = c.gather(be)
+        st = status(c)
+        events = [e for _, e in c.get_events("daskjobs")]
+    assert st["errors"] == {}
+    pre = st["preemption"]
+    assert started >= min(ends)  # it waited for a GPU to come free
+    # each stubborn task was asked once and, past the grace period, counted and left alone
+    assert pre["requested"] == 2 and pre["ignored"] == 2 and pre["yielded"] == 0, pre
+    # every victim asked is accounted for once
+    settled = pre["yielded"] + pre["finished_first"] + pre["ignored"] + pre["lost_with_worker"]
+    assert pre["requested"] == settled and pre["asked"] == [], pre
+    requested = [e for e in events if e["action"] == "preempt-requested"]
+    ignored = [e for e in events if e["action"] == "preempt-ignored"]
+    assert [e["key"] for e in requested] == ["probe-0", "probe-0"]
+    assert sorted(v for e in ignored for v in e["victims"]) == ["stubborn-0", "stubborn-1"]
+    assert all(e["key"] == "probe-0" and e["grace"] == 0.2 for e in ignored)
+
+
+@pytest.mark.slow
+def test_a_victim_whose_worker_leaves_is_counted_as_lost_with_it_not_as_a_yield() -> None:
+    """With resources on, as without: a victim asked to yield whose worker leaves before it
+    does is counted ``lost_with_worker`` (it did not yield, and its task's preemptions do
+    not grow); every victim asked is accounted for once, and every task still runs."""
+    plugin = JobsPlugin(
+        policy="fifo",
+        resources=RESOURCES,
+        preemption={"enabled": True, "min_runtime": 0, "grace": "10s", "interval": "20ms"},
+    )
+    with _gpu_client(plugin) as c:
+        with dask.annotate(resources={"GPU": 2}):
+            be = [c.submit(stubborn, 3.0, key=f"stubborn-{i}") for i in range(2)]
+        deadline = time.time() + 30
+        while c.run_on_scheduler(_started) < 2:
+            assert time.time() < deadline, "the best-effort tasks did not both start"
+            time.sleep(0.02)
+        with dask.annotate(resources={"GPU": 1}, job_class="te"):
+            te = c.submit(span, 0.0, key="probe-0")
+        while not (asked := status(c)["preemption"]["asked"]):
+            assert time.time() < deadline, "no victim was asked"
+            time.sleep(0.01)
+        doomed = c.run_on_scheduler(
+            lambda dask_scheduler, key: dask_scheduler.tasks[key].processing_on.address,
+            key=asked[0],
+        )
+        c.sync(c.cluster.scheduler.remove_worker, address=doomed, stimulus_id="test-kill")
+        te.result(timeout=60)
+        c.gather(be)
+        st = status(c)
+    assert st["errors"] == {}
+    pre = st["preemption"]
+    assert pre["lost_with_worker"] == 1 and pre["yielded"] == 0, pre
+    assert pre["max_per_task"] == 0, pre
+    settled = pre["yielded"] + pre["finished_first"] + pre["ignored"] + pre["lost_with_worker"]
+    assert pre["requested"] == settled and pre["asked"] == [], pre

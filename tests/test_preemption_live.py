@@ -279,3 +279,70 @@ def test_preemption_on_real_processes_with_daskjobs_defaults(
     assert [(r["step"], r["acc"]) for r in results] == [(20, expected_acc(i, 20)) for i in range(4)]
     assert all(rc.alive(f"w{i}") for i in range(2))
     assert rc.problems() == []
+
+
+# -- the enactor's books, without a cluster ---------------------------------------------------
+
+
+class _Scheduler:
+    """What the enactor reaches of a scheduler: the workers' streams and the event log."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.stream_comms = {"w0": _Stream("w0", self.sent)}
+        self.logged: list[dict[str, Any]] = []
+
+    def log_event(self, topic: str, msg: dict[str, Any]) -> None:
+        self.logged.append(msg)
+
+
+class _Stream:
+    def __init__(self, address: str, sent: list[tuple[str, dict[str, Any]]]) -> None:
+        self.address, self.out = address, sent
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.out.append((self.address, msg))
+
+
+def _enactor(grace: float = 1.0) -> tuple[Any, _Scheduler]:
+    from daskjobs.plugin.audit import Audit
+    from daskjobs.plugin.preemption import Enactor
+    from daskjobs.policies.preemption import FitResume
+
+    audit = Audit(100)
+    sched = _Scheduler()
+    audit.scheduler = sched  # type: ignore[assignment]
+    en = Enactor(FitResume(min_runtime=0), "GPU", grace, audit)
+    en.scheduler = sched  # type: ignore[assignment]
+    return en, sched
+
+
+def _one_victim(en: Any, now: float) -> None:
+    from daskjobs.plugin.preemption import _Job, _Run
+    from daskjobs.policies.preemption import Preemption
+
+    run = _Run(_Job("be-0", "be", 2.0, 0.0), 0, "w0", 0.0, 0, 0, 0.0)
+    act = Preemption(1, _Job("te-0", "te", 1.0, 1.0), 0, (run,), (), 2.0, "fits nowhere")
+    en.ask(act, "w0", ["be-0"], 1.0, lambda k: "w0", now)
+
+
+def test_a_victim_ignoring_a_request_is_counted_once_and_may_be_asked_in_its_next_run() -> None:
+    """Past the grace a victim that did not yield is counted, audited and never asked again
+    in this run (the promise goes, so another choice can be made); once that run ends it is
+    no longer held as ignoring: a later run of the task may be asked, and a long-lived
+    scheduler keeps no record of every task that once ignored a request."""
+    en, sched = _enactor(grace=1.0)
+    _one_victim(en, now=0.0)
+    assert sched.sent == [("w0", {"op": "daskjobs-preempt", "keys": ["be-0"]})]
+    assert en.asked == {"be-0": 0.0} and "te-0" in en.promises
+    en.expire(0.5)  # within the grace: nothing changes
+    assert en.asked == {"be-0": 0.0} and not en.ignoring
+    en.expire(1.0)
+    assert not en.asked and en.ignoring == {"be-0"} and not en.promises
+    assert en.stats.ignored == 1
+    ignored = [m for m in sched.logged if m["action"] == "preempt-ignored"]
+    assert ignored == [
+        {"action": "preempt-ignored", "key": "te-0", "victims": ["be-0"], "grace": 1.0}
+    ]
+    en.left("be-0", "memory", "task-finished-1")  # its run ended: not a yield
+    assert not en.ignoring and en.stats.finished_first == 0 and en.stats.yielded == 0

@@ -28,7 +28,11 @@ This driver adapts dask's state into the policy's views and enacts the answers:
 * **restart**: a gang member that leaves its worker without finishing (its worker died,
   it was rescheduled) stops the whole gang: the members still running are asked to
   yield (``daskjobs.preempted()`` turns True; they checkpoint and raise
-  ``daskjobs.Preempted``), and the gang is placed again as one once every member waits.
+  ``daskjobs.Preempted``), and the gang is placed again as one once every member waits;
+* **preempt** (with preemption on): interactive demands that did not start get victims
+  from one decision of the preemption policy, over the views of
+  :mod:`daskjobs.plugin.preemption`, enacted, counted and audited by its
+  :class:`~daskjobs.plugin.preemption.Enactor` (a victim's gang yields whole).
 
 Hooks are O(1) per transition; decisions run soon after (coalesced), off dask's
 transition loop, and on a periodic callback.
@@ -49,6 +53,8 @@ from typing import TYPE_CHECKING, Any
 from daskjobs.errors import SubmissionRefused
 from daskjobs.plugin._internals import ask_to_yield, hold, place
 from daskjobs.plugin.periodic import every
+from daskjobs.plugin.preemption import _Job, _Run, _Waiting
+from daskjobs.plugin.preemption import _Node as _Units
 from daskjobs.plugin.worker import PREEMPT_OP
 from daskjobs.policies.resources import (
     Allocation,
@@ -66,8 +72,8 @@ if TYPE_CHECKING:
     from distributed.scheduler import Scheduler
 
     from daskjobs.plugin.audit import Audit
+    from daskjobs.plugin.preemption import Enactor
     from daskjobs.plugin.views import LiveTask
-    from daskjobs.policies.preemption import PreemptionPolicy
 
 __all__ = ["HELD", "Placer", "ResourceRequestError"]
 
@@ -129,61 +135,6 @@ class _Node:
     address: str
 
 
-@dataclass(frozen=True, slots=True)
-class _PJob:
-    """A task as the preemption policy sees a job."""
-
-    jid: Any
-    cls: str
-    gpus: float
-    arrival: float
-
-
-@dataclass(frozen=True, slots=True)
-class _PWait:
-    """An interactive demand that did not start, as the preemption policy's waiting job."""
-
-    jid: Any
-    cls: str
-    gpus: float
-    arrival: float
-    preemptions: int
-    promised: int | None
-    where: frozenset[int]
-    node: None = None
-
-    def end_at(self, t: float) -> float:
-        return math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class _PNode:
-    index: int
-    gpus: float
-    free: float
-    promised: float
-
-    @property
-    def available(self) -> float:
-        return self.free - self.promised
-
-
-@dataclass(frozen=True, slots=True)
-class _PRun:
-    """A best-effort placed task as the preemption policy sees a running job."""
-
-    job: _PJob
-    node: int
-    started: float
-    preemptions: int
-    lost: float  # resource-seconds lost if it yielded now (its whole gang's, for a member)
-    group: str | None  # its gang: a victim's gang yields whole
-    end: float = math.inf
-
-    def lost_at(self, t: float) -> float:
-        return self.lost
-
-
 @dataclass
 class PlacerStats:
     placed: int = 0  # tasks sent to a worker by a decision
@@ -193,10 +144,6 @@ class PlacerStats:
     held_back: int = 0  # tasks that fit but were kept off reserved workers
     refused: int = 0  # submissions refused (malformed or unsatisfiable)
     stopped: int = 0  # gang members asked to yield for a restart
-    preempt_requested: int = 0  # best-effort tasks asked to yield for interactive ones
-    preempt_yielded: int = 0
-    preempt_ignored: int = 0
-    gangs_preempted: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -213,23 +160,14 @@ class Placer:
         interval: float,
         audit: Audit,
         tasks: Mapping[Key, LiveTask],
-        preemption: PreemptionPolicy | None = None,
-        preempt_resource: str = ACCELERATOR_RESOURCE,
-        grace: float = 30.0,
+        preemption: Enactor | None = None,
     ) -> None:
         self.policy = policy
         #: with preemption on: interactive tasks take the resource back from best-effort
-        #: placed tasks (a gang is preempted whole); every choice the policy's
+        #: placed tasks (a gang is preempted whole); every choice the preemption policy's,
+        #: enacted and counted by the one live enactor
         self.preemption = preemption
-        self.preempt_resource = preempt_resource
-        self.grace = grace
         self.checkpoints: dict[Key, float] = {}  # task -> its last checkpoint
-        self.asked: dict[Key, float] = {}  # victim -> when it was asked to yield
-        self.ignoring: set[Key] = set()  # victims that kept their slot past the grace
-        self.promised: dict[Any, tuple[int, float, list[Key], float]] = {}
-        self.preemptions: dict[Key, int] = {}  # task -> times it yielded
-        #: task -> the preemption decision's last reason about it (for ``explain``)
-        self.reasons: dict[Key, str] = {}
         self.refuse = refuse_unsatisfiable
         self.interval = interval
         self.audit = audit
@@ -259,6 +197,8 @@ class Placer:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+        if self.preemption is not None:
+            self.preemption.scheduler = scheduler
         self._pc = every(scheduler, "daskjobs-resources", self.interval, self._tick)
 
     def close(self) -> None:
@@ -372,7 +312,7 @@ class Placer:
                 self.views[ts.key] = replace(v, speculate=False)
 
     # -- hooks: O(1) -----------------------------------------------------------------------
-    def transition(self, key: Key, start: str, finish: str) -> None:
+    def transition(self, key: Key, start: str, finish: str, stimulus_id: str = "") -> None:
         t = self.placed.get(key)
         if t is None:
             return
@@ -383,12 +323,12 @@ class Placer:
         if start == "no-worker":
             self.waiting.discard(key)
             self._singles.pop(key, None)
+            if self.preemption is not None:  # placed, or gone: a promise to it ends
+                self.preemption.promises.pop(key, None)
         if start == "processing" and finish != "processing":
             self._free(t)
-            if self.asked.pop(key, None) is not None and finish not in ("memory", "erred"):
-                self.stats.preempt_yielded += 1
-                self.preemptions[key] = self.preemptions.get(key, 0) + 1
-            self.ignoring.discard(key)
+            if self.preemption is not None:
+                self.preemption.left(key, finish, stimulus_id)
             if finish in ("memory", "erred"):
                 t.done = True
                 g = self.gangs.get(t.gang) if t.gang is not None else None
@@ -404,15 +344,15 @@ class Placer:
         if finish == "forgotten":
             self._forget(t)
             self.checkpoints.pop(key, None)
-            self.preemptions.pop(key, None)
-            self.reasons.pop(key, None)
+            if self.preemption is not None:
+                self.preemption.reasons.pop(key, None)
 
     def checkpointed(self, key: Key, when: float) -> None:
         self.checkpoints[key] = when
 
     def why(self, key: Key) -> str | None:
         """The preemption decision's last reason about ``key`` (for ``explain``)."""
-        return self.reasons.get(key)
+        return None if self.preemption is None else self.preemption.why(key)
 
     def started(self, key: Key, when: float) -> None:
         t = self.placed.get(key)
@@ -452,6 +392,8 @@ class Placer:
         self._soon()
 
     def worker_removed(self, worker: str) -> None:
+        if self.preemption is not None:
+            self.preemption.worker_removed(worker)
         self.inventories.pop(worker, None)
         self.invalid.pop(worker, None)
         self.used.pop(worker, None)
@@ -585,6 +527,8 @@ class Placer:
         if self._measured_at is not None:
             self.fragmented_seconds += self.last_fragmentation * max(now - self._measured_at, 0)
         self._measured_at = now
+        if self.preemption is not None:
+            self.preemption.expire(now)
         if sched is None or not self.waiting:
             self.reservation = None
             self.last_fragmentation = 0.0
@@ -654,25 +598,20 @@ class Placer:
         return v.job_class if v is not None else "be"
 
     def _preempt(self, waiting: list[_Demand], nodes: list[_Node], now: float) -> None:
-        """Interactive demands that did not start: one decision of the preemption policy
-        (its placements are the gang policy's to make: only its victims are enacted),
-        the victims asked to yield; a victim in a gang stops its whole gang."""
-        assert self.preemption is not None
-        res = self.preempt_resource
-        self._expire(now)
-        # a promise ends when its demand started or left
-        waiting_ids = {d.did for d in waiting}
-        for did in [d for d in self.promised if d not in waiting_ids]:
-            del self.promised[did]
-        promised_on: dict[int, float] = {}
-        for idx, gpus, _, _ in self.promised.values():
-            promised_on[idx] = promised_on.get(idx, 0.0) + gpus
+        """Interactive demands that did not start: one decision of the preemption policy,
+        enacted by the one live enactor (:class:`~daskjobs.plugin.preemption.Enactor`; the
+        decision's placements are the gang policy's to make: only its victims are enacted);
+        a victim in a gang stops its whole gang."""
+        en = self.preemption
+        assert en is not None
+        res = en.resource
+        promised = en.promised_on(n.address for n in nodes)
         pnodes = [
-            _PNode(
+            _Units(
                 n.index,
                 n.inventory.resources.get(res, 0.0),
                 n.free.get(res, 0.0),
-                promised_on.get(n.index, 0.0),
+                promised[n.address],
             )
             for n in nodes
             if n.inventory.resources.get(res, 0.0) > 0
@@ -684,50 +623,38 @@ class Placer:
             key = d.keys[0]
             if self._class(key) != "te":
                 continue
-            promise = self.promised.get(d.did)
+            promise = en.promises.get(key)
             te.append(
-                _PWait(
+                _Waiting(
                     key,
                     "te",
                     d.requests[0].resources[res],
                     d.arrival,
-                    self.preemptions.get(key, 0),
-                    promise[0] if promise is not None else None,
+                    en.preempted(key),
+                    None if promise is None else self._index.get(promise.worker),
+                    None,  # the placer queues nothing on a worker
                     frozenset(
                         n.index for n in nodes if why_not(d.requests[0], n.inventory) is None
                     ),
+                    None,  # no expected end: the victims' policy does not read it here
                 )
             )
         if not te:
             return
         index = {n.address: n.index for n in nodes}
         address = {n.index: n.address for n in nodes}
-        decision = self.preemption.decide(te, self._victim_views(index, now), pnodes, now)
-        for w in decision.waits:
-            self.reasons[w.job.jid] = w.reason
+        decision = en.decide(te, self._victim_views(index, now), pnodes, now)
         for act in decision.preemptions:
-            key = act.job.jid
-            victims = [r.job.jid for r in (*act.victims, *act.group)]
-            self.stats.gangs_preempted += len({r.group for r in act.victims if r.group})
-            keys = self._whole_gangs(victims)
-            self._ask(keys, now)
-            self.promised[key] = (act.node, act.job.gpus, keys, now)  # a single's did is its key
-            self.reasons[key] = act.reason
-            self.audit.event(
-                "preempt",
-                key=str(key),
-                worker=address.get(act.node),
-                victims=[str(k) for k in keys],
-                reason=act.reason,
-            )
-            if decisions.isEnabledFor(logging.DEBUG):
-                decisions.debug("%s: %s", key, act.reason)
+            keys = self._whole_gangs([r.job.jid for r in (*act.victims, *act.group)])
+            en.ask(act, address[act.node], keys, act.job.gpus, self._placed_on, now)
 
-    def _victim_views(self, index: Mapping[str, int], now: float) -> list[_PRun]:
+    def _victim_views(self, index: Mapping[str, int], now: float) -> list[_Run]:
         """Best-effort placed tasks as the preemption policy sees running jobs; a gang
         member loses its whole gang's work since their checkpoints."""
-        res = self.preempt_resource
-        runs: list[_PRun] = []
+        assert self.preemption is not None
+        asked, ignoring = self.preemption.asked, self.preemption.ignoring
+        res = self.preemption.resource
+        runs: list[_Run] = []
         gang_loss: dict[str, float] = {}
         for t in self.holding.values():
             if t.gang is not None and t.worker is not None:
@@ -742,21 +669,24 @@ class Placer:
                 or t.worker not in index
                 or gpus <= 0
                 or t.started is None  # not running yet: nothing to yield
-                or t.key in self.asked
-                or t.key in self.ignoring
+                or t.key in asked
+                or t.key in ignoring
                 or self._class(t.key) != "be"
             ):
                 continue
             last = max(self.checkpoints.get(t.key, t.started), t.started)
-            lost = gang_loss[t.gang] if t.gang is not None else max(now - last, 0.0) * gpus
             runs.append(
-                _PRun(
-                    _PJob(t.key, "be", gpus, t.arrival),
+                _Run(
+                    _Job(t.key, "be", gpus, t.arrival),
                     index[t.worker],
+                    t.worker,
                     t.started,
-                    self.preemptions.get(t.key, 0),
-                    lost,
+                    0,
+                    self.preemption.preempted(t.key),
+                    last,
+                    math.inf,
                     t.gang,
+                    gang_loss[t.gang] if t.gang is not None else None,
                 )
             )
         return runs
@@ -776,31 +706,9 @@ class Placer:
                     seen.add(m)
         return out
 
-    def _ask(self, keys: list[Key], now: float) -> None:
-        sched = self.scheduler
-        assert sched is not None
-        by_worker: dict[str, list[Key]] = {}
-        for k in keys:
-            t = self.placed.get(k)
-            if t is not None and t.worker is not None:
-                by_worker.setdefault(t.worker, []).append(k)
-                self.asked[k] = now
-        for address, ks in by_worker.items():
-            if ask_to_yield(sched, address, ks, PREEMPT_OP):
-                self.stats.preempt_requested += len(ks)
-
-    def _expire(self, now: float) -> None:
-        """Victims still running ``grace`` after they were asked keep their slot (dask
-        cannot stop a thread) and are never asked again; their promise is dropped."""
-        for did, (_, _, keys, asked) in list(self.promised.items()):
-            if now - asked < self.grace:
-                continue
-            late = [k for k in keys if k in self.asked]
-            for k in late:
-                del self.asked[k]
-                self.ignoring.add(k)
-            self.stats.preempt_ignored += len(late)
-            del self.promised[did]
+    def _placed_on(self, key: Key) -> str | None:
+        t = self.placed.get(key)
+        return None if t is None else t.worker
 
     # -- gangs -------------------------------------------------------------------------------
     def _stop_gang(self, g: _Gang, lost: Key) -> None:

@@ -492,7 +492,8 @@ class ResourcesPart(Part):
             self.placer.admit(placed)
 
     def transition(self, step: Step) -> None:
-        self.placer.transition(step.key, step.start, step.finish)
+        stimulus = step.kwargs.get("stimulus_id") or ""
+        self.placer.transition(step.key, step.start, step.finish, stimulus)
 
     def report(self, r: Report) -> None:
         if r.topic == INVENTORY_TOPIC:
@@ -509,7 +510,10 @@ class ResourcesPart(Part):
         return 0.0  # true starts; a gang's stop signal
 
     def status(self) -> dict[str, Any]:
-        return {"resources": self.placer.status()}
+        out = {"resources": self.placer.status()}
+        if self.placer.preemption is not None:  # the one enactor's schema, as without resources
+            out["preemption"] = self.placer.preemption.status()
+        return out
 
     def explain(self, key: Key) -> dict[str, Any]:
         why = self.placer.why(key)  # the preemption decision's reason, as the placer enacts it
@@ -793,6 +797,7 @@ def compose(
             parts.append(PreemptionPart(preemptor, described, audit))
     if rs.enabled:  # with both on, the placer enacts preemption too
         from daskjobs.plugin.gangs import Placer
+        from daskjobs.plugin.preemption import Enactor
         from daskjobs.policies.resources import GangPolicy
 
         placer = Placer(
@@ -801,9 +806,7 @@ def compose(
             interval=rs.interval,
             audit=audit,
             tasks=ranker.tasks,
-            preemption=preemption if pr.enabled else None,
-            preempt_resource=pr.resource,
-            grace=pr.grace,
+            preemption=Enactor(preemption, pr.resource, pr.grace, audit) if pr.enabled else None,
         )
         parts.append(ResourcesPart(placer, ranker, audit, described))
     learning = LearningPart(ranker, speeds, audit)

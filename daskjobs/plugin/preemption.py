@@ -39,6 +39,12 @@ through the verbs of :mod:`daskjobs.plugin._internals`:
 Each decision's reasons are kept for ``explain()`` (:meth:`Preemptor.why`) and go to the
 audit trail with the events (``preempt-requested``, ``preempt-hold``). Hooks are O(1)
 per transition; the decision runs on a periodic callback, off dask's transition loop.
+
+The call of the policy and the enactment of its preemptions (the promises, the victims
+asked, the grace, the counts and the audit) are one :class:`Enactor`, which this driver
+extends with dask's own state and the placements; with resources on, the placer
+(:mod:`daskjobs.plugin.gangs`) places every resource task itself and hands each decision's
+preemptions to an :class:`Enactor` of its own, over the same views.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +69,7 @@ if TYPE_CHECKING:
     from daskjobs.plugin.views import LiveTask
     from daskjobs.policies.preemption import Hold, Preemption, PreemptionDecision, PreemptionPolicy
 
-__all__ = ["Preemptor"]
+__all__ = ["Enactor", "Preemptor"]
 
 decisions = logging.getLogger("daskjobs.decisions")
 
@@ -124,10 +130,14 @@ class _Run:
     preemptions: int
     last: float  # its last checkpoint (or its start)
     end: float = math.inf  # its expected end (start + estimate)
-    group: Any = None
+    group: Any = None  # its gang: a victim's gang yields whole
+    lost: float | None = None  # what yielding loses, when more than its own work (a gang's)
 
     def lost_at(self, t: float) -> float:
-        """Resource-seconds lost if it yielded at ``t``: the work since its checkpoint."""
+        """Resource-seconds lost if it yielded at ``t``: the work since its checkpoint (for
+        a gang member, ``lost``: the whole gang's)."""
+        if self.lost is not None:
+            return self.lost
         return max(t - self.last, 0.0) * self.job.gpus
 
 
@@ -150,6 +160,7 @@ class PreemptionStats:
     lost_with_worker: int = 0  # ... whose worker left before they yielded
     moved: int = 0  # waiting tasks sent to the worker the policy placed them on
     holds: int = 0  # best-effort tasks pinned to the worker held for them
+    gangs_preempted: int = 0  # gangs a victim belonged to (each yields whole)
     lost_seconds: float = 0.0  # resource-seconds of work since the victims' checkpoints
     preemptions: dict[str, int] = field(default_factory=dict)  # task -> times preempted
 
@@ -162,13 +173,160 @@ class PreemptionStats:
             "lost_with_worker": self.lost_with_worker,
             "moved": self.moved,
             "holds": self.holds,
+            "gangs_preempted": self.gangs_preempted,
             "lost_seconds": round(self.lost_seconds, 3),
             "max_per_task": max(self.preemptions.values(), default=0),
         }
 
 
-class Preemptor:
-    """Drives preemption for the plugin (see the module docs)."""
+class Enactor:
+    """The one live enactor of preemption decisions: one call of the policy a round, the
+    books of its preemptions (the units promised to each interactive task, the victims
+    asked and those ignoring the request), one schema of counts, one audit.
+
+    A driver adapts its own state into the views (:class:`_Waiting`, :class:`_Run`,
+    :class:`_Node`), asks :meth:`decide`, enacts each preemption with :meth:`ask`, and
+    tells the books what happens to the victims (:meth:`left`, :meth:`expire`,
+    :meth:`worker_removed`). Two drivers: :class:`Preemptor`, from dask's own state, and
+    with resources on the placer (:class:`daskjobs.plugin.gangs.Placer`), which places
+    every resource task itself."""
+
+    def __init__(self, policy: PreemptionPolicy, resource: str, grace: float, audit: Audit) -> None:
+        self.policy = policy
+        self.resource = resource
+        self.grace = grace
+        self.audit = audit
+        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
+        self.promises: dict[Key, _Promise] = {}  # TE task -> what its victims free
+        self.asked: dict[Key, float] = {}  # victim -> when it was asked
+        self.ignoring: set[Key] = set()  # victims that kept their slot past the grace
+        self.reasons: dict[Key, str] = {}  # task -> the last decision's reason about it
+        self.last: PreemptionDecision | None = None
+        self.stats = PreemptionStats()
+
+    def preempted(self, key: Key) -> int:
+        """How many times ``key`` yielded so far."""
+        return self.stats.preemptions.get(str(key), 0)
+
+    def promised_on(self, addresses: Iterable[str]) -> dict[str, float]:
+        """The units promised on each of ``addresses``."""
+        promised = dict.fromkeys(addresses, 0.0)
+        for p in self.promises.values():
+            if p.worker in promised:
+                promised[p.worker] += p.gpus
+        return promised
+
+    def why(self, key: Key) -> str | None:
+        """The last decision's reason about ``key`` (for ``explain``)."""
+        return self.reasons.get(key)
+
+    # -- one decision, enacted ------------------------------------------------------------
+    def decide(
+        self, waiting: list[_Waiting], running: list[_Run], nodes: list[_Node], now: float
+    ) -> PreemptionDecision:
+        """One call of the policy over the views; the runs already asked (or ignoring the
+        request) are never chosen again. The waiting tasks' reasons are kept."""
+        signalled = set(self.asked) | self.ignoring
+        decision = self.policy.decide(waiting, running, nodes, now, signalled)
+        self.last = decision
+        for w in decision.waits:
+            self.reasons[w.job.jid] = w.reason
+        return decision
+
+    def ask(
+        self,
+        act: Preemption,
+        address: str,
+        keys: list[Key],
+        units: float,
+        where: Callable[[Key], str | None],
+        now: float,
+    ) -> None:
+        """Enact ``act``: ``keys`` (its victims and those that yield with them) are asked to
+        yield, each through the worker ``where`` names (none: it has not started, there is
+        nothing to tell), and ``units`` of ``address`` are promised to its task."""
+        job = act.job
+        self.promises[job.jid] = _Promise(address, units, keys, now)
+        for k in keys:
+            self.asked[k] = now
+            self.reasons[k] = f"asked to yield for {job.jid!r}"
+        self.reasons[job.jid] = act.reason
+        st = self.stats
+        st.requested += len(keys)
+        st.lost_seconds += act.lost
+        st.gangs_preempted += len({v.group for v in act.victims if v.group is not None})
+        by_worker: dict[str, list[Key]] = {}
+        for k in keys:
+            at = where(k)
+            if at is not None:
+                by_worker.setdefault(at, []).append(k)
+        for worker, ks in by_worker.items():
+            ask_to_yield(self.scheduler, worker, ks, PREEMPT_OP)
+        decisions.debug("%s: %s", job.jid, act.reason)
+        self.audit.event(
+            "preempt-requested",
+            key=str(job.jid),
+            worker=address,
+            victims=[str(k) for k in keys],
+            lost_seconds=round(act.lost, 3),
+            reason=act.reason,
+        )
+
+    # -- what happens to the victims --------------------------------------------------------
+    def left(self, key: Key, finish: str, stimulus_id: str) -> None:
+        """``key`` left ``processing`` for ``finish``: if it was asked to yield, how. A run
+        that ignored the request is not asked again; once it ends, a new run may be."""
+        self.ignoring.discard(key)
+        asked = self.asked.pop(key, None)
+        if asked is None:
+            return
+        if finish in ("released", "waiting") and not stimulus_id.startswith("reschedule"):
+            self.stats.lost_with_worker += 1  # its worker went first: not a yield
+        elif finish in ("released", "waiting"):  # rescheduled: it raised Preempted
+            st = self.stats
+            st.yielded += 1
+            name = str(key)
+            st.preemptions[name] = st.preemptions.get(name, 0) + 1
+            self.audit.event("preempt-yielded", key=name)
+        else:
+            self.stats.finished_first += 1
+
+    def expire(self, now: float) -> None:
+        """Victims that kept their slot past the grace period: counted, never asked
+        again; the TE task's promise goes so that another choice can be made."""
+        for te, p in list(self.promises.items()):
+            if now - p.asked < self.grace:
+                continue
+            late = [k for k in p.victims if k in self.asked]
+            if not late:
+                continue
+            for k in late:
+                self.asked.pop(k, None)
+                self.ignoring.add(k)
+            self.stats.ignored += len(late)
+            del self.promises[te]
+            self.audit.event(
+                "preempt-ignored", key=str(te), victims=[str(k) for k in late], grace=self.grace
+            )
+
+    def worker_removed(self, address: str) -> None:
+        """What was promised on ``address`` is void."""
+        for te, p in list(self.promises.items()):
+            if p.worker == address:
+                del self.promises[te]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.describe(),
+            "resource": self.resource,
+            "grace": self.grace,
+            **self.stats.to_dict(),
+            "asked": sorted(str(k) for k in self.asked),
+        }
+
+
+class Preemptor(Enactor):
+    """Drives preemption for the plugin from dask's own state (see the module docs)."""
 
     def __init__(
         self,
@@ -179,26 +337,16 @@ class Preemptor:
         audit: Audit,
         tasks: Mapping[Key, LiveTask],
     ) -> None:
-        self.policy = policy
-        self.resource = resource
-        self.grace = grace
+        super().__init__(policy, resource, grace, audit)
         self.interval = interval
-        self.audit = audit
         self.tasks = tasks  # the ranked tasks' views (job_class, estimate)
-        self.scheduler: Scheduler = None  # type: ignore[assignment]  # set at start
         self.runs: dict[Key, _Run] = {}  # tasks executing with the resource
         self.waiting: dict[Key, float] = {}  # tasks waiting for the resource -> since
         self.arrived: dict[Key, float] = {}  # task -> when it first waited
-        self.promises: dict[Key, _Promise] = {}  # TE task -> what its victims free
-        self.asked: dict[Key, float] = {}  # victim -> when it was asked
-        self.ignoring: set[Key] = set()  # victims that kept their slot past the grace
         self.moved: dict[Key, Pinned] = {}  # task -> what it had before this driver pinned it
         self.held: dict[Key, str] = {}  # the BE task the reservation holds a worker for
         self.sent: dict[Key, float] = {}  # waiting task -> when dask last sent it on
         self.checkpoints: dict[Key, float] = {}  # task -> its last checkpoint
-        self.reasons: dict[Key, str] = {}  # task -> the last decision's reason about it
-        self.last: PreemptionDecision | None = None
-        self.stats = PreemptionStats()
         self._pc: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -249,20 +397,7 @@ class Preemptor:
                 self._unpin(key)
                 self.arrived.pop(key, None)
                 self.reasons.pop(key, None)
-        asked = self.asked.pop(key, None)
-        if asked is None:
-            return
-        self.ignoring.discard(key)
-        if finish in ("released", "waiting") and not stimulus_id.startswith("reschedule"):
-            self.stats.lost_with_worker += 1  # its worker went first: not a yield
-        elif finish in ("released", "waiting"):  # rescheduled: it raised Preempted
-            st = self.stats
-            st.yielded += 1
-            name = str(key)
-            st.preemptions[name] = st.preemptions.get(name, 0) + 1
-            self.audit.event("preempt-yielded", key=name)
-        else:
-            self.stats.finished_first += 1
+        self.left(key, finish, stimulus_id)
 
     def started(self, key: Key, worker: str, run_id: Any, when: float) -> None:
         """A worker reports a true start (the reporter's ``daskjobs-started`` event)."""
@@ -286,7 +421,7 @@ class Preemptor:
             worker,
             when,
             int(run_id or 0),
-            self.stats.preemptions.get(str(key), 0),
+            self.preempted(key),
             last,
             math.inf if est is None else when + est,
         )
@@ -296,10 +431,6 @@ class Preemptor:
         run = self.runs.get(key)
         if run is not None and when > run.last:
             run.last = when
-
-    def why(self, key: Key) -> str | None:
-        """The last decision's reason about ``key`` (for ``explain``)."""
-        return self.reasons.get(key)
 
     # -- the periodic decision --------------------------------------------------------------
     def _tick(self) -> None:
@@ -320,11 +451,9 @@ class Preemptor:
             key=lambda ws: ws.address,
         )
 
-    def views(
-        self, now: float
-    ) -> tuple[list[Any], list[_Waiting], list[_Run], list[_Node], set[Key]] | None:
-        """dask's state as the policy's views: workers (node order), waiting tasks, runs,
-        nodes, and the runs already asked to yield; None without a worker."""
+    def views(self, now: float) -> tuple[list[Any], list[_Waiting], list[_Run], list[_Node]] | None:
+        """dask's state as the policy's views: workers (node order), waiting tasks, runs
+        and nodes; None without a worker."""
         workers = self._workers()
         if not workers:
             return None
@@ -337,10 +466,7 @@ class Preemptor:
                 held[r.worker] += r.job.gpus
                 r.node = i
                 running.append(r)
-        promised = dict.fromkeys(index, 0.0)
-        for p in self.promises.values():
-            if p.worker in promised:
-                promised[p.worker] += p.gpus
+        promised = self.promised_on(index)
         res = self.resource
         nodes = [
             _Node(i, float(ws.resources[res]), float(ws.resources[res]) - held[a], promised[a])
@@ -363,27 +489,26 @@ class Preemptor:
                     self._class(key),
                     self._need(ts),
                     since,
-                    self.stats.preemptions.get(str(key), 0),
+                    self.preempted(key),
                     index.get(promise.worker) if promise is not None else None,
                     index.get(on.address) if on is not None else None,
                     where,
                     self._estimate(key),
                 )
             )
-        return workers, waiting, running, nodes, set(self.asked) | self.ignoring
+        return workers, waiting, running, nodes
 
     def check(self, now: float) -> PreemptionDecision | None:
         """One decision of the policy, enacted (see the module docs)."""
-        self._expire(now)
+        self.expire(now)
         if not self.waiting:
             self._drop_holds(())
             return None
         got = self.views(now)
         if got is None:
             return None
-        workers, waiting, running, nodes, signalled = got
-        decision = self.policy.decide(waiting, running, nodes, now, signalled)
-        self.last = decision
+        workers, waiting, running, nodes = got
+        decision = self.decide(waiting, running, nodes, now)
         for act in decision.steps():
             if isinstance(act, Placement):
                 self._place(act, workers)
@@ -392,8 +517,6 @@ class Preemptor:
         for h in decision.reservations:
             self._hold(h, workers[h.node])
         self._drop_holds(tuple(h.job.jid for h in decision.reservations))
-        for w in decision.waits:
-            self.reasons[w.job.jid] = w.reason
         return decision
 
     # -- enacting ------------------------------------------------------------------------------
@@ -407,40 +530,20 @@ class Preemptor:
             self._pin(ts, workers[act.node], "fits")
 
     def _ask(self, act: Preemption, ws: Any, now: float) -> None:
-        job = act.job
-        victims = [*act.victims, *act.group]
-        keys = [v.job.jid for v in victims]
+        keys = [v.job.jid for v in (*act.victims, *act.group)]
+        # promised: what the victims free (the placer, as the simulator, promises what the
+        # task needs; they differ where the victims free more)
         freed = sum(v.job.gpus for v in act.victims)
-        self.promises[job.jid] = _Promise(ws.address, freed, keys, now)
-        for k in keys:
-            self.asked[k] = now
-            self.reasons[k] = f"asked to yield for {job.jid!r}"
-        self.reasons[job.jid] = act.reason
-        st = self.stats
-        st.requested += len(keys)
-        st.lost_seconds += act.lost
-        by_worker: dict[str, list[Key]] = {}
-        for k in keys:
-            run = self.runs.get(k)
-            # (a victim placed earlier in this round has not started: nothing to tell;
-            # only a policy that offers best-effort jobs a place before interactive ones
-            # can choose one)
-            if run is not None:
-                by_worker.setdefault(run.worker, []).append(k)
-        for address, ks in by_worker.items():
-            ask_to_yield(self.scheduler, address, ks, PREEMPT_OP)
-        decisions.debug("%s: %s", job.jid, act.reason)
-        self.audit.event(
-            "preempt-requested",
-            key=str(job.jid),
-            worker=ws.address,
-            victims=[str(k) for k in keys],
-            lost_seconds=round(act.lost, 3),
-            reason=act.reason,
-        )
-        ts = self.scheduler.tasks.get(job.jid)
+        # (a victim placed earlier in this round has not started: nothing to tell; only a
+        # policy that offers best-effort jobs a place before interactive ones can choose one)
+        self.ask(act, ws.address, keys, freed, self._running_on, now)
+        ts = self.scheduler.tasks.get(act.job.jid)
         if ts is not None:
             self._pin(ts, ws, "victims", settled=True)
+
+    def _running_on(self, key: Key) -> str | None:
+        run = self.runs.get(key)
+        return None if run is None else run.worker
 
     def _hold(self, h: Hold, ws: Any) -> None:
         """Pin the held BE task to ``ws`` ahead of every BE task of its user priority
@@ -476,30 +579,10 @@ class Preemptor:
             del self.held[key]
             self._unpin(key)
 
-    def _expire(self, now: float) -> None:
-        """Victims that kept their slot past the grace period: counted, never asked
-        again; the TE task's promise goes so that another choice can be made."""
-        for te, p in list(self.promises.items()):
-            if now - p.asked < self.grace:
-                continue
-            late = [k for k in p.victims if k in self.asked]
-            if not late:
-                continue
-            for k in late:
-                self.asked.pop(k, None)
-                self.ignoring.add(k)
-            self.stats.ignored += len(late)
-            del self.promises[te]
-            self.audit.event(
-                "preempt-ignored", key=str(te), victims=[str(k) for k in late], grace=self.grace
-            )
-
     def worker_removed(self, address: str) -> None:
         """A worker left (dask has moved its tasks already): what was promised there is
         void, and a task pinned there is let go wherever dask can run it."""
-        for te, p in list(self.promises.items()):
-            if p.worker == address:
-                del self.promises[te]
+        super().worker_removed(address)
         self.held = {k: a for k, a in self.held.items() if a != address}
         for key in list(self.moved):
             ts = self.scheduler.tasks.get(key)
@@ -543,14 +626,13 @@ class Preemptor:
             unpin(ts, saved)
 
     def status(self) -> dict[str, Any]:
+        books = super().status()
+        asked = books.pop("asked")
         return {
-            "policy": self.policy.describe(),
-            "resource": self.resource,
-            "grace": self.grace,
-            **self.stats.to_dict(),
+            **books,
             "waiting": len(self.waiting),
             "waiting_te": sum(self._class(k) == "te" for k in self.waiting),
             "running": len(self.runs),
-            "asked": sorted(str(k) for k in self.asked),
+            "asked": asked,
             "held": {str(k): a for k, a in self.held.items()},
         }
