@@ -7,6 +7,7 @@ is the plugin's own, its books set as a running plugin would have set them."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,8 +15,11 @@ from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.views import ANY_NODE, LiveAttempt, LiveTask
 
 
-def _plugin(**teams: Any) -> JobsPlugin:
-    plugin = JobsPlugin(policy="fair-share", teams={"half-life": None, **teams})
+def _plugin(policy: str = "fair-share", **teams: Any) -> JobsPlugin:
+    if policy == "fair-share":
+        plugin = JobsPlugin(policy=policy, teams={"half-life": None, **teams})
+    else:
+        plugin = JobsPlugin(policy=policy)
     plugin.scheduler = SimpleNamespace(tasks={}, workers={}, queued=[])
     return plugin
 
@@ -74,3 +78,36 @@ def test_the_task_fair_share_serves_next_is_told_it_starts_at_the_next_free_slot
     assert "next free slot" in first and "ahead of this one" not in first, first
     assert "its tasks ahead of this one in its queue start first" in second, second
     assert "team 'b' is further below its share" in other, other
+
+
+def test_a_task_node_aware_holds_is_told_node_aware_s_own_reason() -> None:
+    """Node-aware (a popper that learns speeds): a task a worker measured slow leaves is
+    told so by the policy; explain repeats that answer word for word."""
+    plugin = _plugin("node-aware")
+    na = plugin.ranker.made
+    for node, speed in ((0, 1.0), (1, 4.0)):
+        na.add_node(node, 1)
+        na.relearn(node, (math.log(speed) * (3 + na.prior), 3))  # type: ignore[attr-defined]
+    long = LiveTask("long", 8.0, 1, "default", 0.0, (), "annotation", "stage")
+    _queued(plugin, long, _view("short", "default"))
+    why = plugin.explain("long")["why"]
+    assert why == na.why_waiting(long, 0.0), why  # no running task: the same at any time
+    assert "1 worker(s) measured nominal take the longest queued task first" in why, why
+
+
+def test_under_a_static_order_a_task_is_told_its_place_in_dask_s_queue() -> None:
+    """A policy that holds nothing back (a static key written into dask's priorities)
+    answers None: explain gives the task's place in dask's queue."""
+    plugin = _plugin("lpt")
+    assert plugin.gate is None
+    plugin.scheduler.tasks.update(
+        {
+            k: SimpleNamespace(key=k, state="queued", priority=p, processing_on=None, who_has=())
+            for k, p in (("first", (0, -2.0, 0, 0)), ("second", (0, -1.0, 0, 1)))
+        }
+    )
+    plugin.scheduler.queued.extend(plugin.scheduler.tasks.values())
+    plugin.ranker.tasks["second"] = _view("second", "default")
+    assert plugin.ranker.made.why_waiting(_view("second", "default"), 0.0) is None
+    why = plugin.explain("second")["why"]
+    assert why == "queued behind 1 task(s) of higher priority; no free slot yet", why
