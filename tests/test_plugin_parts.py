@@ -119,6 +119,62 @@ def test_a_failing_part_is_counted_under_its_name_and_the_others_still_run() -> 
     assert "k" not in plugin.tasks  # and ranking forgot it
 
 
+def _inc(x: int) -> int:
+    return x + 1
+
+
+def test_parts_that_raise_on_a_live_scheduler_are_counted_and_logged_each_under_its_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The release gate and the ranking views, whose failures were once counted together
+    (both "transition"), raise in their hooks on a running scheduler: each exception is
+    counted under its part's name and logged at WARNING with its key and traceback, and
+    the scheduler keeps running (every result comes back, a later graph runs too)."""
+    import logging
+    import time
+
+    from conftest import plugin_cluster
+    from distributed import Client
+
+    from daskjobs.plugin.client import status
+
+    plugin = JobsPlugin(policy="fair-share", teams={"targets": {"a": 1}})
+    by_name = {p.name: p for p in plugin.parts}
+
+    def boom(step: parts.Step) -> None:
+        raise RuntimeError(f"injected into {step.key!r}")
+
+    by_name["release"].transition = boom  # type: ignore[method-assign]
+    by_name["ranking"].transition = boom  # type: ignore[method-assign]
+    with (
+        caplog.at_level(logging.WARNING, logger="daskjobs.plugin"),
+        plugin_cluster(plugin) as cl,
+        Client(cl) as c,
+    ):
+        futures = c.map(_inc, range(5), key=[f"inc-{i}" for i in range(5)])
+        assert c.gather(futures) == [1, 2, 3, 4, 5]
+        del futures  # forgotten: the ranking views' transitions
+        deadline = time.monotonic() + 30
+        while plugin.errors.get("ranking", 0) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.submit(_inc, 10, key="later").result() == 11  # the scheduler carries on
+        errors = status(c)["errors"]
+    assert set(errors) == {"release", "ranking"}, errors  # as status() reports them
+    assert errors["ranking"] >= 5 and errors["release"] >= 5, errors
+    final = dict(plugin.errors)  # with the transitions of the client's leaving
+    assert set(final) == {"release", "ranking"}, final
+    logged: dict[str, list[logging.LogRecord]] = {name: [] for name in final}
+    for r in caplog.records:
+        for name in final:
+            if r.getMessage().startswith(f"daskjobs: {name} failed for "):
+                logged[name].append(r)
+    for name, records in logged.items():
+        assert len(records) == final[name], (name, len(records), final)
+        assert all(r.levelno == logging.WARNING for r in records)
+        assert all(r.exc_info and isinstance(r.exc_info[1], RuntimeError) for r in records)
+    assert any("'inc-3'" in r.getMessage() for r in logged["ranking"])
+
+
 class _Seen(parts.Part):
     """A part that wants only ends, and notes every transition it is given."""
 

@@ -5,8 +5,10 @@
   ``daskjobs`` topic. The trace and :attr:`Audit.events` take records from here
   only, never from the topic, which any client may write to.
 * :meth:`Audit.failed` and :func:`guarded` - the plugin runs inside a shared
-  scheduler: an exception in a hook is logged at WARNING with the key, counted per
-  hook in :attr:`Audit.errors`, and swallowed; dask carries on.
+  scheduler: an exception in a hook is logged at WARNING with the key, counted in
+  :attr:`Audit.errors` under the name of the part that raised it (``Part.name``: no two
+  parts share one) or of the step that failed outside a part, and swallowed; dask
+  carries on.
 """
 
 from __future__ import annotations

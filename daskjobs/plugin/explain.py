@@ -5,7 +5,9 @@
 through the few attributes of :class:`Source` and never imports the plugin (so this
 module and :mod:`daskjobs.plugin.plugin` do not import each other). A copy decision's
 reason is the one the speculation driver recorded when it decided (its part's
-``explain``); the fair-share reason reads the policy's books as they are now.
+``explain``); why a queued task waits is the policy's own answer
+(:meth:`~daskjobs.policies.Policy.why_waiting`, by the rule its ``pop`` applies), never a
+rule of this module's.
 """
 
 from __future__ import annotations
@@ -173,14 +175,8 @@ class PluginView:
             ahead = sum(1 for other in queued if other.priority < ts.priority)
             out["queue_position"] = ahead
             out["why"] = f"queued behind {ahead} task(s) of higher priority; no free slot yet"
-            gate = p.gate
-            if fair is not None and v is not None:
-                if gate is not None and key == gate.released:
-                    out["why"] = "next in line: fair share chose it for the next free slot"
-                elif hasattr(fair, "why_waiting"):  # the policy's own rule says why
-                    out["why"] = fair.why_waiting(v.team, v.cores, time.time())
-                else:  # a policy of the user's that keeps team books and does not say
-                    out["why"] = f"waiting for fair share ({p.settings.policy}): team {v.team!r}"
+            if v is not None:
+                out["why"] = self._why_queued(v, out["why"])
         elif ts.state == "processing":
             out["worker"] = ts.processing_on.address if ts.processing_on else None
             out["why"] = "assigned to a worker"
@@ -201,6 +197,21 @@ class PluginView:
         for part in p.parts:
             out.update(part.explain(key))
         return out
+
+    def _why_queued(self, v: LiveTask, otherwise: str) -> str:
+        """Why queued ``v`` waits: the task the release gate promoted is next; else the
+        policy's own answer (``Policy.why_waiting``, by the rule its ``pop`` applies, over
+        its queue with every task dask queued so far); else, where the policy holds
+        nothing back of its own accord (a static order), ``otherwise``."""
+        p = self._p
+        gate = p.gate
+        if gate is not None:
+            if v.tid == gate.released:
+                return f"next in line: {p.settings.policy} chose it for the next free slot"
+            gate.settle()  # the policy's queue as its next pop will see it
+        ask = getattr(self.policy, "why_waiting", None)  # a bare popper may not answer
+        said = ask(v, time.time()) if ask is not None else None
+        return said if said else otherwise
 
     # -- teams and workers ------------------------------------------------------------
     def running_slots(self) -> tuple[dict[str, float], dict[str, float]]:

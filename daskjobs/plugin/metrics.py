@@ -49,7 +49,8 @@ Metrics (with the default namespace):
   scheduler's own forecast (:mod:`daskjobs.plugin.live_forecast`), refreshed every
   ``daskjobs.forecast.interval`` off the event loop, aged to the scrape; absent while
   there is none (switched off, too many tasks, not made yet);
-* ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, per hook;
+* ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, labelled with the name of
+  the part of the plugin that raised them (the keys of ``status()["errors"]``);
 * ``dask_daskjobs_queued_tasks{team}``, ``dask_daskjobs_queue_delay_seconds{team}``
   (longest wait) and ``dask_daskjobs_queue_delay_seconds_sum{team}`` (summed
   waits) of the tasks waiting in dask's queue now, measured from the moment the
@@ -284,7 +285,8 @@ class JobsCollector(PrometheusCollector):
         plugin = self.plugin
         sched = self.server
         # safety
-        errs = fam("hook_errors", "counter", "Exceptions swallowed by a plugin hook", "hook")
+        said = "Exceptions swallowed, by the part that raised them"
+        errs = fam("hook_errors", "counter", said, "hook")
         for hook, n in sorted(dict(plugin.errors).items()):
             errs.add([hook], n)
 

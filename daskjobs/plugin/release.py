@@ -161,6 +161,12 @@ class ReleaseGate:
             return  # flushed at the next pop or discard
         loop.call_soon(self._flush_guarded)
 
+    def settle(self) -> None:
+        """Hand the policy the tasks dask queued since it was last asked, now (explain
+        asks the policy about its queue as its next ``pop`` would see it)."""
+        if self.pending:
+            self._flush_guarded()
+
     def _flush_guarded(self) -> None:
         try:
             self._flush()

@@ -41,7 +41,8 @@ The life of a task, as a policy sees it::
 driver offers it again when something changes). The driver never scans the
 queue for the policy: each policy keeps its own incremental structures (heaps,
 per-team queues, per-core deques) so a decision costs O(log n) in the number of
-queued tasks, never O(n).
+queued tasks, never O(n). A policy that holds a queued task back says why when asked
+(``why_waiting(task, now)``, by the rule ``pop`` applies); ``explain`` repeats its answer.
 
 Two optional questions support speculation (backup copies of late attempts):
 ``speed(node)`` is the policy's belief of how much slower than nominal a node
@@ -248,7 +249,6 @@ class TeamBooks(Protocol):
     def running(self, team: str) -> int: ...
     def queued(self, team: str) -> int: ...
     def booked(self, team: str, now: float | None = None) -> float: ...
-    def why_waiting(self, team: str, cores: float, now: float) -> str: ...
 
 
 class Policy:
@@ -287,6 +287,14 @@ class Policy:
         may ask with nothing queued (the simulator asks before it asks ``len``): the
         answer is then ``None``."""
         raise NotImplementedError
+
+    def why_waiting(self, task: TaskView, now: float) -> str | None:
+        """Why queued ``task`` is not started yet, in plain words, by the rule :meth:`pop`
+        applies (the policy says why it holds a task back; a driver repeats the answer and
+        never derives one of its own). None: nothing of the policy's holds it (a static
+        order: the driver says where it stands in that order). Not on a hot path: asked
+        when someone asks (live, ``explain``); it must not change what ``pop`` answers."""
+        return None
 
     def started(self, attempt: AttemptView, now: float) -> float | None:
         """An attempt started running. A policy that declares ``started_speed`` returns

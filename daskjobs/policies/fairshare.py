@@ -77,6 +77,9 @@ from daskjobs.policies.order import FIFO, LPT
 __all__ = ["FairShare"]
 
 _INNER: dict[str, type[HeapPolicy]] = {"fifo": FIFO, "lpt": LPT}
+#: A slot any task fits in: the live release gate's (``ANY_NODE``), and what
+#: :meth:`FairShare.why_waiting` asks about.
+_ANY = 1 << 30
 
 
 class FairShare(Policy):
@@ -364,22 +367,29 @@ class FairShare(Policy):
         self._n -= 1
         return self._queues[team].pop(node, now)
 
-    def why_waiting(self, team: str, cores: float, now: float) -> str:
-        """Why a waiting task of ``team`` that needs ``cores`` is not the next to start, in
-        plain words, by the rule :meth:`pop` applies (:meth:`_choose`): its team's quota,
-        another team further below its share, or its own team's tasks ahead of it."""
+    def why_waiting(self, task: TaskView, now: float) -> str | None:
+        """Why queued ``task`` is not started yet, in plain words, by the rule :meth:`pop`
+        applies (:meth:`_choose`, on the heads of the teams' queues, with a slot of any
+        size): its team's quota on the next task of its team, another team further below
+        its share, or its own team's tasks ahead of it; or that it is the task the next
+        free slot gets. O(T) for T teams."""
+        team = task.team
         if team not in self._queues:
             return f"team {team!r} has not been seen by fair share yet"
-        usage, share = self.usage(team, now), self._share[team]
-        chosen, borrowed = self._choose(1 << 30, now)
+        head = self._head(team, _ANY)
+        if head is None:
+            return f"fair share holds no task of team {team!r} yet"
+        chosen, borrowed = self._choose(_ANY, now)
+        lend = " (lent an idle slot over its quota: no team under its quota waits)"
         if chosen == team:
-            lend = " (lent an idle slot over its quota: no team under its quota waits)"
-            return (
-                f"team {team!r} is next by fair share{lend if borrowed else ''}; its tasks "
-                "ahead of this one in its queue start first"
-            )
-        if self._over_quota(team, cores):
+            served = f"team {team!r} is next by fair share{lend if borrowed else ''}"
+            if head.tid == task.tid:
+                return f"{served}, and this is its first task: it starts at the next free slot"
+            return f"{served}; its tasks ahead of this one in its queue start first"
+        if self._over_quota(team, head.cores):  # the quota test _choose applied to the head
             held = f"team {team!r} holds {self._running[team]:g} core(s) and its quota is "
+            if head.tid != task.tid:
+                held = f"its team's next task needs {head.cores:g} core(s); {held}"
             if borrowed:  # every team that waits is at its quota: the furthest below goes
                 return (
                     f"{held}{self.quotas[team]:g}; no team under its quota waits, and the "
@@ -389,6 +399,7 @@ class FairShare(Policy):
                 f"{held}{self.quotas[team]:g}: it waits while a team under its quota has "
                 f"work (now {chosen!r}), and is lent idle slots when none has"
             )
+        usage, share = self.usage(team, now), self._share[team]
         other = f"team {chosen!r}" if chosen is not None else "another team"
         return (
             f"waiting for fair share: team {team!r} uses {usage:.3g} per share {share:.3g}; "

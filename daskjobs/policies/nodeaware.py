@@ -655,7 +655,7 @@ class NodeAware(Policy):
             # worker-saturation hands a worker more tasks than it has threads).
             horizon = self.horizon(now)
             start = now + getattr(node, "waiting", 0.0) * s / st.cores
-            found = self._pick(node.free, "fit", (horizon - start) * self.fill / s)
+            found = self._pick(node.free, "fit", self._slow_limit(s, start, horizon))
             if found is None:
                 found = self._pick(node.free, "low")
                 if found and self._run_cores and start - found[2][0] * s > horizon:
@@ -669,6 +669,59 @@ class NodeAware(Policy):
             else:
                 st.lows += 1
         return self._take(q, where, entry)
+
+    def _slow_limit(self, s: float, start: float, horizon: float) -> float:
+        """The longest estimate a node believed ``s`` times slow takes from the long end
+        when its slot starts at ``start``: what ends there well before the projected end
+        of the run (``fill`` of the time left). The rule of :meth:`pop` for a measured slow
+        node, and of :meth:`why_waiting` saying it."""
+        return (horizon - start) * self.fill / s
+
+    def why_waiting(self, task: TaskView, now: float) -> str | None:
+        """Why queued ``task`` is not started yet, by the rules :meth:`pop` applies to each
+        kind of node: a node measured nominal takes the longest first (how many queued
+        tasks are longer), a node not measured yet takes short tasks to measure it, a node
+        measured slow takes only what ends there well before the projected end of the run
+        (:meth:`_slow_limit`) and leaves its slot idle for a task that would end after it.
+        O(nodes + b log n) for b core sizes; asked, never on a decision's path."""
+        est = task.estimate
+        states = list(self._nodes.values())
+        if not states:
+            return "node-aware knows no worker yet"
+        measured = [st for st in states if st.count >= self.min_samples]
+        slow = [st.speed for st in measured if st.speed >= self.slow_threshold]
+        nominal = len(measured) - len(slow)
+        fresh = len(states) - len(measured)
+        # queued tasks longer than this one (about: see _Ladder.count_below)
+        above = math.nextafter(est, _INF)
+        longer = sum(q.n - q.count_below(above) for q in self._queues.values())
+        said = [f"node-aware: this task's estimate is {est:.3g} s"]
+        if nominal:
+            lead = f"{nominal} worker(s) measured nominal take the longest queued task first"
+            said.append(
+                f"{lead}, and about {longer} queued task(s) are longer"
+                if longer
+                else f"{lead}, and none queued is longer: it goes to the next of them freed"
+            )
+        if fresh:
+            said.append(f"{fresh} worker(s) not measured yet take short tasks, to measure them")
+        if slow:
+            s = min(slow)  # the least slow of them: where it would end soonest
+            horizon = self.horizon(now)
+            kind = f"{len(slow)} worker(s) measured slow (from {s:.3g}x)"
+            if est <= self._slow_limit(s, now, horizon):
+                said.append(f"{kind} may take it: it would end there well before the projected end")
+            elif self._run_cores and now + est * s > horizon:  # pop's test, on its shortest
+                said.append(
+                    f"{kind} leave it: it would take {est * s:.3g} s there and end after the "
+                    f"projected end of the run, in {horizon - now:.3g} s"
+                )
+            else:
+                said.append(
+                    f"{kind} take it only when no queued task ends there well before the "
+                    f"projected end of the run (in {horizon - now:.3g} s), the shortest first"
+                )
+        return "; ".join(said)
 
     def _take(self, q: _Ladder, where: object, entry: _Entry) -> TaskView:
         """Take ``entry`` from ``q`` (as ``_pick`` found it) and close the queue's books."""
