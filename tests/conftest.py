@@ -42,7 +42,10 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The modules the tests share (tests/helpers/) and the test modules import by name, here and in
+# the processes the tests start: tests/helpers/repo.py says why, and which folders.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
+from repo import FOLDERS
 
 # Measured durations in memory only (daskjobs.history.path: null), in this process and in every
 # scheduler, worker and docs page it starts: the default, the user's cache directory, would let
@@ -50,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["DASK_DASKJOBS__HISTORY__PATH"] = "None"
 
 from realcluster import RealCluster
+
+sys.path[:0] = [f for f in map(str, FOLDERS) if f not in sys.path]
 
 VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
 

@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-TESTS = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
 IP = shutil.which("ip") or "/usr/sbin/ip"
 
 #: A namespace this harness made: ``djn<pid in hex>x<count>-<host>``.
@@ -138,7 +138,7 @@ class Hosts:
         self.cuts: list[tuple[str, float, float | None]] = []  # (host, cut at, restored at)
         self._lock = threading.Lock()
         self.wire = subprocess.Popen(
-            [sys.executable, str(TESTS / "netwire.py"), str(seed)],
+            [sys.executable, str(HERE / "netwire.py"), str(seed)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

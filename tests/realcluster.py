@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+from repo import FOLDERS, ROOT
+
 BIN = Path(sys.executable).parent
 
 #: Lines in a process log that mean dask's own invariants broke or a worker was lost.
@@ -170,8 +170,9 @@ class RealCluster:
         # (tests/conftest.py's variable would win over the test's own config file)
         self.env.pop("DASK_DASKJOBS__HISTORY__PATH", None)
         self.env["DASK_CONFIG"] = str(confdir)
-        # tasks defined in tests/ (e.g. tests/realtasks.py) import on the workers
-        path = [str(TESTS), str(ROOT)] if source_on_path else [str(TESTS)]
+        # tasks defined in tests/ (e.g. tests/helpers/realtasks.py, a test module's own) import
+        # on the workers by name (tests/helpers/repo.py)
+        path = [*map(str, FOLDERS), str(ROOT)] if source_on_path else [*map(str, FOLDERS)]
         if self.env.get("PYTHONPATH"):
             path.append(self.env["PYTHONPATH"])
         self.env["PYTHONPATH"] = os.pathsep.join(path)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from repo import ROOT
 
 from daskjobs.cli import main
 
@@ -305,7 +306,7 @@ def test_replay_busy_never_exceeds_the_slots_and_the_legend_stays_off_the_curves
     from daskjobs.replay.plot import _busy_figure, recorded_busy, recorded_slots
     from daskjobs.replay.run import busy_over_time
 
-    loaded = load(Path(__file__).resolve().parent.parent / "examples/data/replay_small.jsonl")
+    loaded = load(ROOT / "examples/data/replay_small.jsonl")
     slots = recorded_slots(loaded)
     assert slots == 6 == sum(w.nthreads for w in loaded.workers)
     step = loaded.recorded.makespan / 4000

@@ -33,6 +33,7 @@ import yaml
 from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from repo import ROOT
 
 import daskjobs.config
 from daskjobs.config import MIN_INTERVAL, POLICIES, settings
@@ -40,7 +41,6 @@ from daskjobs.policies import HeapPolicy, registry
 from daskjobs.policies.fairshare import FairShare
 from daskjobs.policies.speculation import Speculation
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = yaml.safe_load((ROOT / "daskjobs" / "daskjobs.yaml").read_text())
 
 

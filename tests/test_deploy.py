@@ -27,10 +27,10 @@ from typing import Any
 import dask
 import pytest
 import yaml
+from repo import ROOT
 
 from daskjobs.config import Settings, settings
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "how-to" / "deploy.md"
 
 

@@ -69,7 +69,9 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+#: The checkout (this file also runs as a script, a page's process, where tests/helpers/repo.py
+#: is not on the path)
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 RUN = {"python", "bash", "console"}

@@ -15,12 +15,11 @@ date and command that produced it.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
 #: nav section -> pages it must hold (paths under docs/).

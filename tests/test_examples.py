@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo import ROOT
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def test_simulate_policies_example_runs_and_ranks_policies() -> None:

@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo import ROOT
 
 from daskjobs.jobs import Ledger
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: the commands that need an existing ledger, with their arguments
 COMMANDS = [["ls"], ["show", "x"], ["cancel", "x"], ["retry", "x"]]

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from repo import ROOT
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "sweep.ipynb"
+NOTEBOOK = ROOT / "examples" / "sweep.ipynb"
 
 
 @pytest.mark.slow

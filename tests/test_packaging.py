@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repo import FOLDERS, ROOT
 
 import daskjobs
 from daskjobs.plugin import _internals
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "daskjobs"
 BIN = Path(sys.executable).parent
 
@@ -450,7 +450,7 @@ def test_pip_install_then_a_real_cluster_runs_a_sweep_with_the_plugin(
         preload="daskjobs.preload",
         bin_dir=bin_dir,
         source_on_path=False,
-        env={"PYTHONPATH": str(ROOT / "tests")},
+        env={"PYTHONPATH": os.pathsep.join(map(str, FOLDERS))},
     )
     with rc.client() as c:
         # scheduler and workers run the installed daskjobs, with the plugin on the scheduler

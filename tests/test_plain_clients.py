@@ -13,13 +13,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import dask
 import pytest
 import realtasks
 from conftest import VALIDATE, plugin_cluster
 from distributed import Client, Event
+from repo import ROOT
 
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import explain, status
@@ -298,7 +298,7 @@ def test_a_function_defined_in_main_is_a_stage_across_sessions(tmp_path):
     script.write_text(textwrap.dedent(SCRIPT))
     history = tmp_path / "h.json"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)])
     outs = []
     for _ in range(2):
         run = subprocess.run(

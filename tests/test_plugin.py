@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +21,7 @@ import dask.array as da
 import pytest
 from conftest import VALIDATE, plugin_cluster
 from distributed import Client
+from repo import FOLDERS, ROOT
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
@@ -30,8 +30,6 @@ from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.client import explain, local_cluster, status
 from daskjobs.plugin.speeds import WorkerSpeeds
 from daskjobs.plugin.views import LiveTask
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def stamp(i):
@@ -139,7 +137,7 @@ def _free_port():
 def test_dask_scheduler_cli_with_preload_and_worker_processes(tmp_path):
     port = _free_port()
     # the scheduler and worker import this test module to unpickle its functions
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *map(str, FOLDERS)])}
     history = tmp_path / "history.json"
     # their logs to files, not to pipes nobody reads (a full pipe would block a process)
     sched_log = open(tmp_path / "scheduler.log", "wb")  # noqa: SIM115

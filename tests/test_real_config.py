@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from realcluster import RealCluster
+from repo import FOLDERS, ROOT
 
 import daskjobs
 
@@ -104,7 +105,7 @@ def test_a_policy_another_preload_registers_after_daskjobs_s_is_taken(
     """``--preload daskjobs.preload --preload mypolicies --daskjobs-policy NAME``: the
     policy is registered after the daskjobs preload was imported, and still accepted."""
     (tmp_path / "mypolicies.py").write_text(LATE_POLICIES)
-    path = [str(tmp_path), str(Path(__file__).parent), str(Path(__file__).parent.parent)]
+    path = [str(tmp_path), *map(str, FOLDERS), str(ROOT)]
     rc = real_cluster(
         n_workers=1,
         preload=preload,

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "docs" / "reference" / "api"
 CONFIG_PAGE = ROOT / "docs" / "reference" / "config.md"
 

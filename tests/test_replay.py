@@ -11,13 +11,13 @@ import json
 import random
 import statistics
 import time
-from pathlib import Path
 
 import dask
 import pytest
 from click.testing import CliRunner
 from conftest import assert_same_copies, plugin_cluster
 from distributed import Client, LocalCluster, get_worker
+from repo import ROOT
 
 from daskjobs.cli import main
 from daskjobs.plugin import JobsPlugin
@@ -30,7 +30,7 @@ from daskjobs.trace import TraceError, read_trace
 pytestmark = pytest.mark.alone
 
 TOLERANCE = 0.10
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "data" / "replay_small.jsonl"
+EXAMPLE = ROOT / "examples" / "data" / "replay_small.jsonl"
 
 
 def _assert_calibrated(loaded, makespan):
@@ -554,9 +554,8 @@ def test_trace_without_a_finished_attempt(lpt_trace, tmp_path):
 
 def test_example_replays_the_committed_trace_under_every_policy():
     import runpy
-    from pathlib import Path
 
-    examples = Path(__file__).resolve().parent.parent / "examples"
+    examples = ROOT / "examples"
     trace = examples / "data" / "replay_small.jsonl"
     assert trace.stat().st_size < 200_000
     mod = runpy.run_path(str(examples / "replay_trace.py"))

@@ -31,6 +31,7 @@ import dask
 import pytest
 import realtasks_sweep
 from realcluster import in_thread
+from repo import FOLDERS, ROOT
 from test_deploy import PAGE, block
 
 import daskjobs.jobs as jobs
@@ -41,7 +42,6 @@ from daskjobs.sweep import run
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parent.parent
 #: Seconds a step may take on a loaded 2-CPU machine; only a hang exceeds it.
 WAIT = 90.0
 
@@ -67,8 +67,9 @@ def on_this_node(tmp_path: Path) -> dict[str, Any]:
         "walltime": "00:15:00",
         "python": sys.executable,  # the environment running these tests, daskjobs in it
         # the page's job_script_prologue activates the site's environment; here, this
-        # checkout (and tests/, for the stage functions) on the workers' path
-        "job_script_prologue": [f"export PYTHONPATH={ROOT}:{ROOT / 'tests'}"],
+        # checkout (and the tests' folders, for the stage functions: tests/helpers/repo.py) on
+        # the workers' path
+        "job_script_prologue": [f"export PYTHONPATH={os.pathsep.join(map(str, [ROOT, *FOLDERS]))}"],
         "log_directory": str(tmp_path / "slurm-logs"),  # the jobs' output, not the cwd
     }
 

@@ -28,12 +28,11 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
+from repo import FOLDERS, HELPERS, ROOT
 
 from daskjobs import Sweep, cases, grid, run
 from daskjobs.cache.store import ResultStore
 from daskjobs.sweep import SweepGraph
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Calls:
@@ -732,7 +731,7 @@ def test_a_stage_of_interactive_work_is_annotated_for_the_plugin() -> None:
 #: for a gate file), with dask's progress bar, as a user runs one from a terminal.
 _CTRL_C = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {helpers!r})
 import realtasks_sweep
 from daskjobs import Sweep, grid
 
@@ -748,7 +747,7 @@ if __name__ == "__main__":
 
 def _ctrl_c_sweep(tmp_path: Path) -> tuple[list[str], Path, Path]:
     script = tmp_path / "ctrl_c_sweep.py"
-    script.write_text(_CTRL_C.format(tests=str(ROOT / "tests")))
+    script.write_text(_CTRL_C.format(helpers=str(HELPERS)))
     marks, store = tmp_path / "marks", tmp_path / "store"
     marks.mkdir()
     return [sys.executable, str(script), str(marks), str(store)], marks, store
@@ -766,7 +765,7 @@ def test_ctrl_c_of_a_sweep_says_what_is_stored_once_and_a_rerun_loads_it(tmp_pat
     from realtasks_sweep import wait_for
 
     cmd, marks, store = _ctrl_c_sweep(tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [ROOT, *FOLDERS]))}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_for(marks / "long-started", timeout=120)  # the long stage runs ...
@@ -852,15 +851,14 @@ def test_a_plan_lists_its_stages_in_declaration_order_whatever_the_hash_seed() -
     """A run's summary lists its stages as the sweep declares them, every run (the plan
     walked a set of keys, whose order follows the interpreter's string hash seed)."""
     code = (
-        "import sys; sys.path.insert(0, 'tests'); from test_sweep import build; "
+        f"import sys; sys.path[:0] = {list(map(str, FOLDERS))!r}; from test_sweep import build; "
         "print(list(build(slow=[20, 50]).to_dask(store=False).by_stage))"
     )
-    root = Path(__file__).resolve().parent.parent
     seen = set()
     for seed in ("1", "2", "3"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         out = subprocess.run(
-            [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
         )
         assert out.returncode == 0, out.stderr[-2000:]
         seen.add(out.stdout.strip())

@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from repo import ROOT
 
 from daskjobs.cli import main
 from daskjobs.replay import ReplayError, load, replay
 from daskjobs.trace import CLOCK_TOLERANCE, TraceError, read_trace
 
-SHIPPED = Path(__file__).resolve().parent.parent / "examples" / "data" / "replay_small.jsonl"
+SHIPPED = ROOT / "examples" / "data" / "replay_small.jsonl"
 MUTATIONS = 300
 SEED = 20261130
 

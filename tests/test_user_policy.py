@@ -29,6 +29,7 @@ import dask
 import pytest
 from click.testing import CliRunner
 from conftest import VALIDATE, plugin_cluster
+from repo import ROOT
 
 import daskjobs.policies
 from daskjobs.policies import HeapPolicy, NodeView, Policy, TaskView, registry
@@ -308,9 +309,7 @@ def test_the_example_of_the_docs_is_this_one() -> None:
     alike."""
     import re
 
-    doc = (
-        Path(__file__).resolve().parent.parent / "docs" / "how-to" / "write-a-policy.md"
-    ).read_text()
+    doc = (ROOT / "docs" / "how-to" / "write-a-policy.md").read_text()
     code = re.findall(r"```python\n(.*?)```", doc.split("## A walk-through")[1], re.S)[0]
     namespace: dict[str, Any] = {"__name__": "mypolicies"}
     exec(compile(code, "docs/how-to/write-a-policy.md", "exec"), namespace)
