@@ -17,7 +17,7 @@
   backends. Without a server the PostgreSQL half is skipped, unless
   ``DASKJOBS_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that a failure.
   ``postgres_url`` is the PostgreSQL half alone (for races only its concurrent writers have).
-* Tests marked ``slurm`` submit real Slurm jobs (tests/test_slurm.py): they run where
+* Tests marked ``slurm`` submit real Slurm jobs (tests/real/test_slurm.py): they run where
   ``sinfo`` answers with a node up (``.ci/slurm-up`` starts a one-node Slurm) and skip,
   with the reason, elsewhere, unless ``DASKJOBS_REQUIRE_SLURM=1`` (set by ``.ci/run``)
   makes that a failure.
@@ -126,7 +126,7 @@ def real_cluster(
 
 @pytest.fixture
 def net_hosts() -> Iterator[Any]:
-    """The test hosts of one test (``tests/netns.py``), deleted at teardown. Put it
+    """The test hosts of one test (``tests/helpers/netns.py``), deleted at teardown. Put it
     before ``real_cluster`` in a signature: the cluster stops before its hosts go."""
     import netns
 

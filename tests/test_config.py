@@ -11,7 +11,7 @@ functions, and a subprocess test checks it against a fresh interpreter.
 
 The preload tests start an in-process ``Scheduler`` with the preload named in its
 arguments, the path dask takes when the preload comes from dask's config rather
-than the ``dask scheduler`` command line (``tests/test_real_config.py`` covers that).
+than the ``dask scheduler`` command line (``tests/real/test_real_config.py`` covers that).
 """
 
 from __future__ import annotations

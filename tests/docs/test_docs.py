@@ -10,8 +10,8 @@ What runs, and how
 * A fenced block is run if its language is ``python``, ``bash`` or ``console``; ``text``,
   ``json``, ``yaml``, ``toml`` and unlabelled blocks are output, samples and file contents, and
   are never run. Blocks indented in a list item are dedented first.
-* Each page runs in a fresh Python process (``python tests/test_docs.py PAGE.json``), in its own
-  temporary working directory holding links to the checkout's top-level folders (so
+* Each page runs in a fresh Python process (``python tests/docs/test_docs.py PAGE.json``), in its
+  own temporary working directory holding links to the checkout's top-level folders (so
   ``examples/...`` resolves as it does in a checkout) and nothing else: a store, a trace or a file
   a block writes lands there. ``DASK_*`` and ``DASKJOBS_*`` variables are removed from the
   environment; matplotlib draws with ``Agg``; the user cache directory (``XDG_CACHE_HOME``,

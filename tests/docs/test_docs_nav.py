@@ -1,6 +1,6 @@
 """The documentation site's shape: the pages a user comes for, and no work log among them.
 
-``mkdocs build --strict`` (tests/test_docs.py) fails on a page left out of the nav, not on a
+``mkdocs build --strict`` (tests/docs/test_docs.py) fails on a page left out of the nav, not on a
 nav that lost its tutorial or a how-to page. These tests read mkdocs.yml's ``nav`` and check
 that it holds the four kinds of page the way the dask and numpy docs sort them (Diataxis): the
 tutorial; the how-to pages users come with; the reference generated from the code (an API page

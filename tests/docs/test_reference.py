@@ -7,7 +7,7 @@ drift; what can be forgotten is an entry. These tests fail when a name in the ``
 documented module has no ``::: name`` entry on an API page, when a key of daskjobs.yaml is
 missing from the config reference or has no meaning there, and when the trace format
 (docs/reference/trace-format.md, written by hand) lacks a record type or a field that the trace
-reader reads. The site build itself (tests/test_docs.py, ``mkdocs build --strict``) fails on an
+reader reads. The site build itself (tests/docs/test_docs.py, ``mkdocs build --strict``) fails on an
 entry that names nothing.
 """
 

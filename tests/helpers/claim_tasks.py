@@ -1,4 +1,5 @@
-"""Stages for the claims tests (tests/test_claims_clusters.py), importable by worker processes.
+"""Stages for the claims tests (tests/cache/test_claims_clusters.py), importable by worker
+processes.
 
 ``features`` writes a marker file when it starts, waits until the test creates the
 ``release`` file in the same folder, then writes a ``finished`` marker: the test sees

@@ -1,5 +1,5 @@
 """Functions that jobs run in the tests (importable on real worker processes too: the
-harness puts tests/ on their ``PYTHONPATH``). Each execution leaves a file in the
+harness puts tests/helpers/ on their ``PYTHONPATH``). Each execution leaves a file in the
 directory ``params["marks"]`` (when given), so tests count executions across
 processes."""
 

@@ -1,6 +1,6 @@
 """Test hosts: the scheduler and each worker in a network namespace of its own.
 
-Every real-process test of ``tests/realcluster.py`` runs on one loopback interface,
+Every real-process test of ``tests/helpers/realcluster.py`` runs on one loopback interface,
 where a worker is either alive or killed. On a cluster a worker is also slow to
 answer, partitioned but alive (its lease expires while it keeps computing, then it
 reports), or behind a lossy link, and the scheduler's host can drop off the network.
@@ -8,7 +8,7 @@ reports), or behind a lossy link, and the scheduler's host can drop off the netw
 
 * each host is a network namespace (``ip netns``) named ``<run prefix>-<host>``,
   whose one interface ``eth0`` (address ``10.213.N.x/24``) is a TUN device held by
-  the wire process (``tests/netwire.py``): a switch that forwards packets between
+  the wire process (``tests/helpers/netwire.py``): a switch that forwards packets between
   the namespaces this run made and nowhere else (the test process's own namespace is
   one more host, ``.254``: clients connect from it, and a forwarder there lets hosts
   reach a database on the machine's loopback, see :meth:`Hosts.forward`);

@@ -1,6 +1,6 @@
-"""The wire between the test hosts of ``tests/netns.py``: a switch with faulty links.
+"""The wire between the test hosts of ``tests/helpers/netns.py``: a switch with faulty links.
 
-Run by the harness as ``python tests/netwire.py SEED``; it reads one JSON command a line
+Run by the harness as ``python tests/helpers/netwire.py SEED``; it reads one JSON command a line
 on stdin and answers each with one JSON line on stdout, and exits when stdin closes
 (so it never outlives the test run that started it).
 

@@ -88,7 +88,7 @@ def _write_yaml(path: Path, config: Mapping[str, Any]) -> None:
 
 
 class Placement(Protocol):
-    """Where each process runs (``tests/netns.py``'s ``Hosts``): the command prefix that
+    """Where each process runs (``tests/helpers/netns.py``'s ``Hosts``): the command prefix that
     starts a process on host ``name`` and the address it listens on."""
 
     def command(self, name: str) -> list[str]: ...
@@ -107,8 +107,8 @@ class RealCluster:
     ``bin_dir`` is the directory of the ``dask`` executable to run (default: this
     interpreter's); ``source_on_path=False`` leaves this checkout off the processes'
     ``PYTHONPATH`` and working directory, so they import daskjobs as installed in that
-    environment (tests/ stays on the path for the test's own task modules).
-    ``hosts`` places each process on a host of its own (``tests/netns.py``): the
+    environment (the tests' folders stay on the path for their own task modules).
+    ``hosts`` places each process on a host of its own (``tests/helpers/netns.py``): the
     scheduler on host ``scheduler``, worker ``w0`` on host ``w0``; each listens on
     its host's address and is started through ``hosts.command(name)``.
     ``security`` (a ``distributed.Security``) is what this process's clients connect with

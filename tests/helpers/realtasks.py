@@ -1,5 +1,5 @@
 """Task functions for tests on real worker processes (importable there: the
-harness puts tests/ on the workers' ``PYTHONPATH``)."""
+harness puts tests/helpers/ on the workers' ``PYTHONPATH``)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def total(*parts):
     return sum(len(p) if isinstance(p, bytes) else p for p in parts)
 
 
-# -- a sweep's stages (features read by many backtests), for tests/test_real_*.py ----------
+# -- a sweep's stages (features read by many backtests), for tests/real/ ----------
 
 
 def features(slice):
@@ -127,7 +127,7 @@ def backup_events(dask_scheduler):
     return [dict(e) for e in plugin.events if str(e.get("action", "")).startswith("backup-")]
 
 
-# -- a re-ranked stage on a worker (tests/test_rerank_on_workers.py) -----------------------
+# -- a re-ranked stage on a worker (tests/plugin/test_rerank_on_workers.py) -----------------------
 
 GATE = "daskjobs-test-reranked"
 

@@ -1,5 +1,6 @@
-"""Stage functions and scheduler probes for ``tests/test_real_sweep.py``, importable on
-the real worker and scheduler processes (the harness puts tests/ on their ``PYTHONPATH``).
+"""Stage functions and scheduler probes for ``tests/real/test_real_sweep.py``, importable on
+the real worker and scheduler processes (the harness puts tests/helpers/ on their
+``PYTHONPATH``).
 
 Tests steer these stages through files in a directory they pass as a parameter, so
 that the order of events is fixed by the test, not by timing: a stage waits for a

@@ -1,7 +1,7 @@
 """Jobs on a dask cluster (in-process LocalCluster, both ledger backends): submit,
 results, identities, retries, cancellation, checkpoints, fencing of late attempts,
 restart of the service on the same ledger, and an unreachable database. The same
-scenarios with real processes killed and paused are in tests/test_real_jobs.py."""
+scenarios with real processes killed and paused are in tests/real/test_real_jobs.py."""
 
 from __future__ import annotations
 

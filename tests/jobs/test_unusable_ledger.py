@@ -1,6 +1,6 @@
 """A jobs ledger that cannot be used stops the scheduler, naming the setting (as a bad
 ``record`` path does; docs/explanation/configuration.md): the service opens it and takes its epoch
-before the scheduler serves. An outage once it runs does not (tests/test_jobs.py)."""
+before the scheduler serves. An outage once it runs does not (tests/jobs/test_jobs.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The test-host harness itself (``tests/netns.py``): hosts reach each other and only
+"""The test-host harness itself (``tests/helpers/netns.py``): hosts reach each other and only
 each other, a cut link drops everything until restored, latency and loss are what was
 asked, and nothing is left behind."""
 

@@ -1,4 +1,4 @@
-"""Jobs on test hosts (``tests/netns.py``): a worker partitioned mid-job for longer
+"""Jobs on test hosts (``tests/helpers/netns.py``): a worker partitioned mid-job for longer
 than its lease, on both ledger backends. The scheduler and each worker run in a
 network namespace of their own; a PostgreSQL ledger is reached over the test network
 (through the forwarder on the test process's host), an SQLite ledger is a file every

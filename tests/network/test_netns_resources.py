@@ -1,4 +1,4 @@
-"""Preemption and gangs on test hosts (``tests/netns.py``): the link of a preemption
+"""Preemption and gangs on test hosts (``tests/helpers/netns.py``): the link of a preemption
 victim's worker cut while it is being asked to yield, and the link of a gang member's
 worker cut mid-run. Both assert results (an unpreempted run's), the plugin's counts
 (every victim asked accounted for once; a gang never partially started) and logs; the

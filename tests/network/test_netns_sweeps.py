@@ -1,4 +1,4 @@
-"""Sweeps on test hosts (``tests/netns.py``): the scheduler and each worker in a
+"""Sweeps on test hosts (``tests/helpers/netns.py``): the scheduler and each worker in a
 network namespace of its own, with network faults: a worker stopped (SIGSTOP) and
 resumed mid-sweep with speculation on; round trips of 50 ms and 200 ms with 1% loss
 on the full plugin's sweep; the scheduler's host cut off for 10 s mid-sweep. Each

@@ -148,7 +148,7 @@ def test_a_task_that_ends_under_a_deferral_takes_its_estimate():
 
 def test_a_parameter_stage_is_never_deferred():
     """A stage whose tasks carry ``params`` has a model that tells them apart: its waiting
-    tasks are re-ranked at once (tests/test_estimates_live.py has the order)."""
+    tasks are re-ranked at once (tests/plugin/test_estimates_live.py has the order)."""
     with lpt_client() as c:
         parts = []
         for i in range(20):

@@ -3,7 +3,7 @@
 Pure tests of :class:`ClientTeams` on stand-in tasks (which team, which graph is refused and
 with what message, what the audit trail says), then a cluster in this process where one client
 states its team once and every entry point of dask and daskjobs charges its graphs to it.
-The same with TLS and certificates on real processes: tests/test_real_identity.py.
+The same with TLS and certificates on real processes: tests/real/test_real_identity.py.
 """
 
 from __future__ import annotations

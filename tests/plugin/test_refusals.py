@@ -6,7 +6,7 @@ through each way of submitting (``Sweep.run``, ``client.compute``, ``persist``,
 ``submit``, ``daskjobs.jobs.submit``): one exception of the refusal's type naming the
 problem, raised within the test's timeout (a hang fails the test rather than blocking),
 and what was computed before stays: a result in memory, a result in the store.
-In-process clusters with dask's validation on; tests/test_real_refusals.py does it once
+In-process clusters with dask's validation on; tests/real/test_real_refusals.py does it once
 on real processes."""
 
 from __future__ import annotations

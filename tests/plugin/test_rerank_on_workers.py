@@ -19,7 +19,7 @@ from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin import _worker_internals as wi
 from daskjobs.plugin.worker import REORDERER_NAME
 
-#: The event that holds the stage's third task (tests/realtasks.py: its tasks run on real
+#: The event that holds the stage's third task (tests/helpers/realtasks.py: its tasks run on real
 #: worker processes too, which import them by name).
 GATE = realtasks.GATE
 

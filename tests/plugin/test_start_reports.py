@@ -4,8 +4,8 @@ Speculation, preemption, the resource placer and recording read a task's true st
 from the :class:`~daskjobs.plugin.worker.StartReporter`'s ``daskjobs-started``
 event and rely on it reaching the scheduler before the task's end. Checked on the
 scheduler, in the order it handles them, with tasks far shorter than a scheduler
-tick; the real-process runs are in tests/test_real_speculation.py and
-tests/test_preemption_live.py.
+tick; the real-process runs are in tests/real/test_real_speculation.py and
+tests/plugin/test_preemption_live.py.
 """
 
 from __future__ import annotations

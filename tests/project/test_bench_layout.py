@@ -6,7 +6,7 @@ Benchmarks are scripts, not tests; what both need lives in the package (e.g.
 functions included, and of the calls that put a directory on ``sys.path`` or load a file
 by path. Benchmarks start real ``dask scheduler``/``dask worker`` processes through one
 door, ``benchmarks/harness/processes.py``, which reaches the test suite's real-process
-harness (``tests/realcluster.py``) until that harness moves into the package.
+harness (``tests/helpers/realcluster.py``) until that harness moves into the package.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The plugin steers dask through a handful of private pieces of distributed (wrapp
 methods, queue promotion, slots withheld, task surgery). Each lives in one module,
 :mod:`daskjobs.plugin._internals`, as a named verb checked at start, so that a dask
 release that changes one is named there and nowhere else breaks silently. This test
-is that promise's fence, the way tests/test_layering.py fences the imports: an AST
+is that promise's fence, the way tests/project/test_layering.py fences the imports: an AST
 scan of every module under ``daskjobs/``.
 
 What "private" means here

@@ -4,7 +4,7 @@ The house style ("Functions a reader can hold"): distributed's longest
 function in its scheduler, stealing, worker state machine and memory manager is about 110
 lines. A loop that must be one long function for speed is one kernel, said so and
 compared with a reference path; everything around it has names. This test is that rule
-made executable, the way tests/test_layering.py fences the imports: an AST walk of every
+made executable, the way tests/project/test_layering.py fences the imports: an AST walk of every
 module under ``daskjobs/`` that names each function or method (nested ones included)
 longer than :data:`LIMIT`, with its file and length.
 
@@ -36,7 +36,7 @@ LIMIT = 150
 ALLOWED: dict[tuple[str, str], int] = {
     # The simulator's kernel: its event loop is one method for speed (hot names bound to
     # locals, the plain paths of a start and an end inlined), compared event for event with
-    # the engine's reference path (tests/test_sim_reference.py). At most 400 lines.
+    # the engine's reference path (tests/sim/test_sim_reference.py). At most 400 lines.
     ("daskjobs/sim/engine.py", "_Engine.kernel"): 306,
 }
 
@@ -87,7 +87,7 @@ def too_long(
         if cap is not None and length > cap:
             out.append(
                 f"{rel}:{line}: {name} is {length} lines, over its allowance of {cap} "
-                "(ALLOWED in tests/test_house_rules.py): it may shrink, not grow"
+                "(ALLOWED in tests/project/test_house_rules.py): it may shrink, not grow"
             )
         elif cap is None and length > limit:
             out.append(

@@ -233,7 +233,7 @@ def test_sweep_stages_refuse_by_name_or_run(surface: Surface) -> None:
                 "job_class": ANNOTATIONS["job_class"],
                 # a non-empty mapping names resources no worker here offers: such a sweep
                 # waits for a worker that has them, as dask does, after a warning (tested in
-                # tests/test_sweep.py), rather than being refused: not a hang to find here
+                # tests/sweep/test_sweep.py), rather than being refused: not a hang to find here
                 "resources": _either(st.just({})).filter(lambda r: not (isinstance(r, dict) and r)),
                 "speculate": ANNOTATIONS["speculate"],
                 "version": _either(st.text(min_size=1, max_size=5)),

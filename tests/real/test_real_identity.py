@@ -1,7 +1,7 @@
 """Teams from identity on real ``dask scheduler`` / ``dask worker`` processes.
 
-A TLS cluster with client certificates required, certificates made here (tests/certs.py), the
-operator's map in the scheduler's dask config: each client is charged to its certificate's team
+A TLS cluster with client certificates required, certificates made here (tests/helpers/certs.py),
+the operator's map in the scheduler's dask config: each client is charged to its certificate's team
 without annotating anything; a graph naming another team is refused whole, naming the identity
 and both teams, and nothing of it runs; an admin acts for a team and the audit trail says so;
 a client without a certificate cannot connect. And on a cluster without TLS, a client states its

@@ -1,4 +1,4 @@
-"""A refused submission reaches its caller on real processes (tests/test_refusals.py
+"""A refused submission reaches its caller on real processes (tests/plugin/test_refusals.py
 in-process): ``dask scheduler --preload daskjobs.preload`` with strict teams in its
 config, ``dask worker`` processes, a client in this process. The refusal is unpickled
 on the client as its own type; nothing hangs; dask's invariants hold (the logs)."""

@@ -2,7 +2,7 @@
 waited for and returned, and a sweep the cluster cannot import fails at once, naming the
 module and the fix, instead of hanging or killing workers.
 
-The order of events is fixed with gate files (see ``tests/realtasks_sweep.py``), not
+The order of events is fixed with gate files (see ``tests/helpers/realtasks_sweep.py``), not
 with sleeps."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from daskjobs.trace import read_trace
 # live recordings compared with their replays: under -n, with no other test beside them
 pytestmark = pytest.mark.alone
 
-TOLERANCE = 0.10  # the calibration of tests/test_replay.py
+TOLERANCE = 0.10  # the calibration of tests/replay/test_replay.py
 
 
 def _sleep(size, window):
@@ -69,7 +69,7 @@ def sweep_trace(tmp_path_factory):
 
 
 def _assert_calibrated(loaded, makespan):
-    """As tests/test_replay.py states it: within 10% of the recorded makespan plus the
+    """As tests/replay/test_replay.py states it: within 10% of the recorded makespan plus the
     longest replayed task (two greedy schedules of the same work differ by at most the
     longest task at the end)."""
     recorded = loaded.recorded.makespan

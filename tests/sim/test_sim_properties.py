@@ -574,7 +574,7 @@ def test_backup_starts_no_earlier_than_the_lateness_deadline(sc: Scenario):
 # cluster each) and sorts a bucket once it is reached. The width is a cost setting only:
 # buckets a millionth of an event wide (a bucket per event), one event, the default, or
 # every event of the run in one bucket must all give the same run, attempt by attempt.
-# (tests/test_sim_golden.py pins the default width's runs themselves, ties included.)
+# (tests/sim/test_sim_golden.py pins the default width's runs themselves, ties included.)
 CALENDAR_WIDTHS = (1e-6, 1.0, 64.0, 1e12)
 
 
