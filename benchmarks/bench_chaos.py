@@ -7,7 +7,7 @@ Usage::
     python benchmarks/bench_chaos.py --only scheduler-restart
 
 Each fault runs on a fresh cluster of real processes (the harness of
-``tests/realcluster.py``, through ``harness.processes``):
+``tests/helpers/realcluster.py``, through ``harness.processes``):
 ``dask scheduler --preload plugins/daskjobs_scheduler.py`` and three ``dask worker``
 processes of two threads, dask's default configuration plus dask's state validation,
 a result store in a temporary directory. The sweep: 6 feature stages (200 kB each)

@@ -25,7 +25,7 @@ that ran them; the table gives recorded vs replayed makespan and the error.
 Copies, race by race (``--copies N``): the ``lpt-spec`` run recorded N times on a
 LocalCluster in one process and N times on real processes (``dask scheduler`` and
 three ``dask worker`` processes, the plugin preloaded, w0 4x slow; the harness of
-tests/realcluster.py, through ``harness.processes``), each replayed with
+tests/helpers/realcluster.py, through ``harness.processes``), each replayed with
 ``placement="recorded"`` (the replay asks the same ``Speculation.decide`` the plugin
 asked): the copies launched and won, recorded vs replayed, whether both are within
 one, the tasks copied by one and not the other, and the races both ran with the same
@@ -216,7 +216,7 @@ def record_real(path: Path, graph: Any, speculation: dict[str, Any]) -> float:
 
 
 def real_spec_sweep(n: int = 80, seed: int = 7) -> list[Any]:
-    """:func:`spec_sweep` with tasks that import on worker processes (tests/realtasks.py,
+    """:func:`spec_sweep` with tasks that import on worker processes (tests/helpers/realtasks.py,
     which slows down the workers named in ``DASKJOBS_TEST_SLOW``)."""
     nap = realtasks().nap
     rng = random.Random(seed)

@@ -15,7 +15,7 @@ workers x 2 threads, worker 0 four times slower; speculation with late factor 2.
 ``min-runtime`` 100 ms, ``interval`` 50 ms. Clusters: ``threads`` (a LocalCluster in
 this process, ``processes=False``) and ``processes`` (a ``dask scheduler`` with the
 plugin preloaded and three ``dask worker`` processes: the harness of
-tests/realcluster.py, through ``harness.processes``). Policies: ``lpt`` and
+tests/helpers/realcluster.py, through ``harness.processes``). Policies: ``lpt`` and
 ``node-aware``. Seeds: ``--seeds`` (3) each.
 
 Usage::

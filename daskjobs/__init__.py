@@ -9,7 +9,7 @@ imported on first use (module ``__getattr__``, PEP 562). Type checkers read
 module, so ``daskjobs.Sweep`` has its real type, not ``Any`` (the stub is the
 scientific-python lazy-loading convention, SPEC 1: a ``TYPE_CHECKING`` block here
 would name ``daskjobs.plugin`` in the module that the simulator's layering test
-follows; tests/test_packaging.py checks that the stub and ``_LAZY`` agree).
+follows; tests/project/test_packaging.py checks that the stub and ``_LAZY`` agree).
 
 ``daskjobs.__version__`` is the installed distribution's version
 (``importlib.metadata``, looked up on first use: it costs more than the rest of

@@ -1,6 +1,6 @@
 # The types of daskjobs' public names, for type checkers (mypy, pyright) only.
 # At run time daskjobs/__init__.py imports each name from the same module on first use
-# (its _LAZY table; tests/test_packaging.py checks that the two agree).
+# (its _LAZY table; tests/project/test_packaging.py checks that the two agree).
 
 from daskjobs.cache.store import ResultStore as ResultStore
 from daskjobs.cache.store import StoreAccessError as StoreAccessError

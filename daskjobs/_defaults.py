@@ -8,7 +8,7 @@ takes its defaults from the same values:
   (``dask.config.update_defaults``) and builds the defaults of its settings dataclasses
   (``Settings()``, ``SpeculationSettings()``) from them;
 * the policy core, which imports neither ``distributed`` nor dask's config machinery
-  (``tests/test_layering.py``), takes ``Speculation``'s ``late_factor`` and
+  (``tests/project/test_layering.py``), takes ``Speculation``'s ``late_factor`` and
   ``max_fraction`` from here;
 * replay takes from here what a recorded header leaves out.
 

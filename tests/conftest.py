@@ -17,7 +17,7 @@
   backends. Without a server the PostgreSQL half is skipped, unless
   ``DASKJOBS_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) makes that a failure.
   ``postgres_url`` is the PostgreSQL half alone (for races only its concurrent writers have).
-* Tests marked ``slurm`` submit real Slurm jobs (tests/test_slurm.py): they run where
+* Tests marked ``slurm`` submit real Slurm jobs (tests/real/test_slurm.py): they run where
   ``sinfo`` answers with a node up (``.ci/slurm-up`` starts a one-node Slurm) and skip,
   with the reason, elsewhere, unless ``DASKJOBS_REQUIRE_SLURM=1`` (set by ``.ci/run``)
   makes that a failure.
@@ -42,7 +42,10 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The modules the tests share (tests/helpers/) and the test modules import by name, here and in
+# the processes the tests start: tests/helpers/repo.py says why, and which folders.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
+from repo import FOLDERS
 
 # Measured durations in memory only (daskjobs.history.path: null), in this process and in every
 # scheduler, worker and docs page it starts: the default, the user's cache directory, would let
@@ -50,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["DASK_DASKJOBS__HISTORY__PATH"] = "None"
 
 from realcluster import RealCluster
+
+sys.path[:0] = [f for f in map(str, FOLDERS) if f not in sys.path]
 
 VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
 
@@ -121,7 +126,7 @@ def real_cluster(
 
 @pytest.fixture
 def net_hosts() -> Iterator[Any]:
-    """The test hosts of one test (``tests/netns.py``), deleted at teardown. Put it
+    """The test hosts of one test (``tests/helpers/netns.py``), deleted at teardown. Put it
     before ``real_cluster`` in a signature: the cluster stops before its hosts go."""
     import netns
 

@@ -11,7 +11,7 @@ functions, and a subprocess test checks it against a fresh interpreter.
 
 The preload tests start an in-process ``Scheduler`` with the preload named in its
 arguments, the path dask takes when the preload comes from dask's config rather
-than the ``dask scheduler`` command line (``tests/test_real_config.py`` covers that).
+than the ``dask scheduler`` command line (``tests/real/test_real_config.py`` covers that).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import yaml
 from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from repo import ROOT
 
 import daskjobs.config
 from daskjobs.config import MIN_INTERVAL, POLICIES, settings
@@ -40,7 +41,6 @@ from daskjobs.policies import HeapPolicy, registry
 from daskjobs.policies.fairshare import FairShare
 from daskjobs.policies.speculation import Speculation
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = yaml.safe_load((ROOT / "daskjobs" / "daskjobs.yaml").read_text())
 
 

@@ -1,5 +1,5 @@
 """``daskjobs.config.configure_logging``: the daskjobs loggers configured from dask's
-logging config the way distributed configures its own (tests/test_real_logging.py reads
+logging config the way distributed configures its own (tests/real/test_real_logging.py reads
 a real scheduler's log)."""
 
 from __future__ import annotations

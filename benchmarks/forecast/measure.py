@@ -2,7 +2,7 @@
 
 A fresh cluster per run: ``dask scheduler --preload daskjobs.preload`` configured for the
 workload and :data:`forecast.workloads.WORKERS` ``dask worker`` processes (the harness of
-tests/realcluster.py, through ``harness.processes``), dask's defaults otherwise. The
+tests/helpers/realcluster.py, through ``harness.processes``), dask's defaults otherwise. The
 client polls its futures; once :data:`CHECKPOINTS` of the tasks are done it takes
 ``daskjobs.forecast(client)`` (timed) and what dask's rate extrapolation says at that
 moment: ``remaining tasks / (done tasks / elapsed since submission)``, and the same by

@@ -11,7 +11,7 @@ the first entry of ``sys.path`` when the script runs) and follows one shape::
     report.emit(args)   # prints; writes --markdown and --plot
 
 Nothing in benchmarks/ imports tests/, and nothing in tests/ imports benchmarks/
-(tests/test_bench_layout.py): what both need lives in the package.
+(tests/project/test_bench_layout.py): what both need lives in the package.
 
 Measured durations are kept in memory in every benchmark (``daskjobs.history.path: null``, for
 the schedulers a script starts in its own process and, through the environment, in the

@@ -1,7 +1,7 @@
 """Clusters of real processes for the benchmarks: ``dask scheduler`` and ``dask worker``.
 
 The benchmarks that run on real processes use the test suite's harness
-(``tests/realcluster.py``: loopback, dask's defaults, each process's log scanned for
+(``tests/helpers/realcluster.py``: loopback, dask's defaults, each process's log scanned for
 broken invariants, SIGKILL on cue), reached through this module only, so that the day
 it moves into the package, one import changes.
 """
@@ -19,18 +19,18 @@ BENCHMARKS = ROOT / "benchmarks"
 
 def realcluster() -> Any:
     """The module of the real-process harness (``RealCluster``, ``in_thread``, ...)."""
-    tests = str(ROOT / "tests")
-    if tests not in sys.path:
-        sys.path.append(tests)
+    helpers = str(ROOT / "tests" / "helpers")
+    if helpers not in sys.path:
+        sys.path.append(helpers)
     import realcluster
 
     return realcluster
 
 
 def realtasks() -> Any:
-    """The task module of the real-process tests (``tests/realtasks.py``: tasks that
+    """The task module of the real-process tests (``tests/helpers/realtasks.py``: tasks that
     import on worker processes and slow down the workers named in ``DASKJOBS_TEST_SLOW``)."""
-    realcluster()  # puts tests/ on the path
+    realcluster()  # puts tests/helpers/ on the path
     import realtasks
 
     return realtasks
@@ -38,6 +38,7 @@ def realtasks() -> Any:
 
 def worker_path() -> dict[str, str]:
     """The environment that lets worker processes import the benchmarks' task modules,
-    the harness's own (tests/) and this checkout's daskjobs."""
-    path = [str(BENCHMARKS), str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    the harness's own (tests/helpers/) and this checkout's daskjobs."""
+    path = [str(BENCHMARKS), str(ROOT / "tests" / "helpers"), str(ROOT)]
+    path.append(os.environ.get("PYTHONPATH", ""))
     return {"PYTHONPATH": os.pathsep.join(p for p in path if p)}

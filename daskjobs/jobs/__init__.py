@@ -9,7 +9,7 @@ The ledger and the model are imported here; the names that need ``distributed`` 
 client API, the runner, the service, sweeps as jobs) are imported on first use (module
 ``__getattr__``, PEP 562), so ``daskjobs ledger ...`` and a script that only reads a
 ledger do not load ``distributed`` (about a second). Type checkers read
-``__init__.pyi`` beside this file (tests/test_packaging.py checks that the two agree).
+``__init__.pyi`` beside this file (tests/project/test_packaging.py checks that the two agree).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 # The types of daskjobs.jobs' public names, for type checkers (mypy, pyright) only.
 # At run time daskjobs/jobs/__init__.py imports the ledger and the model at once and the
-# rest from the same modules on first use (its _LAZY table; tests/test_packaging.py checks
+# rest from the same modules on first use (its _LAZY table; tests/project/test_packaging.py checks
 # that the two agree).
 
 import builtins

@@ -14,7 +14,7 @@ string argument equal to a task's key as a reference to that task: a graph cycle
 pass on 2025.4.0, 2025.5.0, 2025.12.0 and the newest release.
 
 No other module of daskjobs touches a private attribute of dask's ``Scheduler``,
-``TaskState`` or ``WorkerState`` (tests/test_dask_boundary.py scans for it; that test
+``TaskState`` or ``WorkerState`` (tests/project/test_dask_boundary.py scans for it; that test
 says what counts as private). They call the *verbs* here instead, each named for what
 it does to dask and each with a small behavioural self-check that
 :func:`check_scheduler` runs at start (:data:`SELF_CHECKS`: dask's own method on a
@@ -179,7 +179,7 @@ __all__ = [
 ]
 
 #: The oldest dask and distributed release daskjobs runs on (also pyproject.toml's lower
-#: bounds and the release .ci/run tests; tests/test_packaging.py checks they agree).
+#: bounds and the release .ci/run tests; tests/project/test_packaging.py checks they agree).
 LOWEST_SUPPORTED = "2025.4.0"
 
 #: The (comm-less) client that wants backup copies while their race runs.
@@ -1782,7 +1782,7 @@ def check_speculation_verbs(scheduler: Any) -> list[str]:
 
 
 # -- work stealing in the plugin's order --------------------------------------------------
-# (tests/test_steal_order.py, benchmarks/bench_steal_order.py)
+# (tests/plugin/test_steal_order.py, benchmarks/bench_steal_order.py)
 #
 # dask's work stealing (``distributed.stealing.WorkStealing.balance``) walks a victim's
 # stealable tasks, a set per cost level, in the set's order, and steals the first one an

@@ -1,6 +1,6 @@
 """Every private piece of a dask *worker* the plugin's worker half relies on, in one place.
 
-The worker-side sibling of :mod:`daskjobs.plugin._internals` (tests/test_dask_boundary.py
+The worker-side sibling of :mod:`daskjobs.plugin._internals` (tests/project/test_dask_boundary.py
 fences both): the worker plugins (:mod:`daskjobs.plugin.worker`) call the verbs here and
 touch nothing private of a ``Worker`` or its state machine themselves. Like the
 scheduler's verbs, each has a behavioural self-check (:func:`check_worker_verbs`): a small

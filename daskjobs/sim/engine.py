@@ -97,7 +97,7 @@ event and every start, where a call and attribute reads would be a large share
 of a run's cost on CPython. ``reference=True`` runs the slow reference path
 instead: every attempt starts and ends through the named parts, and every hook of
 the policy is called (none skipped as the base class's);
-tests/test_sim_reference.py compares the two, event for event.
+tests/sim/test_sim_reference.py compares the two, event for event.
 
 Cost
 ====
@@ -109,7 +109,7 @@ is sorted once when the run reaches it, and only the buckets' numbers sit in a
 heap (O(log b) a bucket for b buckets, ~64 events each), so that a cluster with
 tens of thousands of running attempts does not pay a cache miss per level of a
 heap of their times. The width changes no schedule
-(tests/test_sim_properties.py runs the same workloads at four widths). Nothing
+(tests/sim/test_sim_properties.py runs the same workloads at four widths). Nothing
 scans all tasks or all running attempts per decision. Learning costs an O(1)
 observation per finished task and, at the cadence above, a prediction and a push
 per waiting task of the stage that became due (per-stage waiting sets; nothing
@@ -373,7 +373,7 @@ def simulate(
     the start and the end of an attempt for speed, or skips a hook the policy leaves as
     the base class has it (``speed``, ``urgent``, ``started``, ``ended``), it calls the
     engine's part and the hook instead. Same schedule, event for event
-    (tests/test_sim_reference.py).
+    (tests/sim/test_sim_reference.py).
 
     ``learn=True`` estimates the tasks without an estimate (``estimated=False``) from the
     durations the run measures, and re-ranks them as it learns (module docs, "Learning
@@ -1276,7 +1276,7 @@ class _Engine:
         a run's cost on CPython. Everything else is a call to a named part. The reference
         path (``reference=True``) starts and ends every attempt through the parts
         (:meth:`start`, :meth:`finish`) and calls every hook of the policy instead;
-        tests/test_sim_reference.py compares the two, event for event."""
+        tests/sim/test_sim_reference.py compares the two, event for event."""
         # hot names bound to locals (a local is one load; `self.x` several steps)
         tasks, n, stamp, nodes = self.tasks, self.n, self.stamp, self.nodes
         far, buckets, soon = self.far, self.buckets, self.soon

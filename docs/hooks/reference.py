@@ -5,7 +5,7 @@ comments say what each key means. This hook reads the file, keys and comments al
 a table of every ``daskjobs.*`` key (its type, its default, its meaning) where
 ``docs/reference/config.md`` holds the marker ``<!-- daskjobs-config-keys -->``. A key added
 to the YAML appears in the reference at the next build; a key without a comment, or one whose
-type cannot be told, fails the build (and tests/test_reference.py).
+type cannot be told, fails the build (and tests/docs/test_reference.py).
 
 Why a hook and not a page written by a script: nothing generated is committed, so nothing can
 be stale; ``mkdocs build`` and ``mkdocs serve`` run it, with no step to forget.
