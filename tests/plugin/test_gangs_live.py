@@ -700,7 +700,7 @@ def test_an_ignored_request_is_counted_and_audited_as_without_resources() -> Non
     them: two best-effort tasks that never check hold every GPU; each asked to yield for an
     interactive task keeps its GPUs past the grace, and is counted and audited
     (``preempt-requested``, ``preempt-ignored``) in ``status()["preemption"]``, the schema
-    of tests/test_preemption_live.py's twin; the interactive task waits for a GPU."""
+    of tests/plugin/test_preemption_live.py's twin; the interactive task waits for a GPU."""
     plugin = JobsPlugin(
         policy="fifo",
         resources=RESOURCES,
