@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import daskjobs
-from daskjobs.plugin import _internals
+from daskjobs.plugin.surgery import _internals
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "daskjobs"
