@@ -76,7 +76,7 @@ if loop is not None:  # the parts' loop is dask's hook (the queue clock one of i
     parts.Transitions.hook = counted(loop, pair)
 else:  # older code: the plugin's own method, and the queue clock's scheduler plugin
     plugin_module.JobsPlugin.transition = counted(plugin_module.JobsPlugin.transition, pair)
-    import daskjobs.plugin.dashboard as dashboard
+    import daskjobs.plugin.observe.dashboard as dashboard
     dashboard.QueueClock.transition = counted(dashboard.QueueClock.transition, pair)
 plugin_module.JobsPlugin._new_graph = counted(
     plugin_module.JobsPlugin._new_graph, lambda *a, **kw: "graph")

@@ -4,7 +4,7 @@ dask's work stealing picks which task to move from a busy worker to an idle one
 without looking at priorities (dask/distributed#8992). On a sweep with a slow worker,
 that can start a short task on an idle fast worker while a long one, ranked ahead of
 it by the plugin, waits on the slow worker. This counts such steals, with dask's own
-choice ("before") and with the plugin's (``daskjobs.plugin._internals.steal_in_order``,
+choice ("before") and with the plugin's (``daskjobs.plugin.surgery._internals.steal_in_order``,
 on by default: the victim's best-ranked waiting task moves instead), side by side in
 one run.
 
@@ -40,7 +40,7 @@ import harness
 from distributed import Client, LocalCluster, get_worker
 
 from daskjobs import JobsPlugin
-from daskjobs.plugin import _internals
+from daskjobs.plugin.surgery import _internals
 
 SLOW = {"0": 4.0}
 

@@ -47,7 +47,7 @@ _LAZY = {
     "set_team": "daskjobs.plugin.client",
     "local_cluster": "daskjobs.plugin.client",
     "start_rate": "daskjobs.plugin.client",
-    "record": "daskjobs.plugin.record",
+    "record": "daskjobs.plugin.client.record",
     "forecast": "daskjobs.forecasting",
 }
 

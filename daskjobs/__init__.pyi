@@ -13,7 +13,7 @@ from daskjobs.plugin.client import local_cluster as local_cluster
 from daskjobs.plugin.client import set_team as set_team
 from daskjobs.plugin.client import start_rate as start_rate
 from daskjobs.plugin.client import status as status
-from daskjobs.plugin.record import record as record
+from daskjobs.plugin.client.record import record as record
 from daskjobs.sweep import ClusterImportError as ClusterImportError
 from daskjobs.sweep import Sweep as Sweep
 from daskjobs.sweep import SweepCancelled as SweepCancelled

@@ -27,11 +27,11 @@ __all__ = ["COMMANDS", "LazyGroup", "jobs", "main"]
 COMMANDS: dict[str, str] = {
     "simulate": "daskjobs.sim.cli:simulate",
     "cache": "daskjobs.cache.cli:cache",
-    "status": "daskjobs.plugin.cli:status_command",
-    "explain": "daskjobs.plugin.cli:explain_command",
-    "forecast": "daskjobs.plugin.cli:forecast_command",
-    "estimates": "daskjobs.plugin.estimates_cli:estimates_command",
-    "start-rate": "daskjobs.plugin.cli:start_rate_command",
+    "status": "daskjobs.plugin.client.cli:status_command",
+    "explain": "daskjobs.plugin.client.cli:explain_command",
+    "forecast": "daskjobs.plugin.client.cli:forecast_command",
+    "estimates": "daskjobs.plugin.client.estimates_cli:estimates_command",
+    "start-rate": "daskjobs.plugin.client.cli:start_rate_command",
     "replay": "daskjobs.replay.cli:replay",
     "ledger": "daskjobs.jobs.cli:jobs_command",
 }

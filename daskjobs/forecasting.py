@@ -4,7 +4,7 @@
 name would shadow the function once imported.)
 
 :func:`forecast` asks the scheduler plugin for a snapshot of what is not finished
-(:mod:`daskjobs.plugin.snapshot`: one read-only pass on the scheduler) and simulates the
+(:mod:`daskjobs.plugin.observe.snapshot`: one read-only pass on the scheduler) and simulates the
 rest *here, on the client*, with the simulator (:func:`daskjobs.sim.simulate`) under the
 policy in force, made from the registry by its name and settings, as the plugin made it,
 with speculation's settings if it is on. It answers the remaining time as a distribution
@@ -609,7 +609,7 @@ def forecast_snapshot(
 
 
 def snapshot(client: Any, keys: Iterable[Hashable] | None = None, limit: int | None = None) -> Any:
-    """The plugin's snapshot (:mod:`daskjobs.plugin.snapshot`) through ``client``."""
+    """The plugin's snapshot (:mod:`daskjobs.plugin.observe.snapshot`) through ``client``."""
     from daskjobs.plugin.client import _call
 
     ks = None if keys is None else [list(k) if isinstance(k, tuple) else k for k in keys]

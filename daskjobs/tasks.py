@@ -24,7 +24,7 @@ _GONE = ("cancelled", "released", "forgotten")
 #: Event topic of a task's checkpoints (the scheduler plugin reads them: the work a
 #: preemption would lose is the work since the last one).
 CHECKPOINT_TOPIC = "daskjobs-checkpoint"
-#: Worker attributes shared with the reporter (daskjobs.plugin.worker): the keys whose
+#: Worker attributes shared with the reporter (daskjobs.plugin.workers.worker): the keys whose
 #: slot the scheduler asked back, and the store of each running task's checkpoint.
 PREEMPT_ATTR = "_daskjobs_preempt"
 CHECKPOINTED_ATTR = "_daskjobs_checkpointed"

@@ -110,7 +110,7 @@ def test_loading_the_entry_point_imports_no_subcommand() -> None:
 
 STATUS_IMPORTS = """
 import sys
-from daskjobs.plugin.cli import fetch_status
+from daskjobs.plugin.client.cli import fetch_status
 from click import ClickException
 try:  # nothing listens there: the command's whole import path runs, then it fails to connect
     fetch_status("tcp://127.0.0.1:9", "1s")
@@ -134,7 +134,7 @@ def test_status_loads_distributed_and_nothing_of_the_plugin() -> None:
         "daskjobs",
         "daskjobs.plugin",
         "daskjobs.plugin.client",
-        "daskjobs.plugin.cli",
+        "daskjobs.plugin.client.cli",
         "daskjobs._options",
         "daskjobs._text",
     }, loaded

@@ -1,4 +1,5 @@
-"""daskjobs.forecast (daskjobs/forecasting.py) and the snapshot it reads (plugin/snapshot.py)."""
+"""daskjobs.forecast (daskjobs/forecasting.py) and the snapshot it reads
+(plugin/observe/snapshot.py)."""
 
 from __future__ import annotations
 

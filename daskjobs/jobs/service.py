@@ -59,8 +59,8 @@ from daskjobs.jobs.model import (
     responsive,
 )
 from daskjobs.jobs.runner import Order, Prepare, run_attempt
-from daskjobs.plugin._internals import install_worker_plugin, peer_names
 from daskjobs.plugin.ranking import UnknownTeam
+from daskjobs.plugin.surgery._internals import install_worker_plugin, peer_names
 
 __all__ = ["JobsService", "attempt_key"]
 

@@ -1,7 +1,7 @@
 """The daskjobs scheduler plugin (imports ``distributed``; the policies do not).
 
 ``JobsPlugin``, ``UnknownTeam`` and ``TeamRefused`` are imported on first use (PEP 562), so that
-``daskjobs.plugin.cli`` and ``daskjobs --help`` do not load ``distributed``.
+``daskjobs.plugin.client.cli`` and ``daskjobs --help`` do not load ``distributed``.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ client's work with it. :class:`AdmissionPart` checks each graph against the oper
 limits (``daskjobs.admission``) twice:
 
 * **when it arrives, before dask reads it** (the plugin wraps dask's ``update-graph``
-  handler: :func:`daskjobs.plugin._internals.wrap_graph_handler`): the bytes of the graph
+  handler: :func:`daskjobs.plugin.surgery._internals.wrap_graph_handler`): the bytes of the graph
   as sent (``graph-bytes``), the keys it asks for (``graph-tasks``) and the client's
   unfinished tasks with those keys (``client-tasks``). O(1) a graph; a refused graph is
   never deserialised, built or ordered, and the client's futures of its keys fail with
-  the refusal (:func:`~daskjobs.plugin._internals.refuse_unread`);
+  the refusal (:func:`~daskjobs.plugin.surgery._internals.refuse_unread`);
 * **once dask has built it, before the plugin ranks it** (``check_graph``): every task of
   the graph against ``graph-tasks``, for a graph that asks for few keys of many tasks (an
   array's reduction). Its new tasks err with the refusal, as any refused submission's,
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.errors import AdmissionRefused, SubmissionRefused, over_limit
-from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.parts import Part, Step
+from daskjobs.plugin.surgery import _internals as dask_internals
 
 if TYPE_CHECKING:
     from dask.typing import Key

@@ -28,7 +28,7 @@ duration model of :mod:`daskjobs.policies.durations` learns from:
   (:class:`~daskjobs.policies.durations.StageModel`'s ``grows``).
 
 Pure Python: nothing here imports ``distributed``; the surgery module hands over the call
-(:func:`daskjobs.plugin._internals.task_call`).
+(:func:`daskjobs.plugin.surgery._internals.task_call`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ maps to a team, and then
   with ``teams.unmapped: refuse`` has every graph refused.
 
 The certificate is read once per client, as it connects (dask keeps it on the connection:
-:func:`~daskjobs.plugin._internals.watch_clients`), and each client's stream carries its own
+:func:`~daskjobs.plugin.surgery._internals.watch_clients`), and each client's stream carries its own
 graphs only, so a client cannot send a graph in another client's name. A client connected
 before the plugin started has no certificate on record and counts as unmapped: load the plugin
 with the scheduler (the preload). The scheduler's own clients (the jobs service's, which
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.errors import SubmissionRefused
-from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.parts import Part
+from daskjobs.plugin.surgery import _internals as dask_internals
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -424,7 +424,7 @@ class IdentityPart(Part):
     """The plugin's part for each client's team (module docstring): decides each new
     graph's team (the ranker's ``graph_team``) or refuses the graph, serves the clients'
     ``daskjobs_team`` requests, and, with teams bound, reads each client's certificate as
-    it connects (:func:`~daskjobs.plugin._internals.watch_clients`)."""
+    it connects (:func:`~daskjobs.plugin.surgery._internals.watch_clients`)."""
 
     name = "teams"
     refusals = (TeamRefused,)

@@ -30,7 +30,8 @@ The transition order is the list's: recording (it tells a trace the transition b
 speculation settles anything), then speculation (which marks a copy's or an alias's end as
 nothing to learn from: :attr:`Step.learn`), preemption, resources, the learner, the release
 gate, and ranking last (it forgets a forgotten task). The scheduler's forecast
-(:mod:`daskjobs.plugin.live_forecast`) is a part of no hook: it starts and stops with the rest.
+(:mod:`daskjobs.plugin.observe.live_forecast`) is a part of no hook:
+it starts and stops with the rest.
 Where one part's answer feeds another, the link is made here, once: speculation tells
 recording which task a copy's start belongs to; recording asks speculation under which
 key a transition is recorded.
@@ -45,12 +46,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
-from daskjobs.plugin.inventory import INVENTORY_NAME, INVENTORY_TOPIC, inventory_bytes
 from daskjobs.plugin.periodic import every
 from daskjobs.plugin.ranking import PENDING
-from daskjobs.plugin.worker import (
+from daskjobs.plugin.surgery import _internals as dask_internals
+from daskjobs.plugin.workers.inventory import INVENTORY_NAME, INVENTORY_TOPIC, inventory_bytes
+from daskjobs.plugin.workers.worker import (
     REORDER_OP,
     REORDER_TOPIC,
     REORDERER_NAME,
@@ -67,13 +68,13 @@ if TYPE_CHECKING:
 
     from daskjobs.config import Settings
     from daskjobs.plugin.admission import AdmissionPart
-    from daskjobs.plugin.gangs import Placer
+    from daskjobs.plugin.enact.gangs import Placer
+    from daskjobs.plugin.enact.preemption import Preemptor
+    from daskjobs.plugin.enact.speculation import Speculator
     from daskjobs.plugin.identity import ClientTeams
-    from daskjobs.plugin.preemption import Preemptor
+    from daskjobs.plugin.observe.recording import Recording
     from daskjobs.plugin.ranking import Ranker
-    from daskjobs.plugin.recording import Recording
     from daskjobs.plugin.release import ReleaseGate
-    from daskjobs.plugin.speculation import Speculator
     from daskjobs.plugin.speeds import WorkerSpeeds
 
 __all__ = [
@@ -284,7 +285,7 @@ class Transitions:
 
 
 class RecordingPart(Part):
-    """The trace of a run (:mod:`daskjobs.plugin.recording`)."""
+    """The trace of a run (:mod:`daskjobs.plugin.observe.recording`)."""
 
     name = "record"
 
@@ -344,7 +345,7 @@ class RecordingPart(Part):
 
 
 class SpeculationPart(Part):
-    """Backup copies of late tasks (:mod:`daskjobs.plugin.speculation`)."""
+    """Backup copies of late tasks (:mod:`daskjobs.plugin.enact.speculation`)."""
 
     name = "speculation"
 
@@ -405,7 +406,8 @@ class SpeculationPart(Part):
 
 
 class PreemptionPart(Part):
-    """Preemption of best-effort work for interactive work (:mod:`daskjobs.plugin.preemption`)."""
+    """Preemption of best-effort work for interactive work
+    (:mod:`daskjobs.plugin.enact.preemption`)."""
 
     name = "preemption"
 
@@ -446,7 +448,7 @@ class PreemptionPart(Part):
 
 
 class ResourcesPart(Part):
-    """Resources and gangs (:mod:`daskjobs.plugin.gangs`); with preemption on, the placer
+    """Resources and gangs (:mod:`daskjobs.plugin.enact.gangs`); with preemption on, the placer
     enacts it too (it places every resource task)."""
 
     name = "resources"
@@ -459,7 +461,7 @@ class ResourcesPart(Part):
         self.audit = audit
         self.preemption = preemption  # its description, when the placer enacts it
         self._placed: list[Any] = []
-        from daskjobs.plugin.gangs import ResourceRequestError
+        from daskjobs.plugin.enact.gangs import ResourceRequestError
 
         self.refusals = (ResourceRequestError,)
 
@@ -540,7 +542,7 @@ def _write_history(job: Any) -> str:
 class LearningPart(Part):
     """Estimates and worker speeds learnt from finished attempts; the history file; the
     worker plugin that takes a re-ranked stage's new priorities on the workers
-    (:class:`~daskjobs.plugin.worker.Reorderer`, installed while the ranker re-ranks)."""
+    (:class:`~daskjobs.plugin.workers.worker.Reorderer`, installed while the ranker re-ranks)."""
 
     name = "learning"
 
@@ -775,7 +777,7 @@ def compose(
     parts: list[Part] = [admission, recorder, IdentityPart(identities, ranker)]
     speculator = preemptor = placer = None
     if settings.speculation.enabled:
-        from daskjobs.plugin.speculation import Speculator
+        from daskjobs.plugin.enact.speculation import Speculator
 
         speculator = Speculator(settings.speculation.policy(), audit, ranker.tasks, speeds)
         parts.append(SpeculationPart(speculator, audit, recorder))
@@ -789,15 +791,15 @@ def compose(
         ranker.te_first = preemption.te_first
         described = preemption.describe()
         if not rs.enabled:
-            from daskjobs.plugin.preemption import Preemptor
+            from daskjobs.plugin.enact.preemption import Preemptor
 
             preemptor = Preemptor(
                 preemption, pr.resource, pr.grace, pr.interval, audit, ranker.tasks
             )
             parts.append(PreemptionPart(preemptor, described, audit))
     if rs.enabled:  # with both on, the placer enacts preemption too
-        from daskjobs.plugin.gangs import Placer
-        from daskjobs.plugin.preemption import Enactor
+        from daskjobs.plugin.enact.gangs import Placer
+        from daskjobs.plugin.enact.preemption import Enactor
         from daskjobs.policies.resources import GangPolicy
 
         placer = Placer(
@@ -821,7 +823,7 @@ def compose(
     if ranker.fair is not None:  # who pays for a shared stage: the team books' question
         parts.append(SharePart(ranker, gate, audit))
     if settings.forecast.interval is not None:  # each team's expected end, for the pages
-        from daskjobs.plugin.live_forecast import ForecastPart
+        from daskjobs.plugin.observe.live_forecast import ForecastPart
 
         parts.append(ForecastPart(audit))
     return Composed(parts, speculator, preemptor, placer, identities, admission)

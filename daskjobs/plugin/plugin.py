@@ -7,8 +7,8 @@ speculation, preemption, resources and gangs, learning, the release gate, shared
 concern each, behind one protocol, every call under one guard), composed from the settings and what
 the policy declares it does (:attr:`~daskjobs.policies.Policy.capabilities`). ``explain``,
 ``status``, the dashboard page and the metrics read it through a read-only view (``plugin.view``,
-:mod:`~daskjobs.plugin.explain`). Every private piece of distributed the parts touch is a verb of
-:mod:`daskjobs.plugin._internals`, checked at start.
+:mod:`~daskjobs.plugin.observe.explain`). Every private piece of distributed the parts touch is a
+verb of :mod:`daskjobs.plugin.surgery._internals`, checked at start.
 
 Safety: the plugin runs inside a shared scheduler. An exception in a part's hook is logged at
 WARNING with the key, counted in ``plugin.errors`` under the part's name and swallowed; dask
@@ -27,25 +27,25 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskjobs.config import Settings, settings, summary
 from daskjobs.errors import SubmissionRefused
-from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin import parts as _parts
 from daskjobs.plugin.audit import Audit
-from daskjobs.plugin.dashboard import install_dashboard, uninstall_dashboard
-from daskjobs.plugin.explain import PluginView
-from daskjobs.plugin.metrics import install_metrics, uninstall_metrics
+from daskjobs.plugin.observe.dashboard import install_dashboard, uninstall_dashboard
+from daskjobs.plugin.observe.explain import PluginView
+from daskjobs.plugin.observe.metrics import install_metrics, uninstall_metrics
+from daskjobs.plugin.observe.recording import Recording
 from daskjobs.plugin.ranking import Ranker, UnknownTeam
-from daskjobs.plugin.recording import Recording
 from daskjobs.plugin.release import ReleaseGate
 from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.surgery import _internals as dask_internals
 from daskjobs.plugin.trust import apply_trust
 from daskjobs.plugin.views import LiveAttempt, LiveTask
 
 if TYPE_CHECKING:
     from dask.typing import Key
 
-    from daskjobs.plugin.gangs import Placer
-    from daskjobs.plugin.preemption import Preemptor
-    from daskjobs.plugin.speculation import Speculator
+    from daskjobs.plugin.enact.gangs import Placer
+    from daskjobs.plugin.enact.preemption import Preemptor
+    from daskjobs.plugin.enact.speculation import Speculator
 
 __all__ = ["JobsPlugin", "LiveAttempt", "LiveTask", "UnknownTeam"]
 
@@ -229,7 +229,7 @@ class JobsPlugin(SchedulerPlugin):
                 self.audit.failed("worker-report")
         return True
 
-    # -- what it tells (daskjobs.plugin.explain) -----------------------------------------
+    # -- what it tells (daskjobs.plugin.observe.explain) -----------------------------------------
     def explain(self, key: Key) -> dict[str, Any]:
         """Why ``key`` waits, or where it ran: estimate, priority, team, place in queue."""
         return self.view.explain(key)

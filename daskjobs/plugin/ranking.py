@@ -31,13 +31,15 @@ model per stage over each task's ``params``). At the model's cadence (``Estimato
 the stage's observations ever made reach 1, 2, 4, ... 512, then every 512) the ranker gives the
 stage's tasks without an ``estimate`` annotation that have not started their new estimates and
 asks the policy for their keys again (``policy.reestimate`` first, for a key that reads more than
-the task), each aged as before; :func:`~daskjobs.plugin._internals.reprioritize` enacts the ranks
+the task), each aged as before; :func:`~daskjobs.plugin.surgery._internals.reprioritize` enacts the
+ranks
 wherever the tasks wait: in dask's queue, not yet runnable, or on a worker. dask sends a task
 with inputs to a worker as soon as it is runnable (only root tasks wait in its queue), so a stage
 read from a feature stage sits in the workers' ready heaps before any of it finishes (on the
 two-stage sweep of benchmarks/bench_estimates.py, most of the backtest stage at its first
 re-rank and all of it from its third: benchmarks/NOTES.md). Each worker that runs the
-plugin's :class:`~daskjobs.plugin.worker.Reorderer` (installed while re-ranking is on; it says
+plugin's :class:`~daskjobs.plugin.workers.worker.Reorderer` (installed while
+re-ranking is on; it says
 so once its self-check passed) gets one message with its tasks' new priorities and re-orders its
 heaps; a task that started there is skipped. Then the work waiting on those workers is evened
 out by its estimates (:func:`~daskjobs.policies.balance.rebalance` decides which waiting tasks
@@ -59,7 +61,7 @@ learns, and is what dask's worker already does with a priority: run the lowest f
 
 A graph is ranked entirely or not at all, right after dask prioritised it and
 before anything is dispatched (the plugin wraps ``Scheduler._set_priorities``,
-see :mod:`daskjobs.plugin._internals`). O(n log n) per graph. The only errors
+see :mod:`daskjobs.plugin.surgery._internals`). O(n log n) per graph. The only errors
 that reach a client are about its own input (a bad ``estimate``, an unknown
 team when teams are strict): they fail that submission, naming the task.
 """
@@ -74,7 +76,6 @@ from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings, policy_settings
 from daskjobs.errors import SubmissionRefused
-from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.estimates import (
     BadEstimate,
@@ -85,6 +86,7 @@ from daskjobs.plugin.estimates import (
     predict_stage,
 )
 from daskjobs.plugin.features import read
+from daskjobs.plugin.surgery import _internals as dask_internals
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, Policy, TaskView, registry
 from daskjobs.policies.balance import Backlog, movable, rebalance
@@ -237,7 +239,7 @@ class Ranker:
         self.waiting: dict[str, dict[Key, None]] = {}
         self.reestimated = 0  # tasks given a new estimate and rank so far
         # the workers whose worker plugin takes new priorities of tasks waiting there
-        # (they said so: daskjobs.plugin.worker.Reorderer), and the message's name
+        # (they said so: daskjobs.plugin.workers.worker.Reorderer), and the message's name
         self.reorders: set[str] = set()
         self.reorder_op = ""
         self.reranked_on_workers = 0  # re-ranked tasks that waited on a worker
@@ -576,7 +578,7 @@ class Ranker:
         each task of ``stage`` that waits (on the scheduler, or on a worker that takes new
         priorities: :attr:`reorders`) its new estimate, and the rank the policy's ``key``
         gives it with it (after ``policy.reestimate``), aged as it was; the verb
-        :func:`~daskjobs.plugin._internals.reprioritize` enacts the ranks. Returns
+        :func:`~daskjobs.plugin.surgery._internals.reprioritize` enacts the ranks. Returns
         ``(old view, new view, dask state)`` of each task whose estimate changed.
         O(waiting tasks of the stage x log queued), at the model's cadence, which spaces
         the re-ranks of a long queue by its length: O(1) visits per finished task.
@@ -744,7 +746,7 @@ class Ranker:
     def _rebalance(self, sched: Any) -> int:
         """Ask :func:`~daskjobs.policies.balance.rebalance` how to even out the estimated
         work waiting on the workers that take new priorities, and enact its moves through
-        dask's work stealing (:func:`~daskjobs.plugin._internals.move_waiting`: a task
+        dask's work stealing (:func:`~daskjobs.plugin.surgery._internals.move_waiting`: a task
         that started meanwhile is not moved). Each worker's backlog is the tasks dask sent
         it, in priority order, with their estimates (the default for a task not ranked);
         a task with restrictions counts but does not move. O(tasks on those workers x

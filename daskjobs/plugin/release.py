@@ -61,9 +61,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.surgery import _internals as dask_internals
 from daskjobs.plugin.views import ANY_NODE, OUTCOME, LiveAttempt, LiveTask, Slot
 from daskjobs.policies import Capabilities, Policy
 

@@ -1,7 +1,7 @@
 """Resource vectors, accelerator types and gangs: feasibility first, then placement.
 
 docs/explanation/resources.md. Two rules, both made here and enacted by two drivers (the live
-plugin, :mod:`daskjobs.plugin.gangs`, and the simulator, :mod:`daskjobs.sim.gangs`):
+plugin, :mod:`daskjobs.plugin.enact.gangs`, and the simulator, :mod:`daskjobs.sim.gangs`):
 
 * **Feasibility** (:func:`why_not`): a worker that lacks what a task asks for (its
   accelerator type, memory per device, a resource count, a constraint expression) is not

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.cache.store import ResultStore
-from daskjobs.plugin._worker_internals import stop_heartbeats
+from daskjobs.plugin.surgery._worker_internals import stop_heartbeats
 from daskjobs.sweep.diagnosis import (
     StageFailure,
     SweepCancelled,

@@ -38,9 +38,9 @@ from conftest import plugin_cluster
 from distributed import Client, LocalCluster
 
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin import dashboard as dashboard_module
 from daskjobs.plugin.client import status
-from daskjobs.plugin.dashboard import NAME, Dashboard, QueueClock, installed
+from daskjobs.plugin.observe import dashboard as dashboard_module
+from daskjobs.plugin.observe.dashboard import NAME, Dashboard, QueueClock, installed
 
 pytest.importorskip("bokeh")  # the [dashboard] extra; installed by the test extra
 
@@ -318,7 +318,7 @@ def _dashboard_history(cl: Any) -> list[float]:
     import json
     import urllib.request
 
-    from daskjobs.plugin.dashboard import installed
+    from daskjobs.plugin.observe.dashboard import installed
 
     if installed(cl.scheduler) is None:
         return []

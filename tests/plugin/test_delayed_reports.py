@@ -20,9 +20,9 @@ from conftest import VALIDATE, plugin_cluster
 from distributed import Client
 
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin.record import record
-from daskjobs.plugin.speculation import copy_key
-from daskjobs.plugin.worker import REPORTER_NAME, STARTED_TOPIC, StartReporter
+from daskjobs.plugin.client.record import record
+from daskjobs.plugin.enact.speculation import copy_key
+from daskjobs.plugin.workers.worker import REPORTER_NAME, STARTED_TOPIC, StartReporter
 
 # -- the reporter on its own, with a worker stand-in: what it sends, and when -----------------
 

@@ -23,7 +23,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 import daskjobs
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import status
-from daskjobs.plugin.worker import STARTED_TOPIC, StartReporter
+from daskjobs.plugin.workers.worker import STARTED_TOPIC, StartReporter
 
 INVENTORY = {
     "by-name": {
@@ -612,7 +612,7 @@ def test_a_job_spec_checks_its_placement_and_keeps_its_identity_without_one() ->
 
 def test_nvidia_smi_is_read_where_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake ``nvidia-smi`` on the PATH: two A100s of 80 GB and a smaller third device."""
-    from daskjobs.plugin.inventory import nvidia_smi
+    from daskjobs.plugin.workers.inventory import nvidia_smi
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text(

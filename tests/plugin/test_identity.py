@@ -362,7 +362,7 @@ def test_a_client_that_reconnects_keeps_the_team_it_stated(
 
 
 def test_a_certificate_of_an_unusual_shape_has_no_names() -> None:
-    from daskjobs.plugin._internals import peer_names
+    from daskjobs.plugin.surgery._internals import peer_names
 
     odd = SimpleNamespace(extra_info={"peercert": {"subject": 3}})
     assert peer_names(odd) == ()

@@ -1,4 +1,4 @@
-"""The verbs of daskjobs.plugin._internals check at start that dask still behaves as they
+"""The verbs of daskjobs.plugin.surgery._internals check at start that dask still behaves as they
 rely on: the installed release passes, and a scheduler changed in one place is refused
 naming the verb and what changed."""
 
@@ -13,7 +13,7 @@ import pytest
 from distributed import Scheduler
 from distributed.collections import HeapSet
 
-from daskjobs.plugin import _internals
+from daskjobs.plugin.surgery import _internals
 
 
 @pytest.fixture(scope="module")

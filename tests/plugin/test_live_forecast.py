@@ -1,4 +1,5 @@
-"""The scheduler's own forecast (daskjobs/plugin/live_forecast.py), on its page and /metrics.
+"""The scheduler's own forecast (daskjobs/plugin/observe/live_forecast.py), on its page and
+/metrics.
 
 Work is held unfinished with a ``threading.Event`` (in-process workers), so the forecast
 always has something to simulate while a test looks; every wait polls for the thing it
@@ -24,11 +25,11 @@ from conftest import plugin_cluster
 from distributed import Client
 
 import daskjobs.forecasting as forecasting
-import daskjobs.plugin.live_forecast as live_forecast
-import daskjobs.plugin.snapshot as snapshot_module
+import daskjobs.plugin.observe.live_forecast as live_forecast
+import daskjobs.plugin.observe.snapshot as snapshot_module
 from daskjobs.forecasting import Forecast, Remaining
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin.live_forecast import NAME, THREAD, ForecastPart, Reading
+from daskjobs.plugin.observe.live_forecast import NAME, THREAD, ForecastPart, Reading
 
 GATE = threading.Event()
 FAST = {"interval": "1s"}  # the first forecast a second after work appears
@@ -228,7 +229,7 @@ def test_the_page_and_metrics_show_each_teams_expected_end(gate):
         assert rows["idle"]["expected_end"] == {"p10": 0.0, "p50": 0.0, "p90": 0.0}
 
         pytest.importorskip("bokeh")
-        from daskjobs.plugin import dashboard
+        from daskjobs.plugin.observe import dashboard
 
         page = dashboard._Page(dashboard.installed(cl.scheduler))
         page.update()
@@ -254,7 +255,7 @@ def test_switched_off_nothing_is_computed(monkeypatch, gate):
         assert NAME not in cl.scheduler.periodic_callbacks
         futures = submit(c)
         # the page's sampler has ticked a few times with the work unfinished
-        dash = pytest.importorskip("daskjobs.plugin.dashboard").installed(cl.scheduler)
+        dash = pytest.importorskip("daskjobs.plugin.observe.dashboard").installed(cl.scheduler)
         if dash is not None:
             seq = dash.seq
             until(lambda: dash.seq >= seq + 3, "three ticks of the page's sampler")

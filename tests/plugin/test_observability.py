@@ -25,9 +25,9 @@ from distributed import Client
 from daskjobs.cli import main
 from daskjobs.config import settings
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin.cli import render
 from daskjobs.plugin.client import explain
-from daskjobs.plugin.metrics import install_metrics, installed, uninstall_metrics
+from daskjobs.plugin.client.cli import render
+from daskjobs.plugin.observe.metrics import install_metrics, installed, uninstall_metrics
 
 pytest.importorskip("prometheus_client")
 

@@ -25,10 +25,10 @@ from repo import FOLDERS, ROOT
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin._internals import DaskInternalsError, check_scheduler
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.client import explain, local_cluster, status
 from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.surgery._internals import DaskInternalsError, check_scheduler
 from daskjobs.plugin.views import LiveTask
 
 

@@ -55,7 +55,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_explain_reads_a_view_and_does_not_import_the_plugin() -> None:
-    assert "daskjobs.plugin.plugin" not in _imports(PLUGIN / "explain.py")
+    assert "daskjobs.plugin.plugin" not in _imports(PLUGIN / "observe" / "explain.py")
     assert "daskjobs.plugin.plugin" not in _imports(PLUGIN / "parts.py")
 
 

@@ -306,7 +306,7 @@ class _Stream:
 
 def _enactor(grace: float = 1.0) -> tuple[Any, _Scheduler]:
     from daskjobs.plugin.audit import Audit
-    from daskjobs.plugin.preemption import Enactor
+    from daskjobs.plugin.enact.preemption import Enactor
     from daskjobs.policies.preemption import FitResume
 
     audit = Audit(100)
@@ -318,7 +318,7 @@ def _enactor(grace: float = 1.0) -> tuple[Any, _Scheduler]:
 
 
 def _one_victim(en: Any, now: float) -> None:
-    from daskjobs.plugin.preemption import _Job, _Run
+    from daskjobs.plugin.enact.preemption import _Job, _Run
     from daskjobs.policies.preemption import Preemption
 
     run = _Run(_Job("be-0", "be", 2.0, 0.0), 0, "w0", 0.0, 0, 0, 0.0)

@@ -1,5 +1,5 @@
-"""The preemption and gang verbs of plugin/_internals.py: each does what the drivers rely on,
-on dask's own objects, and their self-checks pass on this dask and name the verb when what
+"""The preemption and gang verbs of plugin/surgery/_internals.py: each does what the drivers
+rely on, on dask's own objects, and their self-checks pass on this dask and name the verb when what
 they rely on is gone."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from distributed import Scheduler
 
-from daskjobs.plugin._internals import (
+from daskjobs.plugin.surgery._internals import (
     PREEMPTION_CHECKS,
     _stand_in_task,
     ask_to_yield,

@@ -15,8 +15,8 @@ from distributed import Client
 import daskjobs
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import status
-from daskjobs.plugin.recorder import TraceRecorder
-from daskjobs.plugin.worker import REPORTER_NAME
+from daskjobs.plugin.observe.recorder import TraceRecorder
+from daskjobs.plugin.workers.worker import REPORTER_NAME
 from daskjobs.trace import TraceError, read_trace
 
 
@@ -296,7 +296,7 @@ def test_graph_records_through_the_plugin_survive_a_stalled_writer(tmp_path, mon
     stalled until recording stops, a graph of 3,000 tasks that cannot run (no worker
     has a GPU) and 600 that run. Every graph record is in the trace; the transitions
     beyond the bound are dropped, counted in status() and the footer, logged once."""
-    from daskjobs.plugin import recorder
+    from daskjobs.plugin.observe import recorder
 
     init = recorder.TraceRecorder.__init__
 

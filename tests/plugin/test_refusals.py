@@ -26,8 +26,8 @@ from distributed import Client, LocalCluster
 from daskjobs import SubmissionRefused, Sweep, jobs
 from daskjobs.jobs.service import JobsService
 from daskjobs.plugin import JobsPlugin
+from daskjobs.plugin.enact.gangs import ResourceRequestError
 from daskjobs.plugin.estimates import BadEstimate
-from daskjobs.plugin.gangs import ResourceRequestError
 from daskjobs.plugin.ranking import BadJobClass, UnknownTeam
 
 #: how long a refusal may take to reach its caller (it takes a few round trips; a

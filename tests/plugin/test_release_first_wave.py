@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from daskjobs.plugin import _internals as dask_internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.release import _RELEASED, ReleaseGate
 from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.surgery import _internals as dask_internals
 from daskjobs.plugin.views import ANY_NODE, LiveAttempt, LiveTask, Slot
 from daskjobs.policies import NodeView, Policy, TaskView
 

@@ -2,7 +2,7 @@
 as soon as it is runnable, so a stage read from a feature task sits in the worker's ready
 heap before any of it finishes. When the stage's model learns, the scheduler sends those
 tasks' new priorities to their worker, whose worker plugin re-orders its heaps
-(daskjobs/plugin/_worker_internals.py, Ranker.reestimate, the verb ``reprioritize``)."""
+(daskjobs/plugin/surgery/_worker_internals.py, Ranker.reestimate, the verb ``reprioritize``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from conftest import VALIDATE, plugin_cluster
 from distributed import Client, Event
 
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin import _worker_internals as wi
-from daskjobs.plugin.worker import REORDERER_NAME
+from daskjobs.plugin.surgery import _worker_internals as wi
+from daskjobs.plugin.workers.worker import REORDERER_NAME
 
 #: The event that holds the stage's third task (tests/helpers/realtasks.py: its tasks run on real
 #: worker processes too, which import them by name).

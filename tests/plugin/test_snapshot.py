@@ -1,4 +1,4 @@
-"""The forecast's snapshot (daskjobs/plugin/snapshot.py): in slices, as in one pass.
+"""The forecast's snapshot (daskjobs/plugin/observe/snapshot.py): in slices, as in one pass.
 
 The sliced snapshot gives the event loop back between chunks; here a chunk is one task
 and every chunk ends a slice (``CHUNK = 1``, ``SLICE = 0``), so every step of it can be
@@ -20,9 +20,9 @@ import pytest
 from conftest import plugin_cluster
 from distributed import Client, Event
 
-import daskjobs.plugin.snapshot as snapshot_module
+import daskjobs.plugin.observe.snapshot as snapshot_module
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin.snapshot import LIMIT, Cost, snapshot, snapshot_async
+from daskjobs.plugin.observe.snapshot import LIMIT, Cost, snapshot, snapshot_async
 
 
 def held(name: str, i: int) -> int:

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 from distributed.stealing import WorkStealing
 
-from daskjobs.plugin import _internals
-from daskjobs.plugin._internals import (
+from daskjobs.plugin.surgery import _internals
+from daskjobs.plugin.surgery._internals import (
     REQUIRED_SCHEDULER_ATTRS,
     DaskInternalsError,
     check_scheduler,

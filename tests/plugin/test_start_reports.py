@@ -1,7 +1,7 @@
 """The workers' start reports: each start arrives once, before its task's end.
 
 Speculation, preemption, the resource placer and recording read a task's true start
-from the :class:`~daskjobs.plugin.worker.StartReporter`'s ``daskjobs-started``
+from the :class:`~daskjobs.plugin.workers.worker.StartReporter`'s ``daskjobs-started``
 event and rely on it reaching the scheduler before the task's end. Checked on the
 scheduler, in the order it handles them, with tasks far shorter than a scheduler
 tick; the real-process runs are in tests/real/test_real_speculation.py and
@@ -18,7 +18,7 @@ from conftest import VALIDATE, plugin_cluster
 from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskjobs.plugin.worker import STARTED_TOPIC, StartReporter
+from daskjobs.plugin.workers.worker import STARTED_TOPIC, StartReporter
 
 
 class ArrivalWatch(SchedulerPlugin):

@@ -1,5 +1,5 @@
 """dask's work stealing moves a victim's best-ranked waiting task, not any
-(``daskjobs.plugin._internals.steal_in_order``; the figures before and after:
+(``daskjobs.plugin.surgery._internals.steal_in_order``; the figures before and after:
 ``benchmarks/bench_steal_order.py``, docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import VALIDATE, plugin_cluster
 from distributed import Client, Event
 
 from daskjobs.plugin import JobsPlugin
-from daskjobs.plugin._internals import steal_in_order
+from daskjobs.plugin.surgery._internals import steal_in_order
 
 
 def wait_for(name):

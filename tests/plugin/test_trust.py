@@ -17,7 +17,7 @@ from distributed import Client
 import daskjobs
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import status
-from daskjobs.plugin.worker import RETURNED_TOPIC, STARTED_TOPIC
+from daskjobs.plugin.workers.worker import RETURNED_TOPIC, STARTED_TOPIC
 from daskjobs.trace import read_trace
 
 

@@ -1,8 +1,8 @@
-"""Only ``daskjobs/plugin/_internals.py`` touches distributed's scheduler state privately.
+"""Only ``daskjobs/plugin/surgery/_internals.py`` touches distributed's scheduler state privately.
 
 The plugin steers dask through a handful of private pieces of distributed (wrapped
 methods, queue promotion, slots withheld, task surgery). Each lives in one module,
-:mod:`daskjobs.plugin._internals`, as a named verb checked at start, so that a dask
+:mod:`daskjobs.plugin.surgery._internals`, as a named verb checked at start, so that a dask
 release that changes one is named there and nowhere else breaks silently. This test
 is that promise's fence, the way tests/project/test_layering.py fences the imports: an AST
 scan of every module under ``daskjobs/``.
@@ -59,10 +59,10 @@ import daskjobs
 ROOT = Path(daskjobs.__file__).resolve().parent
 
 #: The one module allowed to touch dask's scheduler privately.
-SURGERY = "plugin/_internals.py"
+SURGERY = "plugin/surgery/_internals.py"
 #: Its worker-side sibling: the one module allowed to touch a dask worker privately (it is
 #: pickled by value with the worker plugins, so it cannot live in ``_internals.py``).
-WORKER_SURGERY = "plugin/_worker_internals.py"
+WORKER_SURGERY = "plugin/surgery/_worker_internals.py"
 SURGERY_MODULES = frozenset({SURGERY, WORKER_SURGERY})
 
 #: Modules still to move their private accesses into verbs of ``_internals.py``: the

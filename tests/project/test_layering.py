@@ -220,3 +220,49 @@ def test_importing_the_simulator_does_not_load_distributed():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "", f"loaded: {run.stdout.strip()}"
+
+
+# -- the plugin's rooms --------------------------------------------------------------------
+
+PLUGIN = ROOT / "plugin"
+#: The plugin's rooms (docs/explanation/architecture.md); its top level is the core.
+ROOMS = frozenset({"surgery", "enact", "workers", "observe", "client"})
+
+
+def _room(mod: str) -> str | None:
+    """The room of daskjobs.plugin module ``mod`` (``core`` for its top level), else None."""
+    parts = mod.split(".")
+    if parts[:2] != ["daskjobs", "plugin"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in ROOMS else "core"
+
+
+def test_the_plugin_rooms_import_what_their_names_promise():
+    """surgery/ imports no other room; workers/ (pickled by value onto the workers) only
+    the worker surgery; enact/ is loaded only where a part is composed (no module outside
+    it imports it at module level: TYPE_CHECKING blocks and function bodies are not)."""
+    bad = []
+    for path in sorted(PLUGIN.rglob("*.py")):
+        mod, rel = module_name(path), path.relative_to(ROOT.parent)
+        room = _room(mod)
+        source = path.read_text(encoding="utf-8")
+        for line, imported in imports_of(source, mod, path.name == "__init__.py"):
+            if room == "surgery" and _room(imported) not in (None, "surgery"):
+                bad.append(f"{rel}:{line} (surgery) imports {imported}")
+            if room == "workers" and imported.startswith("daskjobs"):
+                ok = (
+                    _room(imported) == "workers"
+                    or imported.startswith("daskjobs.plugin.surgery._worker_internals")
+                    or imported == "daskjobs.plugin.surgery"
+                )
+                if not ok:
+                    bad.append(f"{rel}:{line} (workers) imports {imported}")
+        if room == "enact":
+            continue
+        for node in ast.parse(source).body:  # module level only
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                bad += [f"{rel}:{node.lineno} imports {n}" for n in names if _room(n) == "enact"]
+    assert not bad, "\n".join(bad)
+    assert {p.parent.name for p in PLUGIN.glob("*/__init__.py")} == ROOMS

@@ -28,7 +28,7 @@ import pytest
 from repo import FOLDERS, ROOT
 
 import daskjobs
-from daskjobs.plugin import _internals
+from daskjobs.plugin.surgery import _internals
 
 PACKAGE = ROOT / "daskjobs"
 BIN = Path(sys.executable).parent

@@ -20,8 +20,8 @@ from realcluster import PROBLEMS, RealCluster
 from realtasks import held
 
 from daskjobs import AdmissionRefused, Sweep
-from daskjobs.plugin._internals import ERR_EACH
 from daskjobs.plugin.admission import UnsendableTask, unsendable
+from daskjobs.plugin.surgery._internals import ERR_EACH
 
 LIMITS = {"graph-tasks": 500, "graph-bytes": "1MiB", "client-tasks": 800}
 

@@ -29,7 +29,7 @@ pickles it *by value*, so workers need ``distributed`` but not ``daskjobs``).
 is runnable, where it waits in the worker's ready heap; the scheduler plugin sends the new
 priorities of a worker's waiting tasks in one :data:`REORDER_OP` message, and the reorderer
 re-orders the heap through the worker-side verbs of
-:mod:`daskjobs.plugin._worker_internals`. Installed (by value, with that module) while the
+:mod:`daskjobs.plugin.surgery._worker_internals`. Installed (by value, with that module) while the
 plugin re-ranks.
 """
 
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from daskjobs.plugin import _worker_internals as worker_internals
+from daskjobs.plugin.surgery import _worker_internals as worker_internals
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -66,7 +66,7 @@ RETURNED_TOPIC = "daskjobs-returned"
 _RETURNED_FROM = ("released", "memory", "error", "forgotten", "missing", "rescheduled")
 #: Name the reporter is installed under on the workers.
 REPORTER_NAME = "daskjobs-start-reporter"
-#: First element of a backup copy's key (``daskjobs.plugin.speculation.copy_key``); the
+#: First element of a backup copy's key (``daskjobs.plugin.enact.speculation.copy_key``); the
 #: reporter cannot import daskjobs on a worker, so the name lives here.
 COPY_PREFIX = "daskjobs-copy"
 #: The scheduler's message asking running tasks' slots back (preemption; daskjobs.preempted).
@@ -203,7 +203,7 @@ class StartReporter(WorkerPlugin):
 class Reorderer(WorkerPlugin):
     """Take the scheduler's new priorities for tasks waiting on this worker (a re-ranked
     stage, docs/how-to/estimates.md): the :data:`REORDER_OP` message, enacted by the verb
-    :func:`~daskjobs.plugin._worker_internals.reorder` (O(r log r) a message for the
+    :func:`~daskjobs.plugin.surgery._worker_internals.reorder` (O(r log r) a message for the
     ``r`` tasks waiting here). At setup it runs the verb's self-check on this worker's
     dask; only if it passes does it take the message and tell the scheduler so
     (a :data:`REORDER_TOPIC` event): the scheduler sends the message to no other worker

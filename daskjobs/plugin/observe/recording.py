@@ -3,8 +3,8 @@
 With ``record: run.jsonl`` in the config, ``JobsPlugin(record=...)`` or, for a
 while, :func:`daskjobs.record`, the plugin writes the graph, the workers and every
 attempt as JSON Lines. The hooks only hand small dicts to a bounded queue
-(:class:`~daskjobs.plugin.recorder.TraceRecorder`); a thread writes them. True
-start times come from :class:`~daskjobs.plugin.worker.StartReporter`, the worker
+(:class:`~daskjobs.plugin.observe.recorder.TraceRecorder`); a thread writes them. True
+start times come from :class:`~daskjobs.plugin.workers.worker.StartReporter`, the worker
 plugin the plugin installs. A recording a client asks for is confined to
 ``daskjobs.record-dir`` (the trust model, docs/how-to/load-the-plugin.md#trust).
 """
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings
 from daskjobs.plugin.audit import Audit
-from daskjobs.plugin.recorder import TraceRecorder
+from daskjobs.plugin.observe.recorder import TraceRecorder
 from daskjobs.plugin.views import LiveTask, stage_of
 
 if TYPE_CHECKING:

@@ -17,22 +17,22 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from daskjobs.plugin import _internals as dask_internals
-from daskjobs.plugin.snapshot import snapshot, snapshot_async
+from daskjobs.plugin.observe.snapshot import snapshot, snapshot_async
+from daskjobs.plugin.surgery import _internals as dask_internals
 
 if TYPE_CHECKING:
     from dask.typing import Key
 
     from daskjobs.config import Settings
     from daskjobs.plugin.audit import Audit
+    from daskjobs.plugin.enact.speculation import Speculator
     from daskjobs.plugin.identity import ClientTeams
-    from daskjobs.plugin.live_forecast import Reading
+    from daskjobs.plugin.observe.live_forecast import Reading
+    from daskjobs.plugin.observe.recorder import TraceRecorder
+    from daskjobs.plugin.observe.recording import Recording
     from daskjobs.plugin.parts import Part
     from daskjobs.plugin.ranking import Ranker
-    from daskjobs.plugin.recorder import TraceRecorder
-    from daskjobs.plugin.recording import Recording
     from daskjobs.plugin.release import ReleaseGate
-    from daskjobs.plugin.speculation import Speculator
     from daskjobs.plugin.speeds import WorkerSpeeds
     from daskjobs.plugin.views import LiveTask
     from daskjobs.policies import Policy
@@ -312,7 +312,7 @@ class PluginView:
 
     # -- the forecast's snapshot --------------------------------------------------------
     def snapshot(self, keys: Any = None, limit: Any = None) -> dict[str, Any]:
-        """What ``daskjobs.forecast`` simulates from (:mod:`daskjobs.plugin.snapshot`) in
+        """What ``daskjobs.forecast`` simulates from (:mod:`daskjobs.plugin.observe.snapshot`) in
         one pass, or ``{"daskjobs": "removed"}`` once the plugin was unregistered (dask
         keeps the handler); the ``daskjobs_snapshot`` RPC is :meth:`snapshot_async`."""
         p = self._p
@@ -323,7 +323,7 @@ class PluginView:
 
     async def snapshot_async(self, keys: Any = None, limit: Any = None) -> dict[str, Any]:
         """The RPC's handler: :meth:`snapshot` in slices that give the event loop back
-        (:func:`daskjobs.plugin.snapshot.snapshot_async`)."""
+        (:func:`daskjobs.plugin.observe.snapshot.snapshot_async`)."""
         p = self._p
         sched = p.scheduler
         if sched is None or not any(q is p for q in sched.plugins.values()):
@@ -331,7 +331,7 @@ class PluginView:
         return await snapshot_async(p, keys, limit)
 
     def forecast(self) -> Reading | None:
-        """The scheduler's own latest forecast (:mod:`daskjobs.plugin.live_forecast`: each
+        """The scheduler's own latest forecast (:mod:`daskjobs.plugin.observe.live_forecast`: each
         team's expected end, for the page and the metrics); None when it is switched off
         (``daskjobs.forecast.interval`` null when the plugin was made)."""
         for part in self._p.parts:

@@ -175,7 +175,7 @@ def estimates_command(source: str | None, timeout: str, as_json: bool) -> None:
                 "name a file or a scheduler address"
             )
     if "://" in source and not source.startswith("file://"):
-        from daskjobs.plugin.cli import fetch_status
+        from daskjobs.plugin.client.cli import fetch_status
 
         st = fetch_status(source, timeout)
         if as_json:

@@ -18,7 +18,7 @@ Metrics (with the default namespace):
 
 * ``dask_daskjobs_team_running_slots{team}`` (worker threads the team's tasks and
   backup copies hold now: never more than the threads that exist, see
-  :func:`daskjobs.plugin.explain.running_slots`), ``..._team_copy_slots{team}`` (of
+  :func:`daskjobs.plugin.observe.explain.running_slots`), ``..._team_copy_slots{team}`` (of
   which its copies'), ``..._team_assigned_tasks{team}`` (its tasks dask sent to workers,
   running or waiting there: what fair share books), ``..._team_booked_core_seconds_total
   {team}`` (a task several teams' graphs want split equally among them),
@@ -46,7 +46,7 @@ Metrics (with the default namespace):
   {quantile}`` (all the work), ``dask_daskjobs_forecast_age_seconds``,
   ``dask_daskjobs_forecast_snapshot_seconds`` (the event loop's share of the last refresh)
   and ``dask_daskjobs_forecast_cpu_seconds`` (its simulation's, in a thread): the
-  scheduler's own forecast (:mod:`daskjobs.plugin.live_forecast`), refreshed every
+  scheduler's own forecast (:mod:`daskjobs.plugin.observe.live_forecast`), refreshed every
   ``daskjobs.forecast.interval`` off the event loop, aged to the scrape; absent while
   there is none (switched off, too many tasks, not made yet);
 * ``dask_daskjobs_hook_errors_total{hook}``: swallowed exceptions, labelled with the name of
@@ -83,7 +83,7 @@ from typing import Any
 
 from distributed.http.prometheus import PrometheusCollector
 
-from daskjobs.plugin import _internals as dask_internals
+from daskjobs.plugin.surgery import _internals as dask_internals
 from daskjobs.policies.durations import SOURCES
 
 __all__ = ["JobsCollector", "install_metrics", "installed", "uninstall_metrics"]
@@ -323,7 +323,7 @@ class JobsCollector(PrometheusCollector):
             qs.add([team], total.get(team, 0.0))
 
     def _forecast_families(self, fam: Any, known: list[str]) -> None:
-        """The scheduler's forecast (plugin/live_forecast.py), aged to now: nothing while it
+        """The scheduler's forecast (plugin/observe/live_forecast.py), aged to now: nothing while it
         has none (off, failed, or not made yet); zeros for the teams with nothing left."""
         reading = self.plugin.view.forecast()
         if reading is None or reading.state not in ("ok", "done"):

@@ -1,7 +1,8 @@
 """Every private piece of a dask *worker* the plugin's worker half relies on, in one place.
 
-The worker-side sibling of :mod:`daskjobs.plugin._internals` (tests/project/test_dask_boundary.py
-fences both): the worker plugins (:mod:`daskjobs.plugin.worker`) call the verbs here and
+The worker-side sibling of :mod:`daskjobs.plugin.surgery._internals`
+(tests/project/test_dask_boundary.py fences both): the worker plugins
+(:mod:`daskjobs.plugin.workers.worker`) call the verbs here and
 touch nothing private of a ``Worker`` or its state machine themselves. Like the
 scheduler's verbs, each has a behavioural self-check (:func:`check_worker_verbs`): a small
 experiment on dask's own worker state machine, run where the verb will run (by the worker

@@ -24,7 +24,7 @@ task) and one over each worker's assigned tasks, a few microseconds per unfinish
 
 In slices. The scheduler's event loop is every user's: at 10^5 unfinished tasks one pass
 would hold it for about half a second. :func:`snapshot_async` (the RPC's handler and the
-scheduler's own forecast, :mod:`daskjobs.plugin.live_forecast`) gives the loop back
+scheduler's own forecast, :mod:`daskjobs.plugin.observe.live_forecast`) gives the loop back
 (``await asyncio.sleep(0)``) whenever it has held it :data:`SLICE` seconds, looking at
 the clock every :data:`CHUNK` tasks; :func:`snapshot` takes the same steps at once. Both
 run one generator, :func:`_steps`, so they build the same columns. Tasks change state
@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 from daskjobs.config import policy_settings
 
 if TYPE_CHECKING:
-    from daskjobs.plugin.explain import Source
+    from daskjobs.plugin.observe.explain import Source
 
 __all__ = [
     "CHUNK",

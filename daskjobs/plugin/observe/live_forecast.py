@@ -10,7 +10,7 @@ forecast of its own, made the same way, never on its event loop:
   else is done;
 * while there is unfinished work, once every ``daskjobs.forecast.interval`` (the first
   one an interval after work appears), it takes the plugin's snapshot
-  (:mod:`daskjobs.plugin.snapshot`) on the event loop (it reads the scheduler's state:
+  (:mod:`daskjobs.plugin.observe.snapshot`) on the event loop (it reads the scheduler's state:
   one pass over its tasks, as a coroutine that gives the loop back every 10 ms) and
   hands it to a daemon thread, :data:`THREAD`, which runs
   :func:`daskjobs.forecasting.forecast_snapshot` with ``daskjobs.forecast.draws``
@@ -28,7 +28,7 @@ the remaining time of a forecast made ``age`` seconds ago is its remaining time 
 
 Cost on the event loop: the snapshot, once an interval: one pass over the scheduler's tasks
 and O(1) per unfinished task (a few microseconds each: ``max-tasks`` bounds it), in slices
-of about 10 ms (:data:`daskjobs.plugin.snapshot.SLICE`), and the check every tick,
+of about 10 ms (:data:`daskjobs.plugin.observe.snapshot.SLICE`), and the check every tick,
 O(task prefixes). The simulation's CPU is its thread's, each draw at the
 simulator's speed (about 10^5 tasks a second); it holds the GIL between Python's switches
 (every 5 ms), so the loop runs on meanwhile, a little later at each switch.
@@ -44,10 +44,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from daskjobs.plugin import _internals as dask_internals
+from daskjobs.plugin.observe.snapshot import UNFINISHED, Cost, snapshot_async
 from daskjobs.plugin.parts import Part
 from daskjobs.plugin.periodic import Periodic, every
-from daskjobs.plugin.snapshot import UNFINISHED, Cost, snapshot_async
+from daskjobs.plugin.surgery import _internals as dask_internals
 
 if TYPE_CHECKING:
     from daskjobs.forecasting import Forecast

@@ -18,7 +18,7 @@ This driver adapts dask's state into the policy's views and enacts the answers:
   sends all members of the decision on in one ``Scheduler.transitions`` call;
 * **capacity**: a worker's allocatable amount of a resource is what dask lets it supply
   (``dask worker --resources GPU=2``), for ``GPU`` at most the accelerators its
-  inventory reports (:mod:`daskjobs.plugin.inventory`): a worker that loses a device is
+  inventory reports (:mod:`daskjobs.plugin.workers.inventory`): a worker that loses a device is
   reconciled at once. What this driver placed there holds its resources until it leaves
   ``processing``; nothing is placed on capacity that is not free, so a shrunk worker
   takes nothing new until enough of its tasks end (never double-allocated). Measured
@@ -31,8 +31,8 @@ This driver adapts dask's state into the policy's views and enacts the answers:
   ``daskjobs.Preempted``), and the gang is placed again as one once every member waits;
 * **preempt** (with preemption on): interactive demands that did not start get victims
   from one decision of the preemption policy, over the views of
-  :mod:`daskjobs.plugin.preemption`, enacted, counted and audited by its
-  :class:`~daskjobs.plugin.preemption.Enactor` (a victim's gang yields whole).
+  :mod:`daskjobs.plugin.enact.preemption`, enacted, counted and audited by its
+  :class:`~daskjobs.plugin.enact.preemption.Enactor` (a victim's gang yields whole).
 
 Hooks are O(1) per transition; decisions run soon after (coalesced), off dask's
 transition loop, and on a periodic callback.
@@ -51,11 +51,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.errors import SubmissionRefused
-from daskjobs.plugin._internals import ask_to_yield, hold, place
+from daskjobs.plugin.enact.preemption import _Job, _Run, _Waiting
+from daskjobs.plugin.enact.preemption import _Node as _Units
 from daskjobs.plugin.periodic import every
-from daskjobs.plugin.preemption import _Job, _Run, _Waiting
-from daskjobs.plugin.preemption import _Node as _Units
-from daskjobs.plugin.worker import PREEMPT_OP
+from daskjobs.plugin.surgery._internals import ask_to_yield, hold, place
+from daskjobs.plugin.workers.worker import PREEMPT_OP
 from daskjobs.policies.resources import (
     Allocation,
     GangPolicy,
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from distributed.scheduler import Scheduler
 
     from daskjobs.plugin.audit import Audit
-    from daskjobs.plugin.preemption import Enactor
+    from daskjobs.plugin.enact.preemption import Enactor
     from daskjobs.plugin.views import LiveTask
 
 __all__ = ["HELD", "Placer", "ResourceRequestError"]
@@ -599,7 +599,7 @@ class Placer:
 
     def _preempt(self, waiting: list[_Demand], nodes: list[_Node], now: float) -> None:
         """Interactive demands that did not start: one decision of the preemption policy,
-        enacted by the one live enactor (:class:`~daskjobs.plugin.preemption.Enactor`; the
+        enacted by the one live enactor (:class:`~daskjobs.plugin.enact.preemption.Enactor`; the
         decision's placements are the gang policy's to make: only its victims are enacted);
         a victim in a gang stops its whole gang."""
         en = self.preemption

@@ -33,7 +33,7 @@ release that changes what a verb relies on is named at start, with the verb:
   weighed before dask reads it, and refused without being read;
 * :func:`reprioritize` - re-ranking a stage's waiting tasks as its estimates improve, in
   dask's queue and (through the worker plugin and its sibling module
-  :mod:`daskjobs.plugin._worker_internals`, whose verbs a worker checks at setup) in the
+  :mod:`daskjobs.plugin.surgery._worker_internals`, whose verbs a worker checks at setup) in the
   workers' ready heaps;
 * :func:`queued_tasks`, :func:`promote`, :func:`idle_workers`, :func:`free_slots`,
   :func:`withhold_slots`, :func:`restore_slots` - the release gate;
@@ -77,7 +77,7 @@ What is used, and why (see docs/how-to/load-the-plugin.md and the research notes
   the start reporter's events are read with the address of the worker stream they
   came on; a client's ``log_event`` on the same topic is not taken for one.
 
-Backup copies (:mod:`daskjobs.plugin.speculation`) are ordinary dask tasks, so
+Backup copies (:mod:`daskjobs.plugin.enact.speculation`) are ordinary dask tasks, so
 that the scheduler's own state knows about them: their inputs are pinned on
 their worker while they run (the active memory manager never drops a replica a
 processing dependent needs), their thread is counted, work stealing and the
@@ -102,7 +102,7 @@ scheduler's own objects and transitions:
   ``Scheduler.client_releases_keys`` drops the copies client's claim: the copy's
   result stays while the alias needs it, then is released as an intermediate.
 
-Resources and gangs (:mod:`daskjobs.plugin.gangs`) hold a task by giving it a worker
+Resources and gangs (:mod:`daskjobs.plugin.enact.gangs`) hold a task by giving it a worker
 restriction no worker has (``TaskState.worker_restrictions``, ``host_restrictions``
 cleared, ``loose_restrictions`` false: dask keeps it in ``no-worker``), and place it by
 restricting it to the chosen worker and recommending ``processing`` through
@@ -894,7 +894,7 @@ def reprioritize(
       worker plugin takes the message ``op``): the scheduler's copy changes (work
       stealing and a retry send that one) and the worker gets the new priorities of its
       tasks in one ``op`` message on its stream, which the worker plugin enacts in its
-      ready heaps (:func:`daskjobs.plugin._worker_internals.reorder`; a task that
+      ready heaps (:func:`daskjobs.plugin.surgery._worker_internals.reorder`; a task that
       started there is skipped). A task on any other worker keeps its place.
 
     dask's queue is a heap with lazy deletion, where an entry left behind by a demoted
@@ -975,7 +975,7 @@ def _check_reprioritize(sched: Any) -> None:
 
 @_checks("reprioritize (on workers)")
 def _check_reprioritize_on_workers(sched: Any) -> None:
-    from daskjobs.plugin._worker_internals import check_worker_verbs
+    from daskjobs.plugin.surgery._worker_internals import check_worker_verbs
 
     _expect(isinstance(sched.stream_comms, dict), "Scheduler.stream_comms is not a dict")
     problems = check_worker_verbs()
@@ -1372,7 +1372,7 @@ def compute_seconds(startstops: Any) -> float | None:
 
 # -- preemption and gangs --------------------------------------------------------------------
 #
-# The preemption driver (plugin/preemption.py) and the resource placer (plugin/gangs.py)
+# The preemption driver (plugin/enact/preemption.py) and the resource placer (plugin/enact/gangs.py)
 # steer dask through the verbs below and touch no private piece of dask themselves. Each
 # verb has a behavioural self-check in :data:`PREEMPTION_CHECKS`, which
 # :func:`check_scheduler` runs at start: a small experiment on dask's own classes (never on
@@ -1556,7 +1556,7 @@ def _check_head_of_line(sched: Any) -> None:
 
 
 # -- speculation -----------------------------------------------------------------------
-# The verbs of the backup-copy driver (:mod:`daskjobs.plugin.speculation`): every read
+# The verbs of the backup-copy driver (:mod:`daskjobs.plugin.enact.speculation`): every read
 # and write of dask's scheduler state it makes beyond the public plugin hooks. Each verb
 # has a behavioural self-check in :func:`check_speculation_verbs` (run by
 # :func:`check_scheduler`): it builds a throwaway ``TaskState`` and ``WorkerState``, runs

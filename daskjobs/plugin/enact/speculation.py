@@ -4,7 +4,7 @@ dask keeps one ``TaskState`` per key with one ``processing_on`` worker and
 cannot stop a running thread. A backup copy is therefore a task of its own,
 created in the scheduler's state so that everything dask does keeps working:
 
-1. **True starts.** The :class:`~daskjobs.plugin.worker.StartReporter` worker
+1. **True starts.** The :class:`~daskjobs.plugin.workers.worker.StartReporter` worker
    plugin (installed by the scheduler plugin itself) reports when a task really
    starts executing; the start is kept only if it comes from the task's current
    worker with its current ``run_id``.
@@ -28,7 +28,7 @@ created in the scheduler's state so that everything dask does keeps working:
    of ``max_fraction`` of all threads. The copy is the task ``("daskjobs-copy",
    key)`` with the same function, arguments and inputs, restricted to that
    worker, one priority step ahead of the task, wanted by the comm-less client
-   ``daskjobs-copies`` (:func:`~daskjobs.plugin._internals.add_copy`). The
+   ``daskjobs-copies`` (:func:`~daskjobs.plugin.surgery._internals.add_copy`). The
    scheduler sends it, counts its thread, and keeps its inputs on that worker
    while it runs: the active memory manager never drops a replica that a
    processing task needs, which is what a copy sent behind the scheduler's back
@@ -36,7 +36,7 @@ created in the scheduler's state so that everything dask does keeps working:
 4. **First finisher wins.** If the task finishes first, the copy is no longer
    wanted and dask releases it (``free-keys`` to its worker). If the copy
    finishes first, the task is redirected to it
-   (:func:`~daskjobs.plugin._internals.redirect`): it becomes an ``Alias`` of the
+   (:func:`~daskjobs.plugin.surgery._internals.redirect`): it becomes an ``Alias`` of the
    copy, released from its old worker and run, instantly, where the copy's
    result is; dependents and clients then read the copy's result under the
    task's key. dask's own ``run_id`` check drops the old worker's result if it
@@ -59,7 +59,7 @@ reclaimed, which waiting tasks move where - is the policy's one call,
 periodic check; this module adapts dask's state to its views and enacts the answer,
 and its reasons are what ``explain()`` and the audit trail report.
 
-Every private piece of dask used here is in :mod:`daskjobs.plugin._internals`.
+Every private piece of dask used here is in :mod:`daskjobs.plugin.surgery._internals`.
 """
 
 from __future__ import annotations
@@ -72,12 +72,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from daskjobs.plugin import _internals
 from daskjobs.plugin.audit import Audit
 from daskjobs.plugin.periodic import every
 from daskjobs.plugin.speeds import WorkerSpeeds
+from daskjobs.plugin.surgery import _internals
 from daskjobs.plugin.views import LiveAttempt, LiveTask
-from daskjobs.plugin.worker import COPY_PREFIX  # first element of a copy's key
+from daskjobs.plugin.workers.worker import COPY_PREFIX  # first element of a copy's key
 from daskjobs.policies import Speculation
 from daskjobs.policies.speculation import Horizon
 

@@ -6,7 +6,7 @@ every ``interval`` this driver adapts dask's state into the policy's views and a
 :meth:`~daskjobs.policies.preemption.PreemptionPolicy.decide` once (the waiting tasks
 that need the resource, TE and BE; the runs holding it; the workers' free and promised
 units; the victims already asked), then enacts the decision in the order it was made,
-through the verbs of :mod:`daskjobs.plugin._internals`:
+through the verbs of :mod:`daskjobs.plugin.surgery._internals`:
 
 * a task's resource need is its ``resources={NAME: n}`` restriction for the configured
   resource (``daskjobs.preemption.resource``, default ``GPU``: dask's own worker
@@ -16,7 +16,7 @@ through the verbs of :mod:`daskjobs.plugin._internals`:
   (dask's ``used_resources`` also counts tasks only queued on it); its promised amount
   is what victims yielding there free for a TE task;
 * **placements**: a waiting task placed on the worker it is queued on is left to it; one
-  placed elsewhere is sent there (:func:`~daskjobs.plugin._internals.pin`, a worker
+  placed elsewhere is sent there (:func:`~daskjobs.plugin.surgery._internals.pin`, a worker
   restriction it had not got from its user, removed once it starts). A task with its
   user's own restrictions may use only those workers (the view's ``where``);
 * **preemptions**: the victims are told through their worker (the worker plugin's
@@ -43,7 +43,7 @@ per transition; the decision runs on a periodic callback, off dask's transition 
 The call of the policy and the enactment of its preemptions (the promises, the victims
 asked, the grace, the counts and the audit) are one :class:`Enactor`, which this driver
 extends with dask's own state and the placements; with resources on, the placer
-(:mod:`daskjobs.plugin.gangs`) places every resource task itself and hands each decision's
+(:mod:`daskjobs.plugin.enact.gangs`) places every resource task itself and hands each decision's
 preemptions to an :class:`Enactor` of its own, over the same views.
 """
 
@@ -56,9 +56,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from daskjobs.plugin._internals import Pinned, ask_to_yield, pin, pinned, release, unpin
 from daskjobs.plugin.periodic import every
-from daskjobs.plugin.worker import PREEMPT_OP
+from daskjobs.plugin.surgery._internals import Pinned, ask_to_yield, pin, pinned, release, unpin
+from daskjobs.plugin.workers.worker import PREEMPT_OP
 from daskjobs.policies.preemption import Placement
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ class Enactor:
     :class:`_Node`), asks :meth:`decide`, enacts each preemption with :meth:`ask`, and
     tells the books what happens to the victims (:meth:`left`, :meth:`expire`,
     :meth:`worker_removed`). Two drivers: :class:`Preemptor`, from dask's own state, and
-    with resources on the placer (:class:`daskjobs.plugin.gangs.Placer`), which places
+    with resources on the placer (:class:`daskjobs.plugin.enact.gangs.Placer`), which places
     every resource task itself."""
 
     def __init__(self, policy: PreemptionPolicy, resource: str, grace: float, audit: Audit) -> None:

@@ -4,13 +4,13 @@ What it shows
 -------------
 Per team: the worker threads its tasks hold now (backup copies included, and how many
 of them are copies: never more than the threads that exist; see
-:func:`daskjobs.plugin.explain.running_slots`), the tasks dask assigned to workers
+:func:`daskjobs.plugin.observe.explain.running_slots`), the tasks dask assigned to workers
 (running or waiting there: what fair share books), the core-seconds booked to it (a
 task several teams' graphs want split among them), tasks queued, the share of the
 threads it holds beside its target share, and its *queue delay* (the longest wait so
 far of a task of the team in dask's queue), now and over the last ten minutes, and its
 *expected end*: when its last unfinished task is expected to end, a median and a 10-90%
-band from now, from the scheduler's own forecast (:mod:`daskjobs.plugin.live_forecast`,
+band from now, from the scheduler's own forecast (:mod:`daskjobs.plugin.observe.live_forecast`,
 refreshed every ``daskjobs.forecast.interval`` off the event loop), with its age. Backup
 copies launched, won, lost, and *copy waste*: the seconds the losing side of each race
 ran (a losing copy, or a primary its copy beat); attempts that failed or died with
@@ -79,9 +79,9 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from daskjobs._text import ahead
-from daskjobs.plugin import _internals as dask_internals
-from daskjobs.plugin.live_forecast import Reading
+from daskjobs.plugin.observe.live_forecast import Reading
 from daskjobs.plugin.periodic import every
+from daskjobs.plugin.surgery import _internals as dask_internals
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -330,7 +330,8 @@ class Dashboard:
         return out
 
     def forecast(self, now: float) -> dict[str, Any]:
-        """The scheduler's forecast (:mod:`daskjobs.plugin.live_forecast`), aged to ``now``."""
+        """The scheduler's forecast (:mod:`daskjobs.plugin.observe.live_forecast`), aged to
+        ``now``."""
         reading = self.plugin.view.forecast()
         if reading is None:
             reading = Reading("off", "daskjobs.forecast.interval is null")
