@@ -218,6 +218,81 @@ def _sigmas(source: str, band: Sequence[float] | None, samples: int) -> tuple[fl
     return SPREAD.get(source, SPREAD["default"])
 
 
+def _sigma_columns(
+    sources: Sequence[str], bands: Sequence[Sequence[float] | None], samples: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_sigmas` of every row, as two columns (the same numbers: the logs are
+    Python's, the rest IEEE arithmetic numpy does alike)."""
+    n = len(sources)
+    sigma, stage_sigma = np.empty(n), np.empty(n)
+    banded = np.array(
+        [b is not None and b[0] > 0 and b[1] >= b[0] for b in bands], dtype=bool
+    ).reshape(n)
+    rows = np.flatnonzero(banded)
+    if len(rows):
+        width = np.array([math.log(bands[i][1]) - math.log(bands[i][0]) for i in rows.tolist()])
+        s = np.maximum(width / (2 * _Z90), 0.02)
+        k = np.maximum(np.array([samples[i] for i in rows.tolist()], dtype=float), 1.0)
+        sigma[rows] = s
+        stage_sigma[rows] = np.maximum(s / np.sqrt(k), MODEL_ERROR)
+    for i in np.flatnonzero(~banded).tolist():
+        sigma[i], stage_sigma[i] = SPREAD.get(sources[i], SPREAD["default"])
+    return sigma, stage_sigma
+
+
+def _tasks(
+    cols: Mapping[str, Any],
+    est: np.ndarray,
+    running: list[int],
+    elapsed: np.ndarray,
+    slow: np.ndarray,
+    cores_max: int,
+) -> list[Task]:
+    """The simulator's Tasks of the snapshot's rows: a running task's duration and estimate
+    what remains of it, without inputs (they are done: it runs); a waiting one's its
+    estimate. ``Task(...)`` checks every field (three quarters of a build of 10^5 tasks):
+    the caller checked the values at once (finite estimates >= 0, ids unique) and cores
+    are clamped here, so each Task is made as the simulator makes its re-estimated ones,
+    a field at a time through its slot, column by column."""
+    n = len(est)
+    keys = cols["key"]
+    e = np.maximum(est, 1e-9)
+    rest = e.copy()
+    if running:
+        r = np.asarray(running)
+        rest[r] = np.maximum(e[r] - elapsed[r] / slow[r], FLOOR * e[r])
+    all_deps = cols["deps"]
+    deps: list[tuple[Hashable, ...]] = [
+        tuple([keys[d] for d in ds]) if ds else () for ds in all_deps
+    ]
+    for i in running:  # its inputs are done (it runs); the policy sees what remains
+        deps[i] = ()
+    rest_list = rest.tolist()
+    columns: dict[str, Sequence[Any]] = {
+        "tid": keys,
+        "duration": rest_list,
+        "estimate": rest_list,
+        "cores": [min(int(c), cores_max) for c in cols["cores"]],
+        "deps": deps,
+        "team": cols["team"],
+        "speculate": [bool(x) for x in cols["speculate"]],
+        "estimated": [src not in ("default", "prior") for src in cols["source"]],
+        "stage": cols["stage"],
+    }
+    new_task = object.__new__
+    tasks = [new_task(Task) for _ in range(n)]
+    for name, f in Task.__dataclass_fields__.items():
+        put = getattr(Task, name).__set__  # the slot's own setter (Task is frozen)
+        if name in columns:
+            for _ in map(put, tasks, columns[name]):
+                pass
+        else:
+            value = -1 if name == "_ti" else f.default
+            for t in tasks:
+                put(t, value)
+    return tasks
+
+
 def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
     """The simulator's tasks and cluster for snapshot ``snap``, with ``workers`` more
     (nominal, of the most common thread count) or fewer (the last ones; their tasks wait
@@ -265,16 +340,12 @@ def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
     elapsed = np.zeros(n)
     slow = np.ones(n)
     est = np.array(cols["estimate"], dtype=float) if n else np.zeros(0)
-    sigma = np.empty(n)
-    stage_sigma = np.empty(n)
+    sigma, stage_sigma = _sigma_columns(cols["source"], cols["band"], cols["samples"])
     stage_no: dict[str, int] = {}
-    stage = np.empty(n, dtype=np.int64)
+    stage = np.array([stage_no.setdefault(s, len(stage_no)) for s in cols["stage"]], np.int64)
     node_of = np.full(n, -1, dtype=np.int64)
     threads_of = {w["address"]: int(w["threads"]) for w in ws}
-    for i in range(n):
-        sigma[i], stage_sigma[i] = _sigmas(cols["source"][i], cols["band"][i], cols["samples"][i])
-        stage[i] = stage_no.setdefault(cols["stage"][i], len(stage_no))
-        addr = cols["worker"][i]
+    for i, addr in enumerate(cols["worker"]):
         if addr is None or addr in gone or addr not in nodes_of:
             continue
         pos = int(cols["position"][i] or 0)
@@ -289,50 +360,14 @@ def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
     if gone:
         notes.append(f"{len(gone)} worker(s) taken away: their tasks wait again")
     cores_max = cluster.cores_per_node
-    tasks: list[Task] = []
-    key_set = set(keys)
-    if len(key_set) != n:
+    if len(set(keys)) != n:
         raise ValueError("the snapshot names a task twice")
-    is_running = np.zeros(n, dtype=bool)
-    is_running[running] = True
-    # Task(...) checks every field (three quarters of a build of 10^5 tasks): the values
-    # are checked here at once instead (finite estimates > 0, cores clamped, ids unique)
-    # and each Task is made as the simulator makes its re-estimated ones
     if n and not (np.isfinite(est).all() and (est >= 0).all()):
         raise ValueError("the snapshot holds an estimate that is not a finite number >= 0")
-    fields = Task.__dataclass_fields__
-    base = {name: f.default for name, f in fields.items() if name != "_ti"}
-    new_task = object.__new__
-    setattr_ = object.__setattr__
-    all_deps, team_col, spec_col = cols["deps"], cols["team"], cols["speculate"]
-    source_col, stage_col, cores_col = cols["source"], cols["stage"], cols["cores"]
-    for i in range(n):
-        e = max(float(est[i]), 1e-9)
-        if is_running[i]:  # its inputs are done (it runs); the policy sees what remains
-            rest = float(max(e - elapsed[i] / slow[i], FLOOR * e))
-            deps: tuple[Hashable, ...] = ()
-        else:
-            rest = e
-            deps = tuple([keys[d] for d in all_deps[i]]) if all_deps[i] else ()
-        t = new_task(Task)
-        row = base.copy()
-        row.update(
-            tid=keys[i],
-            duration=rest,
-            estimate=rest,
-            cores=min(int(cores_col[i]), cores_max),
-            deps=deps,
-            team=team_col[i],
-            speculate=bool(spec_col[i]),
-            estimated=source_col[i] not in ("default", "prior"),
-            stage=stage_col[i],
-        )
-        for name, value in row.items():
-            setattr_(t, name, value)
-        setattr_(t, "_ti", -1)
-        tasks.append(t)
+    tasks = _tasks(cols, est, running, elapsed, slow, cores_max)
     if any(int(c) > cores_max for c in cols["cores"]):
         notes.append(f"tasks wanting more than {cores_max} core(s) simulated on {cores_max}")
+    source_col, team_col = cols["source"], cols["team"]
     guessed = sum(
         1
         for src, k in zip(source_col, cols["samples"], strict=True)

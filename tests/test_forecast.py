@@ -346,3 +346,16 @@ def test_a_running_tasks_time_is_aged_from_the_workers_last_heartbeat() -> None:
         assert elapsed <= time.time() - submitted + 0.05, elapsed
         gate.set()
         fut.result()
+
+
+def test_the_sigma_columns_are_the_per_row_rule() -> None:
+    """:func:`_sigma_columns` (the build's column-wise path) gives :func:`_sigmas`' numbers,
+    row by row: bands, no band, an empty band, every source, few and many samples."""
+    from daskjobs.forecasting import _sigma_columns, _sigmas
+
+    sources = ["model", "annotation", "default", "prior", "history", "model", "model", "odd"]
+    bands = [[0.5, 2.0], None, None, None, [0.9, 1.3], [0.0, 1.0], [1.0, 1.0], [0.3, 0.31]]
+    samples = [64, 0, 0, 0, 3, 5, 1, 0]
+    sigma, stage_sigma = _sigma_columns(sources, bands, samples)
+    rows = [_sigmas(s, b, k) for s, b, k in zip(sources, bands, samples, strict=True)]
+    assert list(zip(sigma.tolist(), stage_sigma.tolist(), strict=True)) == rows
