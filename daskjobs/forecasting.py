@@ -14,11 +14,11 @@ annotation.
 How the snapshot becomes a simulation (:func:`build`):
 
 * every worker is a node of the simulated cluster with its threads as cores and its
-  believed slow-down (run time / estimate, as the plugin measured it) as the node's
-  slow-down; the policy's speed beliefs start from the same figures. A draw draws the
-  node's slow-down around the belief: a worker measured on few tasks may be slower or
-  faster than believed (:data:`SPEED_PRIOR`). Workers of unequal threads: every thread
-  is a node of one core.
+  measured slow-down (run time / estimate over the tasks it ran, as the plugin measured
+  it, without the learner's prior: :data:`SPEED_PRIOR`) as the node's slow-down; the
+  policy's speed beliefs start from the plugin's (with the prior). A draw draws the
+  node's slow-down around the measure: a worker measured on few tasks may be slower or
+  faster than measured. Workers of unequal threads: every thread is a node of one core.
 * a task that runs (dask assigned it to a worker, within the worker's threads) starts at
   once on that worker: its remaining time is its duration drawn from its band *given that
   it has already run* ``elapsed`` seconds (at least :data:`FLOOR` of its estimate); the
@@ -127,10 +127,12 @@ MODEL_ERROR = 0.05
 ANNOTATION_TEAM = 0.1
 #: A worker's believed slow-down is the geometric mean of run time / estimate over the
 #: tasks it measured, with the learner's prior of this many samples of 1
-#: (:class:`~daskjobs.policies.NodeAware`'s ``prior``). Under that model the belief's log
-#: is the posterior mean and sigma / sqrt(samples + SPEED_PRIOR) its deviation, for a
-#: task's sigma (the median of the snapshot's): a worker measured on 3 tasks is drawn
-#: wider than one measured on 300.
+#: (:class:`~daskjobs.policies.NodeAware`'s ``prior``). The prior keeps the policy from
+#: acting on a few tasks' noise; the forecast wants the likeliest slow-down, so it takes
+#: the prior out (a worker 3x slow measured on 13 tasks is believed 2.3x, measured 2.6x),
+#: and draws its log with sigma / sqrt(samples), for a task's sigma (the median of the
+#: snapshot's): a worker measured on 3 tasks is drawn wider than one measured on 300. A
+#: worker measured on none keeps its figure (1.0), drawn with sigma / sqrt(SPEED_PRIOR).
 SPEED_PRIOR = 2.0
 #: Task simulations (tasks x draws) a forecast's draws may take: beyond, it simulates once,
 #: with the estimates, and computes the band from that run (``band="computed"``).
@@ -221,7 +223,8 @@ class Built:
     tasks: list[Task]
     cluster: Cluster
     placement: dict[Hashable, tuple[int, float]]  # pinned: tid -> (node, order)
-    speeds: dict[int, float]  # node -> believed slow-down
+    speeds: dict[int, float]  # node -> believed slow-down (the policy's)
+    measured: dict[int, float]  # node -> measured slow-down (the prior taken out: the truth's)
     samples: dict[int, int]  # node -> the finished tasks it rests on
     speed_sigma: dict[int, float]  # node -> lognormal sigma of its slow-down (the truth's)
     worker_of: dict[int, int]  # node -> its worker's number (a worker's threads: one speed)
@@ -325,6 +328,14 @@ def _tasks(
     return tasks
 
 
+def _measured(belief: float, samples: int) -> float:
+    """A worker's slow-down as measured, from the learner's ``belief`` resting on
+    ``samples`` tasks: the prior of :data:`SPEED_PRIOR` samples of 1 taken out."""
+    if samples <= 0 or belief <= 0:
+        return belief
+    return math.exp(math.log(belief) * (samples + SPEED_PRIOR) / samples)
+
+
 def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
     """The simulator's tasks and cluster for snapshot ``snap``, with ``workers`` more
     (nominal, of the most common thread count) or fewer (the last ones; their tasks wait
@@ -360,10 +371,11 @@ def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
         k += count
     if not uniform:
         notes.append("workers of unequal threads: every thread simulated as a node of one core")
+    measured = {j: _measured(s, samples[j]) for j, s in speeds.items()}
     cluster = Cluster(
         nodes=k,
         cores_per_node=threads[0] if uniform else 1,
-        slow={j: s for j, s in speeds.items() if s != 1.0} or None,
+        slow={j: s for j, s in measured.items() if s != 1.0} or None,
     )
     n = len(cols["key"])
     keys = cols["key"]
@@ -387,7 +399,7 @@ def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
         if pos < threads_of[addr]:  # within its threads: it runs now
             running.append(i)
             elapsed[i] = float(cols["elapsed"][i] or 0.0)
-            slow[i] = speeds[node]
+            slow[i] = measured[node]
             node_of[i] = node
     if gone:
         notes.append(f"{len(gone)} worker(s) taken away: their tasks wait again")
@@ -411,12 +423,13 @@ def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
     team = np.array([team_no.setdefault(t, len(team_no)) for t in team_col], dtype=np.int64)
     team_sigma = np.where(np.array(source_col) == "annotation", ANNOTATION_TEAM, 0.0)
     task_sigma = float(np.median(sigma)) if n else SPREAD["default"][0]
-    speed_sigma = {j: task_sigma / math.sqrt(c + SPEED_PRIOR) for j, c in samples.items()}
+    speed_sigma = {j: task_sigma / math.sqrt(c or SPEED_PRIOR) for j, c in samples.items()}
     return Built(
         tasks=tasks,
         cluster=cluster,
         placement=placement,
         speeds=speeds,
+        measured=measured,
         samples=samples,
         speed_sigma=speed_sigma,
         worker_of=worker_of,
@@ -438,7 +451,8 @@ def build(snap: Mapping[str, Any], workers: int = 0) -> Built:
 
 def draw(built: Built, rng: np.random.Generator | None) -> None:
     """Give every task of ``built`` a duration and every node a slow-down: drawn (module
-    docstring) with ``rng``, or the estimates and the beliefs (``None``: the central case).
+    docstring) with ``rng``, or the estimates and the measured slow-downs (``None``: the
+    central case).
     A running task's duration is what remains, drawn from its duration's distribution
     given the time it has already run.
 
@@ -451,7 +465,7 @@ def draw(built: Built, rng: np.random.Generator | None) -> None:
     The tasks are this forecast's own objects: their ``duration`` slot is set in place
     (10^5 frozen Tasks rebuilt per draw would cost more than the simulation's start)."""
     n = len(built.tasks)
-    speeds = dict(built.speeds)
+    speeds = dict(built.measured)
     if rng is not None:
         g = rng.standard_normal(max(built.worker_of.values(), default=0) + 1).tolist()
         for j in speeds:
@@ -628,8 +642,8 @@ def _computed(
     total = done.sum(axis=1)
     moved = done @ factor + spread[:, None] * rng.standard_normal((q, m))
     ratio = np.where(total[:, None] > 0, moved / np.where(total > 0, total, 1.0)[:, None], 1.0)
-    nodes = sorted(built.speeds)
-    belief = np.array([built.speeds[j] for j in nodes])
+    nodes = sorted(built.measured)
+    belief = np.array([built.measured[j] for j in nodes])
     g = rng.standard_normal((max(built.worker_of.values(), default=0) + 1, m))
     sig = np.array([built.speed_sigma[j] for j in nodes])
     drawn = belief[:, None] * np.exp(sig[:, None] * g[[built.worker_of[j] for j in nodes]])

@@ -44,9 +44,9 @@ def snapshot_by_hand() -> dict[str, Any]:
         "sweep": [None, None, "x", "x"],
         "speculate": [True] * 4,
     }
-    workers = [
-        {"address": "w0", "name": "0", "threads": 1, "speed": 1.0, "samples": 3},
-        {"address": "w1", "name": "1", "threads": 1, "speed": 2.0, "samples": 3},
+    workers = [  # (measured on no task: slow-downs as given, no prior to take out)
+        {"address": "w0", "name": "0", "threads": 1, "speed": 1.0, "samples": 0},
+        {"address": "w1", "name": "1", "threads": 1, "speed": 2.0, "samples": 0},
     ]
     return {
         "version": 1,
@@ -175,13 +175,16 @@ def test_annotated_estimates_of_a_team_move_together() -> None:
 
 def test_a_worker_measured_on_few_tasks_is_drawn_wider() -> None:
     """One worker's slow-down measured on 3 tasks spreads the end more than on 300: its
-    log is drawn with sigma (a task's sigma) / sqrt(samples + the learner's prior)."""
+    log is drawn with sigma (a task's sigma) / sqrt(samples); on none, / sqrt(the
+    learner's prior)."""
     from daskjobs.policies import NodeAware
 
     assert NodeAware().prior == SPEED_PRIOR
     few, many = many_waiting(200, workers=(3,)), many_waiting(200, workers=(300,))
     sigma = build(few).sigma[0]
-    assert build(few).speed_sigma == {0: pytest.approx(sigma / (3 + SPEED_PRIOR) ** 0.5)}
+    assert build(few).speed_sigma == {0: pytest.approx(sigma / 3**0.5)}
+    none = many_waiting(200, workers=(0,))
+    assert build(none).speed_sigma == {0: pytest.approx(sigma / SPEED_PRIOR**0.5)}
     f_few = forecast_snapshot(few, draws=40, seed=4)
     f_many = forecast_snapshot(many, draws=40, seed=4)
     assert width(f_few) > 1.4 > 1.25 > width(f_many), (f_few.remaining, f_many.remaining)
@@ -420,3 +423,24 @@ def test_the_computed_band_is_the_drawn_one_on_a_bag_of_tasks() -> None:
     for p in ("p10", "p50", "p90"):
         assert abs(getattr(comp, p) / getattr(drawn, p) - 1) < 0.05, (drawn, comp)
     assert drawn.p90 / drawn.p10 > 1.2  # (a band worth comparing)
+
+
+def test_a_workers_slow_down_is_simulated_as_measured() -> None:
+    """The learner's belief is pulled towards 1 by its prior of SPEED_PRIOR samples (a
+    worker 3x slow measured on 13 tasks is believed 2.28x); the simulated worker is as
+    slow as measured (2.59x), the policy starts from the belief, and a worker measured on
+    no task keeps its figure."""
+    import math
+
+    snap = many_waiting(100, workers=(13, 40, 0))
+    snap["workers"][0]["speed"] = 2.28
+    snap["workers"][1]["speed"] = 0.95
+    b = build(snap)
+    assert b.speeds == {0: 2.28, 1: 0.95, 2: 1.0}
+    assert b.measured[0] == pytest.approx(math.exp(math.log(2.28) * 15 / 13))  # 2.59
+    assert b.measured[1] == pytest.approx(math.exp(math.log(0.95) * 42 / 40))
+    assert b.measured[2] == 1.0 and b.cluster.speeds == tuple(b.measured.values())
+    # 100 tasks of 1 s on three one-thread workers, the first 2.59x slow: the central run
+    # ends where the measured speeds say (the slow worker's last task ends about last)
+    cap = sum(1 / s for s in b.measured.values())
+    assert forecast_snapshot(snap, draws=0).remaining.p50 == pytest.approx(100 / cap, rel=0.05)
