@@ -45,9 +45,9 @@ def snapshot_by_hand() -> dict[str, Any]:
         "sweep": [None, None, "x", "x"],
         "speculate": [True] * 4,
     }
-    workers = [
-        {"address": "w0", "name": "0", "threads": 1, "speed": 1.0, "samples": 3},
-        {"address": "w1", "name": "1", "threads": 1, "speed": 2.0, "samples": 3},
+    workers = [  # (measured on no task: slow-downs as given, no prior to take out)
+        {"address": "w0", "name": "0", "threads": 1, "speed": 1.0, "samples": 0},
+        {"address": "w1", "name": "1", "threads": 1, "speed": 2.0, "samples": 0},
     ]
     return {
         "version": 1,
@@ -176,13 +176,16 @@ def test_annotated_estimates_of_a_team_move_together() -> None:
 
 def test_a_worker_measured_on_few_tasks_is_drawn_wider() -> None:
     """One worker's slow-down measured on 3 tasks spreads the end more than on 300: its
-    log is drawn with sigma (a task's sigma) / sqrt(samples + the learner's prior)."""
+    log is drawn with sigma (a task's sigma) / sqrt(samples); on none, / sqrt(the
+    learner's prior)."""
     from daskjobs.policies import NodeAware
 
     assert NodeAware().prior == SPEED_PRIOR
     few, many = many_waiting(200, workers=(3,)), many_waiting(200, workers=(300,))
     sigma = build(few).sigma[0]
-    assert build(few).speed_sigma == {0: pytest.approx(sigma / (3 + SPEED_PRIOR) ** 0.5)}
+    assert build(few).speed_sigma == {0: pytest.approx(sigma / 3**0.5)}
+    none = many_waiting(200, workers=(0,))
+    assert build(none).speed_sigma == {0: pytest.approx(sigma / SPEED_PRIOR**0.5)}
     f_few = forecast_snapshot(few, draws=40, seed=4)
     f_many = forecast_snapshot(many, draws=40, seed=4)
     assert width(f_few) > 1.4 > 1.25 > width(f_many), (f_few.remaining, f_many.remaining)
@@ -347,3 +350,98 @@ def test_a_running_tasks_time_is_aged_from_the_workers_last_heartbeat() -> None:
         assert elapsed <= time.time() - submitted + 0.05, elapsed
         gate.set()
         fut.result()
+
+
+def test_the_sigma_columns_are_the_per_row_rule() -> None:
+    """:func:`_sigma_columns` (the build's column-wise path) gives :func:`_sigmas`' numbers,
+    row by row: bands, no band, an empty band, every source, few and many samples."""
+    from daskjobs.forecasting import _sigma_columns, _sigmas
+
+    sources = ["model", "annotation", "default", "prior", "history", "model", "model", "odd"]
+    bands = [[0.5, 2.0], None, None, None, [0.9, 1.3], [0.0, 1.0], [1.0, 1.0], [0.3, 0.31]]
+    samples = [64, 0, 0, 0, 3, 5, 1, 0]
+    sigma, stage_sigma = _sigma_columns(sources, bands, samples)
+    rows = [_sigmas(s, b, k) for s, b, k in zip(sources, bands, samples, strict=True)]
+    assert list(zip(sigma.tolist(), stage_sigma.tolist(), strict=True)) == rows
+
+
+def test_a_large_snapshot_is_simulated_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond SIMULATED task simulations (tasks x draws) the forecast simulates once, with
+    the estimates, and computes its range from that run; up to it, a simulation a draw."""
+    import daskjobs.forecasting as fc
+
+    calls: list[int] = []
+    run = fc._run
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return run(*args)
+
+    monkeypatch.setattr(fc, "_run", counted)
+    monkeypatch.setattr(fc, "SIMULATED", 2000)
+    snap = many_waiting(200, stages=4)
+    small = forecast_snapshot(snap, draws=10, seed=1)  # 2,000 simulated: drawn
+    assert (len(calls), small.draws, small.band) == (10, 10, "drawn")
+    calls.clear()
+    large = forecast_snapshot(snap, draws=11, seed=1)  # 2,200: computed
+    assert (len(calls), large.draws, large.band) == (1, 1, "computed")
+    assert any("simulated once" in note for note in large.notes)
+    assert forecast_snapshot(snap, draws=0).band == "none"
+    assert forecast_snapshot(snap, draws=3, band="computed").band == "computed"
+    with pytest.raises(ValueError, match="band must be one of"):
+        forecast_snapshot(snap, band="guessed")
+
+
+def test_the_computed_band_holds_the_central_case_and_is_seeded() -> None:
+    """The computed range holds the central simulation's end (overall, per team, per sweep,
+    each asked start), p10 <= p50 <= p90; the same seed gives the same forecast."""
+    snap = many_waiting(400, stages=10, source="annotation", band=None)
+    snap["tasks"]["team"] = ["t" if i % 3 else "u" for i in range(400)]
+    snap["tasks"]["sweep"] = ["x" if i % 2 else None for i in range(400)]
+    asked = ["k5", "k200", "k399"]
+    central = forecast_snapshot(snap, draws=0, keys=asked)
+    f = forecast_snapshot(snap, draws=30, seed=7, band="computed", keys=asked)
+    pairs = [(central.remaining, f.remaining)]
+    pairs += [(central.teams[t], f.teams[t]) for t in ("t", "u")]
+    pairs += [(central.sweeps["x"], f.sweeps["x"])]
+    pairs += [(central.starts[k], f.starts[k]) for k in central.starts]
+    assert len(pairs) == 4 + len(central.starts) and central.starts
+    for c, r in pairs:
+        assert r.p10 <= c.p50 <= r.p90 and r.p10 <= r.p50 <= r.p90, (c, r)
+        assert r.p10 < r.p90 or c.p50 == 0.0
+    again = forecast_snapshot(snap, draws=30, seed=7, band="computed", keys=asked)
+    assert again.remaining == f.remaining and again.teams == f.teams
+    assert forecast_snapshot(snap, draws=30, seed=8, band="computed").remaining != f.remaining
+
+
+def test_the_computed_band_is_the_drawn_one_on_a_bag_of_tasks() -> None:
+    """800 tasks in 8 annotated stages of one team on two workers measured on 3 tasks:
+    the stage, team and speed factors spread the end; computed from one run, the range is
+    within a few percent of the one 40 simulations draw."""
+    snap = many_waiting(800, stages=8, source="annotation", band=None, workers=(3, 3))
+    drawn = forecast_snapshot(snap, draws=40, seed=2, band="drawn").remaining
+    comp = forecast_snapshot(snap, draws=40, seed=2, band="computed").remaining
+    for p in ("p10", "p50", "p90"):
+        assert abs(getattr(comp, p) / getattr(drawn, p) - 1) < 0.05, (drawn, comp)
+    assert drawn.p90 / drawn.p10 > 1.2  # (a band worth comparing)
+
+
+def test_a_workers_slow_down_is_simulated_as_measured() -> None:
+    """The learner's belief is pulled towards 1 by its prior of SPEED_PRIOR samples (a
+    worker 3x slow measured on 13 tasks is believed 2.28x); the simulated worker is as
+    slow as measured (2.59x), the policy starts from the belief, and a worker measured on
+    no task keeps its figure."""
+    import math
+
+    snap = many_waiting(100, workers=(13, 40, 0))
+    snap["workers"][0]["speed"] = 2.28
+    snap["workers"][1]["speed"] = 0.95
+    b = build(snap)
+    assert b.speeds == {0: 2.28, 1: 0.95, 2: 1.0}
+    assert b.measured[0] == pytest.approx(math.exp(math.log(2.28) * 15 / 13))  # 2.59
+    assert b.measured[1] == pytest.approx(math.exp(math.log(0.95) * 42 / 40))
+    assert b.measured[2] == 1.0 and b.cluster.speeds == tuple(b.measured.values())
+    # 100 tasks of 1 s on three one-thread workers, the first 2.59x slow: the central run
+    # ends where the measured speeds say (the slow worker's last task ends about last)
+    cap = sum(1 / s for s in b.measured.values())
+    assert forecast_snapshot(snap, draws=0).remaining.p50 == pytest.approx(100 / cap, rel=0.05)

@@ -4,7 +4,9 @@ A fresh cluster per run: ``dask scheduler --preload daskjobs.preload`` configure
 workload and :data:`forecast.workloads.WORKERS` ``dask worker`` processes (the harness of
 tests/helpers/realcluster.py, through ``harness.processes``), dask's defaults otherwise. The
 client polls its futures; once :data:`CHECKPOINTS` of the tasks are done it takes
-``daskjobs.forecast(client)`` (timed) and what dask's rate extrapolation says at that
+``daskjobs.forecast(client)`` (timed; as its snapshot and ``forecast_snapshot``), the
+same snapshot's forecast with the band computed from one simulation
+(``band="computed"``, as on a large snapshot) and what dask's rate extrapolation says at that
 moment: ``remaining tasks / (done tasks / elapsed since submission)``, and the same by
 work (the nominal seconds the benchmark knows and dask does not). The actual end is the
 latest end the tasks report; a checkpoint's actual remaining time is that end minus the
@@ -20,7 +22,7 @@ from typing import Any
 
 from harness.processes import realcluster, worker_path
 
-import daskjobs
+from daskjobs.forecasting import forecast_snapshot, snapshot
 from forecast.workloads import THREADS, WORKERS, Workload
 
 CHECKPOINTS = (0.10, 0.25, 0.50, 0.75)
@@ -78,8 +80,12 @@ def _checkpoints(
             elapsed = read - t_submit
             work_done = sum(s for s, d in zip(seconds, done, strict=True) if d)
             t0 = time.perf_counter()
-            f = daskjobs.forecast(client, draws=draws, seed=seed)
+            snap = snapshot(client)  # daskjobs.forecast(client, ...) in two steps
+            f = forecast_snapshot(snap, draws=draws, seed=seed)
             wall = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            c = forecast_snapshot(snap, draws=draws, seed=seed, band="computed")
+            c_wall = time.perf_counter() - t1
             out.append(
                 {
                     "checkpoint": CHECKPOINTS[k],
@@ -94,6 +100,11 @@ def _checkpoints(
                     "rate_work": (work - work_done) * elapsed / work_done,
                     "wall": wall,
                     "tasks": f.tasks,
+                    "band": f.band,
+                    "c_p10": c.remaining.p10,
+                    "c_p50": c.remaining.p50,
+                    "c_p90": c.remaining.p90,
+                    "c_wall": c_wall,
                 }
             )
             k += 1
@@ -107,13 +118,15 @@ def error(cp: dict[str, Any], field: str = "p50") -> float:
     return (cp[field] - actual) / actual
 
 
-def covers(cp: dict[str, Any]) -> bool:
-    return bool(cp["p10"] <= cp["actual"] <= cp["p90"])
+def covers(cp: dict[str, Any], prefix: str = "") -> bool:
+    """Whether the band (``prefix="c_"``: the computed one) holds the actual end."""
+    return bool(cp[f"{prefix}p10"] <= cp["actual"] <= cp[f"{prefix}p90"])
 
 
 def summary(cps: list[dict[str, Any]]) -> dict[str, Any]:
     """Median |error| of p50, of the rate and of the rate by work (shares of the actual
-    remaining time), the band's coverage and the forecast's median wall time."""
+    remaining time), the band's coverage and the forecast's median wall time; the same
+    for the band computed from one simulation (``computed_...``)."""
     if not cps:
         return {}
     return {
@@ -123,4 +136,7 @@ def summary(cps: list[dict[str, Any]]) -> dict[str, Any]:
         "rate_abs_error": statistics.median(abs(error(c, "rate")) for c in cps),
         "rate_work_abs_error": statistics.median(abs(error(c, "rate_work")) for c in cps),
         "forecast_seconds": statistics.median(c["wall"] for c in cps),
+        "computed_p50_abs_error": statistics.median(abs(error(c, "c_p50")) for c in cps),
+        "computed_coverage": sum(covers(c, "c_") for c in cps) / len(cps),
+        "computed_seconds": statistics.median(c["c_wall"] for c in cps),
     }

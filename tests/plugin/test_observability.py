@@ -229,6 +229,9 @@ def test_forecast_command_gives_the_remaining_time_overall_and_per_team():
         assert code == 0 and data["tasks"] == 6 and data["workers"] == 3
         r = data["remaining"]
         assert 0 < r["p10"] <= r["p50"] <= r["p90"]
+        assert data["band"] == "drawn"  # 6 tasks x 30 draws: a simulation a draw
+        code, out, _ = invoke("forecast", cl.scheduler.address, "--band", "computed")
+        assert code == 0 and "(1 draw(s), the range computed from it, " in out, out
         GATE.set()
         c.gather(futs)
         del futs

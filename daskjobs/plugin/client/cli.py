@@ -605,6 +605,14 @@ def _span(r: Any) -> str:
 @click.option(
     "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the draws."
 )
+@click.option(
+    "--band",
+    type=click.Choice(["auto", "drawn", "computed"]),
+    default="auto",
+    show_default=True,
+    help="The range from a simulation per draw (drawn), or computed from one simulation "
+    "(computed); auto: computed past 100,000 task simulations (tasks x draws).",
+)
 @timeout_option
 @json_option
 def forecast_command(
@@ -613,6 +621,7 @@ def forecast_command(
     policy: str | None,
     draws: int,
     seed: int,
+    band: str,
     timeout: str,
     as_json: bool,
 ) -> None:
@@ -627,7 +636,7 @@ def forecast_command(
     client, target = connect(address, timeout)
     try:
         try:
-            f = forecast(client, workers=workers, policy=policy, draws=draws, seed=seed)
+            f = forecast(client, workers=workers, policy=policy, draws=draws, seed=seed, band=band)
         except PolicyNotInstalled as e:
             raise click.ClickException(str(e)) from None
         except RuntimeError as e:  # the plugin is not loaded, or the snapshot was refused
@@ -651,7 +660,8 @@ def forecast_command(
     for sweep, r in sorted(f.sweeps.items()):
         lines.append(f"{'sweep ' + sweep:<12} {_span(r)}")
     lines.extend(f"note: {n}" for n in f.notes)
-    lines.append(f"({f.draws} draw(s), {f.seconds_taken:.2f} s on this machine)")
+    how = "" if f.band != "computed" else ", the range computed from it"
+    lines.append(f"({f.draws} draw(s){how}, {f.seconds_taken:.2f} s on this machine)")
     click.echo("\n".join(lines))
 
 

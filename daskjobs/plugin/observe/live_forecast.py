@@ -14,9 +14,11 @@ forecast of its own, made the same way, never on its event loop:
   one pass over its tasks, as a coroutine that gives the loop back every 10 ms) and
   hands it to a daemon thread, :data:`THREAD`, which runs
   :func:`daskjobs.forecasting.forecast_snapshot` with ``daskjobs.forecast.draws``
-  simulations (fewer past :data:`BUDGET` seconds, three at least) and hands the result
-  back to the loop. One refresh at a time, from its snapshot to its simulation's end;
-  the snapshot is plain data, shared with nothing;
+  simulations (fewer past :data:`BUDGET` seconds, three at least; one, the range
+  computed from it, where tasks x draws pass
+  :data:`daskjobs.forecasting.SIMULATED`) and hands the result back to the loop. One
+  refresh at a time, from its snapshot to its simulation's end; the snapshot is plain
+  data, shared with nothing;
 * above ``daskjobs.forecast.max-tasks`` unfinished tasks it takes no snapshot: the
   reading says the forecast is off and why.
 
@@ -29,9 +31,10 @@ the remaining time of a forecast made ``age`` seconds ago is its remaining time 
 Cost on the event loop: the snapshot, once an interval: one pass over the scheduler's tasks
 and O(1) per unfinished task (a few microseconds each: ``max-tasks`` bounds it), in slices
 of about 10 ms (:data:`daskjobs.plugin.observe.snapshot.SLICE`), and the check every tick,
-O(task prefixes). The simulation's CPU is its thread's, each draw at the
-simulator's speed (about 10^5 tasks a second); it holds the GIL between Python's switches
-(every 5 ms), so the loop runs on meanwhile, a little later at each switch.
+O(task prefixes). The simulation's CPU is its thread's, each draw at the simulator's
+speed (about 10^5 tasks a second; at most 10^5 task simulations, then one); it holds the
+GIL between Python's switches (every 5 ms), so the loop runs on meanwhile, a little later
+at each switch.
 """
 
 from __future__ import annotations
