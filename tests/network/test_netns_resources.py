@@ -15,7 +15,7 @@ import dask
 import realtasks
 from netns import Hosts
 from realcluster import RealCluster
-from test_netns_sweeps import until
+from waiting import until
 
 from daskjobs.plugin.client import status
 

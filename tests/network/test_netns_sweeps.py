@@ -16,6 +16,7 @@ import pytest
 import realtasks
 from netns import Hosts
 from realcluster import SPECULATION_CONFIG, RealCluster, in_thread
+from waiting import until
 
 from daskjobs import Sweep, grid
 from daskjobs.plugin.client import status
@@ -40,15 +41,6 @@ def _in_memory(dask_scheduler: Any, prefix: str = "backtest") -> int:
         for k, ts in dask_scheduler.tasks.items()
         if ts.state == "memory" and str(k).startswith(prefix)
     )
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def complete(result: Any, n_slices: int, per_slice: int) -> None:

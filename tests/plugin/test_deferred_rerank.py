@@ -15,6 +15,7 @@ import dask
 import realtasks
 from conftest import VALIDATE, plugin_cluster
 from distributed import Client, Event
+from waiting import until
 
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import explain
@@ -48,13 +49,6 @@ def lpt_client() -> Iterator[Client]:
         Client(cl) as c,
     ):
         yield c
-
-
-def until(check: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def plugin_of(client: Client) -> Any:

@@ -16,13 +16,14 @@ import threading
 import time
 import types
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import dask
 import pytest
 from conftest import plugin_cluster
 from distributed import Client
+from waiting import until
 
 import daskjobs.forecasting as forecasting
 import daskjobs.plugin.observe.live_forecast as live_forecast
@@ -39,16 +40,6 @@ TEAMS = {"targets": {"a": 1, "b": 1, "idle": 1}}
 def held(i: int) -> int:
     GATE.wait(60)
     return i
-
-
-def until(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture

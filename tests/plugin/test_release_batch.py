@@ -7,12 +7,12 @@ or once the scheduler is done with the stimulus. Order and counts only, no timin
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import dask
 from conftest import plugin_cluster
 from distributed import Client, Event
+from waiting import until
 
 from daskjobs.plugin import JobsPlugin
 from daskjobs.plugin.client import status
@@ -60,13 +60,6 @@ def graph(n: int, event: str) -> list[Any]:
     return parts
 
 
-def wait_for(cond: Any, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 def run_burst(policy: str) -> tuple[list[tuple[str, int]], dict[str, Any], list[int]]:
     config = {"distributed.scheduler.worker-saturation": 1.0}
     with (
@@ -78,9 +71,9 @@ def run_burst(policy: str) -> tuple[list[tuple[str, int]], dict[str, Any], list[
         event = Event("release-batch-hold", client=c)
         futs = c.compute(graph(20, "release-batch-hold"))
         sched = cl.scheduler
-        wait_for(lambda: len(sched.queued) == 19, "the other 19 tasks never queued")
+        until(lambda: len(sched.queued) == 19, "the other 19 tasks never queued")
         # the burst is handed over once the scheduler is done with the graph
-        wait_for(lambda: calls_of(sched), "the queued tasks never reached the policy")
+        until(lambda: calls_of(sched), "the queued tasks never reached the policy")
         before = calls_of(sched)
         st = status(c)
         event.set()

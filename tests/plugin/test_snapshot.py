@@ -12,13 +12,13 @@ import asyncio
 import threading
 import time
 import types
-from collections.abc import Callable
 from typing import Any
 
 import dask
 import pytest
 from conftest import plugin_cluster
 from distributed import Client, Event
+from waiting import until
 
 import daskjobs.plugin.observe.snapshot as snapshot_module
 from daskjobs.plugin import JobsPlugin
@@ -43,16 +43,6 @@ async def _both(dask_scheduler: Any) -> tuple[Any, ...]:
     again = snapshot(p)
     part = snapshot(p, keys=["leaf-0"]), await snapshot_async(p, keys=["leaf-0"])
     return first, in_slices, again, cost, part
-
-
-def until(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture

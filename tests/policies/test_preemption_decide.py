@@ -15,6 +15,7 @@ import dask
 import pytest
 from conftest import VALIDATE, plugin_cluster
 from distributed import Client, Event
+from waiting import until
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
@@ -283,13 +284,6 @@ def store(tmp_path: Path) -> Iterator[Path]:
         yield tmp_path / "store"
 
 
-def _until(ok: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.time() + timeout
-    while not ok():
-        assert time.time() < deadline, what
-        time.sleep(0.01)
-
-
 def test_live_dask_decides_the_scenario_as_the_simulator_and_enacts_the_hold(
     store: Path,
 ) -> None:
@@ -318,9 +312,9 @@ def test_live_dask_decides_the_scenario_as_the_simulator_and_enacts_the_hold(
                 )
         pe = plugin.preemptor
         assert pe is not None
-        _until(lambda: len(pe.runs) == 6, "the six best-effort tasks did not all start")
+        until(lambda: len(pe.runs) == 6, "the six best-effort tasks did not all start")
         # c has checkpointed well after its start: it loses least by far
-        _until(
+        until(
             lambda: pe.checkpoints.get("c", 0.0) > pe.runs["c"].started + 0.5,
             "c did not checkpoint",
         )
@@ -329,12 +323,12 @@ def test_live_dask_decides_the_scenario_as_the_simulator_and_enacts_the_hold(
         with dask.annotate(resources={"GPU": 1}, job_class="te", estimate=1.0):
             te = c.submit(started_at, "te", key="te")
         te.result(timeout=60)
-        _until(lambda: "big" in pe.held, "the big task was not held")
+        until(lambda: "big" in pe.held, "the big task was not held")
         assert rec.first(str) == EXPECTED
         held = workers[EXPECTED["held_node"]]
         assert pe.held["big"] == held
         sched = cl.scheduler
-        _until(lambda: sched.tasks["big"].processing_on is not None, "big is not queued")
+        until(lambda: sched.tasks["big"].processing_on is not None, "big is not queued")
         assert sched.tasks["big"].processing_on.address == held  # dask's own state
         # the decision's reasons, as explain and the audit trail show them
         assert explain(c, "big")["preemption"].startswith("holds node 2")
@@ -347,7 +341,7 @@ def test_live_dask_decides_the_scenario_as_the_simulator_and_enacts_the_hold(
         Event("stop-e", client=c).set()
         futures["e"].result(timeout=30)
         seen = len(rec.decisions)
-        _until(lambda: len(rec.decisions) >= seen + 3, "no decision after e ended")
+        until(lambda: len(rec.decisions) >= seen + 3, "no decision after e ended")
         assert not late.done()  # kept off the GPU held for big
         assert "late" in pe.reasons and pe.held.get("big") == held
         Event("stop-f", client=c).set()  # big fits on the held worker now

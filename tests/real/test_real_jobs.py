@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from realcluster import PROBLEMS, RealCluster
+from waiting import until
 
 import daskjobs.jobs as jobs
 from daskjobs.jobs import Ledger
@@ -39,17 +40,6 @@ def start(
         config=kw.pop("config", None) or config(store),
         **kw,
     )
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def committed_once(led: Ledger, job_id: str, parts: int) -> None:
