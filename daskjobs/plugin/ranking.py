@@ -238,6 +238,7 @@ class Ranker:
         self.ranked_tasks = 0
         self.estimate_sources = dict.fromkeys(SOURCES, 0)
         self.just_ranked: list[Key] = []  # the keys the latest graph brought (for share)
+        self.just_ranked_teams: frozenset[str] = frozenset()  # ... and their teams
         self.client_teams: dict[str, frozenset[str]] = {}  # client -> its graphs' teams
         # -- teams from identity (plugin/identity.py): the team of the graph being ranked's
         # tasks without a ``team`` annotation, its client's; None: teams.default
@@ -462,6 +463,7 @@ class Ranker:
         self.ranked_graphs += 1
         self.ranked_tasks += len(new)
         self.just_ranked = [ts.key for ts in new]
+        self.just_ranked_teams = frozenset({v.team for v in views})
         for src, count in sources.items():
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
@@ -542,10 +544,9 @@ class Ranker:
         (it brought none: every key existed) the teams of the client's earlier graphs, else
         the default team. Returns the views whose ``teams`` grew (``self.tasks`` holds the
         new views); fair share splits their cores among their teams. O(keys)."""
-        new = self.just_ranked
-        self.just_ranked = []
+        new, mine = self.just_ranked, self.just_ranked_teams
+        self.just_ranked, self.just_ranked_teams = [], frozenset()
         tasks = self.tasks
-        mine = frozenset(tasks[k].team for k in new if k in tasks)
         if mine and client:
             self.client_teams[client] = mine
         elif not mine:
