@@ -94,14 +94,17 @@ def first_start() -> float | None:
 
 
 def build_sweep(n: int, flag: str) -> Any:
-    """The ``sweep`` shape: a gate node, ``n // FAN`` features, ``FAN`` backtests each."""
+    """The ``sweep`` shape: a gate node, ``n // FAN`` features, about ``FAN`` backtests each."""
     from daskjobs import Sweep
 
     features = max(1, n // FAN)
+    # n tasks in all at most: the plugin's default admission limit refuses a graph of more
+    # than 10^6 (``daskjobs.admission.graph-tasks``)
+    fan = max(1, (n - 1 - features) // features)
     sweep = Sweep("million")
     g = sweep.stage(opened, params={"flag": flag}, speculate=False)
     f = sweep.stage(feature, {"i": range(features)}, inputs={"opened": g})
-    sweep.stage(backtest, {"j": range(max(1, n // features))}, inputs={"feature": f})
+    sweep.stage(backtest, {"j": range(fan)}, inputs={"feature": f})
     return sweep.to_dask(store=False)
 
 
