@@ -47,6 +47,7 @@ __all__ = [
     "make_estimator",
     "params_of",
     "predict_stage",
+    "predict_stage_seconds",
 ]
 
 logger = logging.getLogger("daskjobs.plugin")
@@ -129,6 +130,21 @@ def make_estimator(
             os.replace(file, bad)
         keep = file if not os.path.exists(file) else None
         return LiveEstimator(default, samples, keep, learn=learn, max_stages=max_stages)
+
+
+def predict_stage_seconds(
+    estimator: Estimator, stage: str, params: list[Mapping[str, Any] | None]
+) -> list[Estimate] | list[float]:
+    """:func:`predict_stage`, but where the stage is not measured yet and its size-like
+    parameters scale the default (the prior), each task's estimate as its seconds alone: a
+    float ``s`` stands for ``Estimate(s, s, s, "prior")`` (the same seconds, without an
+    object per task in a graph of a million)."""
+    if params and estimator.learn:
+        factors = estimator.models.prior_factors(stage, params)
+        if factors is not None:
+            d = estimator.default
+            return [d * r for r in factors]
+    return predict_stage(estimator, stage, params)
 
 
 def predict_stage(

@@ -323,6 +323,8 @@ def _add(
         if len(value) <= MAX_TEXT:
             params[name] = value
         return
+    if skip and isinstance(value, skip):  # another task's output (what _feature skips)
+        return
     try:
         got = _feature(value, skip)
     except Exception:  # an argument that raises when read says nothing

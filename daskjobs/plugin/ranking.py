@@ -69,9 +69,11 @@ team when teams are strict): they fail that submission, naming the task.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.config import Settings, policy_settings
@@ -84,6 +86,7 @@ from daskjobs.plugin.estimates import (
     make_estimator,
     params_of,
     predict_stage,
+    predict_stage_seconds,
 )
 from daskjobs.plugin.features import read
 from daskjobs.plugin.surgery import _internals as dask_internals
@@ -126,6 +129,8 @@ Described = tuple[str, Mapping[str, Any] | None, tuple[str, ...], bool]
 
 #: The estimate sources that give a band (the view's ``band``).
 _BANDED = ("model", "history")
+#: The annotations of a task without any.
+_NO_ANNOTATIONS: Mapping[str, Any] = MappingProxyType({})
 
 
 def _holds(v: LiveTask, e: Estimate) -> bool:
@@ -144,6 +149,14 @@ JOB_CLASSES = ("te", "be")
 
 def _rank_of(ts: Any) -> Any:
     return ts.priority or ()
+
+
+def _order_of(ts: Any) -> Any:
+    return ts.priority[2]
+
+
+#: The size of a graph from which its ranking pauses the garbage collector (:meth:`Ranker.rank`).
+PAUSE_GC_FROM = 10_000
 
 
 class _RankFailed(Exception):
@@ -227,6 +240,7 @@ class Ranker:
         self.ranked_tasks = 0
         self.estimate_sources = dict.fromkeys(SOURCES, 0)
         self.just_ranked: list[Key] = []  # the keys the latest graph brought (for share)
+        self.just_ranked_teams: frozenset[str] = frozenset()  # ... and their teams
         self.client_teams: dict[str, frozenset[str]] = {}  # client -> its graphs' teams
         # -- teams from identity (plugin/identity.py): the team of the graph being ranked's
         # tasks without a ``team`` annotation, its client's; None: teams.default
@@ -255,6 +269,11 @@ class Ranker:
         self.deferrals = 0  # re-ranks deferred so far
         self.short_skips = 0  # re-ranks of stages of very short tasks left out
         self._param_stages: set[str] = set()
+        self._refs: tuple[type, ...] | None = None  # dask_internals.references(), once
+        # while a graph is ranked: each tuple of dependencies seen, so that the views of
+        # tasks that read the same inputs (a map over one input, a sweep's backtests of
+        # one feature) share one tuple
+        self._deps: dict[tuple[Key, ...], tuple[Key, ...]] | None = None
 
     def describe(self, ts: Any) -> Described:
         """``(stage, params, grows, own)`` of ``ts``: its ``stage`` and ``params``
@@ -279,7 +298,9 @@ class Ranker:
             if call is None:
                 own = stage is None  # an alias, data: dask's plumbing
             else:
-                refs = dask_internals.references()
+                refs = self._refs
+                if refs is None:
+                    refs = self._refs = dask_internals.references()
                 named, params, grows = read(call[0], call[1], call[2], refs)
                 if stage is None:
                     stage = named
@@ -289,14 +310,19 @@ class Ranker:
         return str(stage), params, grows, own
 
     def view(
-        self, ts: Any, now: float, e: Estimate | None = None, d: Described | None = None
+        self,
+        ts: Any,
+        now: float,
+        e: Estimate | float | None = None,
+        d: Described | None = None,
     ) -> LiveTask:
         """The task view of ``ts``; ``e``: its estimate, if the caller predicted it already
-        (a graph's unannotated tasks are predicted per stage in one batch); ``d``: what
+        (a graph's unannotated tasks are predicted per stage in one batch; a float ``s`` is
+        ``Estimate(s, s, s, "prior")``: :func:`~.estimates.predict_stage_seconds`); ``d``: what
         :meth:`describe` said of it, if the caller asked already."""
         stage, params, _, _ = self.describe(ts) if d is None else d
-        ann = ts.annotations or {}
-        if params is not None:
+        ann = ts.annotations or _NO_ANNOTATIONS
+        if params is not None and stage not in self._param_stages:
             self._param_stages.add(stage)
         if e is None:
             annotated = check_estimate(ts.key, ann["estimate"]) if "estimate" in ann else None
@@ -308,15 +334,28 @@ class Ranker:
                 f"task {ts.key!r} belongs to team {team!r}, which is not configured "
                 f"(daskjobs.teams.targets has: {', '.join(sorted(teams.targets)) or 'no teams'})"
             )
-        deps = tuple(d.key for d in ts.dependencies)
-        speculate = ann.get("speculate") is not False
-        job_class = ann.get("job_class", "be")
-        if job_class not in JOB_CLASSES:
-            raise BadJobClass(
-                f"task {ts.key!r} has job_class {job_class!r}: expected 'te' (interactive "
-                "work a person waits for) or 'be' (best-effort, the default)"
-            )
-        band = (e.low, e.high) if e.source in ("model", "history") else None
+        speculate, job_class = True, "be"
+        if ann:
+            speculate = ann.get("speculate") is not False
+            job_class = ann.get("job_class", "be")
+            if job_class not in JOB_CLASSES:
+                raise BadJobClass(
+                    f"task {ts.key!r} has job_class {job_class!r}: expected 'te' (interactive "
+                    "work a person waits for) or 'be' (best-effort, the default)"
+                )
+        deps: tuple[Key, ...] = ()
+        if ts.dependencies:
+            deps = tuple([dts.key for dts in ts.dependencies])
+            shared = self._deps
+            if shared is not None:
+                deps = shared.setdefault(deps, deps)
+        if type(e) is float:  # the prior's seconds (predict_stage_seconds)
+            return LiveTask(
+                ts.key, e, 1, team, now, deps, "prior", stage, speculate, job_class,
+                params=params,
+            )  # fmt: skip
+        assert isinstance(e, Estimate)
+        band = (e.low, e.high) if e.source in _BANDED else None
         return LiveTask(
             ts.key,
             e.seconds,
@@ -342,6 +381,14 @@ class Ranker:
         if not new:
             return
         self.settle()  # the new tasks are ranked against the waiting ones as they are now
+        # A graph's ranking makes a view per task that lives as long as the task: with the
+        # collector on, a graph of 10^6 tasks (about four objects each, on a heap that holds
+        # dask's own ten or so a task) set off full collections of the scheduler's heap while
+        # it was ranked, a third of the ranking's time. Paused for big graphs; the objects
+        # are looked at once, by the next young collection, as dask's own are.
+        paused = len(new) >= PAUSE_GC_FROM and gc.isenabled()
+        if paused:
+            gc.disable()
         try:
             self._rank_new(new)
         except _RankFailed as e:  # dask's own order for the whole graph
@@ -354,36 +401,48 @@ class Ranker:
             raise
         except Exception:
             self.audit.failed("rank", new[0].key)
+        finally:
+            if paused:
+                gc.enable()
 
     def _rank_new(self, new: list[Any]) -> None:
         """Rank a new graph entirely or not at all: every view and key is computed
-        before any priority changes; a failure names the task it failed on."""
+        before any priority changes; a failure names the task it failed on. One pass per
+        step over the graph's tasks, each with its lookups in locals: it runs on the
+        scheduler's event loop for every task of a graph (10^6 for a big map)."""
         policy = self.policy
         now = time.time()
-        new.sort(key=lambda ts: ts.priority[2])  # dask.order: dependencies first
+        new.sort(key=_order_of)  # dask.order: dependencies first
         described = []
+        describe = self.describe
         for ts in new:
             try:
-                described.append(self.describe(ts))
+                described.append(describe(ts))
             except Exception as e:
                 raise _RankFailed(ts.key) from e
         predicted = self._predict_graph(new, described)
         views = []
-        for ts, d in zip(new, described, strict=True):
-            try:
-                views.append(self.view(ts, now, predicted.get(ts.key), d))
-            except (BadEstimate, UnknownTeam, BadJobClass):
-                raise
-            except Exception as e:
-                raise _RankFailed(ts.key) from e
+        view = self.view
+        self._deps = {}
+        try:
+            for ts, d, est in zip(new, described, predicted, strict=True):
+                try:
+                    views.append(view(ts, now, est, d))
+                except (BadEstimate, UnknownTeam, BadJobClass):
+                    raise
+                except Exception as exc:
+                    raise _RankFailed(ts.key) from exc
+        finally:
+            self._deps = None
         try:
             policy.add_graph(views)  # a popper's too (fair share: every team known from here)
         except Exception as e:
             raise _RankFailed(new[0].key, "the graph") from e
         ranks = []
+        key = policy.key
         for ts, v in zip(new, views, strict=True):
             try:
-                ranks.append(float(policy.key(v)))
+                ranks.append(float(key(v)))
             except Exception as e:
                 for w in views:
                     policy.forget(w.tid)
@@ -391,6 +450,8 @@ class Ranker:
         ranks = self._keep_dask_promises(new, views, ranks, now, [d[3] for d in described])
         sources = dict.fromkeys(SOURCES, 0)
         te_ahead = self.te_first
+        tasks = self.tasks
+        set_priority = dask_internals.set_priority
         for ts, v, rank in zip(new, views, ranks, strict=True):
             p = ts.priority
             # interactive work first, within a user priority (whole numbers): the resources
@@ -398,40 +459,46 @@ class Ranker:
             # restrictions: they wait on workers, never in dask's queue, whose order the
             # release gate keeps for a popper (a boost there would pass its released task).
             first = user_order(p[0], v.job_class, te_ahead) if ts.resource_restrictions else p[0]
-            dask_internals.set_priority(ts, (first, rank, p[1], p[2]))
-            self.tasks[ts.key] = v
+            set_priority(ts, (first, rank, p[1], p[2]))
+            tasks[ts.key] = v
             sources[v.source] += 1
         self.ranked_graphs += 1
         self.ranked_tasks += len(new)
         self.just_ranked = [ts.key for ts in new]
+        self.just_ranked_teams = frozenset({v.team for v in views})
         for src, count in sources.items():
             self.estimate_sources[src] += count
         self.audit.event("ranked-graph", policy=policy.name, tasks=len(new), estimates=sources)
 
-    def _predict_graph(self, new: list[Any], described: list[Described]) -> dict[Key, Estimate]:
+    def _predict_graph(
+        self, new: list[Any], described: list[Described]
+    ) -> list[Estimate | float | None]:
         """The estimates of a graph's tasks without an ``estimate`` annotation, one batch
         per stage (one matrix product each: a sweep of 10,000 tasks is predicted in about
-        a tenth of the time task by task). Annotated tasks are left to :meth:`view`. The
-        size-like parameters of a stage's tasks are told to its model first
+        a tenth of the time task by task), in the order of ``new``; None for an annotated
+        task (left to :meth:`view`); a float for the prior's seconds
+        (:func:`~daskjobs.plugin.estimates.predict_stage_seconds`). The size-like parameters
+        of a stage's tasks are told to its model first
         (:meth:`~daskjobs.policies.durations.Estimator.expect`)."""
-        by_stage: dict[str, tuple[list[Key], list[Any], set[str]]] = {}
-        for ts, (stage, params, grows, _) in zip(new, described, strict=True):
+        by_stage: dict[str, tuple[list[int], list[Any], set[str]]] = {}
+        for i, (ts, (stage, params, grows, _)) in enumerate(zip(new, described, strict=True)):
             ann = ts.annotations
             if not (ann and "estimate" in ann):
                 group = by_stage.get(stage)
                 if group is None:
                     group = by_stage[stage] = ([], [], set())
-                group[0].append(ts.key)
+                group[0].append(i)
                 group[1].append(params)
                 if grows:
                     group[2].update(grows)
-        out: dict[Key, Estimate] = {}
+        out: list[Estimate | float | None] = [None] * len(new)
         est = self.estimator
-        for stage, (keys, params_list, grows_all) in by_stage.items():
+        for stage, (at, params_list, grows_all) in by_stage.items():
             if grows_all:
                 est.expect(stage, frozenset(grows_all), params_list)
-            preds = predict_stage(est, stage, params_list)
-            out.update(zip(keys, preds, strict=True))
+            preds: list[Any] = predict_stage_seconds(est, stage, params_list)
+            for i, e in zip(at, preds, strict=True):
+                out[i] = e
         return out
 
     def _keep_dask_promises(
@@ -479,10 +546,9 @@ class Ranker:
         (it brought none: every key existed) the teams of the client's earlier graphs, else
         the default team. Returns the views whose ``teams`` grew (``self.tasks`` holds the
         new views); fair share splits their cores among their teams. O(keys)."""
-        new = self.just_ranked
-        self.just_ranked = []
+        new, mine = self.just_ranked, self.just_ranked_teams
+        self.just_ranked, self.just_ranked_teams = [], frozenset()
         tasks = self.tasks
-        mine = frozenset(tasks[k].team for k in new if k in tasks)
         if mine and client:
             self.client_teams[client] = mine
         elif not mine:
@@ -490,7 +556,9 @@ class Ranker:
             mine = self.client_teams.get(client or "") or frozenset({fallback})
         fresh = set(new)
         sched = self.scheduler
-        grown = []
+        grown: list[LiveTask] = []
+        if fresh.issuperset(keys):  # it brought every key it wants (one pass in C, not Python)
+            return grown
         for key in keys:
             if key in fresh:
                 continue
