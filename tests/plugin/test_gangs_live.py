@@ -19,6 +19,7 @@ import pytest
 from conftest import VALIDATE, plugin_cluster
 from distributed import Client, get_worker
 from distributed.diagnostics.plugin import SchedulerPlugin
+from waiting import until
 
 import daskjobs
 from daskjobs.plugin import JobsPlugin
@@ -709,10 +710,7 @@ def test_an_ignored_request_is_counted_and_audited_as_without_resources() -> Non
     with _gpu_client(plugin) as c:
         with dask.annotate(resources={"GPU": 2}):
             be = [c.submit(stubborn, 1.5, key=f"stubborn-{i}") for i in range(2)]
-        deadline = time.time() + 30
-        while c.run_on_scheduler(_started) < 2:
-            assert time.time() < deadline, "the best-effort tasks did not both start"
-            time.sleep(0.02)
+        until(lambda: c.run_on_scheduler(_started) >= 2, "both best-effort tasks' starts")
         with dask.annotate(resources={"GPU": 1}, job_class="te"):
             te = c.submit(span, 0.0, key="probe-0")
         started = te.result(timeout=60)[0]
@@ -747,15 +745,10 @@ def test_a_victim_whose_worker_leaves_is_counted_as_lost_with_it_not_as_a_yield(
     with _gpu_client(plugin) as c:
         with dask.annotate(resources={"GPU": 2}):
             be = [c.submit(stubborn, 3.0, key=f"stubborn-{i}") for i in range(2)]
-        deadline = time.time() + 30
-        while c.run_on_scheduler(_started) < 2:
-            assert time.time() < deadline, "the best-effort tasks did not both start"
-            time.sleep(0.02)
+        until(lambda: c.run_on_scheduler(_started) >= 2, "both best-effort tasks' starts")
         with dask.annotate(resources={"GPU": 1}, job_class="te"):
             te = c.submit(span, 0.0, key="probe-0")
-        while not (asked := status(c)["preemption"]["asked"]):
-            assert time.time() < deadline, "no victim was asked"
-            time.sleep(0.01)
+        asked = until(lambda: status(c)["preemption"]["asked"], "a victim asked")
         doomed = c.run_on_scheduler(
             lambda dask_scheduler, key: dask_scheduler.tasks[key].processing_on.address,
             key=asked[0],
