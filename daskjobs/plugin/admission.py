@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.errors import AdmissionRefused, SubmissionRefused, over_limit
@@ -200,6 +200,27 @@ class AdmissionPart(Part):
         if error is not None:
             self._refused(error, client, keys)
             logger.info("daskjobs refused a submission of client %s: %s", client, error)
+        return error
+
+    # -- once dask has read a graph, before it makes its tasks ---------------------------
+    def built(self, client: str, dsk: Mapping[Key, Any], keys: Collection[Key]) -> Any:
+        """dask has read and ordered a graph of ``dsk`` asking for ``keys``, and asks before
+        it makes any task of it: the refusal if its new tasks are over ``graph-tasks``,
+        else None. O(1) a graph within the limit; over it, one lookup a task (the tasks the
+        scheduler holds already are not new)."""
+        limit = self.limits.graph_tasks
+        if limit is None or not self.registered() or len(dsk) + len(keys) <= limit:
+            return None
+        tasks = self._scheduler.tasks if self._scheduler is not None else {}
+        new = len(dsk) - sum(map(tasks.__contains__, dsk))
+        new += sum(1 for k in keys if k not in dsk and k not in tasks)
+        if new <= limit:
+            return None
+        error = over_limit(
+            "the graph's tasks", new, "daskjobs.admission.graph-tasks", limit, "tasks", _SPLIT
+        )
+        self._refused(error, client, new)
+        logger.info("daskjobs refused a submission of client %s: %s", client, error)
         return error
 
     # -- the plugin's hooks -------------------------------------------------------------------

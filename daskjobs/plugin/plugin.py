@@ -125,7 +125,7 @@ class JobsPlugin(SchedulerPlugin):
                 if shared is not None:
                     shared.scheduler = scheduler
             self.reporters.scheduler = scheduler
-            dask_internals.wrap_priorities(scheduler, self._new_graph)
+            dask_internals.wrap_priorities(scheduler, self._new_graph, self.admission.built)
             dask_internals.steal_in_order(scheduler, still=self._registered)  # dask#8992
             for name in ("explain", "status", "record"):
                 scheduler.handlers[f"daskjobs_{name}"] = getattr(self, f"_rpc_{name}")

@@ -14,7 +14,7 @@ from typing import Any
 import dask
 import dask.bag as db
 import pytest
-from distributed import Event
+from distributed import Event, wait
 from distributed.client import FutureCancelledError
 from realcluster import PROBLEMS, RealCluster
 from realtasks import held
@@ -34,6 +34,11 @@ def _admission(c: Any) -> dict[str, Any]:
     return c.run_on_scheduler(
         lambda dask_scheduler: dask_scheduler.plugins["daskjobs"].status()["admission"]
     )
+
+
+def _made(prefixes: tuple[str, ...], dask_scheduler: Any) -> int:
+    """How many tasks the scheduler holds whose key starts with one of ``prefixes``."""
+    return sum(1 for k in dask_scheduler.tasks if str(k).startswith(prefixes))
 
 
 def test_graphs_over_the_limits_are_refused_and_the_scheduler_serves_on(
@@ -64,6 +69,18 @@ def test_graphs_over_the_limits_are_refused_and_the_scheduler_serves_on(
         bag = db.from_sequence(range(2000), npartitions=1000).map(inc).sum()
         with pytest.raises(AdmissionRefused, match=r"the graph's tasks: [0-9,]{5} tasks"):
             c.compute(bag).result()
+        # keys within the limit, tasks over it: refused before dask makes any of its tasks;
+        # tasks the scheduler holds already are not the graph's new ones
+        feats = [dask.delayed(inc)(i, dask_key_name=f"feat-{i}") for i in range(2)]
+        tests = [dask.delayed(inc)(feats[j % 2], dask_key_name=f"bt-{j}") for j in range(499)]
+        with pytest.raises(AdmissionRefused, match=r"the graph's tasks: 501 tasks"):
+            c.gather(c.compute(tests))
+        assert c.run_on_scheduler(_made, ("feat-", "bt-")) == 0
+        held_feats = c.persist(feats)
+        wait(held_feats)
+        again = [dask.delayed(inc)(feats[j % 2], dask_key_name=f"ok-{j}") for j in range(499)]
+        assert sum(c.gather(c.compute(again))) == sum(j % 2 + 2 for j in range(499))
+        del held_feats
         # an annotation dask cannot send to a worker (it would break the worker's stream)
         with dask.annotate(note=2**70):
             bad = dask.delayed(inc)(1, dask_key_name="unsendable")
@@ -92,9 +109,9 @@ def test_graphs_over_the_limits_are_refused_and_the_scheduler_serves_on(
         # the tasks ended: the client may submit again
         assert c.gather(c.map(inc, range(400), pure=False)) == list(range(1, 401))
         status = _admission(c)
-        assert status["refused"] == 7 and status["unfinished"] == 0, status
+        assert status["refused"] == 8 and status["unfinished"] == 0, status
     log = rc.log("scheduler")
-    assert log.count("daskjobs refused a submission") == 7
+    assert log.count("daskjobs refused a submission") == 8
     problems = [ln for ln in log.splitlines() if PROBLEMS.search(ln)]
     assert problems == [], problems
 

@@ -116,7 +116,7 @@ import heapq
 import inspect
 import math
 import re
-from collections.abc import Callable, Container, Hashable, Iterable
+from collections.abc import Callable, Collection, Container, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -447,14 +447,25 @@ class NewGraph(NamedTuple):
     submitting_task: Key | None
 
 
-def wrap_priorities(sched: Scheduler, after: Callable[[NewGraph], bool]) -> None:
+def wrap_priorities(
+    sched: Scheduler,
+    after: Callable[[NewGraph], bool],
+    built: Callable[[str, Mapping[Key, Any], Collection[Key]], BaseException | None] | None = None,
+) -> None:
     """Call ``after(graph)`` (a :class:`NewGraph`) each time dask has given a new graph's
     tasks their priorities (``Scheduler._set_priorities``), before it sorts their first
     recommendations. The graph's client is the ``client`` dask's
     ``Scheduler._create_taskstate_from_graph`` was called with (synchronous: it calls
     ``_set_priorities`` within the same call, and nothing else runs in between).
     ``after`` returning False unwraps (a plugin unregistered without ``close``). A wrap of
-    an earlier registration is undone first. O(1) added per graph."""
+    an earlier registration is undone first. O(1) added per graph.
+
+    ``built(client, dsk, keys)``, if given, sees each graph dask has read and ordered but
+    not yet turned into tasks (``dsk``: its tasks, ``keys``: those the client asks for)
+    and returns None (dask goes on) or the error that refuses it: dask then creates none
+    of its tasks, and the client hears of it as of a graph refused unread
+    (:func:`refuse_unread`), so a refusal costs one message, however large the graph. An
+    exception ``built`` raises lets the graph through."""
     unwrap_priorities(sched)
     original = sched._set_priorities
     create = sched._create_taskstate_from_graph
@@ -462,6 +473,15 @@ def wrap_priorities(sched: Scheduler, after: Callable[[NewGraph], bool]) -> None
     sending: list[str | None] = [None]  # the client of the graph dask is creating, innermost last
 
     def _create_taskstate_from_graph(*args: Any, **kwargs: Any) -> Any:
+        if built is not None:
+            client, dsk, keys = kwargs.get("client"), kwargs.get("dsk"), kwargs.get("keys")
+            try:
+                verdict = built(str(client), dsk, keys) if dsk is not None and keys else None
+            except Exception:  # a failing check never stops dask taking graphs
+                verdict = None
+            if isinstance(verdict, BaseException):
+                refuse_unread(sched, str(client), keys, verdict)
+                return {"tasks": len(dsk), "new_tasks": 0, "key_collisions": 0}  # dask's metrics
         sending.append(kwargs.get("client"))
         try:
             return create(*args, **kwargs)
@@ -618,11 +638,12 @@ def _check_graph_client(sched: Any) -> None:
     method = getattr(bound, "__func__", None)
     if method is None:
         raise AssertionError("Scheduler._create_taskstate_from_graph is not a method")
-    client = inspect.signature(method).parameters.get("client")
-    _expect(
-        client is not None and client.kind == inspect.Parameter.KEYWORD_ONLY,
-        "Scheduler._create_taskstate_from_graph takes no keyword 'client'",
-    )
+    params = inspect.signature(method).parameters
+    for name in ("client", "dsk", "keys"):
+        _expect(
+            name in params and params[name].kind == inspect.Parameter.KEYWORD_ONLY,
+            f"Scheduler._create_taskstate_from_graph takes no keyword {name!r}",
+        )
     kwargs: dict[str, Any] = dict(
         start=0.0,
         dsk={},
