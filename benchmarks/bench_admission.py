@@ -18,6 +18,14 @@ refusal is done:
   ``graph-tasks`` is 1,000: from the call to the scheduler's refusal (the client's own
   times, building the graph and hearing of the refusal, are named beside it).
 
+- a sweep of N tasks (``--sweep``, 10^6: bench_million's ``sweep`` shape, a gate, N/1000
+  shared features, the backtests, sent as ``Sweep.run`` sends it) that asks for no more
+  keys than ``graph-tasks`` (set to the keys it asks for) but brings more tasks: dask reads
+  and orders it, and the plugin refuses it before dask makes any of its tasks; beside it,
+  the same graph accepted on a scheduler without limits (the time to the end of dask's
+  ``update_graph``, its event). Both rows give the longest event-loop block dask warned
+  of in the scheduler's log (``Event loop was unresponsive``: dask warns past 3 s).
+
 The time to refuse the 10^7 keys is almost all dask's reading of the message, before any
 plugin code runs: the client packs the keys (msgpack) and the scheduler's connection
 unpacks them all before it calls the ``update-graph`` handler, which the plugin weighs in
@@ -25,13 +33,14 @@ O(1).
 
 After the refusals the scheduler runs a small graph for another client (checked).
 
-    python benchmarks/bench_admission.py            # 10^7 keys, a 10^5-task map
-    python benchmarks/bench_admission.py --quick    # 2x10^6 keys, a 10^4-task map
+    python benchmarks/bench_admission.py            # 10^7 keys, a 10^5-task map, a 10^6 sweep
+    python benchmarks/bench_admission.py --quick    # 2x10^6 keys, a 10^4-task map, 10^5 sweep
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -42,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.processes import realcluster
+from harness.processes import realcluster, worker_path
 
 GIB = 2**30
 MIB = 2**20
@@ -110,7 +119,8 @@ def _refusal_event(c: Any, size: int, since: float, timeout: float = 600.0) -> f
             if msg.get("action") == "refused-graph" and msg.get("size") == size and t >= since:
                 return float(t)
         time.sleep(0.01)
-    raise AssertionError(f"no refusal of the graph of {size} keys")
+    seen = [m for _, m in c.get_events("daskjobs") if m.get("action") == "refused-graph"]
+    raise AssertionError(f"no refusal of the graph of {size} keys (refusals: {seen[-3:]})")
 
 
 def _keys_message(c: Any, n: int) -> tuple[float, str]:
@@ -163,6 +173,55 @@ def _client_map(c: Any, n: int) -> tuple[float, str]:
     )
 
 
+def _update_graph_event(c: Any, since: float, timeout: float = 900.0) -> float:
+    """When dask's ``update_graph`` of the graph sent at ``since`` ended (its event)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for t, msg in c.get_events("scheduler"):
+            if isinstance(msg, dict) and msg.get("action") == "update-graph" and t >= since:
+                return float(t)
+        time.sleep(0.05)
+    raise AssertionError("dask's update_graph of the sweep did not end")
+
+
+def _sweep(c: Any, n: int, refused: bool, flag: str, log: Any) -> tuple[float, str]:
+    """bench_million's sweep of ``n`` tasks through ``client.get``: the time from the call to
+    the refusal (``refused``), or to the end of dask's ``update_graph`` (accepted; its
+    futures are then cancelled), and the longest event-loop block in the scheduler's
+    ``log()`` until then."""
+    import bench_million
+    from distributed import wait
+
+    graph = bench_million.build_sweep(n, flag)
+    tasks, keys = len(graph), len(graph.keys)
+    t0 = time.time()
+    futures = c.get(graph.graph, graph.keys, sync=False)
+    del graph
+    if refused:
+        seconds = _refusal_event(c, tasks, t0 - 1) - t0
+        with contextlib.suppress(CancelledError):
+            wait(futures[:1], timeout=600)
+        what = f"graph-tasks ({keys:,} keys, {tasks:,} tasks; futures {futures[0].status})"
+    else:
+        seconds = _update_graph_event(c, t0 - 1) - t0
+        what = f"none: accepted ({keys:,} keys, {tasks:,} tasks; the time is update_graph's)"
+    time.sleep(1)  # dask logs a block as the loop resumes
+    what += f"; longest block {_longest_block(log())}"
+    if not refused:
+        c.cancel(futures)
+        Path(flag).touch()  # the gate's thread ends
+    del futures
+    return seconds, what
+
+
+def _longest_block(log: str) -> str:
+    """The longest event-loop block dask's tick monitor warned of in ``log``."""
+    import re
+
+    blocks = [float(x) for x in re.findall(r"unresponsive in Scheduler for ([0-9.]+)s", log)]
+    return f"{max(blocks):.1f} s" if blocks else "none over 3 s"
+
+
 def _still_serves(rc: Any) -> None:
     with rc.client() as other:
         assert other.gather(other.map(inc, range(100), pure=False)) == list(range(1, 101))
@@ -176,9 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__)
     ap.add_argument("--keys", type=int, default=None, help="keys of the big graph (10**7)")
     ap.add_argument("--map", type=int, default=None, help="tasks of the real client.map (10**5)")
+    ap.add_argument("--sweep", type=int, default=None, help="tasks of the sweep (10**6)")
+    ap.add_argument("--cases", default="job,keys,map,sweep", help="which cases (all)")
     args = ap.parse_args(argv)
     keys = args.keys or (2 * 10**6 if args.quick else 10**7)
     tasks = args.map or (10**4 if args.quick else 10**5)
+    sweep = args.sweep or (10**5 if args.quick else 10**6)
+    chosen = set(args.cases.split(","))
+    features = max(1, sweep // 1000)  # the keys the sweep asks for: its backtests
+    asked = features * max(1, (sweep - 1 - features) // features)  # (bench_million.build_sweep)
     rcmod = realcluster()
     rows, charts = [], {}
     with tempfile.TemporaryDirectory(prefix="bench-admission-") as tmp:
@@ -187,7 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         for name, admission, cases in (
             ("default limits", {}, ("job", "keys")),
             ("graph-tasks: 1000", {"graph-tasks": 1000}, ("map",)),
+            (f"graph-tasks: {asked:,}", {"graph-tasks": asked}, ("refused",)),
+            ("no limits", {"graph-tasks": None, "client-tasks": None}, ("accepted",)),
         ):
+            cases = tuple(
+                k
+                for k in cases
+                if k in chosen or (k in ("refused", "accepted") and "sweep" in chosen)
+            )
+            if not cases:
+                continue
             config = {"daskjobs": {**base["daskjobs"], "admission": admission}}
             rc = rcmod.RealCluster(
                 Path(tmp) / name.replace(" ", "-").replace(":", ""),
@@ -196,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 preload="daskjobs.preload",
                 preload_args=["--daskjobs-ledger", ledger],
                 config=config,
+                env=worker_path(),  # the scheduler unpickles the sweep's tasks
                 validate=False,
             )
             with rc:
@@ -210,9 +285,14 @@ def main(argv: list[str] | None = None) -> int:
                         elif case == "keys":
                             label = f"a graph asking for {keys:,} keys"
                             run = lambda: _keys_message(c, keys)  # noqa: E731
-                        else:
+                        elif case == "map":
                             label = f"client.map(inc, range({tasks:,}))"
                             run = lambda: _client_map(c, tasks)  # noqa: E731
+                        else:
+                            label = f"a sweep of {sweep:,} tasks, {case}"
+                            flag = str(Path(tmp) / f"gate-{case}")
+                            log = functools.partial(rc.log, "scheduler")
+                            run = functools.partial(_sweep, c, sweep, case == "refused", flag, log)
                         m = _measure(pid, run)
                         print(f"{label}: {m}", file=sys.stderr, flush=True)
                         rows.append(
