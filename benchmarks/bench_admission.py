@@ -190,7 +190,6 @@ def _sweep(c: Any, n: int, refused: bool, flag: str, log: Any) -> tuple[float, s
     futures are then cancelled), and the longest event-loop block in the scheduler's
     ``log()`` until then."""
     import bench_million
-    from distributed import wait
 
     graph = bench_million.build_sweep(n, flag)
     tasks, keys = len(graph), len(graph.keys)
@@ -199,9 +198,13 @@ def _sweep(c: Any, n: int, refused: bool, flag: str, log: Any) -> tuple[float, s
     del graph
     if refused:
         seconds = _refusal_event(c, tasks, t0 - 1) - t0
-        with contextlib.suppress(CancelledError):
-            wait(futures[:1], timeout=600)
-        what = f"graph-tasks ({keys:,} keys, {tasks:,} tasks; futures {futures[0].status})"
+        while any(f.status == "pending" for f in futures):  # until the client heard of all
+            time.sleep(0.05)
+        told = time.time() - t0
+        what = (
+            f"graph-tasks ({keys:,} keys, {tasks:,} tasks; every future {futures[0].status} "
+            f"{told:.1f} s after the call)"
+        )
     else:
         seconds = _update_graph_event(c, t0 - 1) - t0
         what = f"none: accepted ({keys:,} keys, {tasks:,} tasks; the time is update_graph's)"
