@@ -126,7 +126,7 @@ IMPORT_OPTION = click.option(
 )
 
 
-def _policy_option(f: F) -> F:
+def policy_option(f: F) -> F:
     """--policy NAME (repeatable): any registered policy instead of the reference set."""
     option = click.option(
         "--policy",
@@ -166,7 +166,7 @@ def _workload_kwargs(
     return kwargs
 
 
-def _check_plotting(plot_dir: Path | None) -> None:
+def check_plotting(plot_dir: Path | None) -> None:
     """Fail before any run if --plot was asked for and matplotlib is missing."""
     if plot_dir is None:
         return
@@ -236,7 +236,7 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def _emit(report: dict[str, Any], as_json: bool, text: str, figures: list[Path]) -> None:
+def emit_report(report: dict[str, Any], as_json: bool, text: str, figures: list[Path]) -> None:
     if as_json:
         if figures:
             report = {**report, "figures": [str(p) for p in figures]}
@@ -290,7 +290,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 @simulate.command(short_help="The chapter sweep under every policy, with and without backups.")
 @_common_options
-@_policy_option
+@policy_option
 @click.option(
     "--seeds",
     "seed_list",
@@ -340,7 +340,7 @@ def chapter(
             raise click.UsageError("give either --seed or --seeds, not both")
         _chapter_seeds(_parse_seeds(seed_list), as_json, kwargs, runs)
         return
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     report, schedules = _run(run_chapter, "chapter sweep", runs, seed, kwargs)
 
     figures: list[Path] = []
@@ -403,7 +403,7 @@ def chapter(
             "this seed's failures cost any schedule that restarts failed tasks",
         ]
     )
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs: int) -> None:
@@ -451,12 +451,12 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
             "SB+1.2% / FB+1.2%: seeds on which the makespan is within 1.2% of that bound.",
         ]
     )
-    _emit(report, as_json, text, [])
+    emit_report(report, as_json, text, [])
 
 
 @simulate.command(short_help="A second team an hour in: FIFO against fair share.")
 @_common_options
-@_policy_option
+@policy_option
 def fairshare(
     seed: int,
     as_json: bool,
@@ -474,7 +474,7 @@ def fairshare(
     """
     from daskjobs.sim.report import FAIRSHARE_RUNS, _make, run_fairshare
 
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
     kwargs["policies"] = _check_policies(policies, _make)
     runs = len(policies or FAIRSHARE_RUNS)
@@ -526,12 +526,12 @@ def fairshare(
             "waits are hours from each task's submission to its end; end is the team's last end",
         ]
     )
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Shared feature stages: recomputed, as a graph, cached.")
 @_common_options
-@_policy_option
+@policy_option
 def graph(
     seed: int,
     as_json: bool,
@@ -551,7 +551,7 @@ def graph(
     from daskjobs.policies import make_policy
     from daskjobs.sim.report import graph_runs, run_graph
 
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, None)
     kwargs["policies"] = _check_policies(policies, make_policy)
     if n_tasks is not None:
@@ -607,7 +607,7 @@ def graph(
             "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
         ]
     )
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
@@ -640,7 +640,7 @@ def preemption(
     """
     from daskjobs.sim.preemption import run_preemption
 
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     chosen = list(policies) or list(PREEMPTION_POLICIES)
     report = run_preemption(_parse_seeds(seeds), chosen, hours=hours, load=load)
     figures: list[Path] = []
@@ -712,7 +712,7 @@ def preemption(
     )
     if as_json:
         report = {k: v for k, v in report.items() if k != "slowdowns"}
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Gangs among 1-GPU tasks: reservation and backfill off and on.")
@@ -791,7 +791,7 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
             "waiting request fits (time average; share of the free GPU-time while work waited)",
         ]
     )
-    _emit(report, as_json, text, [])
+    emit_report(report, as_json, text, [])
 
 
 @simulate.command(short_help="Sweeps without estimates: stage medians, learned, true estimates.")
@@ -875,4 +875,4 @@ def estimates(seeds: str, names: tuple[str, ...], policy: str, learn: bool, as_j
             "learning saves; within 2x: the learner's predictions within 2x of the truth",
         ]
     )
-    _emit(report, as_json, text, [])
+    emit_report(report, as_json, text, [])
