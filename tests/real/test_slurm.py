@@ -29,9 +29,9 @@ from typing import Any
 import dask
 import pytest
 import realtasks_sweep
+from deploypage import PAGE, block
 from realcluster import in_thread
 from repo import FOLDERS, ROOT
-from test_deploy import PAGE, block
 from waiting import until
 
 import daskjobs.jobs as jobs
