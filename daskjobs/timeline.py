@@ -92,7 +92,8 @@ def decompose(spans: list[Span], durations: list[float], slots: Slots) -> dict[s
     * ``copies``: slot-time of losing attempts (losing copies and beaten primaries);
     * ``overrun``: winners' slot-time beyond their nominal duration (sleep overshoot,
       the GIL);
-    * ``other``: what remains (rounding, threads over-filled by zombie threads).
+    * ``other``: what remains (rounding, threads over-filled by the threads of released
+      copies that still run).
 
     ``durations[i]`` is task ``i``'s nominal duration (on a full-speed thread).
     """

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import dask
 import pytest
+from realconfig import refused
 
 from daskjobs.config import jobs_settings, settings
 
@@ -82,8 +83,6 @@ def test_sections_of_other_names_are_left_alone() -> None:
 
 @pytest.mark.realcluster
 def test_a_real_scheduler_with_a_misspelt_section_does_not_start(tmp_path: Path) -> None:
-    from test_real_config import refused
-
     code, out = refused(tmp_path, preload="daskjobs.preload", env={"DASK_DASKJOB__POLICY": "lpt"})
     assert code != 0
     assert "dask config section 'daskjob' is not read by daskjobs: did you mean daskjobs?" in out

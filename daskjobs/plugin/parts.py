@@ -820,7 +820,7 @@ def compose(
     if gate is not None:
         parts.append(GatePart(gate))
     parts.append(RankingPart(ranker))
-    if ranker.fair is not None:  # who pays for a shared stage: the team books' question
+    if ranker.fair is not None:  # who pays for a shared stage: what the per-team accounts answer
         parts.append(SharePart(ranker, gate, audit))
     if settings.forecast.interval is not None:  # each team's expected end, for the pages
         from daskjobs.plugin.observe.live_forecast import ForecastPart

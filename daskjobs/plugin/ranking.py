@@ -192,7 +192,7 @@ class Ranker:
 
     ``made`` is the policy the settings name; ``policy`` ranks (``made`` when it ranks by
     a static key, else the popper's stand-in); ``popper`` is ``made`` when it pops slot by
-    slot; ``fair`` is it when it keeps team books (explain and status report its teams);
+    slot; ``fair`` is it when it keeps per-team accounts (explain and status report its teams);
     ``learner`` when it learns speeds (the plugin's speed learner then); ``tasks`` maps
     each ranked key to its :class:`~daskjobs.plugin.views.LiveTask`. All from the
     policy's declared capabilities, never its class.

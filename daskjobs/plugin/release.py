@@ -10,7 +10,7 @@ plugin's ``transition`` hook after each. The gate keeps every queued task *held*
 (ranked by the policy's ``hold_key``) and *releases* exactly one: the task
 ``pop`` chooses, promoted to the head of dask's queue. The choice is made when a
 slot is about to be filled (a task has just ended, or a worker has free slots),
-so it sees usage as it is then. The policy keeps its books from the
+so it sees usage as it is then. The policy keeps its accounts from the
 ``started``/``ended`` calls the gate makes as tasks start and finish. Every rule
 (which team goes next, quotas, which task a slow worker takes) is the policy's.
 
@@ -46,7 +46,7 @@ worker with nothing running took the task chosen for another.
 
 Tasks that do not wait in dask's queue (tasks with inputs, or with resource
 restrictions, which dask sends to a worker as soon as they are runnable) are
-counted in the policy's books but ordered by the held rank on their worker.
+counted in the policy's accounts but ordered by the held rank on their worker.
 
 Cost: O(1) per transition plus the policy's ``pop`` (and its ``push_many`` of the
 tasks queued since the last one); a reconcile from the
@@ -352,7 +352,7 @@ class ReleaseGate:
 
     def transition(self, key: Key, start: str, finish: str) -> None:
         """Every transition of a ranked task (O(1) plus ``pop``); after a failure the
-        books are rebuilt from the scheduler's state."""
+        policy's accounts are rebuilt from the scheduler's state."""
         try:
             self._transition(key, start, finish)
         except Exception:
@@ -398,7 +398,7 @@ class ReleaseGate:
             if ended is not None:
                 ended.end = now = time.time()
                 # a learner of speeds learns from compute times (WorkerSpeeds.learn), not
-                # from assignment-to-finish here: it only closes its books on this attempt
+                # from assignment-to-finish here: it only closes its record of this attempt
                 ended.outcome = None if self.learns else OUTCOME.get(finish, "killed")
                 popper.ended(ended, now)
             slot_opened = True
@@ -501,7 +501,7 @@ class ReleaseGate:
 
     def _schedule_reconcile(self) -> None:
         """After a failed hook: rebuild the held set, the running attempts and the
-        policy's books from the scheduler's state, once, outside the transition."""
+        policy's accounts from the scheduler's state, once, outside the transition."""
         if self._reconcile_pending:
             return
         self._reconcile_pending = True
@@ -512,7 +512,7 @@ class ReleaseGate:
         self._reconcile_pending = False
         self._readmit()
         if self.reconciles:
-            self.pending = []  # its books are rebuilt below from dask's queue
+            self.pending = []  # its accounts are rebuilt below from dask's queue
         else:
             self._flush()  # the policy keeps its own queue: hand it what it lacks
         sched = self.scheduler

@@ -23,10 +23,10 @@ Capabilities
 A policy declares what it does and needs in :attr:`Policy.capabilities`
 (:class:`Capabilities`): whether it *pops* slot by slot or ranks by a static key, whether
 it *learns speeds*, whether it *speculates* (asks for backups itself), whether it keeps
-*team books* or can *reconcile* them, and which optional view fields it *reads*. The
-drivers (the simulator, the plugin, replay) ask the declaration, never the policy's
-class: a user's registered policy that declares a capability gets what a built-in one
-with it gets.
+per-team accounts (*team books*: cores held and usage per team) or can *reconcile* them,
+and which optional view fields it *reads*. The drivers (the simulator, the plugin,
+replay) ask the declaration, never the policy's class: a user's registered policy that
+declares a capability gets what a built-in one with it gets.
 
 The life of a task, as a policy sees it::
 
@@ -189,10 +189,10 @@ class Capabilities:
     ``speculates``: ``urgent(attempt, now)`` may ask for a backup copy before the
     lateness deadline (drivers that speculate ask it).
 
-    ``team_books``: it keeps per-team books that ``explain`` and ``status`` report
+    ``team_books``: it keeps per-team accounts that ``explain`` and ``status`` report
     (:class:`TeamBooks`).
 
-    ``reconciles``: it can rebuild its books from the live scheduler's state after a
+    ``reconciles``: it can rebuild its accounts from the live scheduler's state after a
     failure (``reconcile(running, held, now)``); otherwise the plugin hands it the tasks
     it lacks.
 

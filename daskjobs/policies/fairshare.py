@@ -39,7 +39,7 @@ get one task for it (its content key is the same, which is the point of content 
 so someone must pay for it. The rule: **a shared task's cores are split equally among
 the teams that want it, for as long as it runs**. A task view may carry ``teams``
 (every team whose graphs want it, the submitter first); each of those teams holds
-``cores / len(teams)`` of its slots in the books (running cores and usage) and is
+``cores / len(teams)`` of its slots in its accounts (running cores and usage) and is
 booked that share of its core-seconds. When a team's graph starts wanting a task that
 already runs, the driver says so (:meth:`FairShare.reshare`) and the split changes from
 that moment: the submitter paid alone until then. Why split, not charge the submitter:

@@ -432,8 +432,8 @@ class NodeAware(Policy):
         self._queued_work = 0.0
         self._run_cores = 0
         self._run_end_sum = 0.0  # sum of cores * expected end
-        # attempt -> its books, for an attempt view without a ``books`` field (see
-        # `started`); attempt views hash by identity (as in Horizon)
+        # attempt -> its record (see `started`), for an attempt view without a ``books`` field;
+        # attempt views hash by identity (as in Horizon)
         self._run: dict[AttemptView, tuple[int, float, float, float]] = {}
         # the task the inlined path of `pop` returned last, and its estimate
         self._popped: object = None
@@ -724,7 +724,7 @@ class NodeAware(Policy):
         return "; ".join(said)
 
     def _take(self, q: _Ladder, where: object, entry: _Entry) -> TaskView:
-        """Take ``entry`` from ``q`` (as ``_pick`` found it) and close the queue's books."""
+        """Take ``entry`` from ``q`` (as ``_pick`` found it); update the queue's totals."""
         task = q.take(where, entry)
         self._queued_work -= task.estimate * task.cores
         self._n -= 1
@@ -773,7 +773,7 @@ class NodeAware(Policy):
 
     # -- attempts ---------------------------------------------------------------
     def started(self, attempt: AttemptView, now: float) -> float:
-        """Open the books on ``attempt``: what ``ended`` needs of it, read now that the
+        """Start the record of ``attempt``: what ``ended`` needs of it, read now that the
         task and the node's belief are at hand (a task view is frozen): ``(cores, cores x
         expected end, estimate, starts a second it asks for)``, the estimate 0.0 when it
         is only a configured default (``estimated`` False: it teaches no speed). On the
@@ -801,11 +801,11 @@ class NodeAware(Policy):
         except AttributeError:  # the optional field's default
             estimated = True
         ce = c * end
-        books = (c, ce, est if estimated else 0.0, ask)
+        record = (c, ce, est if estimated else 0.0, ask)
         try:  # the view's own slot (AttemptView.books): no dict entry each
-            attempt.books = books  # type: ignore[attr-defined]
+            attempt.books = record  # type: ignore[attr-defined]
         except AttributeError:  # a view without it keeps a dict entry
-            self._run[attempt] = books
+            self._run[attempt] = record
         self._run_cores += c
         self._run_end_sum += ce
         if ask:
@@ -813,7 +813,7 @@ class NodeAware(Policy):
         return speed
 
     def ended(self, attempt: AttemptView, now: float) -> bool:
-        """Close the books on ``attempt`` and learn its node's speed from it.
+        """Close the record of ``attempt`` and learn its node's speed from it.
 
         The one rule for what teaches a speed (the simulator, the plugin and replay all
         call this): a finished attempt of a task with a real estimate (``estimated``,

@@ -381,7 +381,7 @@ class PreemptionPolicy:
         asked: set[Any],
         now: float,
     ) -> Preemption:
-        """Validate and book the victims :meth:`victims` chose for ``job``."""
+        """Validate and record the victims :meth:`victims` chose for ``job``."""
         idx, victims = choice
         room = by_index.get(idx)
         freed = None if room is None else room.available + sum(v.job.gpus for v in victims)

@@ -22,14 +22,13 @@ those a module or file given with ``--import`` registers (docs/how-to/write-a-po
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from daskjobs._options import json_option, plot_option, seed_option
 from daskjobs.replay.run import POLICIES
-from daskjobs.sim.cli import IMPORT_OPTION, policy_names
+from daskjobs.sim.cli import IMPORT_OPTION, check_plotting, emit_report, policy_option
 
 
 class BadTrace(click.ClickException):
@@ -58,14 +57,9 @@ def _speculation(value: str | None) -> float | None:
 @click.command(short_help="Replay a recorded trace in the simulator; ask what-if questions.")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @IMPORT_OPTION
-@click.option(
-    "--policy",
-    "policies",
-    multiple=True,
-    metavar="NAME",
-    callback=policy_names,
-    help="Policy of the what-if rows, any registered name (repeat for several; default: "
-    f"the built-in ones, {', '.join(POLICIES)}).",
+@policy_option(
+    "Policy of the what-if rows, any registered name (repeat for several; default: "
+    f"the built-in ones, {', '.join(POLICIES)})."
 )
 @click.option(
     "--speculation",
@@ -129,13 +123,7 @@ def replay(
     from daskjobs.trace import TraceError
 
     factor = _speculation(speculation)
-    if plot_dir is not None:
-        from daskjobs.sim.plot import PlotError, require_matplotlib
-
-        try:
-            require_matplotlib()
-        except PlotError as exc:
-            raise click.UsageError(f"--plot: {exc}") from None
+    check_plotting(plot_dir)
     try:
         if task_stream:
             from daskjobs.replay.stream import from_task_stream
@@ -164,11 +152,4 @@ def replay(
             busy_slots(loaded, base, plot_dir / "replay-busy.png"),
             what_if_bars(report, plot_dir / "replay-what-if.png"),
         ]
-    if as_json:
-        if figures:
-            report["figures"] = [str(p) for p in figures]
-        click.echo(json.dumps(report, indent=2, allow_nan=False, default=str))
-        return
-    click.echo(format_report(report))
-    for p in figures:
-        click.echo(f"wrote {p}")
+    emit_report(report, as_json, lambda: format_report(report), figures, default=str)

@@ -246,7 +246,7 @@ class Placed(Policy):
     """Replay dask's placement as recorded: each task's first attempt runs on the node
     (worker) it ran on, in the order it started there; the policy ``inner`` decides the
     rest (retries, tasks the trace does not place, and everything but placement:
-    speeds, lateness, the horizon, books).
+    speeds, lateness, the horizon, its accounts).
 
     Which task goes to which worker is dask's decision, not a daskjobs policy's (the
     first free thread takes the next task); a simulated replay makes that decision
@@ -256,7 +256,7 @@ class Placed(Policy):
     keep the simulated placement. O(1) per push and pop (per-node queues in recorded
     order).
 
-    A policy that keeps books on its own queue (it overrides ``Policy.discard``:
+    A policy that keeps accounts of its own queue (it overrides ``Policy.discard``:
     ``node-aware``, whose horizon and urgency read the work it holds queued) is pushed
     every task as live, and told when a placed task leaves its queue here
     (``discard``): live it held all of them until they started, and a queue left empty
@@ -268,7 +268,7 @@ class Placed(Policy):
         self.inner = inner
         self.name = inner.name
         # the inner policy holds the placed tasks too, as live (see above)
-        self.books = type(inner).discard is not Policy.discard
+        self.inner_holds_all = type(inner).discard is not Policy.discard
         self.others = 0  # tasks in the inner's queue that the record does not place
         order: dict[int, list[tuple[float, Hashable]]] = {}
         for tid, (node, when) in placement.items():
@@ -290,7 +290,7 @@ class Placed(Policy):
     def push(self, task: TaskView) -> None:
         if task.tid in self.placed and task.tid not in self.taken:
             self.ready[task.tid] = task
-            if self.books:
+            if self.inner_holds_all:
                 self.inner.push(task)
         else:  # a retry, or a task the trace does not place: the policy's to place
             self.others += 1
@@ -307,7 +307,7 @@ class Placed(Policy):
                 q.popleft()
                 del self.ready[head]
                 self.taken.add(head)
-                if self.books:
+                if self.inner_holds_all:
                     self.inner.discard(task)
                 return task
         if not self.others:
@@ -339,7 +339,11 @@ class Placed(Policy):
         return self.inner.horizon(now)
 
     def __len__(self) -> int:
-        return len(self.ready) + self.others if self.books else len(self.ready) + len(self.inner)
+        return (
+            len(self.ready) + self.others
+            if self.inner_holds_all
+            else len(self.ready) + len(self.inner)
+        )
 
     def describe(self) -> dict[str, Any]:
         return {**self.inner.describe(), "placement": "recorded"}

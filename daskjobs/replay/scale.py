@@ -1,7 +1,8 @@
 """Size a cluster from a small real run: per-stage duration statistics and a synthetic sweep.
 
-As the chapter did (it measured the spread of log durations, 0.76, from 24 small
-backtests on one worker, then simulated a 10,000-task sweep with that spread):
+As the book chapter behind the reference workload did (docs/explanation/chapter.md: it
+measured the spread of log durations, 0.76, from 24 small backtests on one worker, then
+simulated a 10,000-task sweep with that spread):
 :func:`stage_summary` reports, per stage of a recorded trace, the number of
 tasks, the median duration and the spread (sample standard deviation) of the
 log durations, on a nominal worker (each duration divided by its worker's

@@ -126,17 +126,15 @@ IMPORT_OPTION = click.option(
 )
 
 
-def _policy_option(f: F) -> F:
-    """--policy NAME (repeatable): any registered policy instead of the reference set."""
-    option = click.option(
-        "--policy",
-        "policies",
-        multiple=True,
-        metavar="NAME",
-        callback=policy_names,
-        help="Run under this registered policy instead of the reference set (repeat for several).",
+#: What --policy does in the simulate subcommands that take any registered policy.
+_POLICY_HELP = "Run under this registered policy instead of the reference set (repeat for several)."
+
+
+def policy_option(help: str = _POLICY_HELP) -> Callable[[F], F]:
+    """--policy NAME (repeatable, ``policies``): any registered policy, checked by name."""
+    return click.option(
+        "--policy", "policies", multiple=True, metavar="NAME", callback=policy_names, help=help
     )
-    return option(f)
 
 
 def _check_policies(policies: tuple[str, ...], make: Callable[[str], Any]) -> list[str] | None:
@@ -166,7 +164,7 @@ def _workload_kwargs(
     return kwargs
 
 
-def _check_plotting(plot_dir: Path | None) -> None:
+def check_plotting(plot_dir: Path | None) -> None:
     """Fail before any run if --plot was asked for and matplotlib is missing."""
     if plot_dir is None:
         return
@@ -236,15 +234,38 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def _emit(report: dict[str, Any], as_json: bool, text: str, figures: list[Path]) -> None:
+def emit_report(
+    report: dict[str, Any],
+    as_json: bool,
+    text: str | Callable[[], str],
+    figures: list[Path],
+    default: Callable[[Any], Any] | None = None,
+) -> None:
+    """A report as one JSON object (``--json``; ``default`` as :func:`json.dumps` takes it)
+    or as ``text`` (a callable is called only then), each figure written named after it."""
     if as_json:
         if figures:
             report = {**report, "figures": [str(p) for p in figures]}
-        click.echo(json.dumps(report, indent=2, allow_nan=False))
+        click.echo(json.dumps(report, indent=2, allow_nan=False, default=default))
         return
-    click.echo(text)
+    click.echo(text if isinstance(text, str) else text())
     for p in figures:
         click.echo(f"wrote {p}")
+
+
+def _report_text(head: str, headers: list[str], rows: list[list[str]], *notes: str) -> str:
+    """A report as text: its head line, a blank line, the table, a blank line, the notes."""
+    return "\n".join([head, "", table(headers, rows), "", *notes])
+
+
+def _figure(plot_dir: Path | None, draw: str, report: dict[str, Any], name: str) -> list[Path]:
+    """With --plot, ``[daskjobs.sim.plot.<draw>(report, plot_dir / name)]``, the figure it
+    wrote; without, ``[]`` (the plotting module is imported only when asked for)."""
+    if plot_dir is None:
+        return []
+    from daskjobs.sim import plot
+
+    return [getattr(plot, draw)(report, plot_dir / name)]
 
 
 def _workload_line(report: dict[str, Any]) -> str:
@@ -290,7 +311,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 @simulate.command(short_help="The chapter sweep under every policy, with and without backups.")
 @_common_options
-@_policy_option
+@policy_option()
 @click.option(
     "--seeds",
     "seed_list",
@@ -340,7 +361,7 @@ def chapter(
             raise click.UsageError("give either --seed or --seeds, not both")
         _chapter_seeds(_parse_seeds(seed_list), as_json, kwargs, runs)
         return
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     report, schedules = _run(run_chapter, "chapter sweep", runs, seed, kwargs)
 
     figures: list[Path] = []
@@ -387,23 +408,19 @@ def chapter(
         for r in report["rows"]
     ]
     pub = report["published"]
-    text = "\n".join(
-        [
-            _workload_line(report),
-            "",
-            table(headers, rows),
-            "",
-            f"work {report['work_core_h']:,.0f} core-h (published {pub['work_core_h']:,.0f})",
-            f"lower bound (LB) {report['lower_bound_h']:.2f} h "
-            f"(published {pub['lower_bound_h']:.2f})",
-            f"speed bound (SB) {report['speed_bound_h']:.2f} h "
-            f"(published {pub['speed_bound_h']:.2f}); lpt-no-slow-node is measured against "
-            "its own cluster's bounds",
-            f"failure bound (FB) {report['failure_bound_h']:.2f} h: the speed bound plus what "
-            "this seed's failures cost any schedule that restarts failed tasks",
-        ]
+    text = _report_text(
+        _workload_line(report),
+        headers,
+        rows,
+        f"work {report['work_core_h']:,.0f} core-h (published {pub['work_core_h']:,.0f})",
+        f"lower bound (LB) {report['lower_bound_h']:.2f} h (published {pub['lower_bound_h']:.2f})",
+        f"speed bound (SB) {report['speed_bound_h']:.2f} h "
+        f"(published {pub['speed_bound_h']:.2f}); lpt-no-slow-node is measured against "
+        "its own cluster's bounds",
+        f"failure bound (FB) {report['failure_bound_h']:.2f} h: the speed bound plus what "
+        "this seed's failures cost any schedule that restarts failed tasks",
     )
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs: int) -> None:
@@ -440,23 +457,20 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
         for r in report["rows"]
     ]
     first = {**report, "seed": f"{seeds[0]}..{seeds[-1]} ({n} seeds)"}
-    text = "\n".join(
-        [
-            _workload_line(first),
-            "",
-            table(headers, rows),
-            "",
-            "SB: speed-weighted bound; FB: failure bound (SB plus what the seed's failures "
-            "cost any schedule that restarts failed tasks).",
-            "SB+1.2% / FB+1.2%: seeds on which the makespan is within 1.2% of that bound.",
-        ]
+    text = _report_text(
+        _workload_line(first),
+        headers,
+        rows,
+        "SB: speed-weighted bound; FB: failure bound (SB plus what the seed's failures "
+        "cost any schedule that restarts failed tasks).",
+        "SB+1.2% / FB+1.2%: seeds on which the makespan is within 1.2% of that bound.",
     )
-    _emit(report, as_json, text, [])
+    emit_report(report, as_json, text, [])
 
 
 @simulate.command(short_help="A second team an hour in: FIFO against fair share.")
 @_common_options
-@_policy_option
+@policy_option()
 def fairshare(
     seed: int,
     as_json: bool,
@@ -474,17 +488,13 @@ def fairshare(
     """
     from daskjobs.sim.report import FAIRSHARE_RUNS, _make, run_fairshare
 
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
     kwargs["policies"] = _check_policies(policies, _make)
     runs = len(policies or FAIRSHARE_RUNS)
     report, _ = _run(run_fairshare, "fair share", runs, seed, kwargs)
 
-    figures: list[Path] = []
-    if plot_dir is not None:
-        from daskjobs.sim import plot
-
-        figures.append(plot.fairshare_waits(report, plot_dir / "fairshare-waits.png"))
+    figures = _figure(plot_dir, "fairshare_waits", report, "fairshare-waits.png")
 
     headers = [
         "policy",
@@ -515,23 +525,20 @@ def fairshare(
                     _num(pub.get("a_end_h") if team == "a" else None),
                 ]
             )
-    text = "\n".join(
-        [
-            f"team a: {report['teams']['a']:,} tasks at 0 h; "
-            f"team b: {report['teams']['b']:,} tasks at {report['b_submit_h']:g} h; "
-            f"equal targets; seed {report['seed']}",
-            "",
-            table(headers, rows),
-            "",
-            "waits are hours from each task's submission to its end; end is the team's last end",
-        ]
+    text = _report_text(
+        f"team a: {report['teams']['a']:,} tasks at 0 h; "
+        f"team b: {report['teams']['b']:,} tasks at {report['b_submit_h']:g} h; "
+        f"equal targets; seed {report['seed']}",
+        headers,
+        rows,
+        "waits are hours from each task's submission to its end; end is the team's last end",
     )
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Shared feature stages: recomputed, as a graph, cached.")
 @_common_options
-@_policy_option
+@policy_option()
 def graph(
     seed: int,
     as_json: bool,
@@ -551,7 +558,7 @@ def graph(
     from daskjobs.policies import make_policy
     from daskjobs.sim.report import graph_runs, run_graph
 
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, None)
     kwargs["policies"] = _check_policies(policies, make_policy)
     if n_tasks is not None:
@@ -565,11 +572,7 @@ def graph(
         kwargs["n_long"] = round(n_tasks * _LONG_SHARE)
     report, _ = _run(run_graph, "feature graph", len(graph_runs(kwargs["policies"])), seed, kwargs)
 
-    figures: list[Path] = []
-    if plot_dir is not None:
-        from daskjobs.sim import plot
-
-        figures.append(plot.graph_costs(report, plot_dir / "graph-costs.png"))
+    figures = _figure(plot_dir, "graph_costs", report, "graph-costs.png")
 
     headers = [
         "mode",
@@ -598,16 +601,13 @@ def graph(
         ]
         for r in report["rows"]
     ]
-    text = "\n".join(
-        [
-            f"feature graph, seed {report['seed']}, every run with backups",
-            "",
-            table(headers, rows),
-            "",
-            "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
-        ]
+    text = _report_text(
+        f"feature graph, seed {report['seed']}, every run with backups",
+        headers,
+        rows,
+        "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
     )
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
@@ -640,14 +640,10 @@ def preemption(
     """
     from daskjobs.sim.preemption import run_preemption
 
-    _check_plotting(plot_dir)
+    check_plotting(plot_dir)
     chosen = list(policies) or list(PREEMPTION_POLICIES)
     report = run_preemption(_parse_seeds(seeds), chosen, hours=hours, load=load)
-    figures: list[Path] = []
-    if plot_dir is not None:
-        from daskjobs.sim import plot
-
-        figures.append(plot.preemption_cdfs(report, plot_dir / "preemption-slowdowns.png"))
+    figures = _figure(plot_dir, "preemption_cdfs", report, "preemption-slowdowns.png")
     pub = report["published"]
 
     def pct(x: float) -> str:
@@ -697,22 +693,19 @@ def preemption(
         ]
     )
     w = report["workload"]
-    text = "\n".join(
-        [
-            f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs; {w['hours']:g} h of arrivals at "
-            f"load {w['load']:g} ({100 * w['te_share']:g}% of it TE); checkpoint every "
-            f"{w['checkpoint_s']:g} s, grace {w['grace_s']:g} s, restore {w['restore_s']:g} s; "
-            f"seeds {report['seeds']}",
-            "",
-            table(headers, rows),
-            "",
-            "slowdowns and vs FIFO are medians over the seeds; published: FitGpp against FIFO "
-            "on its own workload",
-        ]
+    text = _report_text(
+        f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs; {w['hours']:g} h of arrivals at "
+        f"load {w['load']:g} ({100 * w['te_share']:g}% of it TE); checkpoint every "
+        f"{w['checkpoint_s']:g} s, grace {w['grace_s']:g} s, restore {w['restore_s']:g} s; "
+        f"seeds {report['seeds']}",
+        headers,
+        rows,
+        "slowdowns and vs FIFO are medians over the seeds; published: FitGpp against FIFO "
+        "on its own workload",
     )
     if as_json:
         report = {k: v for k, v in report.items() if k != "slowdowns"}
-    _emit(report, as_json, text, figures)
+    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Gangs among 1-GPU tasks: reservation and backfill off and on.")
@@ -777,21 +770,18 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
     w = report["workload"]
     demands = [s["demands"] for s in report["per_seed"]]
     gang_counts = [s["gangs"] for s in report["per_seed"]]
-    text = "\n".join(
-        [
-            f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs (half A100 80 GB, half V100 "
-            f"32 GB); {w['hours']:g} h of arrivals at load {w['load']:g} "
-            f"({100 * w['gang_share']:g}% of it gangs); seeds {report['seeds']}; "
-            f"{min(demands):,}-{max(demands):,} demands, {min(gang_counts)}-{max(gang_counts)} "
-            "gangs per seed",
-            "",
-            table(headers, rows),
-            "",
-            "waits (arrival to start) in hours, medians over the seeds; frag: free GPUs no "
-            "waiting request fits (time average; share of the free GPU-time while work waited)",
-        ]
+    text = _report_text(
+        f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs (half A100 80 GB, half V100 "
+        f"32 GB); {w['hours']:g} h of arrivals at load {w['load']:g} "
+        f"({100 * w['gang_share']:g}% of it gangs); seeds {report['seeds']}; "
+        f"{min(demands):,}-{max(demands):,} demands, {min(gang_counts)}-{max(gang_counts)} "
+        "gangs per seed",
+        headers,
+        rows,
+        "waits (arrival to start) in hours, medians over the seeds; frag: free GPUs no "
+        "waiting request fits (time average; share of the free GPU-time while work waited)",
     )
-    _emit(report, as_json, text, [])
+    emit_report(report, as_json, text, [])
 
 
 @simulate.command(short_help="Sweeps without estimates: stage medians, learned, true estimates.")
@@ -865,14 +855,11 @@ def estimates(seeds: str, names: tuple[str, ...], policy: str, learn: bool, as_j
         ]
         for r in report["workloads"]
     ]
-    text = "\n".join(
-        [
-            f"policy {policy}; medians over seeds {seeds}",
-            "",
-            table(headers, rows),
-            "",
-            "gain: the share of the makespan true estimates save over stage medians that "
-            "learning saves; within 2x: the learner's predictions within 2x of the truth",
-        ]
+    text = _report_text(
+        f"policy {policy}; medians over seeds {seeds}",
+        headers,
+        rows,
+        "gain: the share of the makespan true estimates save over stage medians that "
+        "learning saves; within 2x: the learner's predictions within 2x of the truth",
     )
-    _emit(report, as_json, text, [])
+    emit_report(report, as_json, text, [])

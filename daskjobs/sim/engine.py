@@ -69,7 +69,7 @@ The engine
 ==========
 
 One run is one ``_Engine``: its state is attributes (per-task flat arrays, the
-event calendar, the books of copies), and its parts are methods named for what
+event calendar, the bookkeeping of copies), and its parts are methods named for what
 they do, each calling the policy's own methods:
 
 * ``submit``: the tasks submitted at a time join the policy's graph
@@ -521,7 +521,7 @@ class _Engine:
         return order
 
     def _set_speculation(self, spec: Speculation | None) -> None:
-        """Which tasks may ever get a copy, and the books of the copies asked for."""
+        """Which tasks may ever get a copy, and the bookkeeping of the copies asked for."""
         n = self.n
         tasks = self.tasks
         # the running attempts of the tasks that have (had) a backup, in start order: only
@@ -615,7 +615,7 @@ class _Engine:
         self.first_fates = self.fails[0] if self.fails else {}  # of the first attempts
 
     def _set_calendar(self, cluster: Cluster, spec: Speculation | None, check_phase: float) -> None:
-        """The event calendar, the attempts' records, and the books of copies, periodic
+        """The event calendar, the attempts' records, and the bookkeeping of copies, periodic
         checks and the end game."""
         # The event queue: a calendar of buckets of ``width`` seconds of simulated time.
         # An event ``(time, kind, seq, attempt)`` goes into the list of its bucket

@@ -2,9 +2,9 @@
 dicts.
 
 Each ``*_report`` function generates a reference workload from a seed, runs it
-under the policies the published chapter compares, and returns a JSON-able dict of hours,
+under the policies the published study compares, and returns a JSON-able dict of hours,
 counts and ratios, with the published figure beside each measured one (``None``
-where the chapter publishes none). Nothing here prints or draws: the CLI
+where the study publishes none). Nothing here prints or draws: the CLI
 (:mod:`daskjobs.sim.cli`) formats these dicts and :mod:`daskjobs.sim.plot`
 draws them.
 
@@ -53,7 +53,7 @@ __all__ = [
 Progress = Callable[[str], None]
 _H = 3600.0
 
-#: The chapter runs, in report order: (row name, policy name, backups, drop the slow node).
+#: The chapter experiment's runs, as reported: (row name, policy name, backups, drop the slow node).
 CHAPTER_RUNS: tuple[tuple[str, str, bool, bool], ...] = (
     ("fifo", "fifo", False, False),
     ("fifo", "fifo", True, False),
@@ -69,7 +69,7 @@ CHAPTER_RUNS: tuple[tuple[str, str, bool, bool], ...] = (
 #: Fair-share runs: FIFO, then equal-target fair share (no backups, as published).
 FAIRSHARE_RUNS: tuple[str, ...] = ("fifo", "fair-share")
 
-#: Fair share's targets in the fair-share experiment (the chapter's equal shares).
+#: Fair share's targets in the fair-share experiment (the published study's equal shares).
 FAIRSHARE_TARGETS = {"a": 1, "b": 1}
 
 #: Graph runs: (mode, policy), every one with backups.
@@ -79,7 +79,7 @@ GRAPH_RUNS: tuple[tuple[str, str], ...] = tuple(
     for policy in ("lpt", "critical-path", "node-aware")
 )
 
-#: The published chapter table (hours; node-hours; backups launched); docs/explanation/chapter.md.
+#: The published study's table (hours; node-hours; backups launched); docs/explanation/chapter.md.
 PUBLISHED_CHAPTER: dict[str, Any] = {
     "source": "the reference workload's book chapter, one random draw "
     "(docs/explanation/chapter.md)",
@@ -148,7 +148,7 @@ PUBLISHED_FAIRSHARE: dict[str, Any] = {
     "fair-share": {"b_median_wait_h": 0.59, "b_max_wait_h": 2.64, "a_end_h": 16.68},
 }
 
-#: The published task-graph and cache figures (per mode; the chapter names no policy).
+#: The published task-graph and cache figures (per mode; the study names no policy).
 PUBLISHED_GRAPH: dict[str, Any] = {
     "source": "the reference workload's book chapter, one random draw "
     "(docs/explanation/chapter.md)",
@@ -269,7 +269,7 @@ def chapter_seeds_report(
     policies: Sequence[str] | None = None,
     **workload_kwargs: Any,
 ) -> dict[str, Any]:
-    """The chapter table over many seeds: how each row is distributed.
+    """The chapter experiment's table over many seeds: how each row is distributed.
 
     The published table is one random draw; a single seed of ours is another.
     Whether a 7.5 h task lands on the slow node or fails late decides much of

@@ -102,7 +102,8 @@ def chapter(
     prefix: str = "bt",
     endgame: bool = False,
 ) -> Workload:
-    """The book chapter's sweep (all sizes adjustable, e.g. for a million tasks).
+    """The chapter sweep, the reference workload of docs/explanation/chapter.md (all sizes
+    adjustable, e.g. for a million tasks).
     ``endgame``: its backups run with the end game (``Speculation(endgame=True)``)."""
     if not 0 <= n_long <= n:
         raise ValueError(f"n_long must be in [0, n], got {n_long}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from filetree import read_only, snapshot
 
 from daskjobs._text import table
 from daskjobs.cache.store import ResultStore
@@ -151,8 +152,6 @@ def _corrupt(store: ResultStore) -> None:
 
 
 def test_ls_and_gc_dry_run_never_change_the_store(store: ResultStore, tmp_path: Path) -> None:
-    from test_store import snapshot
-
     _corrupt(store)
     before = snapshot(tmp_path)
     code, out = invoke("cache", "ls", "--store", store.url)
@@ -193,8 +192,6 @@ def test_a_store_path_that_is_a_file_or_missing_is_a_clear_error(
 def test_a_read_only_store_is_listed_and_refuses_removal_clearly(
     store: ResultStore, tmp_path: Path
 ) -> None:
-    from test_store import read_only, snapshot
-
     path = Path(store.root) / store.info("backtest-1").payload
     path.write_bytes(path.read_bytes()[:-5])
     before = snapshot(tmp_path)

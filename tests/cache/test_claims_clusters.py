@@ -6,16 +6,14 @@ the first one's claim, so the claim, not luck, decides who computes.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import dask
 import pytest
 from claim_tasks import backtest, features, markers
 from distributed import Client, LocalCluster
 from realcluster import in_thread
+from waiting import until
 
 from daskjobs import ResultStore, Sweep, grid
 from daskjobs.cache.claims import Claims
@@ -26,17 +24,6 @@ def build(folder: Path) -> Sweep:
     feats = sweep.stage(features, over=grid(slice=[0]), params={"folder": str(folder)})
     sweep.stage(backtest, inputs={"features": feats}, over=grid(fast=[1, 2, 3]))
     return sweep
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def feature_processing(client: Client) -> bool:
@@ -62,10 +49,10 @@ def test_two_clusters_sharing_a_store_compute_a_shared_stage_once(tmp_path, kind
         Client(cb, set_as_default=False) as b,
     ):
         ta, ra = in_thread(lambda: build(folder).run(a, store=store, progress=False))
-        wait_for("cluster a to start the feature stage", lambda: markers(str(folder), "started"))
+        until(lambda: markers(str(folder), "started"), "cluster a to start the feature stage")
         tb, rb = in_thread(lambda: build(folder).run(b, store=store, progress=False))
-        wait_for("cluster b's feature task", lambda: feature_processing(b))
-        latest = wait_for("cluster a's claim", lambda: Claims(store).ls())[0]
+        until(lambda: feature_processing(b), "cluster b's feature task")
+        latest = until(lambda: Claims(store).ls(), "cluster a's claim")[0]
         assert latest.token == 1 and latest.live() and latest.cluster == ca.scheduler.address
         (folder / "release").touch()
         ta.join(120)
@@ -105,9 +92,9 @@ def test_the_owning_worker_killed_mid_stage_the_other_cluster_takes_over(tmp_pat
         Client(cb, set_as_default=False) as b,
     ):
         ta, ra = in_thread(lambda: build(folder).run(a, store=store, progress=False))
-        wait_for("cluster a to start the feature stage", lambda: markers(str(folder), "started"))
+        until(lambda: markers(str(folder), "started"), "cluster a to start the feature stage")
         tb, rb = in_thread(lambda: build(folder).run(b, store=store, progress=False))
-        wait_for("cluster b's feature task", lambda: feature_processing(b))
+        until(lambda: feature_processing(b), "cluster b's feature task")
         rc.kill_worker("w0")  # SIGKILL: its claim stops being renewed
         (folder / "release").touch()
         tb.join(120)

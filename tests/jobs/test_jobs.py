@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from distributed import Client, LocalCluster
+from ledgeroutage import outage
 
 import daskjobs.jobs as jobs
 from daskjobs.jobs import JobFailed, JobSpec, JobsService, Ledger
@@ -311,48 +312,6 @@ def test_a_new_scheduler_on_the_same_ledger_finishes_every_job(
     led.close()
 
 
-def _outage(ledger_url: str) -> Any:
-    """A context manager making the ledger's database unreachable: PostgreSQL refuses
-    connections and drops the open ones; SQLite is locked by another writer."""
-    import contextlib
-
-    import sqlalchemy as sa
-
-    @contextlib.contextmanager
-    def pg() -> Iterator[None]:
-        name = sa.engine.make_url(ledger_url).database
-        admin = sa.create_engine(
-            ledger_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT"
-        )
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
-            conn.exec_driver_sql(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-            )
-        try:
-            yield
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
-            admin.dispose()
-
-    @contextlib.contextmanager
-    def sqlite() -> Iterator[None]:
-        import sqlite3
-
-        path = sa.engine.make_url(ledger_url).database
-        conn = sqlite3.connect(path, isolation_level=None)
-        conn.execute("BEGIN EXCLUSIVE")
-        try:
-            yield
-        finally:
-            conn.execute("ROLLBACK")
-            conn.close()
-
-    return pg() if ledger_url.startswith("postgresql") else sqlite()
-
-
 @pytest.mark.slow
 def test_scheduling_goes_on_while_the_ledger_is_unreachable(
     ledger_url: str, tmp_path: Path
@@ -377,7 +336,7 @@ def test_scheduling_goes_on_while_the_ledger_is_unreachable(
             target="jobtasks:score",
             params={"seconds": 0.3},
         )
-        with _outage(ledger_url):
+        with outage(ledger_url):
             # plain dask work is scheduled and finishes meanwhile
             assert client.gather(client.map(lambda x: x + 1, range(50))) == list(range(1, 51))
             if ledger_url.startswith("postgresql"):
@@ -428,7 +387,7 @@ def test_a_ledger_out_of_reach_holds_back_no_other_ledgers_commits(
 
     away, away_job, away_order = order(ledger_url, "away")
     here, here_job, here_order = order(f"sqlite:///{tmp_path / 'here.sqlite'}", "here")
-    with _outage(ledger_url):
+    with outage(ledger_url):
         # the away ledger's commit first: the reporter's first group in its rounds
         assert run_attempt(away_order)["state"] == "committing"
         assert run_attempt(here_order, wait=30)["state"] == "succeeded"

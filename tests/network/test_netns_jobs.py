@@ -13,7 +13,7 @@ from pathlib import Path
 
 from netns import Hosts
 from realcluster import RealCluster
-from test_real_jobs import WAIT, clean_logs, committed_once, config, runs
+from realjobs import WAIT, clean_logs, committed_once, config, runs
 from waiting import until
 
 import daskjobs.jobs as jobs

@@ -7,7 +7,6 @@ attempt ended."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable
@@ -15,20 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from realcluster import PROBLEMS, RealCluster
+from ledgeroutage import outage
+from realcluster import RealCluster
+from realjobs import WAIT, clean_logs, committed_once, config, runs
 from waiting import until
 
 import daskjobs.jobs as jobs
 from daskjobs.jobs import Ledger
 from daskjobs.jobs.api import _call
-
-#: seconds a test waits for a state before failing
-WAIT = 90
-
-
-def config(store: Path, **jobs_settings: Any) -> dict[str, Any]:
-    settings = {"lease": "2s", "launch-timeout": "1s", "interval": "100ms", **jobs_settings}
-    return {"daskjobs": {"store": str(store), "jobs": settings}}
 
 
 def start(
@@ -39,42 +32,6 @@ def start(
         preload_args=["--daskjobs-ledger", url],
         config=kw.pop("config", None) or config(store),
         **kw,
-    )
-
-
-def committed_once(led: Ledger, job_id: str, parts: int) -> None:
-    """Each part's output committed exactly once; every attempt that did not commit
-    ended with a reason."""
-    commits = [
-        h
-        for h in led.history()
-        if h["kind"] == "output"
-        and h["to_state"] == "committed"
-        and h["ref"].rsplit("/", 1)[0] == job_id
-    ]
-    assert sorted(int(h["ref"].rsplit("/", 1)[1]) for h in commits) == list(range(parts))
-    for a in led.attempts(job_id):
-        assert a.state in ("succeeded", "lost", "fenced", "cancelled", "failed"), a
-        if a.state != "succeeded":
-            assert a.reason, a
-
-
-def clean_logs(rc: RealCluster, *expected: str, since: dict[str, int] | None = None) -> None:
-    """No traceback, invariant failure or lost worker in any process's log (after
-    ``since[name]`` characters of it), but the ``expected`` patterns."""
-    problems = []
-    for name, text in rc.logs().items():
-        for line in text[(since or {}).get(name, 0) :].splitlines():
-            if PROBLEMS.search(line) and not any(re.search(p, line) for p in expected):
-                problems.append(f"{name}: {line}")
-    assert problems == [], "\n".join(problems)
-
-
-def runs(marks: Path, job_id: str, part: int) -> int:
-    return (
-        sum(1 for n in os.listdir(marks) if n.startswith(f"run-{job_id}-p{part}-"))
-        if marks.exists()
-        else 0
     )
 
 
@@ -233,8 +190,6 @@ def test_a_launch_whose_reply_is_lost_is_reconciled_not_run_twice(
 def test_scheduling_goes_on_while_the_database_is_unreachable(
     ledger_url: str, real_cluster: Callable[..., RealCluster], tmp_path: Path
 ) -> None:
-    from test_jobs import _outage
-
     store, marks = tmp_path / "store", tmp_path / "marks"
     rc = start(real_cluster, ledger_url, store, n_workers=2, nthreads=2)
     with rc.client() as c:
@@ -248,7 +203,7 @@ def test_scheduling_goes_on_while_the_database_is_unreachable(
         )
         led = Ledger(ledger_url)
         until(lambda: led.outputs(job.job_id), "a first commit")
-        with _outage(ledger_url):
+        with outage(ledger_url):
             futures = c.map(lambda x: x * 2, range(40))
             assert c.gather(futures) == [x * 2 for x in range(40)]
             if ledger_url.startswith("postgresql"):

@@ -22,7 +22,6 @@ import io
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,10 @@ from typing import Any
 import dask
 import pytest
 import realtasks_sweep
+from deploypage import PAGE, block
 from realcluster import in_thread
 from repo import FOLDERS, ROOT
-from test_deploy import PAGE, block
+from waiting import until
 
 import daskjobs.jobs as jobs
 from daskjobs import Sweep, grid
@@ -44,18 +44,6 @@ pytestmark = pytest.mark.slurm
 
 #: Seconds a step may take on a loaded 2-CPU machine; only a hang exceeds it.
 WAIT = 90.0
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = WAIT) -> Any:
-    """``check()`` until it returns something true; fail (not hang) if it never does."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.05)
 
 
 def on_this_node(tmp_path: Path) -> dict[str, Any]:
@@ -194,7 +182,7 @@ def test_scancel_of_a_worker_job_mid_sweep_loses_nothing(
                 return states
             return None
 
-        states = until("the long stage started and every short output in memory", settled)
+        states = until(settled, "the long stage started and every short output in memory", WAIT)
         running_long = (marks / "long-started").read_text()
         # 2. scancel the job of the worker holding the most outputs that only it holds
         held = {w: sorted(k for k, (_, ws) in states.items() if ws == [w]) for w in job_of}
@@ -202,19 +190,21 @@ def test_scancel_of_a_worker_job_mid_sweep_loses_nothing(
         assert held[victim], held
         subprocess.run(["scancel", job_of[victim]], check=True)
         until(
-            "the scheduler lost the cancelled job's worker",
             lambda: victim not in {w["name"] for w in client.scheduler_info()["workers"].values()},
+            "the scheduler lost the cancelled job's worker",
+            WAIT,
         )
         # 3. The long stage finishes (rerun on the survivor if it ran on the victim); then a
         #    rerun of a short output that computed instead of loading may go on too.
         (marks / "long-gate").touch()
         until(
-            "the long output in memory (or the run returned)",
             lambda: (
                 not thread.is_alive()
                 or client.run_on_scheduler(realtasks_sweep.key_states, keys=[long_key])[long_key][0]
                 == "memory"
             ),
+            "the long output in memory (or the run returned)",
+            WAIT,
         )
         (marks / "rerun-gate").touch()
         thread.join(WAIT)
@@ -256,7 +246,7 @@ def test_the_jobs_ledger_on_postgresql_survives_the_schedulers_restart(
             job = jobs.submit(
                 client, "score", kind="inference", parts=12, target="jobtasks:score", params=params
             )
-            until("two parts committed", lambda: len(led.outputs(job.job_id)) >= 2)
+            until(lambda: len(led.outputs(job.job_id)) >= 2, "two parts committed", WAIT)
         cluster.close()  # the scheduler stops and jobqueue cancels the worker jobs
         before = led.outputs(job.job_id)
         assert 2 <= len(before) < 12, before

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
+from filetree import read_only, snapshot
 from repo import FOLDERS, HELPERS, ROOT
 
 from daskjobs import Sweep, cases, grid, run
@@ -531,8 +532,6 @@ def _store_warnings(record: list[warnings.WarningMessage]) -> list[str]:
 def test_corrupt_entry_in_a_read_only_store_is_recomputed_not_written(
     client: Client, tmp_path: Path
 ) -> None:
-    from test_store import read_only, snapshot
-
     store = ResultStore(tmp_path / "store")
     sweep = build(slow=[20])
     first = sweep.run(client, store=store, progress=False)

@@ -181,12 +181,12 @@ class PreemptionStats:
 
 class Enactor:
     """The one live enactor of preemption decisions: one call of the policy a round, the
-    books of its preemptions (the units promised to each interactive task, the victims
+    record of its preemptions (the units promised to each interactive task, the victims
     asked and those ignoring the request), one schema of counts, one audit.
 
     A driver adapts its own state into the views (:class:`_Waiting`, :class:`_Run`,
     :class:`_Node`), asks :meth:`decide`, enacts each preemption with :meth:`ask`, and
-    tells the books what happens to the victims (:meth:`left`, :meth:`expire`,
+    tells that record what happens to the victims (:meth:`left`, :meth:`expire`,
     :meth:`worker_removed`). Two drivers: :class:`Preemptor`, from dask's own state, and
     with resources on the placer (:class:`daskjobs.plugin.enact.gangs.Placer`), which places
     every resource task itself."""
@@ -626,10 +626,10 @@ class Preemptor(Enactor):
             unpin(ts, saved)
 
     def status(self) -> dict[str, Any]:
-        books = super().status()
-        asked = books.pop("asked")
+        counts = super().status()
+        asked = counts.pop("asked")
         return {
-            **books,
+            **counts,
             "waiting": len(self.waiting),
             "waiting_te": sum(self._class(k) == "te" for k in self.waiting),
             "running": len(self.runs),

@@ -168,8 +168,8 @@ class Speculator:
 
     State: ``starts`` {task key: (worker, start time, run_id)} of started primaries;
     ``races`` {task key: :class:`Race`} while a copy exists; ``copies`` {copy key:
-    task key} for the hooks; ``zombies`` {worker: keys whose released thread still
-    runs}. Hooks are O(1) dict lookups; graph changes happen in callbacks on the
+    task key} for the hooks; ``running_losers`` {worker: keys released while their
+    thread still runs}. Hooks are O(1) dict lookups; graph changes happen in callbacks on the
     event loop, outside dask's transition loop.
     """
 
@@ -204,11 +204,11 @@ class Speculator:
         self.peak = 0  # most copies running at once
         # released losers whose threads still run: worker -> keys (until the worker says
         # the thread returned); the scheduler offers those threads as free
-        self.zombies: dict[str, set[Key]] = {}
+        self.running_losers: dict[str, set[Key]] = {}
         # (worker, key) -> (when released, the task's estimate): the policy's reclaim rule
         self._released: dict[tuple[str, Key], tuple[float, float]] = {}
-        self.moved = 0  # tasks moved off a worker whose thread a zombie holds
-        self.reclaimed = 0  # zombie threads the policy took for returned (no report in time)
+        self.moved = 0  # tasks moved off a worker where a released loser's thread runs
+        self.reclaimed = 0  # losers' threads the policy took for returned (no report in time)
         # team -> seconds run by the losing side of backup races (a losing copy, or a
         # primary its copy beat): what copies cost, and only that
         self.waste: dict[str, float] = {}
@@ -241,7 +241,7 @@ class Speculator:
     def stats(self) -> dict[str, Any]:
         return {
             **self.counts,
-            "zombies": sum(len(k) for k in self.zombies.values()),
+            "zombies": sum(len(k) for k in self.running_losers.values()),
             "moved_off_zombies": self.moved,
             "zombies_reclaimed": self.reclaimed,
             "running": sum(1 for r in self.races.values() if not r.redirected),
@@ -396,15 +396,15 @@ class Speculator:
 
     def returned(self, key: Key, worker: str | None) -> None:
         """``worker`` reports that the thread of a released ``key`` has returned."""
-        keys = self.zombies.get(worker or "")
+        keys = self.running_losers.get(worker or "")
         self._released.pop((worker or "", key), None)
         if keys is not None:
             keys.discard(key)
             if not keys:
-                del self.zombies[worker or ""]
+                del self.running_losers[worker or ""]
 
     def worker_removed(self, worker: str) -> None:
-        for key in self.zombies.pop(worker, ()):
+        for key in self.running_losers.pop(worker, ()):
             self._released.pop((worker, key), None)
 
     # -- settling, outside dask's transition loop ------------------------------------
@@ -441,7 +441,7 @@ class Speculator:
             _internals.redirect(sched, ts, cts, f"daskjobs-backup-won-{now}")
             self.counts["adopted" if adopted else "won"] += 1
             if loser is not None:
-                self._zombie(loser, race.key)
+                self._note_running_loser(loser, race.key)
             self._waste(race.key, now - race.launched)  # the primary's time since launch
             self._decided(race.key, f"copy on {race.worker} won; the task reads its result")
             self.audit.event(
@@ -463,7 +463,7 @@ class Speculator:
         sched = self.scheduler
         cts = sched.tasks.get(race.copy)
         if cts is not None and cts.state == "processing" and race.started:
-            self._zombie(race.worker, race.copy)  # its thread runs on
+            self._note_running_loser(race.worker, race.copy)  # its thread runs on
         self.counts[outcome] += 1
         self._decided(race.key, f"copy on {race.worker} {outcome}")
         self._waste(race.key, time.time() - race.launched)
@@ -481,11 +481,11 @@ class Speculator:
             _internals.restore_restrictions(ts, race.restrictions)
 
     # -- losers' threads ---------------------------------------------------------------
-    def _zombie(self, worker: str, key: Key) -> None:
+    def _note_running_loser(self, worker: str, key: Key) -> None:
         """A loser released on ``worker`` whose thread runs on: it holds a thread until
         the worker says it returned, or the policy reclaims it
         (:meth:`Speculation.reclaim_at <daskjobs.policies.Speculation.reclaim_at>`)."""
-        self.zombies.setdefault(worker, set()).add(key)
+        self.running_losers.setdefault(worker, set()).add(key)
         v = self.tasks.get(self.copies.get(key, key))
         self._released[(worker, key)] = (time.time(), v.estimate if v is not None else 0.0)
 
@@ -498,7 +498,7 @@ class Speculator:
     def _held(self, sched: Any) -> list[_Held]:
         """The workers losers' threads hold, with the tasks waiting there."""
         out = []
-        for address in list(self.zombies):
+        for address in list(self.running_losers):
             ws = sched.workers.get(address)
             if ws is None:
                 self.worker_removed(address)
@@ -536,7 +536,7 @@ class Speculator:
         which losers' threads are taken for returned, which waiting tasks move where.
         This only adapts dask's state (true starts, workers, the work the scheduler
         holds) and enacts the answer."""
-        if not self.starts and not self.zombies:
+        if not self.starts and not self.running_losers:
             return
         sched = self.scheduler
         judge: list[LiveAttempt] = []
@@ -554,7 +554,7 @@ class Speculator:
             attempt = LiveAttempt(v, self.speeds.node(worker), t0)
             judge.append(attempt)
             of[id(attempt)] = (ts, worker)
-        movable = bool(self.zombies) and _internals.can_move(sched)
+        movable = bool(self.running_losers) and _internals.can_move(sched)
         # one candidate list per primary worker and placement in a check: the end game may
         # ask for every running task, and tasks alike share their answer (and decide
         # does not ask again about a list it has refused until a copy is placed)
@@ -688,10 +688,10 @@ class Speculator:
     # -- accounting ------------------------------------------------------------------
     def _waste(self, key: Key, seconds: float, into: dict[str, float] | None = None) -> None:
         """Count ``seconds`` for ``key``'s team in ``into`` (default: backup waste)."""
-        book = self.waste if into is None else into
+        totals = self.waste if into is None else into
         v = self.tasks.get(key)
         team = v.team if v is not None else "default"
-        book[team] = book.get(team, 0.0) + max(seconds, 0.0)
+        totals[team] = totals.get(team, 0.0) + max(seconds, 0.0)
 
     def _learn_from_loser(self, key: Key, worker: str, now: float) -> None:
         """A primary beaten by its copy ran ``now - start`` on ``worker``: the learner's

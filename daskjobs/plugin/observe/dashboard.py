@@ -5,7 +5,7 @@ What it shows
 Per team: the worker threads its tasks hold now (backup copies included, and how many
 of them are copies: never more than the threads that exist; see
 :func:`daskjobs.plugin.observe.explain.running_slots`), the tasks dask assigned to workers
-(running or waiting there: what fair share books), the core-seconds booked to it (a
+(running or waiting there: what fair share counts as held), the core-seconds booked to it (a
 task several teams' graphs want split among them), tasks queued, the share of the
 threads it holds beside its target share, and its *queue delay* (the longest wait so
 far of a task of the team in dask's queue), now and over the last ten minutes, and its

@@ -110,7 +110,7 @@ class PluginView:
 
     @property
     def fair(self) -> TeamBooks | None:
-        """The policy, when it keeps team books (explain and status report its teams)."""
+        """The policy, when it keeps per-team accounts (explain and status report its teams)."""
         return self._p.ranker.fair
 
     @property
@@ -260,7 +260,7 @@ class PluginView:
     ) -> dict[str, Any]:
         """One team's figures: ``running`` (threads its tasks and copies hold now, see
         :meth:`running_slots`), ``copies`` (of which its backup copies'), ``assigned``
-        (what fair share books as held: its tasks dask assigned to workers, running or
+        (what fair share counts as held: its tasks dask assigned to workers, running or
         waiting there, a shared task's split), ``booked`` (core-seconds booked to it so
         far), ``usage``, ``share``, ``queued``, ``quota``."""
         fair = self.fair

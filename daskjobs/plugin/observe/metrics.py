@@ -20,7 +20,7 @@ Metrics (with the default namespace):
   backup copies hold now: never more than the threads that exist, see
   :func:`daskjobs.plugin.observe.explain.running_slots`), ``..._team_copy_slots{team}`` (of
   which its copies'), ``..._team_assigned_tasks{team}`` (its tasks dask sent to workers,
-  running or waiting there: what fair share books), ``..._team_booked_core_seconds_total
+  running or waiting there: what fair share counts as held), ``..._team_booked_core_seconds_total
   {team}`` (a task several teams' graphs want split equally among them),
   ``..._team_usage{team}`` (decayed slot-seconds, or assigned tasks without a
   half-life), ``..._team_queued_tasks{team}``, ``..._team_share{team}``,
