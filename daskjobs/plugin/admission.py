@@ -11,12 +11,16 @@ limits (``daskjobs.admission``) twice:
   unfinished tasks with those keys (``client-tasks``). O(1) a graph; a refused graph is
   never deserialised, built or ordered, and the client's futures of its keys fail with
   the refusal (:func:`~daskjobs.plugin.surgery._internals.refuse_unread`);
-* **once dask has built it, before the plugin ranks it** (``check_graph``): every task of
-  the graph against ``graph-tasks``, for a graph that asks for few keys of many tasks (an
-  array's reduction). Its new tasks err with the refusal, as any refused submission's,
-  and the plugin does no per-task work on it: the plugin's own work per graph is bounded
-  by the limit. Then each task's key and annotations must be what dask can send to a
-  worker (:func:`unsendable`): dask 2026.8 sends a task's annotations to its worker, and
+* **once dask has read and ordered it, before it makes any task of it** (:meth:`built`,
+  through :func:`~daskjobs.plugin.surgery._internals.wrap_priorities`): the graph's new
+  tasks against ``graph-tasks``, for a graph that asks for fewer keys than it brings tasks
+  (an array's reduction, a sweep's shared stages). Refused, it is dropped as a graph
+  refused unread is: its client told in one message (one a key up to 1,000 keys), no
+  task made, so a refusal never costs
+  the scheduler more than taking the graph would. ``check_graph`` counts the new tasks
+  again once made (should that check have failed) and the plugin does no per-task work on
+  a graph over the limit. Then each task's key and annotations must be what dask can send
+  to a worker (:func:`unsendable`): dask 2026.8 sends a task's annotations to its worker, and
   an integer beyond 64 bits, text that is not UTF-8 or an object that cannot be pickled
   there breaks the scheduler's connection to that worker for good, and with it every
   client's work on the worker. Such a graph is refused (:class:`UnsendableTask`). O(tasks)
