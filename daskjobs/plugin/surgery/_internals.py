@@ -473,10 +473,10 @@ def wrap_priorities(
     sending: list[str | None] = [None]  # the client of the graph dask is creating, innermost last
 
     def _create_taskstate_from_graph(*args: Any, **kwargs: Any) -> Any:
-        if built is not None:
-            client, dsk, keys = kwargs.get("client"), kwargs.get("dsk"), kwargs.get("keys")
+        client, dsk, keys = kwargs.get("client"), kwargs.get("dsk"), kwargs.get("keys")
+        if built is not None and dsk is not None and keys:
             try:
-                verdict = built(str(client), dsk, keys) if dsk is not None and keys else None
+                verdict = built(str(client), dsk, keys)
             except Exception:  # a failing check never stops dask taking graphs
                 verdict = None
             if isinstance(verdict, BaseException):
