@@ -81,19 +81,21 @@ def ranks_agree(c: Client, p: Any) -> None:
     """Every waiting task of A has the stage's learned estimate, and dask's priority holds
     the rank lpt gives that estimate, aged by its generation (as an eager re-rank sets)."""
 
-    def ranks(dask_scheduler: Any) -> list[tuple[float, float]]:
+    def ranks(dask_scheduler: Any) -> list[tuple[float, float, float, str]]:
+        # read in one call on the scheduler's loop: a task that ends meanwhile cannot
+        # leave the views and the priorities read at different moments
         r = dask_scheduler.plugins["daskjobs"].ranker
         out = []
         for k in r.waiting.get("A", {}):
             if k != f"A-{HELD}":
-                prio = dask_scheduler.tasks[k].priority
-                out.append((prio[1], r._ages[prio[2]]))
+                prio, view = dask_scheduler.tasks[k].priority, r.tasks[k]
+                out.append((prio[1], r._ages[prio[2]], view.estimate, view.source))
         return out
 
-    views = waiting_views(p)
-    assert views and {v.source for v in views} == {"history"}
-    for (rank, age), v in zip(c.run_on_scheduler(ranks), views, strict=True):
-        assert abs(rank - (age - v.estimate)) < 1e-9
+    read = c.run_on_scheduler(ranks)
+    assert read and {source for *_, source in read} == {"history"}
+    for rank, age, estimate, _ in read:
+        assert abs(rank - (age - estimate)) < 1e-9
 
 
 def test_one_stage_alone_defers_and_explain_settles():
