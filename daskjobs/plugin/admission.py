@@ -68,6 +68,13 @@ _SMALLER = (
 _ENDS = frozenset({"memory", "erred", "forgotten"})
 
 
+def _over_tasks(tasks: int, limit: int) -> AdmissionRefused:
+    """The refusal of a graph of ``tasks`` new tasks, over ``graph-tasks`` (``limit``)."""
+    return over_limit(
+        "the graph's tasks", tasks, "daskjobs.admission.graph-tasks", limit, "tasks", _SPLIT
+    )
+
+
 class UnsendableTask(SubmissionRefused):
     """A task whose key or annotations dask could not send to a worker (module docs)."""
 
@@ -220,9 +227,7 @@ class AdmissionPart(Part):
         new += sum(1 for k in keys if k not in dsk and k not in tasks)
         if new <= limit:
             return None
-        error = over_limit(
-            "the graph's tasks", new, "daskjobs.admission.graph-tasks", limit, "tasks", _SPLIT
-        )
+        error = _over_tasks(new, limit)
         self._refused(error, client, new)
         logger.info("daskjobs refused a submission of client %s: %s", client, error)
         return error
@@ -231,14 +236,7 @@ class AdmissionPart(Part):
     def check_graph(self, new: list[Any], graph: Any = None) -> None:
         limit = self.limits.graph_tasks
         if limit is not None and len(new) > limit:
-            error = over_limit(
-                "the graph's tasks",
-                len(new),
-                "daskjobs.admission.graph-tasks",
-                limit,
-                "tasks",
-                _SPLIT,
-            )
+            error = _over_tasks(len(new), limit)
             self._refused(error, None, len(new))
             raise error  # the plugin errs the graph's new tasks with it, and logs it
         self._check_sendable(new)
