@@ -5,6 +5,7 @@ Usage::
     python benchmarks/bench_plugin.py            # full run (hours on 2 CPUs)
     python benchmarks/bench_plugin.py --quick    # 300 tasks, 1 rep, one seed of 400 tasks
     python benchmarks/bench_plugin.py --tasks 20000 --workers 2 128 --no-sweep
+    python benchmarks/bench_plugin.py --tasks 20000 --no-sweep --clock   # + per hook
 
 Two experiments:
 
@@ -25,7 +26,12 @@ Two experiments:
    rep: median and range); target >= 0.95. Then one more rep of ``--profile`` (default
    node-aware + speculation) under cProfile of the scheduler's thread (in-process, the
    event loop's thread runs the scheduler and the workers' comms), and the daskjobs
-   entries of that profile by own time.
+   entries of that profile by own time. With ``--clock``, one more run of each
+   configuration with the plugin's hooks clocked (``benchmarks/_hook_clock.py``: the
+   event loop thread's CPU in each hook, the clock's own cost taken out, collections
+   apart): microseconds per task for a new graph, a task's end, its start, its other
+   transitions, the worker plugins' reports and the periodic callbacks, beside the event
+   loop's whole CPU per task and the collector's, plain dask's on the same run shape.
 2. **The chapter sweep on a laptop.** 32 slots (4 workers x 8 threads,
    ``processes=False``: ``time.sleep`` releases the GIL), sleep tasks with
    log-normal durations (median 0.1 s, sigma 0.76) from
@@ -49,14 +55,17 @@ import argparse
 import cProfile
 import gc
 import json
+import os
 import pstats
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _hook_clock
 import dask
 import harness
 from distributed import Client, LocalCluster
@@ -68,6 +77,9 @@ from daskjobs.sim import workloads
 SLOTS = (4, 8)  # workers x threads
 #: The throughput with the plugin over plain dask's that the plugin aims for.
 TARGET = 0.95
+#: The plugin's microseconds of the event loop's CPU a task, at most, in its default
+#: configuration.
+HOOK_BUDGET = 20.0
 
 
 def inc(x: int) -> int:
@@ -129,10 +141,19 @@ def _profile(dask_scheduler: Any, on: bool) -> None:
 
 
 def one_rep(
-    client: Client, n: int, overrides: dict[str, Any] | None, profile: bool = False
+    client: Client,
+    n: int,
+    overrides: dict[str, Any] | None,
+    profile: bool = False,
+    clock: dict[str, Any] | None = None,
 ) -> float:
+    """``n`` trivial tasks, mapped and gathered, with the plugin ``overrides`` make (None:
+    plain dask); with ``clock`` (a dict), the plugin's hooks clocked (:mod:`_hook_clock`) and
+    the event loop's CPU, into it."""
     if overrides is not None:
         client.register_plugin(JobsPlugin(**overrides))
+    if clock is not None:
+        client.run_on_scheduler(_hook_clock.wrap_periodic)
     try:
         if profile:
             client.run_on_scheduler(_profile, on=True)
@@ -141,10 +162,16 @@ def one_rep(
         # rep scans all of it, and a rep's time grows with the reps before it
         gc.collect()
         gc.freeze()
+        if clock is not None:
+            _hook_clock.reset()
+            cpu0 = client.run_on_scheduler(time.thread_time)
         t0 = time.perf_counter()
         futs = client.map(inc, range(n))
         client.gather(futs)
         seconds = time.perf_counter() - t0
+        if clock is not None:
+            clock["loop_cpu"] = client.run_on_scheduler(time.thread_time) - cpu0
+            clock.update(_hook_clock.reading())
         if profile:
             client.run_on_scheduler(_profile, on=False)
         del futs
@@ -170,11 +197,15 @@ def plugin_profile(top: int = 8) -> list[tuple[str, int, float, float]]:
     return sorted(rows, key=lambda r: -r[2])[:top]
 
 
-def run_one(n: int, workers: int, config: str, profile: bool) -> dict[str, Any]:
+def run_one(n: int, workers: int, config: str, profile: bool, clocked: bool) -> dict[str, Any]:
     """In a child: ``n`` trivial tasks with ``config`` on a fresh cluster of ``workers``
     in-process workers (no memory limit: 128 workers would split the machine's memory
     and pause), after a warm-up of imports and connections; with ``profile``, under
-    cProfile of the scheduler's thread."""
+    cProfile of the scheduler's thread; with ``clocked``, the plugin's hooks clocked."""
+    if clocked:
+        _hook_clock.install(parts_too=os.environ.get("DASKJOBS_CLOCK_PARTS", "1") != "0")
+        _hook_clock.calibrate()
+    clock: dict[str, Any] | None = {} if clocked else None
     with (
         LocalCluster(
             n_workers=workers,
@@ -187,14 +218,17 @@ def run_one(n: int, workers: int, config: str, profile: bool) -> dict[str, Any]:
     ):
         client.wait_for_workers(workers)
         one_rep(client, min(n, 1000), None)
-        seconds = one_rep(client, n, configs()[config], profile=profile)
-    return {"seconds": seconds, "profile": plugin_profile() if profile else []}
+        seconds = one_rep(client, n, configs()[config], profile=profile, clock=clock)
+    return {"seconds": seconds, "profile": plugin_profile() if profile else [], "clock": clock}
 
 
-def child(n: int, workers: int, config: str, profile: bool = False) -> dict[str, Any]:
+def child(
+    n: int, workers: int, config: str, profile: bool = False, clocked: bool = False
+) -> dict[str, Any]:
     """:func:`run_one` in a fresh interpreter (this script with ``--run``)."""
     cmd = [sys.executable, __file__, "--run", config, "--tasks", str(n)]
     cmd += ["--workers", str(workers), *(["--run-profile"] if profile else [])]
+    cmd += ["--run-clock"] if clocked else []
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{config} on {workers} workers failed:\n{out.stderr[-3000:]}")
@@ -203,12 +237,19 @@ def child(n: int, workers: int, config: str, profile: bool = False) -> dict[str,
 
 
 def throughput(
-    n: int, reps: int, workers: int, profile: str | None, only: list[str] | None = None
+    n: int,
+    reps: int,
+    workers: int,
+    profile: str | None,
+    only: list[str] | None = None,
+    clocked: bool = False,
 ) -> dict[str, Any]:
     """Wall time of ``n`` trivial tasks per configuration (``only`` those, plain dask
     always), ``reps`` runs each, the configurations in turns (the order rotating every
     rep), each run a :func:`child`. With ``profile`` (a configuration's name), one more
-    run of it under cProfile of the scheduler's thread."""
+    run of it under cProfile of the scheduler's thread. With ``clocked``, one more run of
+    each configuration with its hooks clocked (:mod:`_hook_clock`; apart from the timed
+    reps, which the clock's own cost would slow)."""
     cfg = {k: v for k, v in configs().items() if only is None or k in only or v is None}
     load = load_average()
     times = harness.alternate(
@@ -216,6 +257,11 @@ def throughput(
         reps,
         show=lambda name, rep, s: f"{workers} workers, rep {rep} {name}: {s:.2f} s",
     )
+    clocks: dict[str, Any] = {}
+    if clocked:
+        for name in cfg:
+            print(f"{workers} workers, clocked {name} ...", file=sys.stderr)
+            clocks[name] = child(n, workers, name, clocked=True)["clock"]
     prof: list[tuple[str, int, float, float]] = []
     if profile is not None:
         prof = [tuple(r) for r in child(n, workers, profile, profile=True)["profile"]]  # type: ignore[misc]
@@ -233,7 +279,7 @@ def throughput(
                 "paired": harness.spread(harness.paired_ratios(times["plain dask"], times[c])),
             }
         )
-    return {"workers": workers, "rows": rows, "load": load, "profile": prof}
+    return {"workers": workers, "rows": rows, "load": load, "profile": prof, "clocks": clocks}
 
 
 def throughput_table(runs: list[dict[str, Any]], n: int) -> str:
@@ -262,6 +308,79 @@ def throughput_table(runs: list[dict[str, Any]], n: int) -> str:
     return body + (
         f"\n\n{n:,} trivial tasks per rep; target ratio >= {TARGET:.2f}. "
         f"Load average at the start of each worker count: {loads}."
+    )
+
+
+#: The clocked hooks, grouped for the table: column -> does a clock's name belong to it.
+HOOK_COLUMNS: dict[str, Callable[[str], bool]] = {
+    "graph": lambda k: k in ("graph", "update_graph"),
+    "end": lambda k: k.startswith("transition processing->") and not k.endswith("->processing"),
+    "start": lambda k: k.startswith("transition ") and k.endswith("->processing"),
+    "other transitions": lambda k: (
+        k.startswith("transition ")
+        and not k.startswith("transition processing->")
+        and not k.endswith("->processing")
+    ),
+    "reports": lambda k: k == "reports",
+    "periodic": lambda k: k.startswith("periodic:") or k == "forecast-snapshot",
+}
+
+
+def hook_rows(clock: dict[str, Any], n: int) -> dict[str, float]:
+    """One clocked run's figures in microseconds per task (the table's columns)."""
+    hooks = clock["hooks"]
+    out = {
+        col: sum(sec for k, (sec, _) in hooks.items() if belongs(k)) / n * 1e6
+        for col, belongs in HOOK_COLUMNS.items()
+    }
+    out["plugin"] = sum(out.values())
+    out["forecast thread"] = hooks.get("forecast-thread", [0.0, 0])[0] / n * 1e6
+    out["loop"] = clock["loop_cpu"] / n * 1e6
+    out["gc"] = clock["gc"]["seconds"] / n * 1e6
+    out["collections"] = clock["gc"]["collections"] / n * 1000
+    return out
+
+
+def hooks_table(runs: list[dict[str, Any]], n: int) -> str:
+    cols = list(HOOK_COLUMNS)
+    body = []
+    for run in runs:
+        for name, clock in run["clocks"].items():
+            r = hook_rows(clock, n)
+            body.append(
+                [str(run["workers"]), name]
+                + [
+                    "-" if not clock["hooks"] else f"{r[c]:.1f}"
+                    for c in [*cols, "plugin", "forecast thread"]
+                ]
+                + [f"{r['loop']:.0f}", f"{r['gc']:.0f}"]
+                + [f"{r['collections']:.0f}"]
+            )
+    if not body:
+        return ""
+    return (
+        harness.table(
+            [
+                "workers",
+                "configuration",
+                *cols,
+                "plugin (loop)",
+                "forecast thread",
+                "event loop",
+                "collector",
+                "collections / 10^3 tasks",
+            ],
+            body,
+            align="ll" + "r" * (len(cols) + 5),
+        )
+        + f"\n\nMicroseconds of CPU per task, one clocked run of {n:,} trivial tasks per "
+        "configuration: the plugin's hooks on the scheduler's event loop (a new graph's ranking "
+        "and ``update_graph``; a task's end, where it learns; its start; its other "
+        "transitions; the worker plugins' reports; the periodic callbacks), their sum, the "
+        "scheduler's forecast in its own thread, the event loop's whole CPU (dask's scheduler, "
+        "the in-process workers' comms and the client), and the collector's CPU with its "
+        f"collections (target for the default configuration: at most {HOOK_BUDGET:.0f} us "
+        "in the plugin)."
     )
 
 
@@ -395,15 +514,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-tasks", type=int, default=None, help="tasks per chapter sweep")
     ap.add_argument("--no-sweep", action="store_true", help="throughput only")
     ap.add_argument(
+        "--clock",
+        action="store_true",
+        help="one more run of each configuration with the plugin's hooks clocked: "
+        "microseconds per task, per hook",
+    )
+    ap.add_argument(
         "--configs",
         default=None,
         help="comma-separated configurations to run beside plain dask (default: all)",
     )
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--run-profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--run-clock", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.run:  # a child: one run, its figures as one JSON line
-        print(json.dumps(run_one(args.tasks, args.workers[0], args.run, args.run_profile)))
+        got = run_one(args.tasks, args.workers[0], args.run, args.run_profile, args.run_clock)
+        print(json.dumps(got))
         return 0
     n = args.tasks or (300 if args.quick else 100_000)
     reps = args.reps or (1 if args.quick else 3)
@@ -421,11 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     tp = []
     for w in workers:
         print(f"throughput: {n:,} tasks x {reps} reps on {w} workers ...", file=sys.stderr)
-        tp.append(throughput(n, reps, w, profile, only))
+        tp.append(throughput(n, reps, w, profile, only, clocked=args.clock))
     report = harness.Report("Scheduler plugin", __file__, argv)
     report.section(
         "Scheduler throughput: trivial tasks, plugin vs plain dask", throughput_table(tp, n)
     )
+    if args.clock:
+        report.section("The plugin's cost per task, per hook", hooks_table(tp, n))
     if profile is not None:
         report.section(
             "The scheduler thread's profile: the plugin's top entries", profile_table(tp, profile)
