@@ -93,7 +93,7 @@ from daskjobs.plugin.surgery import _internals as dask_internals
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, Policy, TaskView, registry
 from daskjobs.policies.balance import Backlog, movable, rebalance
-from daskjobs.policies.base import SpeedLearner, TeamBooks
+from daskjobs.policies.base import SpeedLearner, TeamAccounts
 from daskjobs.policies.durations import RERANK_MIN_SECONDS, SOURCES
 from daskjobs.policies.order import user_order
 
@@ -210,7 +210,7 @@ class Ranker:
         self.made: Policy = made  # the policy the settings name
         caps = made.capabilities
         self.popper: Policy | None = made if caps.pops else None
-        self.fair: TeamBooks | None = made if caps.team_books else None  # type: ignore[assignment]
+        self.fair: TeamAccounts | None = made if caps.team_accounts else None  # type: ignore[assignment]
         self.learner: SpeedLearner | None = made if caps.learns_speeds else None  # type: ignore[assignment]
         # a policy that speculates without learning speeds answers the learner's urgent
         self.urgent = made.urgent if caps.speculates and not caps.learns_speeds else None

@@ -88,7 +88,7 @@ class LiveAttempt:
     end: float = float("nan")
     outcome: str | None = None
     backup: bool = False
-    books: Any = None  # the policy's own slot (AttemptView.books)
+    policy_state: Any = None  # the policy's own (AttemptView.policy_state)
 
 
 class _AnyNode:

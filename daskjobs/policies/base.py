@@ -14,8 +14,8 @@ Views (structural protocols, so any object with these attributes will do):
 
 Beyond those, a driver may give a view the *optional fields* of :data:`OPTIONAL_FIELDS`
 (``task.estimated``, ``task.speculate``, ``task.job_class``, ``task.teams``, ``task.band``,
-``node.waiting``, ``node.core``, ``attempt.books``); a policy reads one with its default there
-(:func:`field`) and names those it reads in its capabilities.
+``node.waiting``, ``node.core``, ``attempt.policy_state``); a policy reads one with its default
+there (:func:`field`) and names those it reads in its capabilities.
 
 Capabilities
 ============
@@ -23,7 +23,7 @@ Capabilities
 A policy declares what it does and needs in :attr:`Policy.capabilities`
 (:class:`Capabilities`): whether it *pops* slot by slot or ranks by a static key, whether
 it *learns speeds*, whether it *speculates* (asks for backups itself), whether it keeps
-per-team accounts (*team books*: cores held and usage per team) or can *reconcile* them,
+per-team accounts (*team accounts*: cores held and usage per team) or can *reconcile* them,
 and which optional view fields it *reads*. The drivers (the simulator, the plugin,
 replay) ask the declaration, never the policy's class: a user's registered policy that
 declares a capability gets what a built-in one with it gets.
@@ -74,7 +74,7 @@ __all__ = [
     "Policy",
     "SpeedLearner",
     "TaskView",
-    "TeamBooks",
+    "TeamAccounts",
     "field",
 ]
 
@@ -124,7 +124,7 @@ class NodeView(Protocol):
 class AttemptView(Protocol):
     """One execution of a task on one node.
 
-    Optional field (:data:`OPTIONAL_FIELDS`): ``books``, a writable slot that is the
+    Optional field (:data:`OPTIONAL_FIELDS`): ``policy_state``, a writable attribute that is the
     policy's own (what its ``started`` keeps for its ``ended``); without it a policy
     keeps a dict by attempt. The simulator's and the plugin's attempts have it.
     """
@@ -150,8 +150,8 @@ class AttemptView(Protocol):
 #: (best-effort); ``task.band``: ``(low, high)``, the estimate's 10-90% band (a duration
 #: model's; speculation judges lateness against its top), or None; ``node.waiting``:
 #: nominal seconds queued on the node ahead of the
-#: offered slot; ``node.core``: the core of a one-core slot; ``attempt.books``: the
-#: policy's own slot on an attempt.
+#: offered slot; ``node.core``: the core of a one-core slot; ``attempt.policy_state``: the
+#: policy's own attribute on an attempt.
 OPTIONAL_FIELDS: dict[str, Any] = {
     "task.estimated": True,
     "task.speculate": True,
@@ -160,7 +160,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "task.band": None,
     "node.waiting": 0.0,
     "node.core": None,
-    "attempt.books": None,
+    "attempt.policy_state": None,
 }
 
 
@@ -189,8 +189,8 @@ class Capabilities:
     ``speculates``: ``urgent(attempt, now)`` may ask for a backup copy before the
     lateness deadline (drivers that speculate ask it).
 
-    ``team_books``: it keeps per-team accounts that ``explain`` and ``status`` report
-    (:class:`TeamBooks`).
+    ``team_accounts``: it keeps per-team accounts that ``explain`` and ``status`` report
+    (:class:`TeamAccounts`).
 
     ``reconciles``: it can rebuild its accounts from the live scheduler's state after a
     failure (``reconcile(running, held, now)``); otherwise the plugin hands it the tasks
@@ -207,7 +207,7 @@ class Capabilities:
     pops: bool = True
     learns_speeds: bool = False
     speculates: bool = False
-    team_books: bool = False
+    team_accounts: bool = False
     reconciles: bool = False
     reads: frozenset[str] = frozenset()
     started_speed: bool = False
@@ -236,8 +236,8 @@ class SpeedLearner(Protocol):
     def relearn(self, node: int, learned: tuple[float, int]) -> None: ...
 
 
-class TeamBooks(Protocol):
-    """What a policy that declares ``team_books`` answers (and, with ``reconciles``,
+class TeamAccounts(Protocol):
+    """What a policy that declares ``team_accounts`` answers (and, with ``reconciles``,
     ``reconcile``)."""
 
     quotas: Any

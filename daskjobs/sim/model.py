@@ -175,7 +175,7 @@ class Attempt:
 
     ``outcome`` is ``"done"``, ``"failed"`` or ``"killed"`` (the losing copy
     of a speculated task), ``None`` while running. ``cores`` are global core
-    ids (``node * cores_per_node + local``). ``books`` is the policy's: what its
+    ids (``node * cores_per_node + local``). ``policy_state`` is the policy's: what its
     ``started`` keeps for its ``ended`` (NodeAware's record for its horizon), on the attempt
     instead of in a dict keyed by attempts; unset until a policy sets it.
     """
@@ -183,12 +183,12 @@ class Attempt:
     __slots__ = (
         "aid",
         "backup",
-        "books",
         "check_at",
         "cores",
         "end",
         "node",
         "outcome",
+        "policy_state",
         "start",
         "task",
         "ti",
