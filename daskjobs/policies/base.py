@@ -59,7 +59,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Hashable, Sequence
+import warnings
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -164,14 +165,37 @@ OPTIONAL_FIELDS: dict[str, Any] = {
 }
 
 
+#: Public names of this interface kept for one release under their old spelling, each with
+#: its replacement (removed in the release after 0.1.0): using one warns with a
+#: ``FutureWarning`` that names the new one.
+RENAMED: dict[str, str] = {
+    "TeamBooks": "TeamAccounts",
+    "Capabilities.team_books": "Capabilities.team_accounts",
+    "attempt.books": "attempt.policy_state",
+}
+
+
+def warn_renamed(old: str, stacklevel: int = 3) -> str:
+    """Warn that ``old`` (a key of :data:`RENAMED`) is deprecated; return its new name."""
+    new = RENAMED[old]
+    warnings.warn(
+        f"{old} is deprecated: use {new} (the old name goes in the release after 0.1.0)",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
+    return new
+
+
 def field(view: object, name: str) -> Any:
     """``view``'s optional field ``name`` (``"node.waiting"``), or its default. Not for
     hot paths: a policy there reads ``getattr(view, "waiting", 0.0)`` itself, with the
     default of :data:`OPTIONAL_FIELDS`."""
+    if name in RENAMED:  # an old spelling: the new one, with a warning
+        name = warn_renamed(name)
     return getattr(view, name.partition(".")[2], OPTIONAL_FIELDS[name])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Capabilities:
     """What a policy does and needs, as the drivers read it (module docstring).
 
@@ -202,6 +226,10 @@ class Capabilities:
     stands then, so a driver that needs the speed of every attempt it starts (the
     simulator, for the lateness deadline) asks no second time; a driver may ignore the
     answer (None: ask ``speed``).
+
+    Deprecated for one release (:data:`RENAMED`, with a ``FutureWarning``): the keyword and
+    attribute ``team_books`` (``team_accounts``), and ``attempt.books`` in ``reads``
+    (``attempt.policy_state``).
     """
 
     pops: bool = True
@@ -212,14 +240,47 @@ class Capabilities:
     reads: frozenset[str] = frozenset()
     started_speed: bool = False
 
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.reads) - set(OPTIONAL_FIELDS))
+    def __init__(
+        self,
+        pops: bool = True,
+        learns_speeds: bool = False,
+        speculates: bool = False,
+        team_accounts: bool = False,
+        reconciles: bool = False,
+        reads: Iterable[str] = frozenset(),
+        started_speed: bool = False,
+        *,
+        team_books: bool | None = None,
+    ) -> None:
+        # written out (not the dataclass's) for the one deprecated keyword, team_books
+        if team_books is not None:
+            warn_renamed("Capabilities.team_books")
+            team_accounts = team_books
+        fields = set()
+        for name in reads:  # an old spelling (RENAMED) is read as the new one, with a warning
+            fields.add(warn_renamed(name) if name in RENAMED else name)
+        unknown = sorted(fields - set(OPTIONAL_FIELDS))
         if unknown:
             raise ValueError(
                 f"Capabilities.reads names no optional view field: {', '.join(unknown)} "
                 f"(known: {', '.join(OPTIONAL_FIELDS)})"
             )
-        object.__setattr__(self, "reads", frozenset(self.reads))
+        for name, value in (
+            ("pops", pops),
+            ("learns_speeds", learns_speeds),
+            ("speculates", speculates),
+            ("team_accounts", team_accounts),
+            ("reconciles", reconciles),
+            ("reads", frozenset(fields)),
+            ("started_speed", started_speed),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def team_books(self) -> bool:
+        """Deprecated: :attr:`team_accounts`."""
+        warn_renamed("Capabilities.team_books")
+        return self.team_accounts
 
 
 class SpeedLearner(Protocol):
@@ -534,3 +595,10 @@ def _sorted_run(
         [first + p for p in pos_list],
         list(map(tasks.__getitem__, order)),
     )
+
+
+def __getattr__(name: str) -> Any:
+    """The old names of :data:`RENAMED` at module level (``TeamBooks``), with a warning."""
+    if name in RENAMED and "." not in name:
+        return globals()[warn_renamed(name)]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -219,6 +219,21 @@ class Attempt:
     def core(self) -> int:
         return self.cores[0]
 
+    @property
+    def books(self) -> Any:
+        """Deprecated: :attr:`policy_state` (a ``FutureWarning``; gone after 0.1.0)."""
+        from daskjobs.policies.base import warn_renamed
+
+        warn_renamed("attempt.books")
+        return self.policy_state
+
+    @books.setter
+    def books(self, value: Any) -> None:
+        from daskjobs.policies.base import warn_renamed
+
+        warn_renamed("attempt.books")
+        self.policy_state = value
+
     def __repr__(self) -> str:
         return (
             f"Attempt({self.aid}, task={self.task.tid!r}, node={self.node}, start={self.start:g}, "
