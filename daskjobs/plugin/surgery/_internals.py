@@ -201,7 +201,7 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "client_desires_keys": "speculation: the copies client wants a running copy",
     "client_releases_keys": "speculation: a settled copy is no longer wanted",
     "transitions": "speculation: run a copy; redirect a task to its winning copy",
-    "extensions": "speculation: move tasks off a worker whose thread a zombie holds",
+    "extensions": "speculation: move tasks off a worker where a losing copy's thread still runs",
     "stream_comms": "preemption and gangs: ask running tasks to yield; re-ranking on workers",
     "register_worker_plugin": "the start and inventory reporters on every worker",
     "client_comms": "admission: tell a client its graph was refused unread",
