@@ -35,9 +35,8 @@ the task), each aged as before; :func:`~daskjobs.plugin.surgery._internals.repri
 ranks
 wherever the tasks wait: in dask's queue, not yet runnable, or on a worker. dask sends a task
 with inputs to a worker as soon as it is runnable (only root tasks wait in its queue), so a stage
-read from a feature stage sits in the workers' ready heaps before any of it finishes (on the
-two-stage sweep of benchmarks/bench_estimates.py, most of the backtest stage at its first
-re-rank and all of it from its third: benchmarks/NOTES.md). Each worker that runs the
+read from a feature stage sits in the workers' ready heaps before any of it finishes. Each
+worker that runs the
 plugin's :class:`~daskjobs.plugin.workers.worker.Reorderer` (installed while
 re-ranking is on; it says
 so once its self-check passed) gets one message with its tasks' new priorities and re-orders its
