@@ -51,7 +51,7 @@ variances, whose width shrinks as sqrt(n) against the work's n), and by the capa
 with each worker's slow-down drawn. Exact for work that keeps every thread busy to the
 end (a bag of tasks much larger than the cluster); what it leaves out is what a few
 tasks do: the last ones' own errors at the end (a draw's end is a little later than the
-central run's: 1-2% at 10^4 tasks on 32 threads, 5% at 10^3, measured), a chain that
+central run's, the more so the fewer the tasks), a chain that
 becomes critical in one draw and not in another, backup copies that win. Cost: one
 simulation, and O(n + (answers + samples) x (stage, team) pairs) for the band.
 """

@@ -35,9 +35,8 @@ the task), each aged as before; :func:`~daskjobs.plugin.surgery._internals.repri
 ranks
 wherever the tasks wait: in dask's queue, not yet runnable, or on a worker. dask sends a task
 with inputs to a worker as soon as it is runnable (only root tasks wait in its queue), so a stage
-read from a feature stage sits in the workers' ready heaps before any of it finishes (on the
-two-stage sweep of benchmarks/bench_estimates.py, most of the backtest stage at its first
-re-rank and all of it from its third: benchmarks/NOTES.md). Each worker that runs the
+read from a feature stage sits in the workers' ready heaps before any of it finishes. Each
+worker that runs the
 plugin's :class:`~daskjobs.plugin.workers.worker.Reorderer` (installed while
 re-ranking is on; it says
 so once its self-check passed) gets one message with its tasks' new priorities and re-orders its
@@ -93,7 +92,7 @@ from daskjobs.plugin.surgery import _internals as dask_internals
 from daskjobs.plugin.views import LiveTask, stage_of
 from daskjobs.policies import FIFO, Policy, TaskView, registry
 from daskjobs.policies.balance import Backlog, movable, rebalance
-from daskjobs.policies.base import SpeedLearner, TeamBooks
+from daskjobs.policies.base import SpeedLearner, TeamAccounts
 from daskjobs.policies.durations import RERANK_MIN_SECONDS, SOURCES
 from daskjobs.policies.order import user_order
 
@@ -210,7 +209,7 @@ class Ranker:
         self.made: Policy = made  # the policy the settings name
         caps = made.capabilities
         self.popper: Policy | None = made if caps.pops else None
-        self.fair: TeamBooks | None = made if caps.team_books else None  # type: ignore[assignment]
+        self.fair: TeamAccounts | None = made if caps.team_accounts else None  # type: ignore[assignment]
         self.learner: SpeedLearner | None = made if caps.learns_speeds else None  # type: ignore[assignment]
         # a policy that speculates without learning speeds answers the learner's urgent
         self.urgent = made.urgent if caps.speculates and not caps.learns_speeds else None

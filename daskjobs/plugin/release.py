@@ -39,10 +39,10 @@ worker the policy leaves idle (``pop`` answers None for it) leaves ``idle_task_c
 so its slots stay idle (:meth:`ReleaseGate._offer`). Refused workers are offered again
 at a later task end (at most every ``reoffer_interval``, 50 ms) and put back when
 nothing is held or nothing runs; the simulator idles the slot the same way and offers
-it again when something changes. Without this, dask filled a refused worker's free
-slots from its queue (the shortest held tasks): a worker measured slow took the last
-tasks of a sweep four times slower than a free fast thread would have run them, and a
-worker with nothing running took the task chosen for another.
+it again when something changes. Without this, dask would fill a refused worker's free
+slots from its queue (the shortest held tasks): a worker measured slow would take the
+last tasks of a sweep, slower than a free fast thread would run them, and a worker with
+nothing running the task chosen for another.
 
 Tasks that do not wait in dask's queue (tasks with inputs, or with resource
 restrictions, which dask sends to a worker as soon as they are runnable) are

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from daskjobs.policies.base import warn_renamed
+
 if TYPE_CHECKING:
     from dask.typing import Key
 
@@ -88,7 +90,18 @@ class LiveAttempt:
     end: float = float("nan")
     outcome: str | None = None
     backup: bool = False
-    books: Any = None  # the policy's own slot (AttemptView.books)
+    policy_state: Any = None  # the policy's own (AttemptView.policy_state)
+
+    @property
+    def books(self) -> Any:
+        """Deprecated: :attr:`policy_state` (a ``FutureWarning``; gone after 0.1.0)."""
+        warn_renamed("attempt.books")
+        return self.policy_state
+
+    @books.setter
+    def books(self, value: Any) -> None:
+        warn_renamed("attempt.books")
+        self.policy_state = value
 
 
 class _AnyNode:

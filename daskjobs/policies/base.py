@@ -14,8 +14,8 @@ Views (structural protocols, so any object with these attributes will do):
 
 Beyond those, a driver may give a view the *optional fields* of :data:`OPTIONAL_FIELDS`
 (``task.estimated``, ``task.speculate``, ``task.job_class``, ``task.teams``, ``task.band``,
-``node.waiting``, ``node.core``, ``attempt.books``); a policy reads one with its default there
-(:func:`field`) and names those it reads in its capabilities.
+``node.waiting``, ``node.core``, ``attempt.policy_state``); a policy reads one with its default
+there (:func:`field`) and names those it reads in its capabilities.
 
 Capabilities
 ============
@@ -23,7 +23,7 @@ Capabilities
 A policy declares what it does and needs in :attr:`Policy.capabilities`
 (:class:`Capabilities`): whether it *pops* slot by slot or ranks by a static key, whether
 it *learns speeds*, whether it *speculates* (asks for backups itself), whether it keeps
-per-team accounts (*team books*: cores held and usage per team) or can *reconcile* them,
+per-team accounts (*team accounts*: cores held and usage per team) or can *reconcile* them,
 and which optional view fields it *reads*. The drivers (the simulator, the plugin,
 replay) ask the declaration, never the policy's class: a user's registered policy that
 declares a capability gets what a built-in one with it gets.
@@ -59,7 +59,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Hashable, Sequence
+import warnings
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -74,7 +75,7 @@ __all__ = [
     "Policy",
     "SpeedLearner",
     "TaskView",
-    "TeamBooks",
+    "TeamAccounts",
     "field",
 ]
 
@@ -124,7 +125,7 @@ class NodeView(Protocol):
 class AttemptView(Protocol):
     """One execution of a task on one node.
 
-    Optional field (:data:`OPTIONAL_FIELDS`): ``books``, a writable slot that is the
+    Optional field (:data:`OPTIONAL_FIELDS`): ``policy_state``, a writable attribute that is the
     policy's own (what its ``started`` keeps for its ``ended``); without it a policy
     keeps a dict by attempt. The simulator's and the plugin's attempts have it.
     """
@@ -150,8 +151,8 @@ class AttemptView(Protocol):
 #: (best-effort); ``task.band``: ``(low, high)``, the estimate's 10-90% band (a duration
 #: model's; speculation judges lateness against its top), or None; ``node.waiting``:
 #: nominal seconds queued on the node ahead of the
-#: offered slot; ``node.core``: the core of a one-core slot; ``attempt.books``: the
-#: policy's own slot on an attempt.
+#: offered slot; ``node.core``: the core of a one-core slot; ``attempt.policy_state``: the
+#: policy's own attribute on an attempt.
 OPTIONAL_FIELDS: dict[str, Any] = {
     "task.estimated": True,
     "task.speculate": True,
@@ -160,18 +161,41 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "task.band": None,
     "node.waiting": 0.0,
     "node.core": None,
-    "attempt.books": None,
+    "attempt.policy_state": None,
 }
+
+
+#: Public names of this interface kept for one release under their old spelling, each with
+#: its replacement (removed in the release after 0.1.0): using one warns with a
+#: ``FutureWarning`` that names the new one.
+RENAMED: dict[str, str] = {
+    "TeamBooks": "TeamAccounts",
+    "Capabilities.team_books": "Capabilities.team_accounts",
+    "attempt.books": "attempt.policy_state",
+}
+
+
+def warn_renamed(old: str, stacklevel: int = 3) -> str:
+    """Warn that ``old`` (a key of :data:`RENAMED`) is deprecated; return its new name."""
+    new = RENAMED[old]
+    warnings.warn(
+        f"{old} is deprecated: use {new} (the old name goes in the release after 0.1.0)",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
+    return new
 
 
 def field(view: object, name: str) -> Any:
     """``view``'s optional field ``name`` (``"node.waiting"``), or its default. Not for
     hot paths: a policy there reads ``getattr(view, "waiting", 0.0)`` itself, with the
     default of :data:`OPTIONAL_FIELDS`."""
+    if name in RENAMED:  # an old spelling: the new one, with a warning
+        name = warn_renamed(name)
     return getattr(view, name.partition(".")[2], OPTIONAL_FIELDS[name])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Capabilities:
     """What a policy does and needs, as the drivers read it (module docstring).
 
@@ -189,8 +213,8 @@ class Capabilities:
     ``speculates``: ``urgent(attempt, now)`` may ask for a backup copy before the
     lateness deadline (drivers that speculate ask it).
 
-    ``team_books``: it keeps per-team accounts that ``explain`` and ``status`` report
-    (:class:`TeamBooks`).
+    ``team_accounts``: it keeps per-team accounts that ``explain`` and ``status`` report
+    (:class:`TeamAccounts`).
 
     ``reconciles``: it can rebuild its accounts from the live scheduler's state after a
     failure (``reconcile(running, held, now)``); otherwise the plugin hands it the tasks
@@ -202,24 +226,61 @@ class Capabilities:
     stands then, so a driver that needs the speed of every attempt it starts (the
     simulator, for the lateness deadline) asks no second time; a driver may ignore the
     answer (None: ask ``speed``).
+
+    Deprecated for one release (:data:`RENAMED`, with a ``FutureWarning``): the keyword and
+    attribute ``team_books`` (``team_accounts``), and ``attempt.books`` in ``reads``
+    (``attempt.policy_state``).
     """
 
     pops: bool = True
     learns_speeds: bool = False
     speculates: bool = False
-    team_books: bool = False
+    team_accounts: bool = False
     reconciles: bool = False
     reads: frozenset[str] = frozenset()
     started_speed: bool = False
 
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.reads) - set(OPTIONAL_FIELDS))
+    def __init__(
+        self,
+        pops: bool = True,
+        learns_speeds: bool = False,
+        speculates: bool = False,
+        team_accounts: bool = False,
+        reconciles: bool = False,
+        reads: Iterable[str] = frozenset(),
+        started_speed: bool = False,
+        *,
+        team_books: bool | None = None,
+    ) -> None:
+        # written out (not the dataclass's) for the one deprecated keyword, team_books
+        if team_books is not None:
+            warn_renamed("Capabilities.team_books")
+            team_accounts = team_books
+        fields = set()
+        for name in reads:  # an old spelling (RENAMED) is read as the new one, with a warning
+            fields.add(warn_renamed(name) if name in RENAMED else name)
+        unknown = sorted(fields - set(OPTIONAL_FIELDS))
         if unknown:
             raise ValueError(
                 f"Capabilities.reads names no optional view field: {', '.join(unknown)} "
                 f"(known: {', '.join(OPTIONAL_FIELDS)})"
             )
-        object.__setattr__(self, "reads", frozenset(self.reads))
+        for name, value in (
+            ("pops", pops),
+            ("learns_speeds", learns_speeds),
+            ("speculates", speculates),
+            ("team_accounts", team_accounts),
+            ("reconciles", reconciles),
+            ("reads", frozenset(fields)),
+            ("started_speed", started_speed),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def team_books(self) -> bool:
+        """Deprecated: :attr:`team_accounts`."""
+        warn_renamed("Capabilities.team_books")
+        return self.team_accounts
 
 
 class SpeedLearner(Protocol):
@@ -236,8 +297,8 @@ class SpeedLearner(Protocol):
     def relearn(self, node: int, learned: tuple[float, int]) -> None: ...
 
 
-class TeamBooks(Protocol):
-    """What a policy that declares ``team_books`` answers (and, with ``reconciles``,
+class TeamAccounts(Protocol):
+    """What a policy that declares ``team_accounts`` answers (and, with ``reconciles``,
     ``reconcile``)."""
 
     quotas: Any
@@ -534,3 +595,10 @@ def _sorted_run(
         [first + p for p in pos_list],
         list(map(tasks.__getitem__, order)),
     )
+
+
+def __getattr__(name: str) -> Any:
+    """The old names of :data:`RENAMED` at module level (``TeamBooks``), with a warning."""
+    if name in RENAMED and "." not in name:
+        return globals()[warn_renamed(name)]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

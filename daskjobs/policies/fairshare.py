@@ -102,7 +102,7 @@ class FairShare(Policy):
 
     name = "fair-share"
     capabilities = Capabilities(
-        pops=True, team_books=True, reconciles=True, reads=frozenset({"task.teams"})
+        pops=True, team_accounts=True, reconciles=True, reads=frozenset({"task.teams"})
     )
 
     def __init__(

@@ -369,7 +369,7 @@ class NodeAware(Policy):
         pops=True,
         learns_speeds=True,
         speculates=True,
-        reads=frozenset({"task.estimated", "node.waiting", "attempt.books"}),
+        reads=frozenset({"task.estimated", "node.waiting", "attempt.policy_state"}),
         started_speed=True,
     )
 
@@ -432,8 +432,8 @@ class NodeAware(Policy):
         self._queued_work = 0.0
         self._run_cores = 0
         self._run_end_sum = 0.0  # sum of cores * expected end
-        # attempt -> its record (see `started`), for an attempt view without a ``books`` field;
-        # attempt views hash by identity (as in Horizon)
+        # attempt -> its record (see `started`), for an attempt view without a
+        # ``policy_state`` field; attempt views hash by identity (as in Horizon)
         self._run: dict[AttemptView, tuple[int, float, float, float]] = {}
         # the task the inlined path of `pop` returned last, and its estimate
         self._popped: object = None
@@ -777,7 +777,7 @@ class NodeAware(Policy):
         task and the node's belief are at hand (a task view is frozen): ``(cores, cores x
         expected end, estimate, starts a second it asks for)``, the estimate 0.0 when it
         is only a configured default (``estimated`` False: it teaches no speed). On the
-        view's own ``books`` slot (AttemptView; the simulator's and the plugin's attempts),
+        view's own ``policy_state`` field (AttemptView; the simulator's and the plugin's attempts),
         else in a dict entry. Returns the node's believed slow-down (``started_speed``)."""
         t = attempt.task
         # the task just popped (the usual case): its estimate from the queue's run, not
@@ -802,8 +802,8 @@ class NodeAware(Policy):
             estimated = True
         ce = c * end
         record = (c, ce, est if estimated else 0.0, ask)
-        try:  # the view's own slot (AttemptView.books): no dict entry each
-            attempt.books = record  # type: ignore[attr-defined]
+        try:  # the view's own field (AttemptView.policy_state): no dict entry each
+            attempt.policy_state = record  # type: ignore[attr-defined]
         except AttributeError:  # a view without it keeps a dict entry
             self._run[attempt] = record
         self._run_cores += c
@@ -823,12 +823,12 @@ class NodeAware(Policy):
         bound, or a node whose every task is rescued would never be measured.
         """
         try:
-            got = attempt.books  # type: ignore[attr-defined]
+            got = attempt.policy_state  # type: ignore[attr-defined]
         except AttributeError:  # no field (or never set): a dict entry, if it started here
             got = self._run.pop(attempt, None)
         else:
             if got is not None:
-                attempt.books = None  # type: ignore[attr-defined]  # closed once
+                attempt.policy_state = None  # type: ignore[attr-defined]  # closed once
         if got is not None:
             c, ce, est, ask = got  # as `started` read them (est 0.0: not estimated)
             self._run_cores -= c

@@ -36,8 +36,7 @@ per attempt, within the cap. The first copy to finish wins. A copy runs the task
 work, so it ends first only where the primary's node is slower than believed or the
 primary fails after the copy started (a restart would begin later): it is insurance
 bought with capacity nothing else wanted. An attempt that merely runs over its
-estimate runs as long on the copy, so the end game cannot shorten that tail (on the
-chapter sweep it moves no makespan: benchmarks/NOTES.md).
+estimate runs as long on the copy, so the end game cannot shorten that tail.
 
 A policy may also ask for a backup before the deadline, through
 :meth:`~daskjobs.policies.base.Policy.urgent` (for instance when it has learned

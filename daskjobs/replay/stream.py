@@ -22,9 +22,8 @@ What a task stream lacks, and what is used instead (also in
   started in began (the cluster computing without a break since; no start-up
   latency). Work submitted during a stretch cannot be told from work submitted at its
   start, but work never waits through an idle cluster, so the idle hours between a
-  day's submissions are neither read as dask's per-task overhead (they were 692 ms a
-  task on a day-long stream when every task was taken as submitted at the first start)
-  nor dropped from the replay;
+  day's submissions are neither read as dask's per-task overhead nor dropped from the
+  replay;
 * **threads per worker**: counted from the thread ids seen (``nthreads=``
   overrides);
 * **the policy** that ran: replayed as ``fifo`` unless another is asked;

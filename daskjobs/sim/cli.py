@@ -282,12 +282,12 @@ def _workload_line(report: dict[str, Any]) -> str:
 def simulate() -> None:
     """Run the reference experiments in the offline simulator.
 
-    The reference workload is the sweep of a published book chapter on
-    scheduling parameter sweeps: 10,000 backtests on 24 nodes x 16 cores, one
-    node 4x slower (docs/explanation/chapter.md, "The reference workload"). Every policy of
-    an experiment runs on the same generated tasks and faces the same failures
-    (common random numbers), so differences are the policies'. The chapter's
-    published figures (one random draw) are shown beside ours.
+    The reference workload is the sweep of a published study of scheduling
+    parameter sweeps (a book chapter, hence the command's name): 10,000 backtests on 24
+    nodes x 16 cores, one node 4x slower (docs/explanation/chapter.md, "The reference
+    workload"). Every policy of an experiment runs on the same generated tasks and faces
+    the same failures (common random numbers), so differences are the policies'. The
+    study's published figures (one random draw) are shown beside ours.
     """
 
 
@@ -309,7 +309,7 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-@simulate.command(short_help="The chapter sweep under every policy, with and without backups.")
+@simulate.command(short_help="The reference sweep under every policy, with and without backups.")
 @_common_options
 @policy_option()
 @click.option(
@@ -337,7 +337,7 @@ def chapter(
     seed_list: str | None,
     endgame: bool,
 ) -> None:
-    """The chapter sweep: 10,000 backtests on 384 cores, one node 4x slow.
+    """The published study's sweep: 10,000 backtests on 384 cores, one node 4x slow.
 
     Runs fifo, lpt, work-stealing and node-aware, each without and with
     backup copies of late attempts, and lpt on the cluster without its slow
@@ -480,7 +480,7 @@ def fairshare(
     n_tasks: int | None,
     policies: tuple[str, ...],
 ) -> None:
-    """Two teams: b submits 500 backtests an hour into a's chapter sweep.
+    """Two teams: b submits 500 backtests an hour into a's reference sweep.
 
     Compares FIFO with fair share at equal targets (no backups): team b's
     median and maximum wait from submission, and when team a's sweep ends.
@@ -811,7 +811,7 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
 @json_option
 def estimates(seeds: str, names: tuple[str, ...], policy: str, learn: bool, as_json: bool) -> None:
     """Sweeps whose durations follow their parameters (a lookback grid with a heavy tail,
-    the chapter's shape with its long tasks at the largest sizes, features read by
+    the reference sweep's shape with its long tasks at the largest sizes, features read by
     backtests; docs/explanation/simulator.md), submitted without estimates, under one policy with
     three kinds of estimates: the stage's median (today's plugin without duration models:
     one submission ranks every task alike), learned online from the durations measured so

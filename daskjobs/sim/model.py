@@ -175,7 +175,7 @@ class Attempt:
 
     ``outcome`` is ``"done"``, ``"failed"`` or ``"killed"`` (the losing copy
     of a speculated task), ``None`` while running. ``cores`` are global core
-    ids (``node * cores_per_node + local``). ``books`` is the policy's: what its
+    ids (``node * cores_per_node + local``). ``policy_state`` is the policy's: what its
     ``started`` keeps for its ``ended`` (NodeAware's record for its horizon), on the attempt
     instead of in a dict keyed by attempts; unset until a policy sets it.
     """
@@ -183,12 +183,12 @@ class Attempt:
     __slots__ = (
         "aid",
         "backup",
-        "books",
         "check_at",
         "cores",
         "end",
         "node",
         "outcome",
+        "policy_state",
         "start",
         "task",
         "ti",
@@ -218,6 +218,21 @@ class Attempt:
     @property
     def core(self) -> int:
         return self.cores[0]
+
+    @property
+    def books(self) -> Any:
+        """Deprecated: :attr:`policy_state` (a ``FutureWarning``; gone after 0.1.0)."""
+        from daskjobs.policies.base import warn_renamed
+
+        warn_renamed("attempt.books")
+        return self.policy_state
+
+    @books.setter
+    def books(self, value: Any) -> None:
+        from daskjobs.policies.base import warn_renamed
+
+        warn_renamed("attempt.books")
+        self.policy_state = value
 
     def __repr__(self) -> str:
         return (

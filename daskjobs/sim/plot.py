@@ -68,7 +68,7 @@ def _save(fig: Any, out: Path, note: str | None = None) -> Path:
 
 #: What "published" means in every figure that marks published figures.
 PUBLISHED = (
-    "published (black marks): the figures a book chapter reports for one random draw of this "
+    "published (black marks): the figures a published study reports for one random draw of this "
     "workload, which the simulator was built against (docs/explanation/chapter.md)"
 )
 

@@ -81,7 +81,7 @@ GRAPH_RUNS: tuple[tuple[str, str], ...] = tuple(
 
 #: The published study's table (hours; node-hours; backups launched); docs/explanation/chapter.md.
 PUBLISHED_CHAPTER: dict[str, Any] = {
-    "source": "the reference workload's book chapter, one random draw "
+    "source": "the published study behind the reference workload, one random draw "
     "(docs/explanation/chapter.md)",
     "work_core_h": 3649.0,
     "lower_bound_h": 9.50,
@@ -142,7 +142,7 @@ PUBLISHED_CHAPTER: dict[str, Any] = {
 
 #: The published fair-share figures: hours from submission; team a's last end.
 PUBLISHED_FAIRSHARE: dict[str, Any] = {
-    "source": "the reference workload's book chapter, one random draw "
+    "source": "the published study behind the reference workload, one random draw "
     "(docs/explanation/chapter.md)",
     "fifo": {"b_median_wait_h": 8.28, "b_max_wait_h": 11.4, "a_end_h": 19.79},
     "fair-share": {"b_median_wait_h": 0.59, "b_max_wait_h": 2.64, "a_end_h": 16.68},
@@ -150,7 +150,7 @@ PUBLISHED_FAIRSHARE: dict[str, Any] = {
 
 #: The published task-graph and cache figures (per mode; the study names no policy).
 PUBLISHED_GRAPH: dict[str, Any] = {
-    "source": "the reference workload's book chapter, one random draw "
+    "source": "the published study behind the reference workload, one random draw "
     "(docs/explanation/chapter.md)",
     "recompute": {"core_h": 6922.0, "makespan_h": 19.3},
     "graph": {"core_h": 3514.0, "makespan_h": 11.4},

@@ -258,10 +258,10 @@ def test_the_start_reporter_is_asked_of_the_parts() -> None:
 
 def test_the_builtin_policies_declare_what_they_do() -> None:
     assert LPT.capabilities == Capabilities(pops=False)
-    assert FairShare.capabilities.team_books and FairShare.capabilities.reconciles
+    assert FairShare.capabilities.team_accounts and FairShare.capabilities.reconciles
     na = NodeAware.capabilities
     assert na.pops and na.learns_speeds and na.speculates
-    assert na.reads == {"task.estimated", "node.waiting", "attempt.books"}
+    assert na.reads == {"task.estimated", "node.waiting", "attempt.policy_state"}
     assert Policy.capabilities == Capabilities()  # a plain policy pops, and nothing more
 
 
@@ -273,7 +273,7 @@ def test_capabilities_name_only_declared_view_fields() -> None:
 
 
 class SlowAware(Policy):
-    """A user's popper that learns speeds (it keeps NodeAware's books by delegation)."""
+    """A user's popper that learns speeds (it keeps NodeAware's records by delegation)."""
 
     name = "slow-aware"
     capabilities = Capabilities(pops=True, learns_speeds=True)
@@ -361,12 +361,12 @@ def test_a_policy_that_does_not_pop_needs_a_key(user_policies: None) -> None:
         JobsPlugin(policy="key-less")
 
 
-# -- NodeAware reads the declared books field, never the attempt's class -----------------------
+# -- NodeAware reads the declared policy_state field, never the attempt's class ----------------
 
 
 @dataclass(frozen=True)
 class FrozenAttempt:
-    """An attempt view without the optional ``books`` field (it cannot take one)."""
+    """An attempt view without the optional ``policy_state`` field (it cannot take one)."""
 
     task: LiveTask
     node: int
@@ -385,7 +385,7 @@ def _learn(attempts: Sequence[Any], policy: NodeAware) -> list[float]:
     ]
 
 
-def test_node_aware_keeps_books_on_the_field_or_in_a_dict_alike() -> None:
+def test_node_aware_keeps_its_records_on_the_field_or_in_a_dict_alike() -> None:
     tasks = [LiveTask(f"t{i}", 1.0 + i, 1, "a", 0.0, (), "annotation", "s") for i in range(4)]
     with_field, without = NodeAware(min_samples=1), NodeAware(min_samples=1)
     for p in (with_field, without):
@@ -394,7 +394,7 @@ def test_node_aware_keeps_books_on_the_field_or_in_a_dict_alike() -> None:
     frozen = [FrozenAttempt(t, 0, 10.0 * i) for i, t in enumerate(tasks)]
     assert _learn(live, with_field) == _learn(frozen, without)
     assert with_field.speed(0) == without.speed(0) > 1.0
-    assert all(a.books is None for a in live)  # closed on the attempt, once
+    assert all(a.policy_state is None for a in live)  # closed on the attempt, once
     assert not without._run and not with_field._run  # no dict entry left behind
 
 
@@ -453,7 +453,7 @@ def test_policies_read_only_declared_view_fields_with_their_defaults() -> None:
     for module, found in reads.items():
         for name, default in found:
             assert name in OPTIONAL_FIELDS, f"policies/{module} reads undeclared {name}"
-            if name != "attempt.books":  # read with a sentinel: missing vs unset
+            if name != "attempt.policy_state":  # read with a sentinel: missing vs unset
                 assert default == OPTIONAL_FIELDS[name], f"policies/{module}: {name}"
 
 

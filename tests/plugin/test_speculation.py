@@ -258,10 +258,10 @@ def test_two_copies_of_a_cached_stage_leave_exactly_one_store_entry(tmp_path):
         # then until its worker reports its thread returned (the commit is in that thread)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (
-            any(name == 0 for _, name in DOUBLED) and healthy(c)["zombies"] == 0
+            any(name == 0 for _, name in DOUBLED) and healthy(c)["running_losers"] == 0
         ):
             time.sleep(0.05)
-        assert any(name == 0 for _, name in DOUBLED) and healthy(c)["zombies"] == 0
+        assert any(name == 0 for _, name in DOUBLED) and healthy(c)["running_losers"] == 0
     keys = sorted(store.keys())
     assert keys == sorted(stage.keys)  # one entry per key, however many copies committed
     report = store.verify()
@@ -306,7 +306,8 @@ RACER_RETURNED: list[tuple[object, float]] = []
 
 
 def racer(steps):
-    """Ten times slower on the worker named 0; never checks cancelled(): a zombie loser."""
+    """Ten times slower on the worker named 0; never checks cancelled(): a loser that
+    holds its thread."""
     from distributed import get_worker
 
     name = get_worker().name
@@ -325,30 +326,32 @@ def napper(i):
 
 
 @pytest.mark.slow
-def test_tasks_waiting_behind_a_zombie_loser_move_to_idle_workers():
+def test_tasks_waiting_behind_a_running_loser_move_to_idle_workers():
     spec = {"late_factor": 1.5}
     RACER_RETURNED.clear()
     with dask.config.set(VALIDATE), cluster(spec) as cl, Client(cl) as c:
         with dask.annotate(workers=[address_of(c, 0)], allow_other_workers=True, estimate=0.3):
             r = dask.delayed(racer)(30, dask_key_name="race")
         c.compute(r, sync=True)  # the copy wins; the primary's thread runs on for ~2 s
-        assert status(c)["speculation"]["zombies"] == 1
+        assert status(c)["speculation"]["running_losers"] == 1
         batch = []
         for i in range(12):
             with dask.annotate(estimate=0.1):
                 batch.append(dask.delayed(napper)(i, dask_key_name=f"b-{i:02d}"))
         res = c.compute(batch, sync=True)
         sp = healthy(c)
-        assert sp["moved_off_zombies"] >= 1
+        assert sp["moved_off_losers"] >= 1
         deadline = time.time() + 10
-        while status(c)["speculation"]["zombies"] and time.time() < deadline:
+        while status(c)["speculation"]["running_losers"] and time.time() < deadline:
             time.sleep(0.05)
-        assert status(c)["speculation"]["zombies"] == 0  # the worker said its thread returned
-    zombie_returned = max(t for name, t in RACER_RETURNED if name == 0)
-    # the batch did not wait behind the zombie thread: all of it (1.2 s of work on the one
-    # usable thread) was done before the zombie (2.4 s of its 3 s left) returned
-    assert max(e for _, _, e, _ in res) < zombie_returned
-    assert all(s >= zombie_returned for _, s, _, w in res if w == 0)
+        assert (
+            status(c)["speculation"]["running_losers"] == 0
+        )  # the worker said its thread returned
+    loser_returned = max(t for name, t in RACER_RETURNED if name == 0)
+    # the batch did not wait behind the loser's thread: all of it (1.2 s of work on the one
+    # usable thread) was done before the loser (2.4 s of its 3 s left) returned
+    assert max(e for _, _, e, _ in res) < loser_returned
+    assert all(s >= loser_returned for _, s, _, w in res if w == 0)
 
 
 FLAKY_SEEN: set[int] = set()

@@ -17,14 +17,14 @@ from daskjobs.plugin.client import status
 
 FAST = {"late_factor": 1.5, "min_runtime": "100ms", "interval": "50ms", "enabled": True}
 RETURNED: list[tuple[object, float]] = []
-#: Set by the test once it has checked the reclaim: the zombie then returns, so that the
+#: Set by the test once it has checked the reclaim: the loser then returns, so that the
 #: cluster does not wait out its whole run when it closes (workers join their threads).
 STOP = threading.Event()
 
 
 def racer(steps):
-    """Ten times slower on the worker named 0; never checks cancelled(): a zombie loser
-    (it stops early only when the test, in this process, sets ``STOP``)."""
+    """Ten times slower on the worker named 0; never checks cancelled(): a loser
+    that holds its thread (it stops early only when the test, in this process, sets ``STOP``)."""
     from distributed import get_worker
 
     name = get_worker().name
@@ -48,7 +48,7 @@ def test_a_loser_s_thread_is_reclaimed_after_the_policy_s_timeout():
         try:
             check_reclaim(plugin, c)
         finally:
-            STOP.set()  # the zombie returns: the cluster closes without waiting 10 s for it
+            STOP.set()  # the loser returns: the cluster closes without waiting 10 s for it
 
 
 def check_reclaim(plugin, c):
@@ -61,11 +61,11 @@ def check_reclaim(plugin, c):
         r = dask.delayed(racer)(100, dask_key_name="race")  # 10 s on worker 0, 1 s on 1
     assert c.compute(r, sync=True) == "done"  # the copy won on worker 1
     deadline = time.time() + 30
-    while status(c)["speculation"]["zombies_reclaimed"] < 1 and time.time() < deadline:
+    while status(c)["speculation"]["losers_reclaimed"] < 1 and time.time() < deadline:
         time.sleep(0.05)
     st = status(c)["speculation"]
     # taken back by the policy's rule, not by the worker's report: the loser still runs
-    assert st["zombies_reclaimed"] == 1 and st["zombies"] == 0
+    assert st["losers_reclaimed"] == 1 and st["running_losers"] == 0
     assert not [t for name, t in RETURNED if name == 0]
     events = [e for _, e in c.get_events("daskjobs") if e["action"] == "loser-reclaimed"]
     assert [e["key"] for e in events] == ["race"]

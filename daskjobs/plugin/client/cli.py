@@ -436,8 +436,8 @@ def render(st: dict[str, Any], address: str) -> str:
         lines += [
             "threads: worker threads the team's tasks and copies hold now (never more than",
             "  exist); copies: of which backup copies; assigned: its tasks dask sent to workers,",
-            "  running or waiting there (what fair share books); booked: core-seconds so far.",
-            "  A task several teams' graphs want is split equally among them.",
+            "  running or waiting there (what fair share counts as held); booked: core-seconds",
+            "  so far. A task several teams' graphs want is split equally among them.",
         ]
     else:
         lines.append("teams: none (fair share is off; policy orders tasks by estimate)")

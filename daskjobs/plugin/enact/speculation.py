@@ -140,7 +140,17 @@ class _Held:
     ws: Any
 
 
-__all__ = ["COPY_PREFIX", "Race", "Speculator", "copy_key"]
+__all__ = ["COPY_PREFIX", "DEPRECATED_STATS", "Race", "Speculator", "copy_key"]
+
+#: Keys of ``status()["speculation"]`` kept for one release under their old names, each with
+#: the value of the key it names (removed in 0.2): ``running_losers`` (released losers whose
+#: thread still runs), ``moved_off_losers`` (tasks moved off a worker such a thread holds),
+#: ``losers_reclaimed`` (threads taken for returned by the policy's reclaim rule).
+DEPRECATED_STATS = {
+    "zombies": "running_losers",
+    "moved_off_zombies": "moved_off_losers",
+    "zombies_reclaimed": "losers_reclaimed",
+}
 
 
 def copy_key(key: Key) -> Key:
@@ -239,11 +249,15 @@ class Speculator:
         return {k: r for k, r in self.races.items() if not r.redirected}
 
     def stats(self) -> dict[str, Any]:
+        plain = {
+            "running_losers": sum(len(k) for k in self.running_losers.values()),
+            "moved_off_losers": self.moved,
+            "losers_reclaimed": self.reclaimed,
+        }
         return {
             **self.counts,
-            "zombies": sum(len(k) for k in self.running_losers.values()),
-            "moved_off_zombies": self.moved,
-            "zombies_reclaimed": self.reclaimed,
+            **plain,
+            **{old: plain[new] for old, new in DEPRECATED_STATS.items()},
             "running": sum(1 for r in self.races.values() if not r.redirected),
             "peak": self.peak,
             "late_factor": self.spec.late_factor,

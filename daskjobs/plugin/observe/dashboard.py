@@ -526,7 +526,7 @@ _TEAM_NOTE = (
     '<p class="note">Threads held: worker threads the team\'s tasks and backup copies hold '
     "now (a worker holding more tasks than threads shares them out), never more than the "
     "threads that exist. Assigned: its tasks dask sent to workers, running or waiting "
-    "there (what fair share books). Booked: core-seconds so far. A task several teams' "
+    "there (what fair share counts as held). Booked: core-seconds so far. A task several teams' "
     "graphs want is split equally among them. Expected end: when the team's last "
     "unfinished task is expected to end, from now, median (10th to 90th percentile), from "
     "the scheduler's own forecast (made every daskjobs.forecast.interval); done: nothing of "

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from daskjobs.plugin.speeds import WorkerSpeeds
     from daskjobs.plugin.views import LiveTask
     from daskjobs.policies import Policy
-    from daskjobs.policies.base import TeamBooks
+    from daskjobs.policies.base import TeamAccounts
 
 __all__ = ["PluginView", "Source", "estimate_from"]
 
@@ -109,7 +109,7 @@ class PluginView:
         return self._p.ranker.made
 
     @property
-    def fair(self) -> TeamBooks | None:
+    def fair(self) -> TeamAccounts | None:
         """The policy, when it keeps per-team accounts (explain and status report its teams)."""
         return self._p.ranker.fair
 

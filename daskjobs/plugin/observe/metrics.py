@@ -151,7 +151,7 @@ class JobsCollector(PrometheusCollector):
             "team_assigned_tasks",
             "gauge",
             "A team's tasks dask sent to workers, running or waiting there (what fair share "
-            "books as held)",
+            "counts as held)",
             "team",
         )
         booked = fam(

@@ -7,11 +7,10 @@ an older release, or one that lacks an attribute below, stops the plugin with a
 :class:`DaskInternalsError` naming the installed versions, the lowest supported one
 and each missing piece, instead of failing later inside a hook.
 
-How the lowest release was found: the oldest release that has every piece below is
-2024.12.0 (``GraphNode.substitute`` is new in it). The plugin,
-speculation and fair-share tests fail on 2024.12.0, 2025.2.0 and 2025.3.0 (dask read a
-string argument equal to a task's key as a reference to that task: a graph cycle) and
-pass on 2025.4.0, 2025.5.0, 2025.12.0 and the newest release.
+The lowest release is :data:`LOWEST_SUPPORTED`: every piece below is in releases from
+2024.12.0 on (``GraphNode.substitute`` is new in it), but before 2025.4.0 dask read a string
+argument equal to a task's key as a reference to that task (a graph cycle), and the
+plugin's tests fail there.
 
 No other module of daskjobs touches a private attribute of dask's ``Scheduler``,
 ``TaskState`` or ``WorkerState`` (tests/project/test_dask_boundary.py scans for it; that test
@@ -201,7 +200,7 @@ REQUIRED_SCHEDULER_ATTRS: dict[str, str] = {
     "client_desires_keys": "speculation: the copies client wants a running copy",
     "client_releases_keys": "speculation: a settled copy is no longer wanted",
     "transitions": "speculation: run a copy; redirect a task to its winning copy",
-    "extensions": "speculation: move tasks off a worker whose thread a zombie holds",
+    "extensions": "speculation: move tasks off a worker where a losing copy's thread still runs",
     "stream_comms": "preemption and gangs: ask running tasks to yield; re-ranking on workers",
     "register_worker_plugin": "the start and inventory reporters on every worker",
     "client_comms": "admission: tell a client its graph was refused unread",
