@@ -91,6 +91,9 @@ __all__ = [
 
 logger = logging.getLogger("daskjobs.plugin")
 
+#: The sources of an estimate a task's end is scored against (its stage's model gave it).
+_MODELLED = frozenset({"model", "history"})
+
 #: The topics of the plugin's worker plugins, read from the workers' own streams.
 WORKER_TOPICS = (STARTED_TOPIC, RETURNED_TOPIC, CHECKPOINT_TOPIC, INVENTORY_TOPIC, REORDER_TOPIC)
 
@@ -239,7 +242,7 @@ class Transitions:
     def __init__(self, parts: Sequence[Part], audit: Audit) -> None:
         self.parts = list(parts)
         self.audit = audit
-        self._pairs: dict[str, dict[str, list[Part]]] = {}  # {start: {finish: parts}}
+        self._pairs: dict[tuple[str, str], list[Part]] = {}  # {(start, finish): parts}
 
     def add(self, part: Any) -> None:
         """``part`` (``name``, ``wants`` and ``transition`` of a :class:`Part`) is told
@@ -255,10 +258,9 @@ class Transitions:
 
     def hook(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """dask's ``SchedulerPlugin.transition`` (the plugin's, bound to this)."""
-        by_start = self._pairs.get(start)
-        parts = by_start.get(finish) if by_start is not None else None
+        parts = self._pairs.get((start, finish))
         if parts is None:  # a pair not seen yet
-            parts = self._pairs.setdefault(start, {})[finish] = self._wanting(start, finish)
+            parts = self._pairs[start, finish] = self._wanting(start, finish)
         if not parts:
             return
         step = Step(key, start, finish, kwargs)
@@ -574,7 +576,7 @@ class LearningPart(Part):
         return start == "processing" and finish == "memory"
 
     def transition(self, step: Step) -> None:
-        if step.learn and step.start == "processing" and step.finish == "memory":
+        if step.learn:  # (processing -> memory: what it wants)
             ranker = self.ranker
             v = ranker.current(step.key)  # its estimate as the re-ranks left it
             if v is None:
@@ -584,14 +586,10 @@ class LearningPart(Part):
             if seconds is not None:
                 # scored against the estimate the scheduler acted on, when the stage's model
                 # (or median) gave it: O(1), where asking the model again costs a prediction
-                modelled = v.source == "model" or v.source == "history"
-                ranker.estimator.observe(
-                    v.stage,
-                    v.params,
-                    seconds,
-                    score=modelled,
-                    predicted=v.estimate if modelled else None,
-                )
+                if v.source in _MODELLED:
+                    ranker.estimator.observe(v.stage, v.params, seconds, predicted=v.estimate)
+                else:
+                    ranker.estimator.observe(v.stage, v.params, seconds, score=False)
                 self.speeds.learn(v, kwargs.get("worker"), seconds)
                 changed = ranker.reestimate(v.stage, step.key)  # at the model's cadence
                 if changed:
@@ -716,9 +714,10 @@ class RankingPart(Part):
         )
 
     def transition(self, step: Step) -> None:
-        self.ranker.track(step.key, step.finish, step.start)
-        if step.finish == "forgotten":
+        if step.finish == "forgotten":  # (it leaves the waiting set with its view)
             self.ranker.forget(step.key)
+        else:
+            self.ranker.track(step.key, step.finish, step.start)
 
 
 class SharePart(Part):

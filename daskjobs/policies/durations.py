@@ -770,7 +770,9 @@ class Estimator:
                 if stage not in scored and len(scored) >= 2 * self.max_stages:
                     for gone in [s for s in scored if s not in self.models]:
                         del scored[gone]  # stages the models dropped
-                tally = scored.setdefault(stage, [0, 0])
+                tally = scored.get(stage)
+                if tally is None:
+                    tally = scored[stage] = [0, 0]
                 tally[0] += 0.5 <= predicted / seconds <= 2.0
                 tally[1] += 1
         self.models.observe(stage, params if self.learn else None, seconds)
