@@ -1172,6 +1172,16 @@ class _Engine:
                 ahead.add(b)
             else:
                 ahead.discard(b)
+        # Live, the check places a copy allowed ahead on a busy node, where it takes the
+        # next slot; one the cap refuses is asked for again at the next check. So only as
+        # many as the cap has room for now wait ahead; the others wait for the next check.
+        room = self.cap - self.backups_running
+        for p in pending:
+            if p in ahead:
+                if room > 0:
+                    room -= 1
+                else:
+                    ahead.discard(p)
         if watch:
             self.tick_at = now + self.interval
             self.queue(self.tick_at, _TICK, a)

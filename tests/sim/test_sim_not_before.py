@@ -51,3 +51,18 @@ def test_a_held_attempt_is_judged_from_its_start_and_its_copy_is_not_held(refere
     assert (primary.node, primary.start) == (0, 0.5)
     assert (copy.node, copy.start, copy.end) == (1, 3.0, 4.0)
     assert s.backups_won == 1
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_copy_the_cap_refused_at_a_check_waits_for_the_next_check(reference):
+    # node 0 (2 slots, 10x slow) runs a and b (estimate 1, late at 2); node 1 (2 slots)
+    # runs c and d until 2.5. At the check of 2 both want a copy allowed ahead of queued
+    # work, but the cap is one copy: a's waits for node 1's next slot (2.5) and wins at
+    # 3.5; b's was refused and, as live, is asked for again at the next check after the
+    # cap has room (4), not at the slot that frees at 3.5 between two checks.
+    spec = Speculation(late_factor=2.0, interval=1.0, max_fraction=0.25, ahead="always")
+    tasks = [Task("a", 1.0), Task("b", 1.0), Task("c", 2.5), Task("d", 2.5)]
+    s = simulate(tasks, Cluster(2, 2, slow={0: 10.0}), FIFO(), spec=spec, reference=reference)
+    copies = {a.task.tid: (a.node, a.start, a.end) for a in s.attempts if a.backup}
+    assert copies == {"a": (1, 2.5, 3.5), "b": (1, 4.0, 5.0)}
+    assert s.backups_launched == 2 and s.backups_won == 2 and s.makespan == 5.0
