@@ -53,6 +53,15 @@ What dask adds, fitted from the trace
   costs rather than by compute, and a what-if on a bigger cluster is then
   optimistic (the overhead is replayed per slot; on a LocalCluster it is one
   event loop for everyone).
+* ``attempt_overhead`` (seconds per attempt): what an attempt adds to its own
+  compute on the scheduler's clock, ``finished - started - duration``, the median
+  over the attempts that ended a task (the reports' round trip). A replay on the
+  recorded placement starts each task when it started (``replay(...,
+  placement="recorded")``): the capacity lost between attempts is in those starts,
+  and each attempt adds only this. Spread as ``overhead`` instead, a stall that held
+  every worker at once live delays a fast worker, which runs many attempts, by more
+  than the stall, and a slow one by less (tens of milliseconds by the end of a
+  4 s run).
 * ``dep_latency`` (diagnostic, not replayed): from a task's last input
   finishing to its start (both scheduler-clock report arrivals), for
   dependents whose worker had a free slot then; the median. In the replay a
@@ -141,6 +150,8 @@ class Fit:
     dep_latency_samples: int = 0
     transfer: float = 0.0  # recorded input-transfer seconds (not replayed on a slot)
     transfer_tasks: int = 0
+    # seconds an attempt adds to its compute (the median): replayed on the recorded timeline
+    attempt_overhead: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -154,6 +165,7 @@ class Fit:
             "dep_latency_samples": self.dep_latency_samples,
             "transfer_s": self.transfer,
             "transfer_tasks": self.transfer_tasks,
+            "attempt_overhead_s": self.attempt_overhead,
         }
 
 
@@ -234,9 +246,10 @@ def load(
 ) -> Loaded:
     """Read ``trace`` (a path or a :class:`Trace`) into tasks, a cluster and a fit.
 
-    ``overhead`` and ``startup`` override the fitted values (seconds);
-    ``speeds=False`` takes every worker as nominal. Raises :class:`ReplayError`
-    when the trace has no finished attempt, naming the file.
+    ``overhead`` and ``startup`` override the fitted values (seconds; ``overhead``
+    stands for ``attempt_overhead`` too); ``speeds=False`` takes every worker as
+    nominal. Raises :class:`ReplayError` when the trace has no finished attempt, naming
+    the file.
     """
     if not isinstance(trace, Trace):
         trace = read_trace(trace)
@@ -401,7 +414,9 @@ def _fit(
     startup: float | None,
 ) -> Fit:
     """What dask adds, fitted from the trace (module docstring) on a replayed cluster of
-    ``slots``; ``overhead`` and ``startup``, if given, instead of the fitted values."""
+    ``slots``; ``overhead`` (per task and per attempt) and ``startup``, if given, instead
+    of the fitted values."""
+    given = overhead
     submits: dict[float, float] = {}
     for t in trace.tasks.values():
         if t.submit is None or t.existing:
@@ -422,6 +437,12 @@ def _fit(
         overhead = fitted_overhead
     latency = _dep_latency(ended, threads, cpn)
     transfers = [a.transfer for _, a, _ in ended if a.transfer]
+    held = [
+        max(0.0, a.finished - a.started - d)
+        for _, a, d in ended
+        if a.started is not None and a.finished is not None
+    ]
+    attempt = given if given is not None else (_median(held) if held else 0.0)
     return Fit(
         float(overhead),
         len(ended),
@@ -433,6 +454,7 @@ def _fit(
         dep_latency_samples=len(latency),
         transfer=float(sum(transfers)),
         transfer_tasks=len(transfers),
+        attempt_overhead=float(attempt),
     )
 
 

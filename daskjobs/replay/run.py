@@ -246,7 +246,9 @@ class Placed(Policy):
     """Replay dask's placement as recorded: each task's first attempt runs on the node
     (worker) it ran on, in the order it started there; the policy ``inner`` decides the
     rest (retries, tasks the trace does not place, and everything but placement:
-    speeds, lateness, the horizon, its accounts).
+    speeds, lateness, the horizon, its accounts). :func:`replay` also starts each such
+    attempt no sooner than it started (``simulate(not_before=...)``): the run's own
+    timeline, which a copy taking a node's slot can only delay.
 
     Which task goes to which worker is dask's decision, not a daskjobs policy's (the
     first free thread takes the next task); a simulated replay makes that decision
@@ -434,9 +436,12 @@ def replay(
     """Replay ``trace`` under ``policy`` (default: the one recorded, else ``fifo``).
 
     ``placement="recorded"`` runs each task's first attempt on the worker, and in the
-    order, the trace recorded (:class:`Placed`): a replay of the run that was recorded,
+    order, the trace recorded (:class:`Placed`), and not before it started there, each
+    attempt adding the fitted ``attempt_overhead`` to its compute (the capacity dask lost
+    between attempts is in the recorded starts): a replay of the run that was recorded,
     comparable race by race; it needs the recorded cluster (no ``nodes``,
-    ``cores_per_node`` or ``no_slow``). The default simulates dask's placement.
+    ``cores_per_node`` or ``no_slow``). The default simulates dask's placement, each
+    attempt adding the fitted ``overhead``.
 
     ``speculation`` is a late factor (e.g. 2.5), ``None`` for no backups, or
     :data:`RECORDED` (the default): the recorded run's settings (late factor,
@@ -470,6 +475,7 @@ def replay(
     else:
         raise ValueError(f"speculation must be a late factor, None or {RECORDED!r}")
     learns = type(pol).speed is not Policy.speed
+    not_before: dict[Hashable, float] | None = None
     if placement == "recorded":
         if nodes is not None or cores_per_node is not None or no_slow:
             raise ValueError(
@@ -477,10 +483,14 @@ def replay(
                 "cores_per_node and no_slow, or use placement='simulated'"
             )
         pol = Placed(pol, loaded.placement)  # inside PluginSpeeds: its sums see every push
+        # the recorded timeline: each placed task starts no sooner than it did, and the
+        # capacity lost between attempts is in those starts, not spread over the attempts
+        not_before = {tid: when for tid, (_node, when) in loaded.placement.items()}
+        cluster = dataclasses.replace(cluster, overhead=loaded.fit.attempt_overhead)
     elif placement != "simulated":
         raise ValueError(f"placement must be 'simulated' or 'recorded', got {placement!r}")
     if spec is not None and not learns:
-        pol = PluginSpeeds(pol, loaded.fit.overhead)
+        pol = PluginSpeeds(pol, cluster.overhead)
     phase = loaded.check_phase if spec is not None and spec == loaded.speculation else 0.0
     tasks = loaded.tasks
     learner = None
@@ -493,7 +503,14 @@ def replay(
         learner = learn if isinstance(learn, Estimator) else Estimator(default_estimate(loaded))
         tasks = unannotated(loaded)
     schedule = simulate(
-        tasks, cluster, pol, spec=spec, seed=seed, check_phase=phase, learn=learner or False
+        tasks,
+        cluster,
+        pol,
+        spec=spec,
+        seed=seed,
+        check_phase=phase,
+        learn=learner or False,
+        not_before=not_before,
     )
     factor = spec.late_factor if spec is not None else None
     return ReplayResult(loaded, schedule, name, factor, cluster)

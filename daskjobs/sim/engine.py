@@ -358,6 +358,7 @@ def simulate(
     check_phase: float = 0.0,
     reference: bool = False,
     learn: bool | Estimator = False,
+    not_before: Mapping[Hashable, float] | None = None,
 ) -> Schedule:
     """Simulate ``tasks`` on ``cluster`` under ``policy``; see the module docs.
 
@@ -380,13 +381,27 @@ def simulate(
     estimates"); pass an :class:`~daskjobs.policies.durations.Estimator` instead to start
     from its history (a later sweep), to keep stage medians only (``learn=False`` on
     it), or to read its models after the run (``schedule.estimator`` is it).
+
+    ``not_before`` maps task ids to times: such a task's attempts (not its copies) start
+    no sooner, a node the policy gave it earlier held for it until then (a replay of a
+    recorded run on its recorded timeline: ``replay(..., placement="recorded")`` passes
+    when each task started). An attempt is judged late or urgent only once it started.
     """
     learner = _learner(learn)
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of small acyclic records: the cyclic GC only costs time here
     try:
         return _simulate(
-            list(tasks), cluster, policy, spec, cache, seed, check_phase, reference, learner
+            list(tasks),
+            cluster,
+            policy,
+            spec,
+            cache,
+            seed,
+            check_phase,
+            reference,
+            learner,
+            not_before,
         )
     finally:
         if gc_was_on:
@@ -403,6 +418,7 @@ def _simulate(
     check_phase: float = 0.0,
     reference: bool = False,
     learner: Estimator | None = None,
+    not_before: Mapping[Hashable, float] | None = None,
 ) -> Schedule:
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a daskjobs.sim.Cluster, got {type(cluster).__name__}")
@@ -413,7 +429,9 @@ def _simulate(
     seed = check_seed(seed)
     if spec is not None and not isinstance(spec, Speculation):
         raise TypeError(f"spec must be a Speculation or None, got {type(spec).__name__}")
-    run = _Engine(tasks, cluster, policy, spec, cache, seed, check_phase, reference, learner)
+    run = _Engine(
+        tasks, cluster, policy, spec, cache, seed, check_phase, reference, learner, not_before
+    )
     run.kernel()
     return run.result()
 
@@ -433,6 +451,7 @@ class _Engine:
         check_phase: float,
         reference: bool,
         learner: Estimator | None,
+        not_before: Mapping[Hashable, float] | None = None,
     ) -> None:
         self.cluster = cluster
         self.policy = policy
@@ -445,6 +464,7 @@ class _Engine:
         self._set_learning(learner)
         self._set_submissions(order)
         self._set_cluster(cluster, policy, seed)
+        self._set_not_before(not_before)
         self._set_calendar(cluster, spec, check_phase)
         self._set_hooks(policy, spec, reference)
 
@@ -613,6 +633,22 @@ class _Engine:
             # numbers); attempts past the first few (rare) draw in start order
             self.fails = draw_fates(rng, self.n, rate)
         self.first_fates = self.fails[0] if self.fails else {}  # of the first attempts
+
+    def _set_not_before(self, not_before: Mapping[Hashable, float] | None) -> None:
+        """The earliest start of the tasks that have one (``simulate(not_before=...)``), by
+        position; empty (the common case: one test per start) without."""
+        self.not_before: dict[int, float] = {}
+        if not not_before:
+            return
+        if self.index is None:
+            self.index = _positions(self.tasks)
+        index = self.index
+        for tid, when in not_before.items():
+            if not (isinstance(when, int | float) and math.isfinite(when)):
+                raise ValueError(f"not_before[{tid!r}] must be a finite time, got {when!r}")
+            i = index.get(tid)
+            if i is not None:
+                self.not_before[i] = float(when)
 
     def _set_calendar(self, cluster: Cluster, spec: Speculation | None, check_phase: float) -> None:
         """The event calendar, the attempts' records, and the bookkeeping of copies, periodic
@@ -849,6 +885,8 @@ class _Engine:
         backup = primary is not None
         if self.gap:
             now = self.dispatched(now)
+        if not backup and self.not_before:
+            now = max(now, self.not_before.get(i, now))  # the node is held until then
         c = task.cores
         stack = nd.freeheap
         if c == 1:
@@ -1114,7 +1152,11 @@ class _Engine:
         assert self.decide is not None
         done, backup_asked, pending, ahead = self.done, self.backup_asked, self.pending, self.ahead
         watch = self.watch
-        judged = [b for b in watch if not done[b.ti] and (not backup_asked[b.ti] or b in pending)]
+        judged = [
+            b
+            for b in watch
+            if not done[b.ti] and (not backup_asked[b.ti] or b in pending) and b.start <= now
+        ]
         dec = self.decide(now, self.policy, judge=judged)
         wanted = {w.attempt: w for w in dec.copies}
         for b in judged:
@@ -1130,6 +1172,16 @@ class _Engine:
                 ahead.add(b)
             else:
                 ahead.discard(b)
+        # Live, the check places a copy allowed ahead on a busy node, where it takes the
+        # next slot; one the cap refuses is asked for again at the next check. So only as
+        # many as the cap has room for now wait ahead; the others wait for the next check.
+        room = self.cap - self.backups_running
+        for p in pending:
+            if p in ahead:
+                if room > 0:
+                    room -= 1
+                else:
+                    ahead.discard(p)
         if watch:
             self.tick_at = now + self.interval
             self.queue(self.tick_at, _TICK, a)
@@ -1150,7 +1202,9 @@ class _Engine:
         if not offers:
             return False
         done, backup_asked = self.done, self.backup_asked
-        judged = [b for b in self.watch if not done[b.ti] and not backup_asked[b.ti]]
+        judged = [
+            b for b in self.watch if not done[b.ti] and not backup_asked[b.ti] and b.start <= now
+        ]
         if not judged:
             return False
         d = self.decide(
@@ -1304,7 +1358,7 @@ class _Engine:
         pending, held, watch, holds = self.pending, self.held, self.watch, self.holds
         free_heap, in_heap, on_core = self.free_heap, self.in_heap, self.on_core
         rate, again, first_fates, fails = self.rate, self.again, self.first_fates, self.fails
-        gap, keep_core, track = self.gap, self.keep_core, self.track
+        gap, keep_core, track, not_before = self.gap, self.keep_core, self.track, self.not_before
         learner, learned, reference = self.learner, self.learned, self.reference
         speculating, slow_done, endgame = self.speculating, self.slow_done, self.endgame
         interval, cap, rescues, suspects = self.interval, self.cap, self.rescues, self.suspects
@@ -1480,6 +1534,10 @@ class _Engine:
                     # attempt (a first run or a retry; copies start through the part). The
                     # same steps in the same order; `t0` is `now` once dispatched.
                     t0 = self.dispatched(now) if gap else now
+                    if not_before:  # not before its time: the node is held until then
+                        nb = not_before.get(ti, t0)
+                        if nb > t0:
+                            t0 = nb
                     c = tv.cores
                     stack = nd.freeheap
                     if c == 1:
