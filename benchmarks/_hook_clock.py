@@ -42,6 +42,8 @@ from collections.abc import Callable, Generator
 from functools import wraps
 from typing import Any
 
+import harness
+
 #: The clock (module docstring).
 _now = time.thread_time_ns
 #: name -> [nanoseconds, calls]
@@ -267,3 +269,83 @@ def reading() -> dict[str, Any]:
         "gc": {"seconds": _GC["seconds"], "collections": int(_GC["collections"])},
         "own": dict(OWN),
     }
+
+
+# -- the table of bench_plugin.py --clock ---------------------------------------------------
+
+#: The plugin's microseconds of the event loop's CPU a task, at most, in its default
+#: configuration.
+HOOK_BUDGET = 20.0
+
+
+#: The clocked hooks, grouped for the table: column -> does a clock's name belong to it.
+HOOK_COLUMNS: dict[str, Callable[[str], bool]] = {
+    "graph": lambda k: k in ("graph", "update_graph"),
+    "end": lambda k: k.startswith("transition processing->") and not k.endswith("->processing"),
+    "start": lambda k: k.startswith("transition ") and k.endswith("->processing"),
+    "other transitions": lambda k: (
+        k.startswith("transition ")
+        and not k.startswith("transition processing->")
+        and not k.endswith("->processing")
+    ),
+    "reports": lambda k: k == "reports",
+    "periodic": lambda k: k.startswith("periodic:") or k == "forecast-snapshot",
+}
+
+
+def hook_rows(clock: dict[str, Any], n: int) -> dict[str, float]:
+    """One clocked run's figures in microseconds per task (the table's columns)."""
+    hooks = clock["hooks"]
+    out = {
+        col: sum(sec for k, (sec, _) in hooks.items() if belongs(k)) / n * 1e6
+        for col, belongs in HOOK_COLUMNS.items()
+    }
+    out["plugin"] = sum(out.values())
+    out["forecast thread"] = hooks.get("forecast-thread", [0.0, 0])[0] / n * 1e6
+    out["loop"] = clock["loop_cpu"] / n * 1e6
+    out["gc"] = clock["gc"]["seconds"] / n * 1e6
+    out["collections"] = clock["gc"]["collections"] / n * 1000
+    return out
+
+
+def hooks_table(runs: list[dict[str, Any]], n: int) -> str:
+    cols = list(HOOK_COLUMNS)
+    body = []
+    for run in runs:
+        for name, clock in run["clocks"].items():
+            r = hook_rows(clock, n)
+            body.append(
+                [str(run["workers"]), name]
+                + [
+                    "-" if not clock["hooks"] else f"{r[c]:.1f}"
+                    for c in [*cols, "plugin", "forecast thread"]
+                ]
+                + [f"{r['loop']:.0f}", f"{r['gc']:.0f}"]
+                + [f"{r['collections']:.0f}"]
+            )
+    if not body:
+        return ""
+    return (
+        harness.table(
+            [
+                "workers",
+                "configuration",
+                *cols,
+                "plugin (loop)",
+                "forecast thread",
+                "event loop",
+                "collector",
+                "collections / 10^3 tasks",
+            ],
+            body,
+            align="ll" + "r" * (len(cols) + 5),
+        )
+        + f"\n\nMicroseconds of CPU per task, one clocked run of {n:,} trivial tasks per "
+        "configuration: the plugin's hooks on the scheduler's event loop (a new graph's ranking "
+        "and ``update_graph``; a task's end, where it learns; its start; its other "
+        "transitions; the worker plugins' reports; the periodic callbacks), their sum, the "
+        "scheduler's forecast in its own thread, the event loop's whole CPU (dask's scheduler, "
+        "the in-process workers' comms and the client), and the collector's CPU with its "
+        f"collections (target for the default configuration: at most {HOOK_BUDGET:.0f} us "
+        "in the plugin)."
+    )

@@ -61,7 +61,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +76,6 @@ from daskjobs.sim import workloads
 SLOTS = (4, 8)  # workers x threads
 #: The throughput with the plugin over plain dask's that the plugin aims for.
 TARGET = 0.95
-#: The plugin's microseconds of the event loop's CPU a task, at most, in its default
-#: configuration.
-HOOK_BUDGET = 20.0
 
 
 def inc(x: int) -> int:
@@ -311,79 +307,6 @@ def throughput_table(runs: list[dict[str, Any]], n: int) -> str:
     )
 
 
-#: The clocked hooks, grouped for the table: column -> does a clock's name belong to it.
-HOOK_COLUMNS: dict[str, Callable[[str], bool]] = {
-    "graph": lambda k: k in ("graph", "update_graph"),
-    "end": lambda k: k.startswith("transition processing->") and not k.endswith("->processing"),
-    "start": lambda k: k.startswith("transition ") and k.endswith("->processing"),
-    "other transitions": lambda k: (
-        k.startswith("transition ")
-        and not k.startswith("transition processing->")
-        and not k.endswith("->processing")
-    ),
-    "reports": lambda k: k == "reports",
-    "periodic": lambda k: k.startswith("periodic:") or k == "forecast-snapshot",
-}
-
-
-def hook_rows(clock: dict[str, Any], n: int) -> dict[str, float]:
-    """One clocked run's figures in microseconds per task (the table's columns)."""
-    hooks = clock["hooks"]
-    out = {
-        col: sum(sec for k, (sec, _) in hooks.items() if belongs(k)) / n * 1e6
-        for col, belongs in HOOK_COLUMNS.items()
-    }
-    out["plugin"] = sum(out.values())
-    out["forecast thread"] = hooks.get("forecast-thread", [0.0, 0])[0] / n * 1e6
-    out["loop"] = clock["loop_cpu"] / n * 1e6
-    out["gc"] = clock["gc"]["seconds"] / n * 1e6
-    out["collections"] = clock["gc"]["collections"] / n * 1000
-    return out
-
-
-def hooks_table(runs: list[dict[str, Any]], n: int) -> str:
-    cols = list(HOOK_COLUMNS)
-    body = []
-    for run in runs:
-        for name, clock in run["clocks"].items():
-            r = hook_rows(clock, n)
-            body.append(
-                [str(run["workers"]), name]
-                + [
-                    "-" if not clock["hooks"] else f"{r[c]:.1f}"
-                    for c in [*cols, "plugin", "forecast thread"]
-                ]
-                + [f"{r['loop']:.0f}", f"{r['gc']:.0f}"]
-                + [f"{r['collections']:.0f}"]
-            )
-    if not body:
-        return ""
-    return (
-        harness.table(
-            [
-                "workers",
-                "configuration",
-                *cols,
-                "plugin (loop)",
-                "forecast thread",
-                "event loop",
-                "collector",
-                "collections / 10^3 tasks",
-            ],
-            body,
-            align="ll" + "r" * (len(cols) + 5),
-        )
-        + f"\n\nMicroseconds of CPU per task, one clocked run of {n:,} trivial tasks per "
-        "configuration: the plugin's hooks on the scheduler's event loop (a new graph's ranking "
-        "and ``update_graph``; a task's end, where it learns; its start; its other "
-        "transitions; the worker plugins' reports; the periodic callbacks), their sum, the "
-        "scheduler's forecast in its own thread, the event loop's whole CPU (dask's scheduler, "
-        "the in-process workers' comms and the client), and the collector's CPU with its "
-        f"collections (target for the default configuration: at most {HOOK_BUDGET:.0f} us "
-        "in the plugin)."
-    )
-
-
 def profile_table(runs: list[dict[str, Any]], config: str) -> str:
     out = []
     for run in runs:
@@ -554,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "Scheduler throughput: trivial tasks, plugin vs plain dask", throughput_table(tp, n)
     )
     if args.clock:
-        report.section("The plugin's cost per task, per hook", hooks_table(tp, n))
+        report.section("The plugin's cost per task, per hook", _hook_clock.hooks_table(tp, n))
     if profile is not None:
         report.section(
             "The scheduler thread's profile: the plugin's top entries", profile_table(tp, profile)
