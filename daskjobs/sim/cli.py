@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import click
 
 from daskjobs._options import (
+    count_option,
     hours_option,
     json_option,
     load_option,
@@ -58,10 +59,9 @@ def _common_options(f: F) -> F:
         seed_option("Seed of the workload and of the failure draws (an integer >= 0)."),
         json_option,
         plot_option('Also write PNG figures into DIR (needs: pip install "daskjobs[plot]").'),
-        click.option(
+        count_option(
             "--slow-node",
-            type=click.IntRange(min=0),
-            default=None,
+            minimum=0,
             metavar="INDEX",
             help="Index of the 4x slow node (default: the last node; 0 = offered work first).",
         ),
@@ -72,12 +72,9 @@ def _common_options(f: F) -> F:
             metavar="P",
             help="Probability that an attempt fails, in [0, 1) (default 0.01).",
         ),
-        click.option(
+        count_option(
             "--tasks",
             "n_tasks",
-            type=click.IntRange(min=1),
-            default=None,
-            metavar="N",
             help="Number of backtests (default 10,000); the long ones stay 0.4% of them.",
         ),
     ]
@@ -712,11 +709,11 @@ def preemption(
 @seeds_option("0-2", _WORKLOAD_SEEDS)
 @hours_option(0.5, 24.0)
 @load_option(0.05, 1.5, 0.9)
-@click.option(
+@count_option(
     "--nodes",
-    type=click.IntRange(min=2),
+    minimum=2,
     default=16,
-    show_default=True,
+    metavar=None,
     help="Nodes of 8 GPUs: the first half A100 (80 GB), the rest V100 (32 GB).",
 )
 @json_option

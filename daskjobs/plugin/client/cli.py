@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from daskjobs._options import json_option, timeout_option
+from daskjobs._options import count_option, json_option, seed_option, timeout_option
 
 # keys of plugin.status() printed in their own sections; any other is a counter
 _SECTIONS = ("policy", "teams", "workers", "stages", "errors", "settings", "forecast")
@@ -595,16 +595,14 @@ def _span(r: Any) -> str:
     metavar="NAME",
     help="What if: under this registered policy (default: the one the scheduler runs).",
 )
-@click.option(
+@count_option(
     "--draws",
-    type=click.IntRange(min=0),
+    minimum=0,
     default=30,
-    show_default=True,
+    metavar=None,
     help="Simulations with durations drawn from their bands (0: one, estimates as they are).",
 )
-@click.option(
-    "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the draws."
-)
+@seed_option("Seed of the draws.", metavar=None)
 @click.option(
     "--band",
     type=click.Choice(["auto", "drawn", "computed"]),
@@ -667,9 +665,7 @@ def forecast_command(
 
 @click.command("start-rate", short_help="How many tasks a second a scheduler starts.")
 @click.argument("address")
-@click.option(
-    "--tasks", default=2000, show_default=True, type=click.IntRange(min=2), help="Tasks to time."
-)
+@count_option("--tasks", minimum=2, default=2000, metavar=None, help="Tasks to time.")
 @click.option(
     "--seconds",
     default=0.02,
