@@ -22,12 +22,13 @@ as click usage errors naming the bad option.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import click
 
@@ -288,6 +289,34 @@ def simulate() -> None:
     """
 
 
+class ExperimentOptions(NamedTuple):
+    """What every experiment on the reference workload is given (:func:`experiment_command`)."""
+
+    seed: int
+    as_json: bool
+    plot_dir: Path | None
+    slow_node: int | None
+    failure_rate: float | None
+    n_tasks: int | None
+    policies: tuple[str, ...]
+
+
+def experiment_command(short_help: str) -> Callable[[Callable[..., None]], click.Command]:
+    """A ``simulate`` subcommand on the reference workload: ``--seed``, ``--json``, ``--plot``,
+    the workload overrides and ``--policy``, handed to the function as one
+    :class:`ExperimentOptions` (its first argument); its own options follow as keywords."""
+
+    def decorate(f: Callable[..., None]) -> click.Command:
+        @functools.wraps(f)
+        def command(**kwargs: Any) -> None:
+            options = ExperimentOptions(**{k: kwargs.pop(k) for k in ExperimentOptions._fields})
+            f(options, **kwargs)
+
+        return simulate.command(short_help=short_help)(_common_options(policy_option()(command)))
+
+    return decorate
+
+
 def _parse_seeds(text: str) -> list[int]:
     """``"0-19"``, ``"0,3,5"`` or ``"0-4,9"`` -> the seeds, in order, once each."""
     seeds: list[int] = []
@@ -306,9 +335,7 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-@simulate.command(short_help="The reference sweep under every policy, with and without backups.")
-@_common_options
-@policy_option()
+@experiment_command("The reference sweep under every policy, with and without backups.")
 @click.option(
     "--seeds",
     "seed_list",
@@ -323,17 +350,7 @@ def _parse_seeds(text: str) -> list[int]:
     help="Backups with the end game: once nothing waits to start, idle nodes take "
     "copies of the running attempts expected to end last (Speculation(endgame=True)).",
 )
-def chapter(
-    seed: int,
-    as_json: bool,
-    plot_dir: Path | None,
-    slow_node: int | None,
-    failure_rate: float | None,
-    n_tasks: int | None,
-    policies: tuple[str, ...],
-    seed_list: str | None,
-    endgame: bool,
-) -> None:
+def chapter(options: ExperimentOptions, seed_list: str | None, endgame: bool) -> None:
     """The published study's sweep: 10,000 backtests on 384 cores, one node 4x slow.
 
     Runs fifo, lpt, work-stealing and node-aware, each without and with
@@ -346,23 +363,25 @@ def chapter(
     from daskjobs.policies import make_policy
     from daskjobs.sim.report import chapter_runs, run_chapter
 
-    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    kwargs: dict[str, Any] = _workload_kwargs(
+        options.slow_node, options.failure_rate, options.n_tasks
+    )
     if endgame:
         kwargs["endgame"] = True
-    kwargs["policies"] = _check_policies(policies, make_policy)
+    kwargs["policies"] = _check_policies(options.policies, make_policy)
     runs = len(chapter_runs(kwargs["policies"]))
     if seed_list is not None:
-        if plot_dir is not None:
+        if options.plot_dir is not None:
             raise click.UsageError("--plot draws one seed's run: use it without --seeds")
-        if seed:
+        if options.seed:
             raise click.UsageError("give either --seed or --seeds, not both")
-        _chapter_seeds(_parse_seeds(seed_list), as_json, kwargs, runs)
+        _chapter_seeds(_parse_seeds(seed_list), options.as_json, kwargs, runs)
         return
-    check_plotting(plot_dir)
-    report, schedules = _run(run_chapter, "chapter sweep", runs, seed, kwargs)
+    check_plotting(options.plot_dir)
+    report, schedules = _run(run_chapter, "chapter sweep", runs, options.seed, kwargs)
 
     figures: list[Path] = []
-    if plot_dir is not None:
+    if options.plot_dir is not None:
         from daskjobs.sim import plot
 
         candidates = [r for r in report["rows"] if r["policy"] != "lpt-no-slow-node"]
@@ -372,8 +391,10 @@ def chapter(
         lines = {first: schedules[(first, False)]}
         if (best["policy"], best["backups"]) != (first, False):
             lines[best_label] = schedules[(best["policy"], best["backups"])]
-        figures.append(plot.chapter_utilisation(lines, plot_dir / "chapter-utilisation.png"))
-        figures.append(plot.chapter_makespans(report, plot_dir / "chapter-makespan.png"))
+        figures.append(
+            plot.chapter_utilisation(lines, options.plot_dir / "chapter-utilisation.png")
+        )
+        figures.append(plot.chapter_makespans(report, options.plot_dir / "chapter-makespan.png"))
 
     headers = [
         "policy",
@@ -417,7 +438,7 @@ def chapter(
         f"failure bound (FB) {report['failure_bound_h']:.2f} h: the speed bound plus what "
         "this seed's failures cost any schedule that restarts failed tasks",
     )
-    emit_report(report, as_json, text, figures)
+    emit_report(report, options.as_json, text, figures)
 
 
 def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs: int) -> None:
@@ -465,18 +486,8 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
     emit_report(report, as_json, text, [])
 
 
-@simulate.command(short_help="A second team an hour in: FIFO against fair share.")
-@_common_options
-@policy_option()
-def fairshare(
-    seed: int,
-    as_json: bool,
-    plot_dir: Path | None,
-    slow_node: int | None,
-    failure_rate: float | None,
-    n_tasks: int | None,
-    policies: tuple[str, ...],
-) -> None:
+@experiment_command("A second team an hour in: FIFO against fair share.")
+def fairshare(options: ExperimentOptions) -> None:
     """Two teams: b submits 500 backtests an hour into a's reference sweep.
 
     Compares FIFO with fair share at equal targets (no backups): team b's
@@ -485,13 +496,15 @@ def fairshare(
     """
     from daskjobs.sim.report import FAIRSHARE_RUNS, _make, run_fairshare
 
-    check_plotting(plot_dir)
-    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
-    kwargs["policies"] = _check_policies(policies, _make)
-    runs = len(policies or FAIRSHARE_RUNS)
-    report, _ = _run(run_fairshare, "fair share", runs, seed, kwargs)
+    check_plotting(options.plot_dir)
+    kwargs: dict[str, Any] = _workload_kwargs(
+        options.slow_node, options.failure_rate, options.n_tasks
+    )
+    kwargs["policies"] = _check_policies(options.policies, _make)
+    runs = len(options.policies or FAIRSHARE_RUNS)
+    report, _ = _run(run_fairshare, "fair share", runs, options.seed, kwargs)
 
-    figures = _figure(plot_dir, "fairshare_waits", report, "fairshare-waits.png")
+    figures = _figure(options.plot_dir, "fairshare_waits", report, "fairshare-waits.png")
 
     headers = [
         "policy",
@@ -530,21 +543,11 @@ def fairshare(
         rows,
         "waits are hours from each task's submission to its end; end is the team's last end",
     )
-    emit_report(report, as_json, text, figures)
+    emit_report(report, options.as_json, text, figures)
 
 
-@simulate.command(short_help="Shared feature stages: recomputed, as a graph, cached.")
-@_common_options
-@policy_option()
-def graph(
-    seed: int,
-    as_json: bool,
-    plot_dir: Path | None,
-    slow_node: int | None,
-    failure_rate: float | None,
-    n_tasks: int | None,
-    policies: tuple[str, ...],
-) -> None:
+@experiment_command("Shared feature stages: recomputed, as a graph, cached.")
+def graph(options: ExperimentOptions) -> None:
     """Shared feature stages: recomputed per backtest, as a graph, and cached.
 
     A hundred 20-minute feature stages, each read by a hundred backtests, under
@@ -555,21 +558,23 @@ def graph(
     from daskjobs.policies import make_policy
     from daskjobs.sim.report import graph_runs, run_graph
 
-    check_plotting(plot_dir)
-    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, None)
-    kwargs["policies"] = _check_policies(policies, make_policy)
-    if n_tasks is not None:
-        if n_tasks % _N_FEATURES:
+    check_plotting(options.plot_dir)
+    kwargs: dict[str, Any] = _workload_kwargs(options.slow_node, options.failure_rate, None)
+    kwargs["policies"] = _check_policies(options.policies, make_policy)
+    if options.n_tasks is not None:
+        if options.n_tasks % _N_FEATURES:
             raise click.BadParameter(
-                f"{n_tasks} backtests cannot be split evenly over {_N_FEATURES} features; "
+                f"{options.n_tasks} backtests cannot be split evenly over {_N_FEATURES} features; "
                 f"use a multiple of {_N_FEATURES}",
                 param_hint="--tasks",
             )
-        kwargs["readers"] = n_tasks // _N_FEATURES
-        kwargs["n_long"] = round(n_tasks * _LONG_SHARE)
-    report, _ = _run(run_graph, "feature graph", len(graph_runs(kwargs["policies"])), seed, kwargs)
+        kwargs["readers"] = options.n_tasks // _N_FEATURES
+        kwargs["n_long"] = round(options.n_tasks * _LONG_SHARE)
+    report, _ = _run(
+        run_graph, "feature graph", len(graph_runs(kwargs["policies"])), options.seed, kwargs
+    )
 
-    figures = _figure(plot_dir, "graph_costs", report, "graph-costs.png")
+    figures = _figure(options.plot_dir, "graph_costs", report, "graph-costs.png")
 
     headers = [
         "mode",
@@ -604,7 +609,7 @@ def graph(
         rows,
         "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
     )
-    emit_report(report, as_json, text, figures)
+    emit_report(report, options.as_json, text, figures)
 
 
 @simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
