@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -256,6 +256,19 @@ def _report_text(head: str, headers: list[str], rows: list[list[str]], *notes: s
     return "\n".join([head, "", table(headers, rows), "", *notes])
 
 
+def emit_table(
+    report: dict[str, Any],
+    as_json: bool,
+    head: str,
+    headers: list[str],
+    rows: list[list[str]],
+    *notes: str,
+    figures: Sequence[Path] = (),
+) -> None:
+    """:func:`emit_report` of a report whose text is a table (:func:`_report_text`)."""
+    emit_report(report, as_json, _report_text(head, headers, rows, *notes), list(figures))
+
+
 def _figure(plot_dir: Path | None, draw: str, report: dict[str, Any], name: str) -> list[Path]:
     """With --plot, ``[daskjobs.sim.plot.<draw>(report, plot_dir / name)]``, the figure it
     wrote; without, ``[]`` (the plotting module is imported only when asked for)."""
@@ -426,7 +439,9 @@ def chapter(options: ExperimentOptions, seed_list: str | None, endgame: bool) ->
         for r in report["rows"]
     ]
     pub = report["published"]
-    text = _report_text(
+    emit_table(
+        report,
+        options.as_json,
         _workload_line(report),
         headers,
         rows,
@@ -437,8 +452,8 @@ def chapter(options: ExperimentOptions, seed_list: str | None, endgame: bool) ->
         "its own cluster's bounds",
         f"failure bound (FB) {report['failure_bound_h']:.2f} h: the speed bound plus what "
         "this seed's failures cost any schedule that restarts failed tasks",
+        figures=figures,
     )
-    emit_report(report, options.as_json, text, figures)
 
 
 def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs: int) -> None:
@@ -475,7 +490,9 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
         for r in report["rows"]
     ]
     first = {**report, "seed": f"{seeds[0]}..{seeds[-1]} ({n} seeds)"}
-    text = _report_text(
+    emit_table(
+        report,
+        as_json,
         _workload_line(first),
         headers,
         rows,
@@ -483,7 +500,6 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
         "cost any schedule that restarts failed tasks).",
         "SB+1.2% / FB+1.2%: seeds on which the makespan is within 1.2% of that bound.",
     )
-    emit_report(report, as_json, text, [])
 
 
 @experiment_command("A second team an hour in: FIFO against fair share.")
@@ -535,15 +551,17 @@ def fairshare(options: ExperimentOptions) -> None:
                     _num(pub.get("a_end_h") if team == "a" else None),
                 ]
             )
-    text = _report_text(
+    emit_table(
+        report,
+        options.as_json,
         f"team a: {report['teams']['a']:,} tasks at 0 h; "
         f"team b: {report['teams']['b']:,} tasks at {report['b_submit_h']:g} h; "
         f"equal targets; seed {report['seed']}",
         headers,
         rows,
         "waits are hours from each task's submission to its end; end is the team's last end",
+        figures=figures,
     )
-    emit_report(report, options.as_json, text, figures)
 
 
 @experiment_command("Shared feature stages: recomputed, as a graph, cached.")
@@ -603,13 +621,15 @@ def graph(options: ExperimentOptions) -> None:
         ]
         for r in report["rows"]
     ]
-    text = _report_text(
+    emit_table(
+        report,
+        options.as_json,
         f"feature graph, seed {report['seed']}, every run with backups",
         headers,
         rows,
         "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
+        figures=figures,
     )
-    emit_report(report, options.as_json, text, figures)
 
 
 @simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
@@ -695,7 +715,11 @@ def preemption(
         ]
     )
     w = report["workload"]
-    text = _report_text(
+    if as_json:
+        report = {k: v for k, v in report.items() if k != "slowdowns"}
+    emit_table(
+        report,
+        as_json,
         f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs; {w['hours']:g} h of arrivals at "
         f"load {w['load']:g} ({100 * w['te_share']:g}% of it TE); checkpoint every "
         f"{w['checkpoint_s']:g} s, grace {w['grace_s']:g} s, restore {w['restore_s']:g} s; "
@@ -704,10 +728,8 @@ def preemption(
         rows,
         "slowdowns and vs FIFO are medians over the seeds; published: FitGpp against FIFO "
         "on its own workload",
+        figures=figures,
     )
-    if as_json:
-        report = {k: v for k, v in report.items() if k != "slowdowns"}
-    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Gangs among 1-GPU tasks: reservation and backfill off and on.")
@@ -772,7 +794,9 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
     w = report["workload"]
     demands = [s["demands"] for s in report["per_seed"]]
     gang_counts = [s["gangs"] for s in report["per_seed"]]
-    text = _report_text(
+    emit_table(
+        report,
+        as_json,
         f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs (half A100 80 GB, half V100 "
         f"32 GB); {w['hours']:g} h of arrivals at load {w['load']:g} "
         f"({100 * w['gang_share']:g}% of it gangs); seeds {report['seeds']}; "
@@ -783,7 +807,6 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
         "waits (arrival to start) in hours, medians over the seeds; frag: free GPUs no "
         "waiting request fits (time average; share of the free GPU-time while work waited)",
     )
-    emit_report(report, as_json, text, [])
 
 
 @simulate.command(short_help="Sweeps without estimates: stage medians, learned, true estimates.")
@@ -857,11 +880,12 @@ def estimates(seeds: str, names: tuple[str, ...], policy: str, learn: bool, as_j
         ]
         for r in report["workloads"]
     ]
-    text = _report_text(
+    emit_table(
+        report,
+        as_json,
         f"policy {policy}; medians over seeds {seeds}",
         headers,
         rows,
         "gain: the share of the makespan true estimates save over stage medians that "
         "learning saves; within 2x: the learner's predictions within 2x of the truth",
     )
-    emit_report(report, as_json, text, [])
