@@ -84,6 +84,18 @@ def _common_options(f: F) -> F:
     return f
 
 
+def _synthetic_options(
+    seeds: str, hours: tuple[float, float], load: tuple[float, float, float]
+) -> Callable[[F], F]:
+    """--seeds, --hours and --load of a synthetic workload: the default seeds, ``hours`` as
+    (minimum, default), ``load`` as (minimum, maximum, default)."""
+
+    def decorate(f: F) -> F:
+        return seeds_option(seeds, _WORKLOAD_SEEDS)(hours_option(*hours)(load_option(*load)(f)))
+
+    return decorate
+
+
 def import_policies(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
     """``--import MODULE|FILE``: register the policies it defines (before ``--policy``)."""
     from daskjobs.policies import registry
@@ -633,9 +645,7 @@ def graph(options: ExperimentOptions) -> None:
 
 
 @simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
-@seeds_option("0-4", _WORKLOAD_SEEDS)
-@hours_option(1.0, 168.0)
-@load_option(0.05, 2.0, 1.0)
+@_synthetic_options("0-4", hours=(1.0, 168.0), load=(0.05, 2.0, 1.0))
 @click.option(
     "--policy",
     "policies",
@@ -733,9 +743,7 @@ def preemption(
 
 
 @simulate.command(short_help="Gangs among 1-GPU tasks: reservation and backfill off and on.")
-@seeds_option("0-2", _WORKLOAD_SEEDS)
-@hours_option(0.5, 24.0)
-@load_option(0.05, 1.5, 0.9)
+@_synthetic_options("0-2", hours=(0.5, 24.0), load=(0.05, 1.5, 0.9))
 @count_option(
     "--nodes",
     minimum=2,
