@@ -291,6 +291,15 @@ def _figure(plot_dir: Path | None, draw: str, report: dict[str, Any], name: str)
     return [getattr(plot, draw)(report, plot_dir / name)]
 
 
+#: The leading columns of the chapter tables: a run is a policy, without or with backups.
+_RUN_COLUMNS = ["policy", "backups"]
+
+
+def _run_cells(row: dict[str, Any]) -> list[str]:
+    """The :data:`_RUN_COLUMNS` of a row of a chapter report."""
+    return [row["policy"], "yes" if row["backups"] else "no"]
+
+
 def _workload_line(report: dict[str, Any]) -> str:
     slow = ", ".join(f"node {k} {v:g}x slower" for k, v in report["slow_nodes"].items()) or "none"
     return (
@@ -422,8 +431,7 @@ def chapter(options: ExperimentOptions, seed_list: str | None, endgame: bool) ->
         figures.append(plot.chapter_makespans(report, options.plot_dir / "chapter-makespan.png"))
 
     headers = [
-        "policy",
-        "backups",
+        *_RUN_COLUMNS,
         "makespan h",
         "published",
         "node-h",
@@ -436,8 +444,7 @@ def chapter(options: ExperimentOptions, seed_list: str | None, endgame: bool) ->
     ]
     rows = [
         [
-            r["policy"],
-            "yes" if r["backups"] else "no",
+            *_run_cells(r),
             _num(r["makespan_h"]),
             _num(r["published_makespan_h"]),
             _num(r["node_hours"], ".1f"),
@@ -479,8 +486,7 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
         return f"{d['median']:{fmt}} ({d['min']:{fmt}}-{d['max']:{fmt}})"
 
     headers = [
-        "policy",
-        "backups",
+        *_RUN_COLUMNS,
         "published",
         "makespan h: median (min-max)",
         "vs SB",
@@ -490,8 +496,7 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
     ]
     rows = [
         [
-            r["policy"],
-            "yes" if r["backups"] else "no",
+            *_run_cells(r),
             _num(r["published_makespan_h"]),
             spread(r["makespan_h"], ".2f"),
             spread(r["vs_speed_bound"], ".3f"),
