@@ -537,8 +537,6 @@ def fairshare(options: ExperimentOptions) -> None:
     runs = len(options.policies or FAIRSHARE_RUNS)
     report, _ = _run(run_fairshare, "fair share", runs, options.seed, kwargs)
 
-    figures = _figure(options.plot_dir, "fairshare_waits", report, "fairshare-waits.png")
-
     headers = [
         "policy",
         "team",
@@ -577,7 +575,7 @@ def fairshare(options: ExperimentOptions) -> None:
         headers,
         rows,
         "waits are hours from each task's submission to its end; end is the team's last end",
-        figures=figures,
+        figures=_figure(options.plot_dir, "fairshare_waits", report, "fairshare-waits.png"),
     )
 
 
@@ -608,8 +606,6 @@ def graph(options: ExperimentOptions) -> None:
     report, _ = _run(
         run_graph, "feature graph", len(graph_runs(kwargs["policies"])), options.seed, kwargs
     )
-
-    figures = _figure(options.plot_dir, "graph_costs", report, "graph-costs.png")
 
     headers = [
         "mode",
@@ -645,7 +641,7 @@ def graph(options: ExperimentOptions) -> None:
         headers,
         rows,
         "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
-        figures=figures,
+        figures=_figure(options.plot_dir, "graph_costs", report, "graph-costs.png"),
     )
 
 
