@@ -11,6 +11,7 @@ import click
 
 __all__ = [
     "JSON_HELP",
+    "count_option",
     "hours_option",
     "json_option",
     "load_option",
@@ -38,11 +39,25 @@ timeout_option = click.option(
 )
 
 
-def seed_option(help: str) -> Callable[[F], F]:
-    """``--seed N``: one seed (an integer >= 0), 0 by default."""
+def count_option(
+    *names: str, help: str, minimum: int = 1, default: int | None = None, metavar: str | None = "N"
+) -> Callable[[F], F]:
+    """An option that takes a count (or an index): an integer >= ``minimum``. ``default``
+    None means the command's own choice, which ``help`` says; any other default is shown.
+    ``metavar`` None lets click name the type (``INTEGER RANGE``)."""
     return click.option(
-        "--seed", type=click.IntRange(min=0), default=0, show_default=True, metavar="N", help=help
+        *names,
+        type=click.IntRange(min=minimum),
+        default=default,
+        show_default=None if default is None else True,
+        metavar=metavar,
+        help=help,
     )
+
+
+def seed_option(help: str, metavar: str | None = "N") -> Callable[[F], F]:
+    """``--seed N``: one seed (an integer >= 0), 0 by default."""
+    return count_option("--seed", minimum=0, default=0, metavar=metavar, help=help)
 
 
 def seeds_option(default: str, help: str) -> Callable[[F], F]:

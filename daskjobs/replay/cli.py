@@ -26,7 +26,7 @@ from pathlib import Path
 
 import click
 
-from daskjobs._options import json_option, plot_option, seed_option
+from daskjobs._options import count_option, json_option, plot_option, seed_option
 from daskjobs.replay.run import POLICIES
 from daskjobs.sim.cli import IMPORT_OPTION, check_plotting, emit_report, policy_option
 
@@ -67,27 +67,15 @@ def _speculation(value: str | None) -> float | None:
     metavar="FACTOR|off",
     help="Back up attempts late by FACTOR x their estimate in the what-ifs (default off).",
 )
-@click.option(
-    "--nodes",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="What-if on N nodes (default: the recorded cluster's).",
-)
-@click.option(
+@count_option("--nodes", help="What-if on N nodes (default: the recorded cluster's).")
+@count_option(
     "--cores-per-node",
-    type=click.IntRange(min=1),
-    default=None,
     metavar="C",
     help="What-if with C cores a node (default: the recorded cluster's).",
 )
 @click.option("--no-slow", is_flag=True, help="What-if without the slow workers.")
-@click.option(
-    "--scale",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Also simulate a synthetic sweep of N tasks with the measured stage durations.",
+@count_option(
+    "--scale", help="Also simulate a synthetic sweep of N tasks with the measured stage durations."
 )
 @seed_option("Seed of the replay's random draws (an integer >= 0).")
 @click.option(

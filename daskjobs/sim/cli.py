@@ -22,16 +22,18 @@ as click usage errors naming the bad option.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import click
 
 from daskjobs._options import (
+    count_option,
     hours_option,
     json_option,
     load_option,
@@ -58,10 +60,9 @@ def _common_options(f: F) -> F:
         seed_option("Seed of the workload and of the failure draws (an integer >= 0)."),
         json_option,
         plot_option('Also write PNG figures into DIR (needs: pip install "daskjobs[plot]").'),
-        click.option(
+        count_option(
             "--slow-node",
-            type=click.IntRange(min=0),
-            default=None,
+            minimum=0,
             metavar="INDEX",
             help="Index of the 4x slow node (default: the last node; 0 = offered work first).",
         ),
@@ -72,18 +73,27 @@ def _common_options(f: F) -> F:
             metavar="P",
             help="Probability that an attempt fails, in [0, 1) (default 0.01).",
         ),
-        click.option(
+        count_option(
             "--tasks",
             "n_tasks",
-            type=click.IntRange(min=1),
-            default=None,
-            metavar="N",
             help="Number of backtests (default 10,000); the long ones stay 0.4% of them.",
         ),
     ]
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def _synthetic_options(
+    seeds: str, hours: tuple[float, float], load: tuple[float, float, float]
+) -> Callable[[F], F]:
+    """--seeds, --hours and --load of a synthetic workload: the default seeds, ``hours`` as
+    (minimum, default), ``load`` as (minimum, maximum, default)."""
+
+    def decorate(f: F) -> F:
+        return seeds_option(seeds, _WORKLOAD_SEEDS)(hours_option(*hours)(load_option(*load)(f)))
+
+    return decorate
 
 
 def import_policies(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
@@ -258,6 +268,19 @@ def _report_text(head: str, headers: list[str], rows: list[list[str]], *notes: s
     return "\n".join([head, "", table(headers, rows), "", *notes])
 
 
+def emit_table(
+    report: dict[str, Any],
+    as_json: bool,
+    head: str,
+    headers: list[str],
+    rows: list[list[str]],
+    *notes: str,
+    figures: Sequence[Path] = (),
+) -> None:
+    """:func:`emit_report` of a report whose text is a table (:func:`_report_text`)."""
+    emit_report(report, as_json, _report_text(head, headers, rows, *notes), list(figures))
+
+
 def _figure(plot_dir: Path | None, draw: str, report: dict[str, Any], name: str) -> list[Path]:
     """With --plot, ``[daskjobs.sim.plot.<draw>(report, plot_dir / name)]``, the figure it
     wrote; without, ``[]`` (the plotting module is imported only when asked for)."""
@@ -266,6 +289,15 @@ def _figure(plot_dir: Path | None, draw: str, report: dict[str, Any], name: str)
     from daskjobs.sim import plot
 
     return [getattr(plot, draw)(report, plot_dir / name)]
+
+
+#: The leading columns of the chapter tables: a run is a policy, without or with backups.
+_RUN_COLUMNS = ["policy", "backups"]
+
+
+def _run_cells(row: dict[str, Any]) -> list[str]:
+    """The :data:`_RUN_COLUMNS` of a row of a chapter report."""
+    return [row["policy"], "yes" if row["backups"] else "no"]
 
 
 def _workload_line(report: dict[str, Any]) -> str:
@@ -291,6 +323,34 @@ def simulate() -> None:
     """
 
 
+class ExperimentOptions(NamedTuple):
+    """What every experiment on the reference workload is given (:func:`experiment_command`)."""
+
+    seed: int
+    as_json: bool
+    plot_dir: Path | None
+    slow_node: int | None
+    failure_rate: float | None
+    n_tasks: int | None
+    policies: tuple[str, ...]
+
+
+def experiment_command(short_help: str) -> Callable[[Callable[..., None]], click.Command]:
+    """A ``simulate`` subcommand on the reference workload: ``--seed``, ``--json``, ``--plot``,
+    the workload overrides and ``--policy``, handed to the function as one
+    :class:`ExperimentOptions` (its first argument); its own options follow as keywords."""
+
+    def decorate(f: Callable[..., None]) -> click.Command:
+        @functools.wraps(f)
+        def command(**kwargs: Any) -> None:
+            options = ExperimentOptions(**{k: kwargs.pop(k) for k in ExperimentOptions._fields})
+            f(options, **kwargs)
+
+        return simulate.command(short_help=short_help)(_common_options(policy_option()(command)))
+
+    return decorate
+
+
 def _parse_seeds(text: str) -> list[int]:
     """``"0-19"``, ``"0,3,5"`` or ``"0-4,9"`` -> the seeds, in order, once each."""
     seeds: list[int] = []
@@ -309,9 +369,7 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-@simulate.command(short_help="The reference sweep under every policy, with and without backups.")
-@_common_options
-@policy_option()
+@experiment_command("The reference sweep under every policy, with and without backups.")
 @click.option(
     "--seeds",
     "seed_list",
@@ -326,17 +384,7 @@ def _parse_seeds(text: str) -> list[int]:
     help="Backups with the end game: once nothing waits to start, idle nodes take "
     "copies of the running attempts expected to end last (Speculation(endgame=True)).",
 )
-def chapter(
-    seed: int,
-    as_json: bool,
-    plot_dir: Path | None,
-    slow_node: int | None,
-    failure_rate: float | None,
-    n_tasks: int | None,
-    policies: tuple[str, ...],
-    seed_list: str | None,
-    endgame: bool,
-) -> None:
+def chapter(options: ExperimentOptions, seed_list: str | None, endgame: bool) -> None:
     """The published study's sweep: 10,000 backtests on 384 cores, one node 4x slow.
 
     Runs fifo, lpt, work-stealing and node-aware, each without and with
@@ -349,23 +397,25 @@ def chapter(
     from daskjobs.policies import make_policy
     from daskjobs.sim.report import chapter_runs, run_chapter
 
-    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
+    kwargs: dict[str, Any] = _workload_kwargs(
+        options.slow_node, options.failure_rate, options.n_tasks
+    )
     if endgame:
         kwargs["endgame"] = True
-    kwargs["policies"] = _check_policies(policies, make_policy)
+    kwargs["policies"] = _check_policies(options.policies, make_policy)
     runs = len(chapter_runs(kwargs["policies"]))
     if seed_list is not None:
-        if plot_dir is not None:
+        if options.plot_dir is not None:
             raise click.UsageError("--plot draws one seed's run: use it without --seeds")
-        if seed:
+        if options.seed:
             raise click.UsageError("give either --seed or --seeds, not both")
-        _chapter_seeds(_parse_seeds(seed_list), as_json, kwargs, runs)
+        _chapter_seeds(_parse_seeds(seed_list), options.as_json, kwargs, runs)
         return
-    check_plotting(plot_dir)
-    report, schedules = _run(run_chapter, "chapter sweep", runs, seed, kwargs)
+    check_plotting(options.plot_dir)
+    report, schedules = _run(run_chapter, "chapter sweep", runs, options.seed, kwargs)
 
     figures: list[Path] = []
-    if plot_dir is not None:
+    if options.plot_dir is not None:
         from daskjobs.sim import plot
 
         candidates = [r for r in report["rows"] if r["policy"] != "lpt-no-slow-node"]
@@ -375,12 +425,13 @@ def chapter(
         lines = {first: schedules[(first, False)]}
         if (best["policy"], best["backups"]) != (first, False):
             lines[best_label] = schedules[(best["policy"], best["backups"])]
-        figures.append(plot.chapter_utilisation(lines, plot_dir / "chapter-utilisation.png"))
-        figures.append(plot.chapter_makespans(report, plot_dir / "chapter-makespan.png"))
+        figures.append(
+            plot.chapter_utilisation(lines, options.plot_dir / "chapter-utilisation.png")
+        )
+        figures.append(plot.chapter_makespans(report, options.plot_dir / "chapter-makespan.png"))
 
     headers = [
-        "policy",
-        "backups",
+        *_RUN_COLUMNS,
         "makespan h",
         "published",
         "node-h",
@@ -393,8 +444,7 @@ def chapter(
     ]
     rows = [
         [
-            r["policy"],
-            "yes" if r["backups"] else "no",
+            *_run_cells(r),
             _num(r["makespan_h"]),
             _num(r["published_makespan_h"]),
             _num(r["node_hours"], ".1f"),
@@ -408,7 +458,9 @@ def chapter(
         for r in report["rows"]
     ]
     pub = report["published"]
-    text = _report_text(
+    emit_table(
+        report,
+        options.as_json,
         _workload_line(report),
         headers,
         rows,
@@ -419,8 +471,8 @@ def chapter(
         "its own cluster's bounds",
         f"failure bound (FB) {report['failure_bound_h']:.2f} h: the speed bound plus what "
         "this seed's failures cost any schedule that restarts failed tasks",
+        figures=figures,
     )
-    emit_report(report, as_json, text, figures)
 
 
 def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs: int) -> None:
@@ -434,8 +486,7 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
         return f"{d['median']:{fmt}} ({d['min']:{fmt}}-{d['max']:{fmt}})"
 
     headers = [
-        "policy",
-        "backups",
+        *_RUN_COLUMNS,
         "published",
         "makespan h: median (min-max)",
         "vs SB",
@@ -445,8 +496,7 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
     ]
     rows = [
         [
-            r["policy"],
-            "yes" if r["backups"] else "no",
+            *_run_cells(r),
             _num(r["published_makespan_h"]),
             spread(r["makespan_h"], ".2f"),
             spread(r["vs_speed_bound"], ".3f"),
@@ -457,7 +507,9 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
         for r in report["rows"]
     ]
     first = {**report, "seed": f"{seeds[0]}..{seeds[-1]} ({n} seeds)"}
-    text = _report_text(
+    emit_table(
+        report,
+        as_json,
         _workload_line(first),
         headers,
         rows,
@@ -465,21 +517,10 @@ def _chapter_seeds(seeds: list[int], as_json: bool, kwargs: dict[str, Any], runs
         "cost any schedule that restarts failed tasks).",
         "SB+1.2% / FB+1.2%: seeds on which the makespan is within 1.2% of that bound.",
     )
-    emit_report(report, as_json, text, [])
 
 
-@simulate.command(short_help="A second team an hour in: FIFO against fair share.")
-@_common_options
-@policy_option()
-def fairshare(
-    seed: int,
-    as_json: bool,
-    plot_dir: Path | None,
-    slow_node: int | None,
-    failure_rate: float | None,
-    n_tasks: int | None,
-    policies: tuple[str, ...],
-) -> None:
+@experiment_command("A second team an hour in: FIFO against fair share.")
+def fairshare(options: ExperimentOptions) -> None:
     """Two teams: b submits 500 backtests an hour into a's reference sweep.
 
     Compares FIFO with fair share at equal targets (no backups): team b's
@@ -488,13 +529,13 @@ def fairshare(
     """
     from daskjobs.sim.report import FAIRSHARE_RUNS, _make, run_fairshare
 
-    check_plotting(plot_dir)
-    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, n_tasks)
-    kwargs["policies"] = _check_policies(policies, _make)
-    runs = len(policies or FAIRSHARE_RUNS)
-    report, _ = _run(run_fairshare, "fair share", runs, seed, kwargs)
-
-    figures = _figure(plot_dir, "fairshare_waits", report, "fairshare-waits.png")
+    check_plotting(options.plot_dir)
+    kwargs: dict[str, Any] = _workload_kwargs(
+        options.slow_node, options.failure_rate, options.n_tasks
+    )
+    kwargs["policies"] = _check_policies(options.policies, _make)
+    runs = len(options.policies or FAIRSHARE_RUNS)
+    report, _ = _run(run_fairshare, "fair share", runs, options.seed, kwargs)
 
     headers = [
         "policy",
@@ -525,29 +566,21 @@ def fairshare(
                     _num(pub.get("a_end_h") if team == "a" else None),
                 ]
             )
-    text = _report_text(
+    emit_table(
+        report,
+        options.as_json,
         f"team a: {report['teams']['a']:,} tasks at 0 h; "
         f"team b: {report['teams']['b']:,} tasks at {report['b_submit_h']:g} h; "
         f"equal targets; seed {report['seed']}",
         headers,
         rows,
         "waits are hours from each task's submission to its end; end is the team's last end",
+        figures=_figure(options.plot_dir, "fairshare_waits", report, "fairshare-waits.png"),
     )
-    emit_report(report, as_json, text, figures)
 
 
-@simulate.command(short_help="Shared feature stages: recomputed, as a graph, cached.")
-@_common_options
-@policy_option()
-def graph(
-    seed: int,
-    as_json: bool,
-    plot_dir: Path | None,
-    slow_node: int | None,
-    failure_rate: float | None,
-    n_tasks: int | None,
-    policies: tuple[str, ...],
-) -> None:
+@experiment_command("Shared feature stages: recomputed, as a graph, cached.")
+def graph(options: ExperimentOptions) -> None:
     """Shared feature stages: recomputed per backtest, as a graph, and cached.
 
     A hundred 20-minute feature stages, each read by a hundred backtests, under
@@ -558,21 +591,21 @@ def graph(
     from daskjobs.policies import make_policy
     from daskjobs.sim.report import graph_runs, run_graph
 
-    check_plotting(plot_dir)
-    kwargs: dict[str, Any] = _workload_kwargs(slow_node, failure_rate, None)
-    kwargs["policies"] = _check_policies(policies, make_policy)
-    if n_tasks is not None:
-        if n_tasks % _N_FEATURES:
+    check_plotting(options.plot_dir)
+    kwargs: dict[str, Any] = _workload_kwargs(options.slow_node, options.failure_rate, None)
+    kwargs["policies"] = _check_policies(options.policies, make_policy)
+    if options.n_tasks is not None:
+        if options.n_tasks % _N_FEATURES:
             raise click.BadParameter(
-                f"{n_tasks} backtests cannot be split evenly over {_N_FEATURES} features; "
+                f"{options.n_tasks} backtests cannot be split evenly over {_N_FEATURES} features; "
                 f"use a multiple of {_N_FEATURES}",
                 param_hint="--tasks",
             )
-        kwargs["readers"] = n_tasks // _N_FEATURES
-        kwargs["n_long"] = round(n_tasks * _LONG_SHARE)
-    report, _ = _run(run_graph, "feature graph", len(graph_runs(kwargs["policies"])), seed, kwargs)
-
-    figures = _figure(plot_dir, "graph_costs", report, "graph-costs.png")
+        kwargs["readers"] = options.n_tasks // _N_FEATURES
+        kwargs["n_long"] = round(options.n_tasks * _LONG_SHARE)
+    report, _ = _run(
+        run_graph, "feature graph", len(graph_runs(kwargs["policies"])), options.seed, kwargs
+    )
 
     headers = [
         "mode",
@@ -601,19 +634,19 @@ def graph(
         ]
         for r in report["rows"]
     ]
-    text = _report_text(
+    emit_table(
+        report,
+        options.as_json,
         f"feature graph, seed {report['seed']}, every run with backups",
         headers,
         rows,
         "core-h: core-time of every attempt; LB: nominal lower bound (cache hits take no time)",
+        figures=_figure(options.plot_dir, "graph_costs", report, "graph-costs.png"),
     )
-    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Interactive jobs first: preemption policies on GPU jobs.")
-@seeds_option("0-4", _WORKLOAD_SEEDS)
-@hours_option(1.0, 168.0)
-@load_option(0.05, 2.0, 1.0)
+@_synthetic_options("0-4", hours=(1.0, 168.0), load=(0.05, 2.0, 1.0))
 @click.option(
     "--policy",
     "policies",
@@ -693,7 +726,11 @@ def preemption(
         ]
     )
     w = report["workload"]
-    text = _report_text(
+    if as_json:
+        report = {k: v for k, v in report.items() if k != "slowdowns"}
+    emit_table(
+        report,
+        as_json,
         f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs; {w['hours']:g} h of arrivals at "
         f"load {w['load']:g} ({100 * w['te_share']:g}% of it TE); checkpoint every "
         f"{w['checkpoint_s']:g} s, grace {w['grace_s']:g} s, restore {w['restore_s']:g} s; "
@@ -702,21 +739,17 @@ def preemption(
         rows,
         "slowdowns and vs FIFO are medians over the seeds; published: FitGpp against FIFO "
         "on its own workload",
+        figures=figures,
     )
-    if as_json:
-        report = {k: v for k, v in report.items() if k != "slowdowns"}
-    emit_report(report, as_json, text, figures)
 
 
 @simulate.command(short_help="Gangs among 1-GPU tasks: reservation and backfill off and on.")
-@seeds_option("0-2", _WORKLOAD_SEEDS)
-@hours_option(0.5, 24.0)
-@load_option(0.05, 1.5, 0.9)
-@click.option(
+@_synthetic_options("0-2", hours=(0.5, 24.0), load=(0.05, 1.5, 0.9))
+@count_option(
     "--nodes",
-    type=click.IntRange(min=2),
+    minimum=2,
     default=16,
-    show_default=True,
+    metavar=None,
     help="Nodes of 8 GPUs: the first half A100 (80 GB), the rest V100 (32 GB).",
 )
 @json_option
@@ -770,7 +803,9 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
     w = report["workload"]
     demands = [s["demands"] for s in report["per_seed"]]
     gang_counts = [s["gangs"] for s in report["per_seed"]]
-    text = _report_text(
+    emit_table(
+        report,
+        as_json,
         f"{w['nodes']} nodes x {w['gpus_per_node']} GPUs (half A100 80 GB, half V100 "
         f"32 GB); {w['hours']:g} h of arrivals at load {w['load']:g} "
         f"({100 * w['gang_share']:g}% of it gangs); seeds {report['seeds']}; "
@@ -781,7 +816,6 @@ def gangs(seeds: str, hours: float, load: float, nodes: int, as_json: bool) -> N
         "waits (arrival to start) in hours, medians over the seeds; frag: free GPUs no "
         "waiting request fits (time average; share of the free GPU-time while work waited)",
     )
-    emit_report(report, as_json, text, [])
 
 
 @simulate.command(short_help="Sweeps without estimates: stage medians, learned, true estimates.")
@@ -855,11 +889,12 @@ def estimates(seeds: str, names: tuple[str, ...], policy: str, learn: bool, as_j
         ]
         for r in report["workloads"]
     ]
-    text = _report_text(
+    emit_table(
+        report,
+        as_json,
         f"policy {policy}; medians over seeds {seeds}",
         headers,
         rows,
         "gain: the share of the makespan true estimates save over stage medians that "
         "learning saves; within 2x: the learner's predictions within 2x of the truth",
     )
-    emit_report(report, as_json, text, [])

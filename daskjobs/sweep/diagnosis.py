@@ -1,11 +1,11 @@
 """What a run's outcome says: failed stages, a refused graph, interrupted runs.
 
-:class:`StageFailure` records one stage that raised (:func:`_records` builds one record per
+:class:`StageFailure` records one stage that raised (:func:`output_records` builds one record per
 output, :func:`_failure_of` the failure of an erred or cancelled output).
-:func:`_await_accepted` waits until the scheduler holds the graph or has rejected it, and
-:func:`_raise_rejected` turns a rejection into :class:`~daskjobs.SubmissionRefused` or
+:func:`await_accepted` waits until the scheduler holds the graph or has rejected it, and
+:func:`raise_rejected` turns a rejection into :class:`~daskjobs.SubmissionRefused` or
 :class:`~daskjobs.sweep.shipping.ClusterImportError` naming the modules behind it.
-:func:`_warn_missing_resources` warns of a stage asking for resources no worker offers;
+:func:`warn_missing_resources` warns of a stage asking for resources no worker offers;
 :class:`SweepInterrupted` is raised when a run stops before its outputs finished: its outputs
 were cancelled (:class:`SweepCancelled`) or Ctrl-C interrupted it
 (:class:`SweepKeyboardInterrupt`).
@@ -25,9 +25,9 @@ from daskjobs.errors import SubmissionRefused, refusal_of
 from daskjobs.sweep.graph import SweepGraph
 from daskjobs.sweep.shipping import (
     ClusterImportError,
-    _import_message,
-    _missing_on_cluster,
-    _referenced_modules,
+    import_message,
+    missing_on_cluster,
+    referenced_modules,
 )
 from daskjobs.sweep.worker import StageError
 
@@ -60,7 +60,7 @@ class _Failed:
     cancelled: bool = False  # dask cancelled the output (not the stage's own error)
 
 
-def _records(
+def output_records(
     graph: SweepGraph,
     futures: Sequence[Any],
     values: Mapping[str, Any],
@@ -94,7 +94,7 @@ def _records(
     return records, failures
 
 
-def _warn_missing_resources(graph: SweepGraph, client: Client) -> None:
+def warn_missing_resources(graph: SweepGraph, client: Client) -> None:
     """Warn when a stage asks for resources no current worker has: its tasks would wait."""
     wanted = {}
     for layer in graph.graph.layers.values():
@@ -166,7 +166,7 @@ class SweepKeyboardInterrupt(SweepInterrupted, KeyboardInterrupt):
         self.stages = stages
 
 
-def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | None:
+def await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | None:
     """Return once the scheduler holds the graph (``None``) or has rejected it (the error).
 
     dask reports a graph it cannot deserialize as an error of every output, but its progress
@@ -192,7 +192,7 @@ def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | N
         delay = min(2 * delay, 0.1)
     if first.status == "error":
         exc = first.exception()
-        return exc if _rejected(exc) else None
+        return exc if rejected(exc) else None
     if first.status == "cancelled":  # a large graph refused unread: cancelled, with the refusal
         try:
             first.result(timeout=_REPORT_PATIENCE)
@@ -207,13 +207,13 @@ def _await_accepted(client: Client, futures: Sequence[Any]) -> BaseException | N
 _REPORT_PATIENCE = 30.0
 
 
-def _rejected(exc: BaseException | None) -> bool:
+def rejected(exc: BaseException | None) -> bool:
     if isinstance(exc, SubmissionRefused):
         return True
     return isinstance(exc, RuntimeError) and "deserialization of the task graph" in str(exc)
 
 
-def _raise_rejected(client: Client, graph: SweepGraph, rejection: BaseException) -> None:
+def raise_rejected(client: Client, graph: SweepGraph, rejection: BaseException) -> None:
     """The scheduler refused the graph (raise the refusal, naming the sweep run), or could
     not read it: name the modules behind it (its error does not)."""
     if isinstance(rejection, SubmissionRefused):
@@ -223,8 +223,8 @@ def _raise_rejected(client: Client, graph: SweepGraph, rejection: BaseException)
         except Exception:  # a refusal type that takes other arguments
             refused = SubmissionRefused(lead + str(rejection))
         raise refused from None
-    candidates = _referenced_modules(graph._calls)
-    missing = _missing_on_cluster(client, sorted(candidates)) if candidates else {}
+    candidates = referenced_modules(graph._calls)
+    missing = missing_on_cluster(client, sorted(candidates)) if candidates else {}
     lead = "the scheduler could not read this sweep's graph; nothing ran:"
     if not missing:
         raise ClusterImportError(
@@ -232,5 +232,5 @@ def _raise_rejected(client: Client, graph: SweepGraph, rejection: BaseException)
             "import: install it there (the same environment as this client).",
             [],
         ) from rejection
-    message = _import_message(missing, graph.modules, lead)
+    message = import_message(missing, graph.modules, lead)
     raise ClusterImportError(message, list(missing)) from rejection

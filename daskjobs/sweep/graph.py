@@ -1,7 +1,7 @@
 """The Dask collection a sweep becomes, and the annotations its layers carry.
 
 :class:`SweepGraph` is an ordinary Dask collection over a ``HighLevelGraph`` with one layer
-per stage and kind (compute or load). :func:`_annotations` writes each layer's annotations:
+per stage and kind (compute or load). :func:`stage_annotations` writes each layer's annotations:
 ``stage``, ``estimate``, ``params`` (what the scheduler's duration model learns from,
 :func:`_model_params`), ``team``, ``resources``, ``retries``, ``speculate``, ``cache``,
 ``job_class`` and ``load``; values that differ by key are :class:`_PerKey` callables.
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from daskjobs.cache.store import ResultStore
-from daskjobs.sweep.worker import _Call
+from daskjobs.sweep.worker import Call
 
 if TYPE_CHECKING:
     from daskjobs.sweep.stages import Node, Stage
 
 
-def _annotations(
+def stage_annotations(
     stage: Stage, nodes: Sequence[Node], load: bool, sweep: str | None = None
 ) -> dict[str, Any]:
     opts = stage.options
@@ -112,7 +112,7 @@ class SweepGraph:
         by_stage: Mapping[str, Mapping[str, int]],
         store: ResultStore | None,
         run_id: str,
-        calls: tuple[_Call, ...] = (),
+        calls: tuple[Call, ...] = (),
         modules: Mapping[str, Sequence[str]] | None = None,
         replace: Mapping[str, str] | None = None,
         label: str | None = None,

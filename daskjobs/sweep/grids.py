@@ -74,7 +74,7 @@ def cases(*points: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Grid:
     return Grid(tuple(out))
 
 
-def _as_grid(over: Grid | Mapping[str, Iterable[Any]] | Iterable[Mapping[str, Any]] | None) -> Grid:
+def as_grid(over: Grid | Mapping[str, Iterable[Any]] | Iterable[Mapping[str, Any]] | None) -> Grid:
     if over is None:
         return Grid(({},))
     if isinstance(over, Grid):

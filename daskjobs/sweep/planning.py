@@ -1,6 +1,6 @@
 """Planning a sweep: which nodes are computed, which loaded, and the graph of their tasks.
 
-:func:`_plan` consults the store once (one listing), turns every stored cacheable node into
+:func:`plan` consults the store once (one listing), turns every stored cacheable node into
 a load task with no dependencies, leaves out upstream nodes that only loads needed, decides
 for each stage whether its function and parameters travel by value
 (:mod:`daskjobs.sweep.shipping`), and builds the :class:`~daskjobs.sweep.graph.SweepGraph`.
@@ -13,19 +13,19 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from daskjobs.sweep.graph import SweepGraph, _annotations
-from daskjobs.sweep.shipping import _module_by_reference
-from daskjobs.sweep.worker import _Call, _compute_stage, _Context, _load_stage, _Recipe
+from daskjobs.sweep.graph import SweepGraph, stage_annotations
+from daskjobs.sweep.shipping import module_by_reference
+from daskjobs.sweep.worker import Call, Context, Recipe, compute_stage, load_stage
 
 if TYPE_CHECKING:
     from daskjobs.cache.store import ResultStore
     from daskjobs.sweep.stages import Node, Sweep
 
 
-def _plan(
+def plan(
     sweep: Sweep,
     out_nodes: Sequence[Node],
-    ctx: _Context,
+    ctx: Context,
     refresh: frozenset[str] = frozenset(),
 ) -> SweepGraph:
     from dask._task_spec import Task, TaskRef
@@ -57,19 +57,19 @@ def _plan(
 
     import cloudpickle
 
-    # Modules registered with cloudpickle travel by value (see _Call); one may hide in a
+    # Modules registered with cloudpickle travel by value (see Call); one may hide in a
     # stage's function or in its parameters.
     registry = bool(cloudpickle.list_registry_pickle_by_value())
     ship_func = {
-        name: registry and _module_by_reference(stage.func) is None
+        name: registry and module_by_reference(stage.func) is None
         for name, stage in sweep.stages.items()
     }
-    calls: dict[str, _Call] = {}
+    calls: dict[str, Call] = {}
 
-    def call_of(node: Node) -> _Call:
+    def call_of(node: Node) -> Call:
         if node.key not in calls:
             stage = sweep.stages[node.stage]
-            calls[node.key] = _Call(
+            calls[node.key] = Call(
                 key=node.key,
                 stage=node.stage,
                 func=stage.func,
@@ -86,13 +86,13 @@ def _plan(
             )
         return calls[node.key]
 
-    recipes: dict[str, _Recipe] = {}
+    recipes: dict[str, Recipe] = {}
 
-    def recipe_of(key: str) -> _Recipe:
+    def recipe_of(key: str) -> Recipe:
         if key not in recipes:
             node = nodes[key]
             subs = tuple(recipe_of(k) for k in node.inputs.values())
-            recipes[key] = _Recipe(call_of(node), subs)
+            recipes[key] = Recipe(call_of(node), subs)
         return recipes[key]
 
     computed: dict[str, None] = {}
@@ -121,20 +121,20 @@ def _plan(
             tasks = {}
             for n in stage_nodes:
                 if kind == "load":
-                    tasks[n.key] = Task(n.key, _load_stage, recipe_of(n.key), ctx)
+                    tasks[n.key] = Task(n.key, load_stage, recipe_of(n.key), ctx)
                 else:
                     refs = [TaskRef(k) for k in n.inputs.values()]
-                    tasks[n.key] = Task(n.key, _compute_stage, call_of(n), ctx, *refs)
+                    tasks[n.key] = Task(n.key, compute_stage, call_of(n), ctx, *refs)
                 layer_of[n.key] = name
             load = kind == "load"
             layers[name] = MaterializedLayer(
-                tasks, annotations=_annotations(stage, stage_nodes, load, run_label)
+                tasks, annotations=stage_annotations(stage, stage_nodes, load, run_label)
             )
             deps[name] = {layer_of[k] for n in stage_nodes if not load for k in n.inputs.values()}
     graph = HighLevelGraph(layers, deps)
     modules: dict[str, list[str]] = {}
     for stage in sweep.stages.values():
-        module = _module_by_reference(stage.func)
+        module = module_by_reference(stage.func)
         if module is not None and any(n.key in computed or n.key in loaded for n in stage.nodes):
             modules.setdefault(module, []).append(stage.name)
     # the stages in declaration order (a summary lists them the same way every run)

@@ -26,14 +26,14 @@ from daskjobs.sweep.diagnosis import (
     StageFailure,
     SweepCancelled,
     SweepKeyboardInterrupt,
-    _await_accepted,
-    _raise_rejected,
-    _records,
-    _rejected,
-    _warn_missing_resources,
+    await_accepted,
+    output_records,
+    raise_rejected,
+    rejected,
+    warn_missing_resources,
 )
 from daskjobs.sweep.graph import SweepGraph
-from daskjobs.sweep.shipping import _check_importable, _check_picklable
+from daskjobs.sweep.shipping import check_importable, check_picklable
 from daskjobs.sweep.worker import EVENT_TOPIC
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ def run(
         graph = sweep
     else:
         graph = sweep.to_dask(store=store, outputs=outputs, refresh=refresh)
-    _check_picklable(graph)  # before a cluster starts or anything is submitted
+    check_picklable(graph)  # before a cluster starts or anything is submitted
     if client is not None:
         return _run_with(graph, client, progress, start)
 
@@ -244,8 +244,8 @@ def quiet_workers(client: Client) -> None:
 
 
 def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -> SweepResult:
-    _warn_missing_resources(graph, client)
-    _check_importable(client, graph)  # before anything reaches the cluster
+    warn_missing_resources(graph, client)
+    check_importable(client, graph)  # before anything reaches the cluster
     if graph.replace:
         _check_not_in_memory(client, graph)
     interrupted = False
@@ -253,7 +253,7 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
         futures: list[Any] = []
         try:
             futures = client.get(graph.graph, graph.keys, sync=False)
-            rejection = _await_accepted(client, futures)
+            rejection = await_accepted(client, futures)
             if rejection is None:
                 if progress and futures:
                     from distributed import progress as show_progress
@@ -275,9 +275,9 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
                     # and the run is interrupted like one whose futures were cancelled
                     values, lost = {}, exc.with_traceback(None)  # its frames hold futures
                 del keyed
-                records, failures = _records(graph, futures, values, lost)
+                records, failures = output_records(graph, futures, values, lost)
                 errors = [f.exception for f in failures.values()]
-                rejection = next((e for e in errors if _rejected(e)), None)
+                rejection = next((e for e in errors if rejected(e)), None)
         except KeyboardInterrupt:  # Ctrl-C: the run's work stops; what finished is stored
             interrupted = True
             _cancel(client, futures)
@@ -290,7 +290,7 @@ def _run_with(graph: SweepGraph, client: Client, progress: bool, start: float) -
             # gather the interrupt landed in
             raise _interruption(graph) from None
         if rejection is not None:
-            _raise_rejected(client, graph, rejection)
+            raise_rejected(client, graph, rejection)
         counts = log.counts()
     store_url = graph.store.url if graph.store is not None else None
     cancelled = [k for k, f in failures.items() if f.cancelled]

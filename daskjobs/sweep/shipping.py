@@ -2,9 +2,9 @@
 
 How a stage's function and parameters travel in a task: by reference (the cluster imports
 their module) or, for modules registered with ``cloudpickle.register_pickle_by_value``, as
-cloudpickle blobs (:class:`_ByValue`; dask pickles a graph with plain :mod:`pickle`, which
-ignores that registry). Before anything is submitted, :func:`_check_picklable` names a stage
-whose function or parameter cannot be pickled, and :func:`_check_importable` asks the
+cloudpickle blobs (:class:`ByValue`; dask pickles a graph with plain :mod:`pickle`, which
+ignores that registry). Before anything is submitted, :func:`check_picklable` names a stage
+whose function or parameter cannot be pickled, and :func:`check_importable` asks the
 scheduler and every worker to import the stage functions' modules, raising
 :class:`ClusterImportError` with the fix when one cannot.
 """
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from daskjobs.sweep.graph import SweepGraph
-    from daskjobs.sweep.worker import _Call
+    from daskjobs.sweep.worker import Call
 
 
-class _ByValue:
+class ByValue:
     """A cloudpickle blob that unpickles as the object it holds."""
 
     __slots__ = ("blob",)
@@ -39,23 +39,23 @@ class _ByValue:
         return (pickle.loads, (self.blob,))
 
 
-def _cloudpickle_dumps(obj: object) -> bytes:
+def cloudpickle_dumps(obj: object) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _shipped(func: Callable[..., Any]) -> _ByValue:
+def shipped(func: Callable[..., Any]) -> ByValue:
     """One blob per function, so a graph's pickle holds it once (pickle memoizes by identity)."""
     try:
         return _shipped_cached(func)
     except TypeError:  # an unhashable callable object
-        return _ByValue(_cloudpickle_dumps(func))
+        return ByValue(cloudpickle_dumps(func))
 
 
 @functools.lru_cache(maxsize=256)
-def _shipped_cached(func: Callable[..., Any]) -> _ByValue:
-    return _ByValue(_cloudpickle_dumps(func))
+def _shipped_cached(func: Callable[..., Any]) -> ByValue:
+    return ByValue(cloudpickle_dumps(func))
 
 
 def _registered_by_value(module: str) -> bool:
@@ -67,7 +67,7 @@ def _registered_by_value(module: str) -> bool:
     )
 
 
-def _module_by_reference(func: Any) -> str | None:
+def module_by_reference(func: Any) -> str | None:
     """The module a process must import to unpickle ``func``; ``None`` if it travels by value
     (``__main__``, lambdas, local functions, modules registered with cloudpickle)."""
     while isinstance(func, functools.partial):
@@ -95,7 +95,7 @@ def _module_by_reference(func: Any) -> str | None:
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
-def _check_picklable(graph: SweepGraph) -> None:
+def check_picklable(graph: SweepGraph) -> None:
     """Stop before submitting if a stage's function or one of its parameters cannot be
     pickled, naming the stage, what cannot be pickled and the fix: dask's own error names
     neither ("Could not serialize object of type HLGExpr").
@@ -188,7 +188,7 @@ def _unpicklable_function(stage: str, func: Any, err: BaseException) -> str:
         lead += f" refers to {culprit}, which cannot be pickled ({type(err).__name__}: {err})"
     else:
         lead += f" cannot be pickled ({type(err).__name__}: {err})"
-    if _module_by_reference(func) is None:
+    if module_by_reference(func) is None:
         lead += (
             "; it is pickled by value, with everything it refers to, because the workers "
             "cannot import it (defined in __main__, a notebook or inside another function)"
@@ -223,7 +223,7 @@ def _unimportable(modules: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _missing_on_cluster(client: Client, modules: Sequence[str]) -> dict[str, dict[str, str]]:
+def missing_on_cluster(client: Client, modules: Sequence[str]) -> dict[str, dict[str, str]]:
     """``{module: {"scheduler" or a worker's name: error}}`` for the modules that fail."""
     out: dict[str, dict[str, str]] = {}
     try:
@@ -245,7 +245,7 @@ def _missing_on_cluster(client: Client, modules: Sequence[str]) -> dict[str, dic
     return out
 
 
-def _import_message(
+def import_message(
     missing: Mapping[str, Mapping[str, str]], stages: Mapping[str, Sequence[str]], lead: str
 ) -> str:
     lines = [lead]
@@ -268,16 +268,16 @@ def _import_message(
     return "\n".join(lines)
 
 
-def _check_importable(client: Client, graph: SweepGraph) -> None:
+def check_importable(client: Client, graph: SweepGraph) -> None:
     """Stop before submitting if the cluster cannot import a stage function's module: in dask
     2026.8 a scheduler that cannot read a graph leaves it pending for ever under a progress
     bar, and a worker that cannot unpickle a task dies of it."""
     if not graph.modules:
         return
-    missing = _missing_on_cluster(client, sorted(graph.modules))
+    missing = missing_on_cluster(client, sorted(graph.modules))
     if missing:
         lead = "this sweep cannot run on this cluster; nothing was submitted:"
-        raise ClusterImportError(_import_message(missing, graph.modules, lead), list(missing))
+        raise ClusterImportError(import_message(missing, graph.modules, lead), list(missing))
 
 
 class _Recorder(pickle.Unpickler):
@@ -292,7 +292,7 @@ class _Recorder(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _referenced_modules(calls: Iterable[_Call]) -> set[str]:
+def referenced_modules(calls: Iterable[Call]) -> set[str]:
     """Every module a process must import to unpickle these stage functions and parameters
     as dask pickles them (plain pickle first)."""
     found: set[str] = set()

@@ -23,10 +23,10 @@ from daskjobs.cache.claims import Claims
 from daskjobs.cache.keys import code_hash, stage_key, tokenize_param, validate_stage_name
 from daskjobs.cache.store import ResultStore
 from daskjobs.sweep.graph import SweepGraph
-from daskjobs.sweep.grids import Grid, _as_grid
-from daskjobs.sweep.planning import _plan
+from daskjobs.sweep.grids import Grid, as_grid
+from daskjobs.sweep.planning import plan
 from daskjobs.sweep.running import SweepResult, run
-from daskjobs.sweep.worker import _Context
+from daskjobs.sweep.worker import Context
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -172,7 +172,7 @@ class Sweep:
         """
         stage_name = self._stage_name(func, name)
         inputs = self._stage_inputs(stage_name, inputs)
-        points = _as_grid(over)
+        points = as_grid(over)
         fixed = dict(params or {})
         swept = set(points.names)
         twice = (swept & set(fixed)) | (swept & set(inputs)) | (set(fixed) & set(inputs))
@@ -302,8 +302,8 @@ class Sweep:
             cs = claim_settings()
             if cs.enabled:
                 claims = Claims(result_store, cs.lease, cs.max_wait)
-        ctx = _Context(result_store, run_id or uuid.uuid4().hex, claims)
-        return _plan(self, out_nodes, ctx, refreshed)
+        ctx = Context(result_store, run_id or uuid.uuid4().hex, claims)
+        return plan(self, out_nodes, ctx, refreshed)
 
     def run(
         self,

@@ -1,6 +1,6 @@
 """What runs on a worker: one stage's task.
 
-:func:`_compute_stage` (a computed node) and :func:`_load_stage` (a cache hit) are the
+:func:`compute_stage` (a computed node) and :func:`load_stage` (a cache hit) are the
 functions of a sweep's Dask tasks. They take the node's claim on the store
 (daskjobs.cache.claims), call the stage's function, commit its result, load an entry or
 recompute a corrupt one, and tell the client what they did through dask's event topic
@@ -24,7 +24,7 @@ from typing import Any
 from daskjobs.cache.claims import Claims
 from daskjobs.cache.store import ResultStore
 from daskjobs.config import configure_logging
-from daskjobs.sweep.shipping import _ByValue, _cloudpickle_dumps, _shipped
+from daskjobs.sweep.shipping import ByValue, cloudpickle_dumps, shipped
 
 logger = logging.getLogger("daskjobs.sweep")
 # a worker that runs a stage imports this module: its daskjobs lines in dask's format too
@@ -55,7 +55,7 @@ class StageError(Exception):
 
 
 @dataclass(frozen=True)
-class _Call:
+class Call:
     """What a worker needs to run one node (pickled into the task).
 
     With ``by_value`` the function and parameters travel as cloudpickle blobs: dask pickles a
@@ -85,11 +85,11 @@ class _Call:
         func: Any = self.func
         params: Any = self.params
         if self.by_value:
-            func = _shipped(func)
-            params = _ByValue(_cloudpickle_dumps(dict(params))) if params else params
+            func = shipped(func)
+            params = ByValue(cloudpickle_dumps(dict(params))) if params else params
         fields = (self.key, self.stage, func, params, self.labels, self.input_names)
         cache = (self.ignored, self.hide_ignored, self.max_age, self.replace)
-        return (_Call, (*fields, self.code, self.cache, self.by_value, *cache))
+        return (Call, (*fields, self.code, self.cache, self.by_value, *cache))
 
     def recorded_params(self) -> dict[str, Any]:
         """The parameters the stored entry records: labels and parameters, less the
@@ -102,22 +102,22 @@ class _Call:
 
 
 @dataclass(frozen=True)
-class _Recipe:
+class Recipe:
     """A node and, recursively, its inputs: how a load task recomputes a bad entry."""
 
-    call: _Call
-    inputs: tuple[_Recipe, ...]
+    call: Call
+    inputs: tuple[Recipe, ...]
 
 
 @dataclass(frozen=True)
-class _Context:
+class Context:
     store: ResultStore | None
     run_id: str
     #: the store's claims (daskjobs.cache.claims), None when off or without a store
     claims: Claims | None = None
 
 
-def _event(ctx: _Context, kind: str, call: _Call, detail: str = "") -> None:
+def _event(ctx: Context, kind: str, call: Call, detail: str = "") -> None:
     """Tell the client what this task did (kinds: ``computed``, ``loaded``, ``fenced``,
     ``recomputed``, ``recomputed-input``, ``store-error``); :class:`_RunLog` collects them.
     A ``computed`` event's detail is why a stored entry was recomputed, if it was
@@ -135,7 +135,7 @@ _STORE_WARNED: dict[tuple[str, str], None] = {}  # (run, store) this process war
 _STORE_WARNED_LOCK = threading.Lock()
 
 
-def _store_failed(ctx: _Context, call: _Call, err: BaseException) -> None:
+def _store_failed(ctx: Context, call: Call, err: BaseException) -> None:
     """A result could not be committed: the first failure of a run in a worker process is a
     warning, the others DEBUG (the client warns once per run with the count)."""
     assert ctx.store is not None
@@ -157,7 +157,7 @@ def _store_failed(ctx: _Context, call: _Call, err: BaseException) -> None:
     _event(ctx, "store-error", call, f"{type(err).__name__}: {err}")
 
 
-def _claim(call: _Call, ctx: _Context) -> tuple[bool, Any, Any]:
+def _claim(call: Call, ctx: Context) -> tuple[bool, Any, Any]:
     """Take ``call``'s claim on the store (daskjobs.cache.claims) before computing it:
     ``(True, value, None)`` if another cluster computed it meanwhile, else
     ``(False, None, claim)`` with the claim to release (None: compute without one)."""
@@ -183,7 +183,7 @@ def _claim(call: _Call, ctx: _Context) -> tuple[bool, Any, Any]:
     return False, None, claim
 
 
-def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
+def _call(call: Call, ctx: Context, values: Sequence[Any]) -> Any:
     done, value, claim = _claim(call, ctx)
     if done:
         return value
@@ -238,18 +238,18 @@ def _call(call: _Call, ctx: _Context, values: Sequence[Any]) -> Any:
             claim.release(committed)
 
 
-def _compute_stage(call: _Call, ctx: _Context, *values: Any) -> Any:
+def compute_stage(call: Call, ctx: Context, *values: Any) -> Any:
     """The task of a computed node: call the function, commit the result, return it."""
     return _call(call, ctx, values)
 
 
-def _load_stage(recipe: _Recipe, ctx: _Context) -> Any:
+def load_stage(recipe: Recipe, ctx: Context) -> Any:
     """The task of a cache hit: load the entry, or recompute it if it is corrupt or gone."""
     assert ctx.store is not None
     return _resolve(recipe, ctx, {}, top=True)
 
 
-def _resolve(recipe: _Recipe, ctx: _Context, memo: dict[str, Any], top: bool = False) -> Any:
+def _resolve(recipe: Recipe, ctx: Context, memo: dict[str, Any], top: bool = False) -> Any:
     key = recipe.call.key
     if key in memo:
         return memo[key]

@@ -513,13 +513,13 @@ def test_retries_annotation_is_honoured(client: Client, tmp_path: Path) -> None:
 
 
 def test_missing_resources_are_warned_about(client: Client) -> None:
-    from daskjobs.sweep.diagnosis import _warn_missing_resources
+    from daskjobs.sweep.diagnosis import warn_missing_resources
 
     sweep = Sweep()
     sweep.stage(_ident, resources={"TPU": 1}, name="needs_tpu")
     graph = sweep.to_dask(store=False)
     with pytest.warns(RuntimeWarning, match=r"stage 'needs_tpu' needs resources \{'TPU': 1\}"):
-        _warn_missing_resources(graph, client)
+        warn_missing_resources(graph, client)
 
 
 # -- stores that cannot be written ----------------------------------------------------------

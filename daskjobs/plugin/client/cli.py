@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from daskjobs._options import json_option, timeout_option
+from daskjobs._options import count_option, json_option, seed_option, timeout_option
 
 # keys of plugin.status() printed in their own sections; any other is a counter
 _SECTIONS = ("policy", "teams", "workers", "stages", "errors", "settings", "forecast")
@@ -326,43 +326,44 @@ def _seconds_text(x: Any) -> str:
     return "-" if x is None else f"{_num(float(x), '.6g')} s"
 
 
+#: Settings shown as seconds (the others as they are), by their name in the configuration.
+_SECONDS_SETTINGS = frozenset(
+    {"default-estimate", "teams.half-life", "speculation.min-runtime", "speculation.interval"}
+)
+
+
+def _setting_rows(section: dict[str, Any], prefix: str, names: str) -> list[tuple[str, str]]:
+    """``(prefix.name, value)`` of each kebab-case name of ``names`` (separated by spaces),
+    the value read from ``section`` under its snake-case key."""
+    rows = []
+    for name in names.split():
+        label = f"{prefix}.{name}" if prefix else name
+        show = _seconds_text if label in _SECONDS_SETTINGS else _num
+        rows.append((label, show(section.get(name.replace("-", "_")))))
+    return rows
+
+
 def _settings_lines(settings: dict[str, Any]) -> list[str]:
     """What the plugin runs with, in the configuration's own words (kebab-case)."""
-    t = settings.get("teams") or {}
     sp = settings.get("speculation") or {}
-    rows = [
-        ("default-estimate", _seconds_text(settings.get("default_estimate"))),
-        ("teams.strict", _num(t.get("strict"))),
-        ("teams.half-life", _seconds_text(t.get("half_life"))),
-        ("teams.default", _num(t.get("default"))),
-        ("teams.within", _num(t.get("within"))),
-        ("speculation.enabled", _num(sp.get("enabled"))),
-    ]
+    rows = _setting_rows(settings, "", "default-estimate")
+    rows += _setting_rows(settings.get("teams") or {}, "teams", "strict half-life default within")
+    rows += _setting_rows(sp, "speculation", "enabled")
     if sp.get("enabled"):
-        rows += [
-            ("speculation.late-factor", _num(sp.get("late_factor"))),
-            ("speculation.min-runtime", _seconds_text(sp.get("min_runtime"))),
-            ("speculation.max-fraction", _num(sp.get("max_fraction"))),
-            ("speculation.interval", _seconds_text(sp.get("interval"))),
-            ("speculation.ahead", _num(sp.get("ahead"))),
-            ("speculation.endgame", _num(sp.get("endgame"))),
-        ]
+        rows += _setting_rows(
+            sp, "speculation", "late-factor min-runtime max-fraction interval ahead endgame"
+        )
     fc = settings.get("forecast") or {}
     if fc:
         interval = fc.get("interval")
-        rows += [
-            ("forecast.interval", "null (off)" if interval is None else _seconds_text(interval)),
-            ("forecast.max-tasks", _num(fc.get("max_tasks"))),
-            ("forecast.draws", _num(fc.get("draws"))),
-        ]
-    rows += [
-        ("record", _num(settings.get("record"))),
-        ("record-dir", _num(settings.get("record_dir"))),
-        ("history.path", _num(settings.get("history_path"))),
-    ]
+        rows.append(
+            ("forecast.interval", "null (off)" if interval is None else _seconds_text(interval))
+        )
+        rows += _setting_rows(fc, "forecast", "max-tasks draws")
+    rows += _setting_rows(settings, "", "record record-dir")
+    rows.append(("history.path", _num(settings.get("history_path"))))
     for name in ("preemption", "resources"):
-        section = settings.get(name) or {}
-        rows.append((f"{name}.enabled", _num(section.get("enabled"))))
+        rows += _setting_rows(settings.get(name) or {}, name, "enabled")
     return [f"  {k:<26} {v}" for k, v in rows]
 
 
@@ -595,16 +596,14 @@ def _span(r: Any) -> str:
     metavar="NAME",
     help="What if: under this registered policy (default: the one the scheduler runs).",
 )
-@click.option(
+@count_option(
     "--draws",
-    type=click.IntRange(min=0),
+    minimum=0,
     default=30,
-    show_default=True,
+    metavar=None,
     help="Simulations with durations drawn from their bands (0: one, estimates as they are).",
 )
-@click.option(
-    "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the draws."
-)
+@seed_option("Seed of the draws.", metavar=None)
 @click.option(
     "--band",
     type=click.Choice(["auto", "drawn", "computed"]),
@@ -667,9 +666,7 @@ def forecast_command(
 
 @click.command("start-rate", short_help="How many tasks a second a scheduler starts.")
 @click.argument("address")
-@click.option(
-    "--tasks", default=2000, show_default=True, type=click.IntRange(min=2), help="Tasks to time."
-)
+@count_option("--tasks", minimum=2, default=2000, metavar=None, help="Tasks to time.")
 @click.option(
     "--seconds",
     default=0.02,
