@@ -1469,9 +1469,8 @@ class _Engine:
                     self.fail(a, now)
                 else:  # _CHECK
                     self.check(a, now)
-            # Dispatch: offer the free nodes, lowest index first, to waiting copies and to
-            # the policy; if capacity is still idle with nothing queued, rescue attempts on
-            # suspect nodes and dispatch once more.
+            # Dispatch: the free nodes, lowest index first, to waiting copies and the policy;
+            # idle capacity with nothing queued: rescue attempts on suspect nodes, then again.
             rescued = False
             while True:
                 declined: list[int] | None = None
@@ -1535,9 +1534,7 @@ class _Engine:
                     # same steps in the same order; `t0` is `now` once dispatched.
                     t0 = self.dispatched(now) if gap else now
                     if not_before:  # not before its time: the node is held until then
-                        nb = not_before.get(ti, t0)
-                        if nb > t0:
-                            t0 = nb
+                        t0 = max(t0, not_before.get(ti, t0))
                     c = tv.cores
                     stack = nd.freeheap
                     if c == 1:
@@ -1590,9 +1587,8 @@ class _Engine:
                         heappush(soon, e)
                     at_speed = started(a, t0) if started is not None else None
                     if speculating and (copy_all or copyable[ti]):
-                        # judge_lateness(a, t0, when, speed), inlined: the speed as `started`
-                        # answered it (a policy declaring `started_speed`: one call, not
-                        # two), else asked
+                        # judge_lateness(a, t0, when, speed) inlined: the speed `started` gave
+                        # (a policy declaring `started_speed`: one call, not two), else asked
                         if at_speed is None or not started_speed:
                             at_speed = speed_hook(k) if speed_hook is not None else 1.0
                         speed = at_speed
