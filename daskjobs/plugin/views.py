@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from daskjobs.policies.base import warn_renamed
+from daskjobs.policies.base import renamed_attribute
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -92,16 +92,7 @@ class LiveAttempt:
     backup: bool = False
     policy_state: Any = None  # the policy's own (AttemptView.policy_state)
 
-    @property
-    def books(self) -> Any:
-        """Deprecated: :attr:`policy_state` (a ``FutureWarning``; gone after 0.1.0)."""
-        warn_renamed("attempt.books")
-        return self.policy_state
-
-    @books.setter
-    def books(self, value: Any) -> None:
-        warn_renamed("attempt.books")
-        self.policy_state = value
+    books = renamed_attribute("attempt.books")
 
 
 class _AnyNode:

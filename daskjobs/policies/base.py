@@ -186,6 +186,23 @@ def warn_renamed(old: str, stacklevel: int = 3) -> str:
     return new
 
 
+def renamed_attribute(old: str) -> property:
+    """A deprecated attribute of a view (``old``, a key of :data:`RENAMED` such as
+    ``"attempt.books"``): it reads and writes its new name, with :func:`warn_renamed`'s
+    warning."""
+    new = RENAMED[old].rsplit(".", 1)[-1]
+
+    def get(self: Any) -> Any:
+        warn_renamed(old)
+        return getattr(self, new)
+
+    def put(self: Any, value: Any) -> None:
+        warn_renamed(old)
+        setattr(self, new, value)
+
+    return property(get, put, doc=f"Deprecated: ``{new}`` (a ``FutureWarning``; gone after 0.1.0).")
+
+
 def field(view: object, name: str) -> Any:
     """``view``'s optional field ``name`` (``"node.waiting"``), or its default. Not for
     hot paths: a policy there reads ``getattr(view, "waiting", 0.0)`` itself, with the

@@ -12,6 +12,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from daskjobs.policies.base import renamed_attribute
+
 __all__ = ["Attempt", "Cluster", "CycleError", "Task", "topological_order"]
 
 
@@ -219,20 +221,7 @@ class Attempt:
     def core(self) -> int:
         return self.cores[0]
 
-    @property
-    def books(self) -> Any:
-        """Deprecated: :attr:`policy_state` (a ``FutureWarning``; gone after 0.1.0)."""
-        from daskjobs.policies.base import warn_renamed
-
-        warn_renamed("attempt.books")
-        return self.policy_state
-
-    @books.setter
-    def books(self, value: Any) -> None:
-        from daskjobs.policies.base import warn_renamed
-
-        warn_renamed("attempt.books")
-        self.policy_state = value
+    books = renamed_attribute("attempt.books")
 
     def __repr__(self) -> str:
         return (
