@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from conftest import assert_same_copies, plugin_cluster
 from distributed import Client, LocalCluster, get_worker
 from repo import ROOT
+from tracerecs import finished_runs
 
 from daskjobs.cli import main
 from daskjobs.plugin import JobsPlugin
@@ -308,23 +309,9 @@ def _hand_drawn_trace(path, d=0.01, o=0.04, s=0.005):
             runs.append((keys[c][i], f"w{c}", start, start + d))
     start = runs[-1][3] + o
     runs.append(("end", "w0", start, start + d))
-    for run_id, (key, w, start, stop) in enumerate(runs):
-        recs.append({"type": "assigned", "time": start, "key": key, "worker": w})
-        recs.append({"type": "started", "time": start, "key": key, "worker": w, "run_id": run_id})
-        recs.append(
-            {
-                "type": "finished",
-                "time": stop,
-                "key": key,
-                "worker": w,
-                "run_id": run_id,
-                "outcome": "memory",
-                "state": "memory",
-                "duration": d,
-            }
-        )
+    recs += finished_runs(runs, lambda key, w: d)
     recs.sort(key=lambda r: r.get("time", t0))  # the scheduler's clock order
-    recs.append({"type": "footer", "records": len(recs) - 1, "dropped": 0, "finished": stop})
+    recs.append({"type": "footer", "records": len(recs) - 1, "dropped": 0, "finished": runs[-1][3]})
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return path
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tracerecs import finished_runs
 
 from daskjobs.replay import load, replay
 
@@ -47,21 +48,7 @@ def _trace(path):
     runs = _runs()
     for key, _w, _s, _f in runs:
         recs.append({"type": "graph", "time": T0, "key": key, "deps": [], "submit": T0})
-    for run_id, (key, w, start, stop) in enumerate(runs):
-        recs.append({"type": "assigned", "time": start, "key": key, "worker": w})
-        recs.append({"type": "started", "time": start, "key": key, "worker": w, "run_id": run_id})
-        recs.append(
-            {
-                "type": "finished",
-                "time": stop,
-                "key": key,
-                "worker": w,
-                "run_id": run_id,
-                "outcome": "memory",
-                "state": "memory",
-                "duration": D0 if w == "w0" else D1,
-            }
-        )
+    recs += finished_runs(runs, lambda key, w: D0 if w == "w0" else D1)
     recs.sort(key=lambda r: r.get("time", T0))  # the scheduler's clock order
     last = max(f for *_, f in runs)
     recs.append({"type": "footer", "records": len(recs) - 1, "dropped": 0, "finished": last})
